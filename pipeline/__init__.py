@@ -1,0 +1,1 @@
+"""docscore pipeline: Beam sources, preprocessing, inference, scoring and sinks."""

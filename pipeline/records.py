@@ -1,0 +1,92 @@
+"""Records that flow through the pipeline and the schemas of the tables it writes.
+
+Holds plain dataclasses (one per kind of element) and the explicit pyarrow schemas of the
+scores and errors tables. Must not hold any logic beyond construction and conversion.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pyarrow as pa
+
+RAW_PREVIEW_CHARS = 1000  # errors table keeps at most this much of the raw record
+
+
+@dataclasses.dataclass
+class Document:
+    """One input record that parsed into a document."""
+
+    doc_id: str
+    text: str
+    source: str
+    record_index: int
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)  # query, label, ...
+    read_ms: float = 0.0
+
+
+@dataclasses.dataclass
+class ErrorRow:
+    """One input record (or whole shard) that could not be scored."""
+
+    source: str
+    record_index: int | None  # None: the error is about the whole shard
+    stage: str  # read | parse | tokenize | infer | score
+    error_type: str
+    message: str
+    raw: str = ""
+    doc_id: str | None = None
+
+    def __post_init__(self):
+        self.raw = truncate_raw(self.raw)
+        self.message = self.message[:RAW_PREVIEW_CHARS]
+
+
+def truncate_raw(raw: Any) -> str:
+    if isinstance(raw, bytes):
+        raw = raw[: RAW_PREVIEW_CHARS * 4].decode("utf-8", errors="replace")
+    elif not isinstance(raw, str):
+        raw = repr(raw)
+    return raw[:RAW_PREVIEW_CHARS]
+
+
+TIMING_COLUMNS = ("read_ms", "tokenize_ms", "infer_ms", "postprocess_ms")
+
+SCORES_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("record_index", pa.int64(), nullable=False),
+        pa.field("task", pa.string(), nullable=False),
+        pa.field("score", pa.float64()),  # embed: null; similarity: cosine; classify: top prob; loglik: total log-likelihood
+        pa.field("label", pa.string()),  # classify: predicted label
+        pa.field("gold_label", pa.string()),  # the record's own `label` field, when present
+        pa.field("scores", pa.list_(pa.struct([("label", pa.string()), ("score", pa.float64())]))),
+        pa.field("embedding", pa.list_(pa.float32())),
+        pa.field("perplexity", pa.float64()),  # loglik only
+        pa.field("n_tokens", pa.int64(), nullable=False),
+        pa.field("n_chunks", pa.int64(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
+        pa.field("model_id", pa.string(), nullable=False),
+        pa.field("attention_impl", pa.string(), nullable=False),
+        *[pa.field(name, pa.float64(), nullable=False) for name in TIMING_COLUMNS],
+    ]
+)
+
+ERRORS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("doc_id", pa.string()),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("record_index", pa.int64()),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("error_type", pa.string(), nullable=False),
+        pa.field("message", pa.string(), nullable=False),
+        pa.field("raw", pa.string(), nullable=False),
+    ]
+)
+
+
+def error_to_row(error: ErrorRow, run_id: str) -> dict[str, Any]:
+    return {"run_id": run_id, **dataclasses.asdict(error)}

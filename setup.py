@@ -1,0 +1,50 @@
+"""docscore: a Beam batch evaluation pipeline for Flax models with replaceable attention kernels.
+
+Runtime dependencies are pinned exactly so a Dataflow worker and a laptop compute the same
+thing. PyTorch and its ecosystem are test/benchmark extras only (reference implementations);
+they never enter the runtime.
+"""
+from setuptools import setup
+
+RUNTIME = [
+    "apache-beam[gcp]==2.77.0",
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "orbax-checkpoint==0.12.8",
+    "numpy==2.4.6",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    "pyarrow==25.0.1",
+    "fsspec==2026.9.0",
+    "gcsfs==2026.10.1",
+    "PyYAML==6.0.4",
+    "psutil==7.2.2",
+    "array-record==0.8.6",
+    "matplotlib==3.11.2",
+]
+
+# Reference implementations and test services. torch must be installed first as
+# torch==2.13.0 (a CPU build); the Makefile does that, see README.
+TEST = [
+    "pytest==9.2.0",
+    "torch==2.13.0",
+    "transformers==5.24.0",
+    "sentence-transformers==6.3.0",
+    "gcp-storage-emulator==2026.7.19",
+    "duckdb==2.0.1",
+    "pandas==3.1.1",
+    "scipy==1.17.1",
+]
+
+setup(
+    name="docscore",
+    version="0.1.0",
+    description="Batch evaluation pipeline: Beam + Flax with replaceable attention kernels",
+    python_requires=">=3.11,<3.12",
+    packages=["pipeline", "models", "kernels", "runners"],
+    package_data={"runners": ["*.yaml", "schedules/*.yaml", "Dockerfile", "*.json"]},
+    install_requires=RUNTIME,
+    extras_require={"test": TEST, "bench": TEST},
+    entry_points={"console_scripts": ["docscore=pipeline.cli:main"]},
+)
