@@ -1,0 +1,41 @@
+"""The `docscore` command: dispatches a subcommand to the module that owns it.
+
+Holds only the table of subcommands; each owning module exposes `main(argv) -> int`.
+Must not parse the subcommands' own flags (their modules do).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with main(argv) -> int, one-line help)
+SUBCOMMANDS = {
+    "run": ("pipeline.run", "run the evaluation pipeline (Beam) over document shards"),
+    "convert": ("models.hf_import", "convert a Hugging Face model directory to a docscore model directory"),
+    "compare": ("pipeline.compare", "compare two runs: score drift, label flips, timing change"),
+    "report": ("pipeline.report", "write the HTML report of a finished run"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: docscore COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<9} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "`docscore COMMAND --help` describes each command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"docscore: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
