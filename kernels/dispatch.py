@@ -1,0 +1,53 @@
+"""The one entry point: check the inputs against the contract, resolve the implementation, and
+call it inside jax.named_scope("attention/<name>"). Must not hold kernel math or policy rules.
+"""
+from __future__ import annotations
+
+import jax
+
+from kernels import table
+from kernels.interface import shape_info_of
+from kernels.policy import resolve
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
+              causal: bool = False, scale: float | None = None, impl: str = "auto") -> jax.Array:
+    """Scaled dot-product attention, BTNH: q [B, Lq, H, D], k/v [B, Lkv, KH, D], H % KH == 0.
+
+    segment_ids int32 [B, L] (needs Lq == Lkv): 0 = padding, tokens attend only within their own
+    non-zero segment, padding rows are 0. causal: query i sees keys <= i. scale: default D**-0.5.
+    impl: "auto" | "native" | "flash" | an implementation name (see kernels.available()).
+    """
+    check_inputs(q, k, v, segment_ids)
+    name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    with jax.named_scope(f"attention/{name}"):
+        return table.IMPLEMENTATIONS[name].call(q, k, v, segment_ids=segment_ids, causal=causal,
+                                                scale=scale)
+
+
+def resolve_for(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = None,
+                causal: bool = False, impl: str = "auto", backend: str | None = None) -> str:
+    """The implementation name attention() runs for these arrays (for callers to record)."""
+    return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal))
+
+
+def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> None:
+    """Refuse inputs outside the contract with a message that says what shape was expected."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"attention wants q, k, v as [batch, len, heads, head_dim]; got shapes "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    if k.shape != v.shape:
+        raise ValueError(f"attention wants k and v of the same shape; got {k.shape} and {v.shape}")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"attention wants q and k with the same batch and head_dim; got "
+                         f"{q.shape} and {k.shape}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"attention wants heads ({q.shape[2]}) to be a multiple of kv_heads "
+                         f"({k.shape[2]})")
+    if segment_ids is not None:
+        if q.shape[1] != k.shape[1]:
+            raise ValueError(f"segment_ids need q_len == kv_len; got {q.shape[1]} and {k.shape[1]}")
+        if segment_ids.shape != q.shape[:2]:
+            raise ValueError(f"segment_ids must be [batch, len] = {q.shape[:2]}; got "
+                             f"{segment_ids.shape}")

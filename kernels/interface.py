@@ -1,0 +1,50 @@
+"""The one small interface every attention implementation exposes, and the error for refusals.
+
+Holds only the `Implementation` record, `KernelUnsupportedError` and the shape-info helpers;
+it must not choose between implementations (that is kernels/policy.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+
+# Shape-info keys understood by `is_supported` and `resolve` (all optional; a check whose key
+# is missing is skipped, so `resolve(impl, backend=...)` works before any data is read).
+SHAPE_KEYS = ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "has_segments")
+
+
+class KernelUnsupportedError(ValueError):
+    """An explicitly requested attention implementation cannot run here; the message says why
+    and which --attention values can."""
+
+
+class AttentionCall(Protocol):
+    def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None,
+                 causal: bool, scale: float) -> jax.Array: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """One attention kernel: its name, the backends it runs on, its limits in words,
+    `is_supported(**shape_info) -> (ok, reason)` and the call itself (contract layout BTNH)."""
+
+    name: str
+    backends: tuple[str, ...]
+    limits: str
+    is_supported: Callable[..., tuple[bool, str]]
+    call: AttentionCall
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32', 'bfloat16', ... for a dtype object, a string or None (-> '')."""
+    return "" if dtype is None else jnp.dtype(dtype).name
+
+
+def shape_info_of(q: jax.Array, k: jax.Array, segment_ids: jax.Array | None, causal: bool) -> dict:
+    """The shape info of one attention call (static under jit)."""
+    return dict(q_len=q.shape[1], kv_len=k.shape[1], heads=q.shape[2], kv_heads=k.shape[2],
+                head_dim=q.shape[3], dtype=dtype_name(q.dtype), causal=bool(causal),
+                has_segments=segment_ids is not None)

@@ -1,0 +1,130 @@
+"""How an --attention value becomes one implementation name: the whole selection policy.
+
+- "native"       -> xla, on every backend.
+- "flash"        -> the flash kernel written for the backend (table.FLASH).
+- an exact name  -> that implementation.
+  These are explicit choices: honoured, or refused with KernelUnsupportedError naming the reason
+  and the alternatives. An explicit choice is never silently swapped for another kernel.
+- "auto"         -> the first implementation in table.AUTO[backend] that runs on the backend and
+  supports the inputs (xla only up to table.AUTO_XLA_MAX_KV_LEN). Never raises for a known
+  backend; logs each distinct choice once.
+Checks use only the shape info given: with none, only the backend is checked (the pipeline does
+this before reading data); attention() resolves again with the real shapes at trace time.
+This module must not compute attention.
+"""
+from __future__ import annotations
+
+import logging
+
+import jax
+
+from kernels import table
+from kernels.interface import SHAPE_KEYS, KernelUnsupportedError, dtype_name
+
+POLICY_WORDS = ("auto", "native", "flash")
+_BACKEND_ALIASES = {"cuda": "gpu", "rocm": "gpu"}
+_NEEDS = {"tpu": "a TPU", "gpu": "a GPU", "cpu": "a CPU"}
+
+log = logging.getLogger(__name__)
+_logged_choices: set[str] = set()
+
+
+def available() -> dict[str, dict]:
+    """Each implementation: the backends it runs on, its limits, and where it is the flash kernel."""
+    return {name: {"backends": list(impl.backends), "limits": impl.limits,
+                   "flash_on": [b for b, f in table.FLASH.items() if f == name]}
+            for name, impl in table.IMPLEMENTATIONS.items()}
+
+
+def resolve(impl: str = "auto", backend: str | None = None, **shape_info) -> str:
+    """The implementation name `impl` means on `backend` (default: jax.default_backend()) for
+    the given shape info (keys: q_len, kv_len, heads, kv_heads, head_dim, dtype, causal,
+    has_segments; all optional). Raises KernelUnsupportedError for an impossible explicit choice."""
+    backend = _normal_backend(backend)
+    info = _normal_shape_info(shape_info)
+    if impl == "auto":
+        return _resolve_auto(backend, info)
+    if impl == "native":
+        name = "xla"
+    elif impl == "flash":
+        if backend not in table.FLASH:
+            raise KernelUnsupportedError(
+                f"--attention=flash cannot run on {backend}: no flash kernel is registered for "
+                f"{backend}; use --attention=native or auto")
+        name = table.FLASH[backend]
+    elif impl in table.IMPLEMENTATIONS:
+        name = impl
+    else:
+        raise KernelUnsupportedError(
+            f"--attention={impl} is not a known attention implementation; use one of "
+            f"{', '.join(POLICY_WORDS + tuple(table.IMPLEMENTATIONS))}")
+    ok, reason = _supported(name, backend, info)
+    if not ok:
+        chosen = impl if impl == name else f"{impl} ({name} on {backend})"
+        raise KernelUnsupportedError(
+            f"--attention={chosen} cannot run on {backend}: {reason}; "
+            f"use {_alternatives(name, backend, info)}")
+    return name
+
+
+def _resolve_auto(backend: str, info: dict) -> str:
+    skipped = []
+    for name in table.AUTO[backend]:
+        ok, reason = _supported(name, backend, info)
+        limit = table.AUTO_XLA_MAX_KV_LEN.get(backend)
+        if ok and name == "xla" and limit is not None and info.get("kv_len", 0) > limit:
+            ok, reason = False, f"kv_len {info['kv_len']} > {limit} (auto's xla limit on {backend})"
+        if ok:
+            _log_once(backend, name, info, skipped)
+            return name
+        skipped.append(f"{name}: {reason}")
+    raise KernelUnsupportedError(  # unreachable while xla closes every AUTO row
+        f"--attention=auto found no kernel for these inputs on {backend} ({'; '.join(skipped)})")
+
+
+def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
+    impl = table.IMPLEMENTATIONS[name]
+    if backend not in impl.backends:
+        needs = _NEEDS[impl.backends[0]] if len(impl.backends) == 1 else " or ".join(impl.backends)
+        return False, f"it needs {needs}"
+    return impl.is_supported(**info)
+
+
+def _alternatives(name: str, backend: str, info: dict) -> str:
+    options = []
+    flash = table.FLASH.get(backend)
+    if flash is not None and flash != name and _supported(flash, backend, info)[0]:
+        options.append(f"--attention=flash ({flash} on {backend})")
+    if name != "xla":
+        options.append("native" if options else "--attention=native")
+    if flash == name:
+        options.append("auto (picks a kernel that supports these inputs)")
+    return " or ".join(options)
+
+
+def _normal_backend(backend: str | None) -> str:
+    backend = (backend or jax.default_backend()).lower()
+    backend = _BACKEND_ALIASES.get(backend, backend)
+    if backend not in table.BACKENDS:
+        raise KernelUnsupportedError(
+            f"attention backend {backend!r} is unknown; docscore has kernels for "
+            f"{', '.join(table.BACKENDS)} (set JAX_PLATFORMS to one of them)")
+    return backend
+
+
+def _normal_shape_info(shape_info: dict) -> dict:
+    unknown = set(shape_info) - set(SHAPE_KEYS)
+    if unknown:
+        raise TypeError(f"resolve() got unknown shape info {sorted(unknown)}; known: {SHAPE_KEYS}")
+    info = {k: v for k, v in shape_info.items() if v is not None}
+    if "dtype" in info:
+        info["dtype"] = dtype_name(info["dtype"])
+    return info
+
+
+def _log_once(backend: str, name: str, info: dict, skipped: list[str]) -> None:
+    why = f" (skipped {'; '.join(skipped)})" if skipped else ""
+    message = f"--attention=auto chose {name} on {backend}{why}"
+    if message not in _logged_choices:
+        _logged_choices.add(message)
+        log.info(message)
