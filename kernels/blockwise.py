@@ -1,0 +1,108 @@
+"""`blockwise`: the flash-attention algorithm in plain JAX ("flash" on CPU, portable anywhere).
+
+Online softmax over key/value blocks inside a loop over query blocks: never materialises the
+[q_len, kv_len] scores (memory grows linearly with length). Pads to block multiples and slices
+back; skips blocks with nothing to attend to (causal upper triangle, padding, other segments);
+grouped-query by reshaping q, never repeating K/V. Must not branch in Python on traced values.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernels.interface import Implementation
+
+NAME = "blockwise"
+BACKENDS = ("cpu", "gpu", "tpu")
+BLOCK_Q = 512
+BLOCK_K = 512
+LIMITS = (f"any shape and dtype; scores live one block at a time ({BLOCK_Q}x{BLOCK_K} per head), "
+          "so memory grows linearly with length; inference only (not tuned for gradients)")
+
+
+def is_supported(**shape_info) -> tuple[bool, str]:
+    """blockwise runs every input the contract allows."""
+    return True, ""
+
+
+def _block(length: int, block: int) -> int:
+    """Block size for a length: `block`, or the length rounded up to 8 when it is shorter."""
+    return min(block, -(-length // 8) * 8)
+
+
+def _pad(x: jax.Array, axis: int, size: int) -> jax.Array:
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                        segment_ids: jax.Array | None = None, causal: bool = False,
+                        scale: float | None = None, block_q: int = BLOCK_Q,
+                        block_k: int = BLOCK_K) -> jax.Array:
+    """Contract attention (BTNH) computed block by block with an online softmax."""
+    batch, q_len, heads, head_dim = q.shape
+    kv_len, kv_heads = k.shape[1], k.shape[2]
+    groups = heads // kv_heads
+    scale = head_dim ** -0.5 if scale is None else scale
+    bq, bk = _block(q_len, block_q), _block(kv_len, block_k)
+    nq, nk = -(-q_len // bq), -(-kv_len // bk)
+
+    # Segments drive all masking: padding added here gets segment 0 and so attends to nothing.
+    if segment_ids is None:
+        q_seg = jnp.ones((batch, q_len), jnp.int32)
+        kv_seg = jnp.ones((batch, kv_len), jnp.int32)
+    else:
+        q_seg = kv_seg = segment_ids.astype(jnp.int32)
+    q_seg = _pad(q_seg, 1, nq * bq).reshape(batch, nq, bq).transpose(1, 0, 2)
+    kv_seg = _pad(kv_seg, 1, nk * bk).reshape(batch, nk, bk).transpose(1, 0, 2)
+
+    # q -> [nq, B, KH, G, bq, D]; k, v -> [nk, B, KH, bk, D]
+    qb = _pad(q * jnp.asarray(scale, q.dtype), 1, nq * bq)
+    qb = qb.reshape(batch, nq, bq, kv_heads, groups, head_dim).transpose(1, 0, 3, 4, 2, 5)
+    kb = _pad(k, 1, nk * bk).reshape(batch, nk, bk, kv_heads, head_dim).transpose(1, 0, 3, 2, 4)
+    vb = _pad(v, 1, nk * bk).reshape(batch, nk, bk, kv_heads, head_dim).transpose(1, 0, 3, 2, 4)
+
+    def one_q_block(args):
+        q_index, q_blk, q_seg_blk = args
+        q_pos = q_index * bq + jnp.arange(bq)
+
+        def one_kv_block(carry, kv_args):
+            kv_index, k_blk, v_blk, kv_seg_blk = kv_args
+            mask = (q_seg_blk[:, :, None] == kv_seg_blk[:, None, :]) & (q_seg_blk[:, :, None] != 0)
+            if causal:  # static flag: Python branch on configuration, not on traced values
+                kv_pos = kv_index * bk + jnp.arange(bk)
+                mask &= (q_pos[:, None] >= kv_pos[None, :])[None]
+            return lax.cond(jnp.any(mask), _update, lambda c, *_: c,
+                            carry, q_blk, k_blk, v_blk, mask), None
+
+        init = (jnp.full((batch, kv_heads, groups, bq), -jnp.inf, jnp.float32),
+                jnp.zeros((batch, kv_heads, groups, bq), jnp.float32),
+                jnp.zeros((batch, kv_heads, groups, bq, head_dim), jnp.float32))
+        (_, total, acc), _ = lax.scan(one_kv_block, init, (jnp.arange(nk), kb, vb, kv_seg))
+        return acc / jnp.where(total == 0.0, 1.0, total)[..., None]  # nothing to attend -> 0
+
+    out = lax.map(one_q_block, (jnp.arange(nq), qb, q_seg))  # [nq, B, KH, G, bq, D]
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(batch, nq * bq, heads, head_dim)
+    return out[:, :q_len].astype(q.dtype)
+
+
+def _update(carry, q_blk, k_blk, v_blk, mask):
+    """One online-softmax step: fold a key/value block into (running max, running sum, acc)."""
+    run_max, run_sum, acc = carry
+    mask = mask[:, None, None]  # [B, 1, 1, bq, bk]
+    scores = jnp.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask, scores, -jnp.inf)
+    new_max = jnp.maximum(run_max, jnp.max(scores, axis=-1))
+    safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)  # rows with nothing seen yet
+    weights = jnp.where(mask, jnp.exp(scores - safe_max[..., None]), 0.0)
+    correction = jnp.exp(run_max - safe_max)  # exp(-inf) = 0 for rows that saw nothing before
+    run_sum = run_sum * correction + jnp.sum(weights, axis=-1)
+    acc = acc * correction[..., None] + jnp.einsum(
+        "bhgqk,bhkd->bhgqd", weights.astype(v_blk.dtype), v_blk, preferred_element_type=jnp.float32)
+    return new_max, run_sum, acc
+
+
+IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
+                                is_supported=is_supported, call=blockwise_attention)

@@ -1,0 +1,34 @@
+"""The float64 NumPy definition of the attention contract, for parity tests and benchmarks.
+
+Written for clarity, not speed: loops over nothing clever, one mask, one softmax. It is not an
+implementation in the table and must never be called from the model path.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
+                        scale: float | None = None) -> np.ndarray:
+    """Contract attention in float64: q [B, Lq, H, D], k/v [B, Lkv, KH, D]; returns float64."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    batch, q_len, heads, head_dim = q.shape
+    kv_len, kv_heads = k.shape[1], k.shape[2]
+    scale = head_dim ** -0.5 if scale is None else scale
+    k = np.repeat(k, heads // kv_heads, axis=2)  # kv head h // groups serves query head h
+    v = np.repeat(v, heads // kv_heads, axis=2)
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    mask = np.ones((batch, q_len, kv_len), dtype=bool)
+    if segment_ids is not None:
+        seg = np.asarray(segment_ids)
+        mask &= (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] != 0)
+    if causal:
+        mask &= np.arange(q_len)[:, None] >= np.arange(kv_len)[None, :]
+    mask = mask[:, None]
+    scores = np.where(mask, scores, -np.inf)
+    row_max = scores.max(axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    weights = np.where(mask, np.exp(scores - row_max), 0.0)
+    total = weights.sum(axis=-1, keepdims=True)
+    probs = weights / np.where(total == 0.0, 1.0, total)  # a row with nothing to attend to -> 0
+    return np.einsum("bhqk,bkhd->bqhd", probs, v)
