@@ -1,0 +1,234 @@
+"""Model inference inside Beam: FlaxModelHandler (a Beam ModelHandler) used through RunInference.
+
+Holds the process-wide model cache, the fixed-shape batch runner (windows grouped by length bucket,
+rows padded to batch_size) and the handler that adapts it to Beam. Batching, retries, dead letters
+and latency metrics come from Beam. Must not score documents (pipeline/scoring.py does).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+from pipeline.preprocess import TokenizedDoc, bucket_for, bucket_lengths
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Which model a worker loads (hashable: the key of the process-wide cache)."""
+
+    name: str
+    attention: str = "auto"
+    dtype: str = "float32"
+    cache_dir: str | None = None
+
+
+_MODELS: dict[ModelSpec, Any] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def shared_model(spec: ModelSpec):
+    """models.load(...) once per process; every DoFn and thread of the process shares the result."""
+    with _MODELS_LOCK:
+        if spec not in _MODELS:
+            import models
+
+            _MODELS[spec] = models.load(spec.name, attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir)
+        return _MODELS[spec]
+
+
+def compile_count(loaded) -> int:
+    """The model's count of XLA compilations so far (0 when the model does not expose one)."""
+    value = getattr(loaded, "compile_count", 0)
+    return int(value() if callable(value) else value)
+
+
+@dataclasses.dataclass
+class RowTiming:
+    """What one fixed-shape model call cost, shared out over the real rows it computed."""
+
+    ms_per_row: float = 0.0
+    computed_tokens_per_row: float = 0.0
+
+
+@dataclasses.dataclass
+class InferenceOutput:
+    """Per document: one model output per window (embedding [D] or next-token log-probs [len]) and
+    the document's share of the batch's time and computed (padded) tokens."""
+
+    window_outputs: list[np.ndarray]
+    query_outputs: list[np.ndarray]
+    infer_ms: float
+    computed_tokens: float
+    model_id: str
+    attention_impl: str
+    fingerprint: str
+    backend: str
+    label_names: tuple[str, ...] = ()
+    label_embeddings: np.ndarray | None = None
+
+
+def run_rows(
+    rows: Sequence[np.ndarray], call, *, max_len: int, batch_size: int, per_token: bool = False
+) -> tuple[list[np.ndarray], list[RowTiming], dict[str, float]]:
+    """Run variable-length rows through `call(input_ids, segment_ids) -> [B, ...]` in fixed shapes:
+    rows grouped by length bucket, batch_size rows per call (the last call padded with empty rows).
+    Returns each row's output (per_token outputs trimmed to the row's length), its timing share, and
+    totals (calls, computed and real tokens, milliseconds)."""
+    buckets = bucket_lengths(max_len)
+    by_bucket: dict[int, list[int]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        by_bucket[bucket_for(len(row), buckets)].append(i)
+    outputs: list[np.ndarray | None] = [None] * len(rows)
+    timings = [RowTiming() for _ in rows]
+    totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
+    for length in sorted(by_bucket):
+        members = by_bucket[length]
+        for start in range(0, len(members), batch_size):
+            chunk = members[start : start + batch_size]
+            input_ids = np.zeros((batch_size, length), np.int32)
+            segment_ids = np.zeros((batch_size, length), np.int32)
+            for r, i in enumerate(chunk):
+                n = len(rows[i])
+                input_ids[r, :n] = rows[i]
+                segment_ids[r, :n] = 1
+            t0 = time.perf_counter()
+            result = np.asarray(call(input_ids, segment_ids))  # numpy: the device work is done here
+            ms = (time.perf_counter() - t0) * 1000.0
+            for r, i in enumerate(chunk):
+                outputs[i] = result[r, : len(rows[i])] if per_token else result[r]
+                timings[i] = RowTiming(ms / len(chunk), batch_size * length / len(chunk))
+            totals["calls"] += 1
+            totals["computed_tokens"] += batch_size * length
+            totals["real_tokens"] += int(sum(len(rows[i]) for i in chunk))
+            totals["ms"] += ms
+    return outputs, timings, totals  # type: ignore[return-value]
+
+
+def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int) -> np.ndarray:
+    """[len(texts), D] normalised embeddings (mean of windows) through the same fixed shapes."""
+    from pipeline.scoring import pool_windows
+
+    encoded = loaded.tokenizer.encode_windows(list(texts), max_len=max_len, stride=0, max_windows=8)
+    rows = [w for doc in encoded for w in doc.windows]
+    outputs, _, _ = run_rows(rows, loaded.embed, max_len=max_len, batch_size=batch_size)
+    result, k = [], 0
+    for doc in encoded:
+        result.append(pool_windows(outputs[k : k + len(doc.windows)]))
+        k += len(doc.windows)
+    return np.stack(result)
+
+
+def rows_of(doc: TokenizedDoc) -> int:
+    """A document's weight for Beam's BatchElements: the model rows it needs."""
+    return max(1, doc.n_rows)
+
+
+@dataclasses.dataclass
+class ScoringModel:
+    """What load_model returns: the loaded model plus task state computed once per load."""
+
+    loaded: Any
+    backend: str
+    label_names: tuple[str, ...] = ()
+    label_embeddings: np.ndarray | None = None
+
+
+class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel]):
+    """Beam ModelHandler for docscore models: TokenizedDocs in, PredictionResults of InferenceOutput out."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        task: str,
+        max_len: int,
+        batch_size: int,
+        kernel: str,
+        labels: dict[str, str] | None = None,
+    ):
+        super().__init__(
+            min_batch_size=1,
+            max_batch_size=batch_size * 4,
+            element_size_fn=rows_of,
+        )
+        self._spec = spec
+        self._task = task
+        self._max_len = max_len
+        self._batch_size = batch_size
+        self._kernel = kernel
+        self._labels = dict(labels or {})
+
+    def load_model(self) -> ScoringModel:
+        import jax
+
+        loaded = shared_model(self._spec)
+        model = ScoringModel(loaded=loaded, backend=jax.default_backend())
+        if self._task == "classify":
+            names = tuple(self._labels)
+            embeddings = embed_texts(loaded, [self._labels[n] for n in names], max_len=self._max_len, batch_size=self._batch_size)
+            model = dataclasses.replace(model, label_names=names, label_embeddings=embeddings)
+        return model
+
+    def get_metrics_namespace(self) -> str:
+        return f"docscore_inference_{self._kernel}"
+
+    def get_num_bytes(self, batch: Sequence[TokenizedDoc]) -> int:
+        return int(sum(w.nbytes for doc in batch for w in doc.windows + doc.query_windows))
+
+    def run_inference(
+        self, batch: Sequence[TokenizedDoc], model: ScoringModel, inference_args: dict[str, Any] | None = None
+    ) -> Iterable[PredictionResult]:
+        loaded = model.loaded
+        call = loaded.token_logprobs if self._task == "loglik" else loaded.embed
+        rows = [w for doc in batch for w in doc.windows + doc.query_windows]
+        compiles_before = compile_count(loaded)
+        t0 = time.perf_counter()
+        outputs, timings, totals = run_rows(
+            rows, call, max_len=self._max_len, batch_size=self._batch_size, per_token=self._task == "loglik"
+        )
+        batch_ms = (time.perf_counter() - t0) * 1000.0
+        self._record_metrics(totals, compile_count(loaded) - compiles_before, batch_ms)
+        model_id = f"{loaded.model_id}@{loaded.attention}"
+        results, k = [], 0
+        for doc in batch:
+            n, q = len(doc.windows), len(doc.query_windows)
+            share = timings[k : k + n + q]
+            output = InferenceOutput(
+                window_outputs=outputs[k : k + n],
+                query_outputs=outputs[k + n : k + n + q],
+                infer_ms=sum(t.ms_per_row for t in share),
+                computed_tokens=sum(t.computed_tokens_per_row for t in share),
+                model_id=model_id,
+                attention_impl=loaded.attention,
+                fingerprint=loaded.fingerprint,
+                backend=model.backend,
+                label_names=model.label_names,
+                label_embeddings=model.label_embeddings,
+            )
+            results.append(PredictionResult(example=doc, inference=output, model_id=model_id))
+            k += n + q
+        return results
+
+    def _record_metrics(self, totals: dict[str, float], compiles: int, batch_ms: float) -> None:
+        namespace = self.get_metrics_namespace()
+        beam.metrics.Metrics.counter(namespace, "model_calls").inc(int(totals["calls"]))
+        beam.metrics.Metrics.counter(namespace, "computed_tokens").inc(int(totals["computed_tokens"]))
+        beam.metrics.Metrics.counter(namespace, "real_tokens").inc(int(totals["real_tokens"]))
+        beam.metrics.Metrics.distribution(namespace, "batch_us").update(int(batch_ms * 1000))
+        if compiles > 0:
+            beam.metrics.Metrics.counter(namespace, "compiles").inc(compiles)
+            beam.metrics.Metrics.counter(namespace, "compile_batches_ms").inc(int(batch_ms))
+        try:
+            import psutil
+
+            beam.metrics.Metrics.distribution(namespace, "rss_mb").update(int(psutil.Process().memory_info().rss / 2**20))
+        except ImportError:
+            pass

@@ -1,0 +1,167 @@
+"""Options of `docscore run`: EvalOptions (a Beam PipelineOptions) and config layering.
+
+Holds the flag definitions and the merge preset < --config YAML < command line. Must not check
+that values make sense for the data or the model (pipeline/validate.py does) nor read any data.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+from typing import Any
+
+import yaml
+from apache_beam.options.pipeline_options import PipelineOptions
+
+TASKS = ("embed", "similarity", "classify", "loglik")
+OUTPUT_FORMATS = ("parquet", "jsonl")
+DTYPES = ("float32", "bfloat16")
+TARGET_BACKENDS = ("auto", "cpu", "gpu", "tpu")
+
+
+class ConfigError(Exception):
+    """A configuration problem found before any data is read; `docscore run` exits 2 with it."""
+
+
+def default_run_id() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+class EvalOptions(PipelineOptions):
+    """docscore's own flags; every other Beam option (--runner, ...) passes through untouched."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--input", help="shard pattern (local, gs://, memory://) or tfds:NAME[:VERSION]")
+        parser.add_argument("--output", help="output directory (local or gs://) or bq:PROJECT.DATASET.PREFIX")
+        parser.add_argument("--task", default="embed", help="embed | similarity | classify | loglik")
+        parser.add_argument("--model", default="minilm-l6", help="built-in model name or model directory")
+        parser.add_argument("--attention", default="auto", help="auto | native | flash | an implementation name")
+        parser.add_argument("--text_field", default="text", help="record field holding the document text")
+        parser.add_argument("--id_field", default="id", help="record field holding the document id")
+        parser.add_argument("--run_id", default=None, help="partition name of this run (default: UTC timestamp)")
+        parser.add_argument("--max_seq_len", type=int, default=None, help="tokens per window (default: the model's)")
+        parser.add_argument("--stride", type=int, default=32, help="tokens shared by consecutive windows of a long document")
+        parser.add_argument("--max_chunks", type=int, default=8, help="windows kept per document; more -> truncated")
+        parser.add_argument("--batch_size", type=int, default=16, help="rows per model call (fixed shape)")
+        parser.add_argument("--labels", default=None, help='classify labels: "name=description;name=description"')
+        parser.add_argument("--temperature", type=float, default=0.05, help="classify softmax temperature")
+        parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 compute dtype")
+        parser.add_argument("--output_format", default="parquet", help="parquet | jsonl")
+        parser.add_argument("--tfds_data_dir", default=None, help="data_dir of a prepared TFDS dataset (tfds: input)")
+        parser.add_argument("--split", default="test", help="TFDS split to read (tfds: input)")
+        parser.add_argument("--target_backend", default="auto", help="auto | cpu | gpu | tpu: where inference runs")
+        parser.add_argument("--cache_dir", default=None, help="where converted built-in models are cached")
+        parser.add_argument("--config", default=None, help="YAML file with the same keys as the flags")
+        parser.add_argument("--preset", default=None, help="runner preset name (runners/presets)")
+
+
+def parse_labels(spec: str | dict[str, str] | None) -> dict[str, str]:
+    """'name=desc;name=desc' (or a mapping from a config file) -> ordered {label: description}."""
+    if spec is None or spec == "":
+        return {}
+    if isinstance(spec, dict):
+        return {str(k): str(v) for k, v in spec.items()}
+    labels: dict[str, str] = {}
+    for part in spec.split(";"):
+        if not part.strip():
+            continue
+        name, sep, desc = part.partition("=")
+        if not sep or not name.strip() or not desc.strip():
+            raise ConfigError(
+                f"--labels: {part!r} is not name=description; write --labels \"sports=an article about sport;...\""
+            )
+        labels[name.strip()] = desc.strip()
+    return labels
+
+
+def dict_to_flags(values: dict[str, Any]) -> list[str]:
+    """A config mapping -> command-line flags (lists repeat the flag, True is a bare flag)."""
+    flags: list[str] = []
+    for key, value in values.items():
+        if value is None or value is False:
+            continue
+        if value is True:
+            flags.append(f"--{key}")
+        elif isinstance(value, list):
+            flags += [f"--{key}={item}" for item in value]
+        elif isinstance(value, dict) and key == "labels":
+            flags.append("--labels=" + ";".join(f"{k}={v}" for k, v in value.items()))
+        else:
+            flags.append(f"--{key}={value}")
+    return flags
+
+
+def known_option_names() -> set[str]:
+    """Every option name any registered PipelineOptions class defines (Beam's and ours)."""
+    return set(PipelineOptions([]).get_all_options().keys())
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    import fsspec
+
+    try:
+        with fsspec.open(path, "r") as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: file not found; pass an existing YAML file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {path}: not valid YAML ({e}); fix the file") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: must be a mapping of option: value, got {type(data).__name__}")
+    return data
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    try:
+        from runners.presets import load_preset as runners_load_preset
+    except ImportError:
+        raise ConfigError(f"--preset {name}: runner presets are not available in this install (runners.presets)") from None
+    try:
+        return dict(runners_load_preset(name))
+    except (KeyError, FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"--preset {name}: {e}") from None
+
+
+def layered_flags(argv: list[str]) -> list[str]:
+    """Return argv with preset and --config values in front, so the command line wins (argparse keeps the last)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    pre.add_argument("--preset")
+    first, _ = pre.parse_known_args(argv)
+    config = load_config_file(first.config) if first.config else {}
+    preset_name = first.preset or config.get("preset")
+    preset = load_preset(preset_name) if preset_name else {}
+    known = known_option_names()
+    for origin, values in (("--preset " + str(preset_name), preset), ("--config " + str(first.config), config)):
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"{origin}: unknown key(s) {', '.join(unknown)}; use the flag names without dashes "
+                f"(e.g. task, model, labels), see `docscore run --help`"
+            )
+    config = {k: v for k, v in config.items() if k not in ("config", "preset")}
+    return dict_to_flags(preset) + dict_to_flags(config) + list(argv)
+
+
+def unknown_flags(flags: list[str]) -> list[str]:
+    """Flags no PipelineOptions class defines (Beam would silently drop them)."""
+    options = PipelineOptions(flags)
+    known = set(options.get_all_options().keys())
+    every = set(options.get_all_options(retain_unknown_options=True).keys())
+    return sorted(every - known)
+
+
+def parse_options(argv: list[str]) -> tuple[PipelineOptions, EvalOptions]:
+    """argv -> (all pipeline options, our view of them). Raises ConfigError on unknown flags/keys."""
+    flags = layered_flags(argv)
+    unknown = unknown_flags(flags)
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join('--' + u for u in unknown)}; check the spelling "
+            f"(`docscore run --help` lists docscore's flags; Beam's are in its PipelineOptions)"
+        )
+    options = PipelineOptions(flags)
+    eval_options = options.view_as(EvalOptions)
+    if not eval_options.run_id:
+        eval_options.run_id = default_run_id()
+    return options, eval_options

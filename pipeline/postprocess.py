@@ -1,0 +1,131 @@
+"""After inference: PredictionResult -> one scores-table row (plus the small per-document stats the
+run summary aggregates). A thin Beam DoFn over pipeline/scoring.py; a document that cannot be scored
+becomes an ErrorRow. Must not hold scoring math (scoring.py) or write files (sinks.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import apache_beam as beam
+
+from pipeline import scoring, timing
+from pipeline.inference import InferenceOutput
+from pipeline.preprocess import TokenizedDoc
+from pipeline.records import ErrorRow
+
+ERRORS_TAG = "errors"
+STATS_TAG = "stats"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreSpec:
+    task: str
+    run_id: str
+    temperature: float = 0.05
+    stride: int = 0
+    prefix_len: int = 0  # special tokens before the text in each window (loglik overlap)
+
+
+@dataclasses.dataclass
+class DocStats:
+    """What the run summary needs from one scored document."""
+
+    timings: dict[str, float]
+    n_tokens: int
+    window_tokens: int  # real tokens the model computed (special tokens and query included)
+    computed_tokens: float  # this document's share of the padded shapes computed
+    prediction: Any = None  # similarity: cosine; classify: label; loglik: total log-likelihood
+    gold: Any = None  # the record's `label` field; loglik: scored token count
+    model_id: str = ""
+    attention_impl: str = ""
+    fingerprint: str = ""
+    backend: str = ""
+
+
+def task_fields(spec: ScoreSpec, output: InferenceOutput) -> dict[str, Any]:
+    """The task's columns (score, label, scores, embedding, perplexity) from window outputs."""
+    if spec.task == "embed":
+        return scoring.score_embed(output.window_outputs)
+    if spec.task == "similarity":
+        return scoring.score_similarity(output.window_outputs, output.query_outputs)
+    if spec.task == "classify":
+        return scoring.score_classify(output.window_outputs, output.label_names, output.label_embeddings, spec.temperature)
+    if spec.task == "loglik":
+        return scoring.score_loglik(output.window_outputs, spec.stride, spec.prefix_len)
+    raise ValueError(f"unknown task {spec.task!r}")
+
+
+def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput) -> tuple[dict[str, Any], DocStats]:
+    start = time.perf_counter()
+    fields = task_fields(spec, output)
+    doc = tokenized.doc
+    gold = doc.fields.get("label")
+    row = {
+        "run_id": spec.run_id,
+        "doc_id": doc.doc_id,
+        "source": doc.source,
+        "record_index": doc.record_index,
+        "task": spec.task,
+        "score": fields.get("score"),
+        "label": fields.get("label"),
+        "gold_label": None if gold is None else str(gold),
+        "scores": fields.get("scores"),
+        "embedding": fields.get("embedding"),
+        "perplexity": fields.get("perplexity"),
+        "n_tokens": tokenized.n_tokens,
+        "n_chunks": len(tokenized.windows),
+        "truncated": tokenized.truncated,
+        "model_id": output.model_id,
+        "attention_impl": output.attention_impl,
+        "read_ms": doc.read_ms,
+        "tokenize_ms": tokenized.tokenize_ms,
+        "infer_ms": output.infer_ms,
+    }
+    row["postprocess_ms"] = (time.perf_counter() - start) * 1000.0
+    prediction = {"similarity": row["score"], "classify": row["label"], "loglik": row["score"]}.get(spec.task)
+    stats = DocStats(
+        timings={c: row[c] for c in (timing.stage_column(s) for s in timing.STAGES)},
+        n_tokens=tokenized.n_tokens,
+        window_tokens=sum(len(w) for w in tokenized.windows + tokenized.query_windows),
+        computed_tokens=output.computed_tokens,
+        prediction=prediction,
+        gold=fields.get("loglik_tokens") if spec.task == "loglik" else gold,
+        model_id=output.model_id,
+        attention_impl=output.attention_impl,
+        fingerprint=output.fingerprint,
+        backend=output.backend,
+    )
+    return row, stats
+
+
+class ScoreDocument(beam.DoFn):
+    """Beam adapter: PredictionResult in; scores row out, DocStats on 'stats', ErrorRow on 'errors'."""
+
+    def __init__(self, spec: ScoreSpec):
+        self._spec = spec
+
+    def process(self, result):
+        tokenized: TokenizedDoc = result.example
+        try:
+            row, stats = score_row(self._spec, tokenized, result.inference)
+        except Exception as e:  # a document whose outputs cannot be scored is an error row
+            doc = tokenized.doc
+            yield beam.pvalue.TaggedOutput(
+                ERRORS_TAG, ErrorRow(doc.source, doc.record_index, "score", type(e).__name__, str(e), doc_id=doc.doc_id)
+            )
+            return
+        timing.record_stage_metrics(stats.timings)
+        yield row
+        yield beam.pvalue.TaggedOutput(STATS_TAG, stats)
+
+
+def inference_failures_to_errors(failure) -> list[ErrorRow]:
+    """RunInference's dead letter (batch, (exception type, repr, traceback)) -> one ErrorRow per document."""
+    batch, (exc_type, exc_repr, *_rest) = failure
+    name = getattr(exc_type, "__name__", str(exc_type))
+    return [
+        ErrorRow(doc.doc.source, doc.doc.record_index, "infer", name, str(exc_repr), doc_id=doc.doc.doc_id)
+        for doc in batch
+    ]

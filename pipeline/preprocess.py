@@ -1,0 +1,99 @@
+"""Tokenisation and length buckets: Document -> TokenizedDoc (model-input windows).
+
+Holds the fixed bucket lengths XLA compiles for, the pure tokenise function and its thin DoFn.
+Must not batch, pad rows or call the model (pipeline/inference.py does).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import time
+
+import apache_beam as beam
+import numpy as np
+
+from pipeline.records import Document, ErrorRow
+
+BUCKET_LENGTHS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+ERRORS_TAG = "errors"
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowSpec:
+    """How documents become windows."""
+
+    max_len: int  # tokens per window, special tokens included
+    stride: int  # text tokens shared by consecutive windows
+    max_chunks: int  # windows kept per document
+
+
+@dataclasses.dataclass
+class TokenizedDoc:
+    """A document as model-input windows (the text itself is dropped: it is not needed downstream)."""
+
+    doc: Document
+    windows: list[np.ndarray]
+    n_tokens: int
+    truncated: bool
+    tokenize_ms: float
+    query_windows: list[np.ndarray] = dataclasses.field(default_factory=list)  # similarity only
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.windows) + len(self.query_windows)
+
+
+def bucket_lengths(max_len: int) -> tuple[int, ...]:
+    """The row lengths used for max_len-token windows: the fixed ladder below max_len, then max_len."""
+    return tuple(b for b in BUCKET_LENGTHS if b < max_len) + (max_len,)
+
+
+def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
+    """Smallest bucket holding `length` tokens (the last bucket when longer)."""
+    i = bisect.bisect_left(buckets, length)
+    return buckets[min(i, len(buckets) - 1)]
+
+
+def tokenize_document(doc: Document, tokenizer, spec: WindowSpec, *, with_query: bool) -> TokenizedDoc:
+    """Encode the document (and, for similarity, its `query` field) into windows. Raises on bad input."""
+    start = time.perf_counter()
+    texts = [doc.text]
+    if with_query:
+        query = doc.fields.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("similarity needs a non-empty string `query` field in each record")
+        texts.append(query)
+    encoded = tokenizer.encode_windows(texts, max_len=spec.max_len, stride=spec.stride, max_windows=spec.max_chunks)
+    elapsed = (time.perf_counter() - start) * 1000.0
+    return TokenizedDoc(
+        doc=dataclasses.replace(doc, text=""),
+        windows=list(encoded[0].windows),
+        n_tokens=int(encoded[0].n_tokens),
+        truncated=bool(encoded[0].truncated),
+        tokenize_ms=elapsed,
+        query_windows=list(encoded[1].windows) if with_query else [],
+    )
+
+
+class Tokenize(beam.DoFn):
+    """Beam adapter: Document in, TokenizedDoc out (ErrorRow on the 'errors' output)."""
+
+    def __init__(self, model_spec, window_spec: WindowSpec, *, with_query: bool):
+        self._model_spec = model_spec
+        self._window_spec = window_spec
+        self._with_query = with_query
+        self._tokenizer = None
+
+    def setup(self):
+        from pipeline.inference import shared_model  # the process-wide model: tokenizer and weights load once
+
+        self._tokenizer = shared_model(self._model_spec).tokenizer
+
+    def process(self, doc: Document):
+        try:
+            yield tokenize_document(doc, self._tokenizer, self._window_spec, with_query=self._with_query)
+        except Exception as e:  # a document the tokenizer cannot handle is an error row, not a crash
+            yield beam.pvalue.TaggedOutput(
+                ERRORS_TAG,
+                ErrorRow(doc.source, doc.record_index, "tokenize", type(e).__name__, str(e), raw=doc.text, doc_id=doc.doc_id),
+            )

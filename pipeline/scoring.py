@@ -1,0 +1,162 @@
+"""Task scoring and summary metrics, as pure functions of numpy arrays and plain values.
+
+Per document: window outputs -> one scores-row fragment (embed, similarity, classify, loglik).
+Per run: Spearman/Pearson, accuracy/macro-F1, corpus perplexity (no scipy at run time).
+Must not touch Beam, files or the model.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+# ---------------------------------------------------------------- per document
+
+def pool_windows(window_embeddings: Sequence[np.ndarray]) -> np.ndarray:
+    """Document embedding: the mean of its (normalised) window embeddings, L2-normalised again."""
+    mean = np.mean(np.stack([np.asarray(w, np.float64) for w in window_embeddings]), axis=0)
+    norm = np.linalg.norm(mean)
+    return (mean / norm if norm > 0 else mean).astype(np.float32)
+
+
+def score_embed(window_embeddings: Sequence[np.ndarray]) -> dict[str, Any]:
+    return {"score": None, "embedding": pool_windows(window_embeddings).tolist()}
+
+
+def score_similarity(window_embeddings: Sequence[np.ndarray], query_embeddings: Sequence[np.ndarray]) -> dict[str, Any]:
+    """Cosine between the document and its query (both pooled and normalised)."""
+    doc, query = pool_windows(window_embeddings), pool_windows(query_embeddings)
+    return {"score": float(np.dot(doc.astype(np.float64), query.astype(np.float64)))}
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = np.asarray(x, np.float64) - np.max(x)
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def score_classify(
+    window_embeddings: Sequence[np.ndarray], label_names: Sequence[str], label_embeddings: np.ndarray, temperature: float
+) -> dict[str, Any]:
+    """Zero-shot: softmax(cosine(document, label description) / temperature); the top label wins."""
+    doc = pool_windows(window_embeddings).astype(np.float64)
+    cosines = np.asarray(label_embeddings, np.float64) @ doc
+    probs = softmax(cosines / temperature)
+    top = int(np.argmax(probs))
+    return {
+        "score": float(probs[top]),
+        "label": str(label_names[top]),
+        "scores": [{"label": str(n), "score": float(p)} for n, p in zip(label_names, probs)],
+    }
+
+
+def loglik_positions(window_len: int, window_index: int, stride: int, prefix_len: int) -> slice:
+    """Positions t of a window's next-token log-probs (t predicts token t+1) that score tokens not
+    already scored by the previous window (windows overlap by `stride` text tokens after `prefix_len`
+    special tokens)."""
+    first_new = 1 if window_index == 0 else max(1, prefix_len + stride)
+    return slice(first_new - 1, window_len - 1)
+
+
+def score_loglik(window_logprobs: Sequence[np.ndarray], stride: int, prefix_len: int) -> dict[str, Any]:
+    """Total log-likelihood of the document's tokens (each counted once), their count, perplexity."""
+    total, count = 0.0, 0
+    for i, logprobs in enumerate(window_logprobs):
+        picked = np.asarray(logprobs, np.float64)[loglik_positions(len(logprobs), i, stride, prefix_len)]
+        total += float(picked.sum())
+        count += int(picked.size)
+    return {"score": total, "perplexity": math.exp(-total / count) if count else None, "loglik_tokens": count}
+
+
+# ---------------------------------------------------------------- per run
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n with ties given their average rank (as scipy.stats.rankdata)."""
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), np.float64)
+    sorted_x = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
+    a, b = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(a) < 2:
+        return None
+    a, b = a - a.mean(), b - b.mean()
+    denom = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
+    return float((a * b).sum() / denom) if denom > 0 else None
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    if len(x) < 2:
+        return None
+    return pearson(_ranks(np.asarray(x, np.float64)), _ranks(np.asarray(y, np.float64)))
+
+
+def accuracy(predicted: Sequence[str], gold: Sequence[str]) -> float | None:
+    if not gold:
+        return None
+    return sum(p == g for p, g in zip(predicted, gold)) / len(gold)
+
+
+def macro_f1(predicted: Sequence[str], gold: Sequence[str], labels: Sequence[str] | None = None) -> float | None:
+    """Mean F1 over `labels` (default: every label seen in gold or predictions; as sklearn's macro)."""
+    if not gold:
+        return None
+    labels = sorted(set(gold) | set(predicted)) if labels is None else list(labels)
+    f1s = []
+    for label in labels:
+        tp = sum(p == label and g == label for p, g in zip(predicted, gold))
+        fp = sum(p == label and g != label for p, g in zip(predicted, gold))
+        fn = sum(p != label and g == label for p, g in zip(predicted, gold))
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+    return float(np.mean(f1s))
+
+
+def corpus_perplexity(total_logliks: Sequence[float], token_counts: Sequence[int]) -> float | None:
+    """exp(- sum of log-likelihoods / sum of scored tokens) over the whole corpus."""
+    tokens = sum(token_counts)
+    return math.exp(-sum(total_logliks) / tokens) if tokens else None
+
+
+def as_number(value: Any) -> float | None:
+    """A gold similarity label as a float (None when it is not a number)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def task_metrics(task: str, pairs: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
+    """Summary metrics from (prediction, gold) pairs of the scored rows that carry a gold label.
+
+    similarity: (cosine, gold number) -> spearman, pearson; classify: (label, gold label) ->
+    accuracy, macro_f1; loglik: (total loglik, scored tokens) -> corpus_perplexity.
+    """
+    if task == "similarity":
+        numeric = [(p, as_number(g)) for p, g in pairs if as_number(g) is not None]
+        xs, ys = [p for p, _ in numeric], [g for _, g in numeric]
+        return {"n_gold": len(numeric), "spearman": spearman(xs, ys), "pearson": pearson(xs, ys)}
+    if task == "classify":
+        predicted, gold = [str(p) for p, _ in pairs], [str(g) for _, g in pairs]
+        return {"n_gold": len(gold), "accuracy": accuracy(predicted, gold), "macro_f1": macro_f1(predicted, gold)}
+    if task == "loglik":
+        return {
+            "n_docs": len(pairs),
+            "loglik_tokens": int(sum(c for _, c in pairs)),
+            "corpus_perplexity": corpus_perplexity([t for t, _ in pairs], [c for _, c in pairs]),
+        }
+    return {}

@@ -1,0 +1,158 @@
+"""Run statistics computed IN the pipeline: counts, per-stage totals and p50/p95/p99 (Beam's
+ApproximateQuantiles), tokens, padding, task metrics; written as one small JSON file that the
+launcher merges into summary.json. Must not read the output tables back.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import apache_beam as beam
+
+from pipeline import scoring, timing
+from pipeline.postprocess import DocStats
+from pipeline.records import ErrorRow
+
+
+class RunTotals(beam.CombineFn):
+    """Sums and distinct values over DocStats (constant memory except gold pairs for similarity/classify)."""
+
+    def __init__(self, task: str):
+        self._task = task
+
+    def create_accumulator(self):
+        return {
+            "scored": 0,
+            "n_tokens": 0,
+            "window_tokens": 0,
+            "computed_tokens": 0.0,
+            "stage_ms": {timing.stage_column(s): 0.0 for s in timing.STAGES},
+            "distinct": {"model_id": set(), "attention_impl": set(), "fingerprint": set(), "backend": set()},
+            "pairs": [],
+            "loglik": [0.0, 0],
+        }
+
+    def add_input(self, acc, stats: DocStats):
+        acc["scored"] += 1
+        acc["n_tokens"] += stats.n_tokens
+        acc["window_tokens"] += stats.window_tokens
+        acc["computed_tokens"] += stats.computed_tokens
+        for column, value in stats.timings.items():
+            acc["stage_ms"][column] += value
+        for key in acc["distinct"]:
+            acc["distinct"][key].add(getattr(stats, key))
+        if self._task == "loglik":
+            acc["loglik"][0] += stats.prediction
+            acc["loglik"][1] += stats.gold
+        elif self._task in ("similarity", "classify") and stats.gold is not None:
+            acc["pairs"].append((stats.prediction, stats.gold))
+        return acc
+
+    def merge_accumulators(self, accumulators):
+        accumulators = list(accumulators)
+        merged = self.create_accumulator()
+        for acc in accumulators:
+            for key in ("scored", "n_tokens", "window_tokens", "computed_tokens"):
+                merged[key] += acc[key]
+            for column, value in acc["stage_ms"].items():
+                merged["stage_ms"][column] += value
+            for key, values in acc["distinct"].items():
+                merged["distinct"][key] |= values
+            merged["pairs"] += acc["pairs"]
+            merged["loglik"][0] += acc["loglik"][0]
+            merged["loglik"][1] += acc["loglik"][1]
+        return merged
+
+    def extract_output(self, acc):
+        result = {k: acc[k] for k in ("scored", "n_tokens", "window_tokens", "computed_tokens")}
+        result["stage_total_ms"] = acc["stage_ms"]
+        result.update({key: sorted(values) for key, values in acc["distinct"].items()})
+        if self._task == "loglik":
+            total, count = acc["loglik"]
+            result["task_metrics"] = {
+                "n_docs": acc["scored"],
+                "loglik_tokens": int(count),
+                "total_loglik": total,
+                "corpus_perplexity": scoring.corpus_perplexity([total], [count]),
+            }
+        else:
+            result["task_metrics"] = scoring.task_metrics(self._task, acc["pairs"])
+        return result
+
+
+def assemble(_, totals: dict, quantiles: dict, error_counts: dict, shard_errors: int) -> str:
+    """One JSON document from the pieces the pipeline computed."""
+    errors = sum(error_counts.values())
+    stages = {}
+    for stage in timing.STAGES:
+        column = timing.stage_column(stage)
+        entry = {"total_ms": totals["stage_total_ms"].get(column, 0.0)}
+        if column in quantiles:
+            entry.update(timing.percentiles_from_quantiles(quantiles[column]))
+        stages[stage] = entry
+    by_stage = Counter()
+    for key, n in error_counts.items():
+        by_stage[key.split("/", 1)[0]] += n
+    stats: dict[str, Any] = {
+        "counts": {
+            "records": totals["scored"] + errors,
+            "scored": totals["scored"],
+            "errors": errors,
+            "shard_errors": shard_errors,
+            "errors_by_stage": dict(sorted(by_stage.items())),
+            "errors_by_type": dict(sorted(error_counts.items())),
+        },
+        "tokens": {
+            "text_tokens": totals["n_tokens"],
+            "model_tokens": totals["window_tokens"],
+            "computed_tokens": totals["computed_tokens"],
+            "padding_efficiency": (totals["window_tokens"] / totals["computed_tokens"]) if totals["computed_tokens"] else None,
+        },
+        "stages": stages,
+        "model_id": totals["model_id"],
+        "attention_impl": totals["attention_impl"],
+        "fingerprint": totals["fingerprint"],
+        "worker_backend": totals["backend"],
+        "task_metrics": totals["task_metrics"],
+    }
+    return json.dumps(stats, sort_keys=True)
+
+
+def _error_key(error: ErrorRow) -> tuple[str, int]:
+    return f"{error.stage}/{error.error_type}", 1
+
+
+class ComputeRunStats(beam.PTransform):
+    """(DocStats, ErrorRows) -> a PCollection holding the run-stats JSON string (one element)."""
+
+    def __init__(self, task: str):
+        super().__init__()
+        self._task = task
+
+    def expand(self, pcolls):
+        doc_stats, errors = pcolls
+        totals = doc_stats | "Totals" >> beam.CombineGlobally(RunTotals(self._task))
+        quantiles = (
+            doc_stats
+            | "StageValues" >> beam.FlatMap(lambda s: list(s.timings.items()))
+            | "StageQuantiles" >> beam.ApproximateQuantiles.PerKey(num_quantiles=101)
+        )
+        error_counts = errors | "ErrorKeys" >> beam.Map(_error_key) | "CountErrors" >> beam.CombinePerKey(sum)
+        shard_errors = (
+            errors
+            | "ShardErrors" >> beam.Filter(lambda e: e.record_index is None)
+            | "CountShardErrors" >> beam.combiners.Count.Globally()
+        )
+        return (
+            doc_stats.pipeline
+            | "StatsSeed" >> beam.Create([None])
+            | "Assemble"
+            >> beam.Map(
+                assemble,
+                beam.pvalue.AsSingleton(totals),
+                beam.pvalue.AsDict(quantiles),
+                beam.pvalue.AsDict(error_counts),
+                beam.pvalue.AsSingleton(shard_errors),
+            )
+        )

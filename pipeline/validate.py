@@ -1,0 +1,217 @@
+"""Every configuration check of `docscore run`, done BEFORE the pipeline is built or any data read.
+
+Turns EvalOptions into a RunPlan (shards, read spec, model spec, resolved kernel, window spec) or
+raises ConfigError with a message naming the flag and the fix. Must not start a pipeline, and reads
+at most a shard's schema (Parquet footer, TFDS features, the first JSONL record) to check fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import fsspec
+
+from pipeline import sinks, sources, tfds_reader
+from pipeline.inference import ModelSpec, shared_model
+from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, TASKS, ConfigError, EvalOptions, parse_labels
+from pipeline.preprocess import WindowSpec
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ENCODER_TASKS = ("embed", "similarity", "classify")
+DECODER_TASKS = ("loglik",)
+DEFAULT_ID_FIELD = "id"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """Everything the pipeline graph needs, checked."""
+
+    shards: tuple[str, ...]
+    read_spec: sources.ReadSpec
+    model_spec: ModelSpec
+    window_spec: WindowSpec
+    labels: dict[str, str]
+    kernel: str  # the --attention choice resolved for the target backend
+    target_backend: str
+    model_family: str
+    model_id: str
+    fingerprint: str
+    prefix_len: int  # special tokens before the text in each window
+
+
+def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"--{flag}={value} is not known; use one of {', '.join(choices)}")
+
+
+def check_run_id(run_id: str) -> None:
+    if not RUN_ID_PATTERN.match(run_id) or ".." in run_id:
+        raise ConfigError(
+            f"--run_id={run_id!r} is not a safe partition name; use letters, digits, '.', '_' or '-' "
+            "(at most 128, no '/', no '..')"
+        )
+
+
+def target_backend(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    import jax
+
+    return jax.default_backend()
+
+
+def resolve_kernel(attention: str, backend: str) -> str:
+    from kernels import KernelUnsupportedError, resolve
+
+    try:
+        return resolve(attention, backend=backend)
+    except KernelUnsupportedError as e:
+        message = str(e)
+        if "--attention" not in message:
+            message = f"--attention={attention}: {message}"
+        raise ConfigError(f"{message} (target backend {backend}: set --target_backend if the workers differ)") from None
+
+
+def first_record_fields(shard: str, read_spec: sources.ReadSpec) -> set[str] | None:
+    """The field names of a shard's schema (None when they cannot be known without reading data)."""
+    fmt = sources.shard_format(shard)
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            with fsspec.open(shard, "rb") as f:
+                return set(pq.ParquetFile(f).schema_arrow.names)
+        if fmt == "array_record" and read_spec.tfds is not None:
+            return set(read_spec.tfds.feature_kinds)
+        if fmt == "jsonl":
+            compression = "gzip" if shard.lower().endswith(".gz") else None
+            with fsspec.open(shard, "rb", compression=compression) as f:
+                for line in f:
+                    if line.strip():
+                        record = json.loads(line.decode("utf-8-sig"))
+                        return set(record) if isinstance(record, dict) else None
+    except Exception:  # an unreadable first record is the reader's to report as an error row
+        return None
+    return None
+
+
+def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec) -> None:
+    fields = first_record_fields(shards[0], read_spec)
+    if fields is None:
+        return
+    shown = ", ".join(sorted(fields)[:20])
+    if eo.text_field not in fields:
+        raise ConfigError(
+            f"--text_field={eo.text_field}: {shards[0]} has no such field (it has: {shown}); "
+            "pass --text_field with the field holding the document text"
+        )
+    if eo.id_field and eo.id_field != DEFAULT_ID_FIELD and eo.id_field not in fields:
+        raise ConfigError(
+            f"--id_field={eo.id_field}: {shards[0]} has no such field (it has: {shown}); "
+            "pass --id_field with an existing field, or leave it out to use source#record_index"
+        )
+    if eo.task == "similarity" and "query" not in fields:
+        raise ConfigError(
+            f"--task=similarity needs a `query` field in each record; {shards[0]} has: {shown}; "
+            "add it or choose another --task"
+        )
+
+
+def validate(eo: EvalOptions) -> RunPlan:
+    """All checks, cheapest first; the model is loaded last (once per process, reused by the pipeline)."""
+    if not eo.input:
+        raise ConfigError("--input is required: a shard pattern (e.g. 'data/*.jsonl', gs://bucket/x/*.parquet) or tfds:NAME")
+    if not eo.output:
+        raise ConfigError("--output is required: the directory the tables are written under")
+    check_choice("task", eo.task, TASKS)
+    check_choice("output_format", eo.output_format, OUTPUT_FORMATS)
+    check_choice("dtype", eo.dtype, DTYPES)
+    check_choice("target_backend", eo.target_backend, TARGET_BACKENDS)
+    check_run_id(eo.run_id)
+    for flag, value, low in (("batch_size", eo.batch_size, 1), ("max_chunks", eo.max_chunks, 1), ("stride", eo.stride, 0)):
+        if value < low:
+            raise ConfigError(f"--{flag}={value} must be >= {low}")
+    if eo.max_seq_len is not None and eo.max_seq_len < 8:
+        raise ConfigError(f"--max_seq_len={eo.max_seq_len} is too short; use at least 8 (default: the model's)")
+    if not eo.temperature > 0:
+        raise ConfigError(f"--temperature={eo.temperature} must be > 0 (e.g. 0.05)")
+    labels = parse_labels(eo.labels)
+    if eo.task == "classify" and len(labels) < 2:
+        raise ConfigError(
+            "--task=classify needs at least two labels: --labels \"name=description;name=description\" "
+            "or a `labels:` mapping (label: description) in --config"
+        )
+
+    backend = target_backend(eo.target_backend)
+    kernel = resolve_kernel(eo.attention, backend)
+
+    try:
+        tfds = None
+        if eo.input.startswith(tfds_reader.TFDS_PREFIX):
+            if not eo.tfds_data_dir:
+                raise ConfigError(f"--input {eo.input}: pass --tfds_data_dir DIR (the data_dir it was prepared in)")
+            tfds = tfds_reader.locate_dataset(eo.input, eo.tfds_data_dir)
+        shards = sources.discover_shards(eo.input, tfds_data_dir=eo.tfds_data_dir, split=eo.split)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        message = str(e).strip("'\"")
+        raise ConfigError(message if "--" in message else f"--input {eo.input}: {message}") from None
+    read_spec = sources.ReadSpec(text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds)
+    check_fields(eo, shards, read_spec)
+
+    if not eo.output.startswith(sinks.BQ_PREFIX):
+        try:
+            sinks.check_writable(eo.output)
+        except OSError as e:
+            raise ConfigError(f"--output {eo.output} is not writable ({e}); choose a directory you can write to") from None
+
+    model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir)
+    loaded = load_for_checks(model_spec, backend)
+    family = loaded.config.family
+    if eo.task in ENCODER_TASKS and family != "bert":
+        raise ConfigError(
+            f"--task={eo.task} needs an encoder (BERT-family) model but --model {eo.model} is {family}; "
+            "use --task=loglik with it, or an encoder such as --model minilm-l6"
+        )
+    if eo.task in DECODER_TASKS and family != "gpt2":
+        raise ConfigError(
+            f"--task={eo.task} needs a decoder (GPT-2-family) model but --model {eo.model} is {family}; "
+            "pass a GPT-2 model directory (docscore convert --hf DIR --out DIR)"
+        )
+    model_max = loaded.tokenizer.max_seq_len
+    max_len = eo.max_seq_len or model_max
+    if max_len > model_max:
+        raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max}; use <= {model_max}")
+    content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
+    if eo.stride >= content:
+        raise ConfigError(f"--stride={eo.stride} must be < {content} (window length minus special tokens)")
+    return RunPlan(
+        shards=tuple(shards),
+        read_spec=read_spec,
+        model_spec=model_spec,
+        window_spec=WindowSpec(max_len=max_len, stride=eo.stride, max_chunks=eo.max_chunks),
+        labels=labels,
+        kernel=kernel,
+        target_backend=backend,
+        model_family=family,
+        model_id=loaded.model_id,
+        fingerprint=loaded.fingerprint,
+        prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
+    )
+
+
+def load_for_checks(spec: ModelSpec, backend: str):
+    """Load the model to check it: with the run's own spec when this process is a worker's backend
+    (the pipeline then reuses it), with the native kernel when the workers are another backend."""
+    import jax
+
+    import models
+
+    if backend != jax.default_backend():
+        spec = dataclasses.replace(spec, attention="native")
+    try:
+        return shared_model(spec)
+    except models.ModelLoadError as e:
+        raise ConfigError(f"--model {spec.name}: {e}") from None
+    except (FileNotFoundError, OSError) as e:
+        raise ConfigError(f"--model {spec.name}: cannot be loaded ({e}); pass minilm-l6 or a model directory") from None
