@@ -1,0 +1,322 @@
+"""Progress of a running pipeline: documents discovered and done, rate and ETA, while it runs.
+
+Holds CountProgress (a Beam transform that counts elements into a Beam counter and a small
+per-worker counter file), the readers of those counts, and ProgressReporter (a thread that polls
+the counts, draws a bar on a terminal or prints log lines otherwise, and keeps the time series the
+report charts). Must not touch the elements it counts nor decide anything about the run.
+
+Why counter files: Beam's DirectRunner (FnApiRunner) runs a batch pipeline synchronously inside
+`Pipeline.run()`, so its metrics cannot be polled until the run is over. Workers of a local run
+(in_memory, multi_threading or multi_processing) share the launcher's disk, so each DoFn instance
+rewrites one small JSON file there and the reporter sums them. On a remote runner (Dataflow), where
+`run()` returns at once, poll `counts_from_metrics(result)` instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Callable, Iterable, TextIO
+
+import apache_beam as beam
+import fsspec
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+
+METRICS_NAMESPACE = "docscore.progress"
+KINDS = ("discovered", "done")
+SAMPLES_FILE = "progress.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressCounts:
+    discovered: int = 0  # input records read so far (documents + unreadable records)
+    done: int = 0  # records finished: scored rows + error rows
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressSample:
+    t_s: float  # seconds since the reporter started
+    discovered: int
+    done: int
+
+
+# ---- counting inside the pipeline -------------------------------------------------------------
+
+
+class CounterFile:
+    """The counts of one DoFn instance, rewritten to DIR/<unique>.json at most every `flush_s`.
+
+    Create it in DoFn.setup() (each instance gets its own file name on its first flush), so copies
+    of a pickled DoFn never share a file. Writes are atomic (temporary file + os.replace).
+    """
+
+    def __init__(self, directory: str, flush_s: float = 0.5):
+        self.directory = directory
+        self.flush_s = flush_s
+        self.counts = {kind: 0 for kind in KINDS}
+        self._name: str | None = None
+        self._last_flush = 0.0
+
+    def add(self, kind: str, n: int = 1) -> None:
+        self.counts[kind] += n
+        if time.monotonic() - self._last_flush >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._name is None:
+            self._name = f"{os.getpid()}-{uuid.uuid4().hex}.json"
+        path = os.path.join(self.directory, self._name)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.counts, f)
+        os.replace(tmp, path)
+        self._last_flush = time.monotonic()
+
+
+def read_counter_files(directory: str) -> ProgressCounts:
+    """Sum of every counter file in `directory` (files being replaced right now are skipped)."""
+    totals = {kind: 0 for kind in KINDS}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return ProgressCounts()
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                counts = json.load(f)
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        for kind in KINDS:
+            totals[kind] += int(counts.get(kind, 0))
+    return ProgressCounts(**totals)
+
+
+class _CountDoFn(beam.DoFn):
+    def __init__(self, directory: str | None, kind: str):
+        if kind not in KINDS:
+            raise ValueError(f"CountProgress kind must be one of {KINDS}, got {kind!r}")
+        self.directory = directory
+        self.kind = kind
+        self.counter = Metrics.counter(METRICS_NAMESPACE, kind)
+        self.file: CounterFile | None = None
+
+    def setup(self):
+        if self.directory:
+            self.file = CounterFile(self.directory)
+
+    def process(self, element):
+        self.counter.inc()
+        if self.file is not None:
+            self.file.add(self.kind)
+        return []
+
+    def finish_bundle(self):
+        if self.file is not None:
+            self.file.flush()
+
+    def teardown(self):
+        if self.file is not None:
+            self.file.flush()
+
+
+class CountProgress(beam.PTransform):
+    """`pcoll | CountProgress(directory, "discovered" | "done")` counts elements; it outputs nothing.
+
+    Apply it as a side branch (the counted PCollection flows on unchanged). `directory` is a local
+    directory for counter files (local runners), or None to count into Beam metrics only.
+    """
+
+    def __init__(self, directory: str | None, kind: str):
+        super().__init__()
+        self.directory = directory
+        self.kind = kind
+
+    def expand(self, pcoll):
+        return pcoll | beam.ParDo(_CountDoFn(self.directory, self.kind))
+
+
+def counts_from_metrics(result: Any) -> ProgressCounts:
+    """Counts from a PipelineResult's Beam metrics (attempted: they move while a remote job runs)."""
+    totals = {kind: 0 for kind in KINDS}
+    query = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
+    for counter in query["counters"]:
+        name = counter.key.metric.name
+        if name in totals:
+            value = counter.committed if counter.committed is not None else counter.attempted
+            totals[name] += int(value or 0)
+    return ProgressCounts(**totals)
+
+
+# ---- showing it -------------------------------------------------------------------------------
+
+
+def rate_and_eta(samples: list[ProgressSample], window_s: float = 10.0) -> tuple[float | None, float | None]:
+    """(documents/s over the last `window_s`, seconds left for the documents discovered so far)."""
+    if len(samples) < 2:
+        return None, None
+    last = samples[-1]
+    first = samples[-2]
+    for sample in reversed(samples[:-2]):
+        if last.t_s - sample.t_s > window_s:
+            break
+        first = sample
+    elapsed = last.t_s - first.t_s
+    if elapsed <= 0:
+        return None, None
+    rate = (last.done - first.done) / elapsed
+    remaining = max(last.discovered - last.done, 0)
+    if remaining == 0:
+        return rate, 0.0
+    return rate, (remaining / rate if rate > 0 else None)
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def format_status(sample: ProgressSample, rate: float | None, eta_s: float | None) -> str:
+    """'120/500 docs (24%) | 12.3 docs/s | ETA 0:00:31 | 0:00:10 elapsed'."""
+    total = max(sample.discovered, sample.done)
+    percent = f" ({100 * sample.done / total:.0f}%)" if total else ""
+    rate_text = "? docs/s" if rate is None else f"{rate:.1f} docs/s"
+    return (
+        f"{sample.done}/{total} docs{percent} | {rate_text} | ETA {format_duration(eta_s)}"
+        f" | {format_duration(sample.t_s)} elapsed"
+    )
+
+
+def format_bar(sample: ProgressSample, rate: float | None, eta_s: float | None, width: int = 30) -> str:
+    total = max(sample.discovered, sample.done)
+    filled = int(width * sample.done / total) if total else 0
+    return f"[{'#' * filled}{'-' * (width - filled)}] " + format_status(sample, rate, eta_s)
+
+
+class ProgressReporter:
+    """Polls `counts()` every `interval_s` in a thread; a bar on a terminal, a line every `log_every_s` otherwise.
+
+    with ProgressReporter(lambda: read_counter_files(d), display=not no_progress) as reporter:
+        pipeline.run().wait_until_finish()
+    reporter.write_samples(samples_path(output_dir, run_id))
+
+    With display=False nothing is printed but the samples are still kept for the report.
+    """
+
+    def __init__(
+        self,
+        counts: Callable[[], ProgressCounts],
+        *,
+        display: bool = True,
+        stream: TextIO | None = None,
+        interval_s: float = 1.0,
+        log_every_s: float = 10.0,
+    ):
+        self.counts = counts
+        self.display = display
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval_s = interval_s
+        self.log_every_s = log_every_s
+        self.samples: list[ProgressSample] = []
+        self.started_at: datetime.datetime | None = None
+        self._start = 0.0
+        self._last_log = float("-inf")
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._is_terminal = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def start(self) -> "ProgressReporter":
+        self._start = time.monotonic()
+        self.started_at = datetime.datetime.now(datetime.timezone.utc)
+        self.poll()
+        self._thread = threading.Thread(target=self._loop, name="docscore-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.poll(final=True)
+
+    def __enter__(self) -> "ProgressReporter":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def poll(self, final: bool = False) -> ProgressSample:
+        """Take one sample now and show it; the thread calls this every interval_s."""
+        counts = self.counts()
+        with self._lock:
+            sample = ProgressSample(time.monotonic() - self._start, counts.discovered, counts.done)
+            self.samples.append(sample)
+            if self.display:
+                self._show(sample, final)
+        return sample
+
+    def _show(self, sample: ProgressSample, final: bool) -> None:
+        rate, eta_s = rate_and_eta(self.samples)
+        if final:
+            rate = sample.done / sample.t_s if sample.t_s > 0 else None  # whole-run average
+        if self._is_terminal:
+            self.stream.write("\r" + format_bar(sample, rate, eta_s) + ("\n" if final else ""))
+            self.stream.flush()
+        elif final or sample.t_s - self._last_log >= self.log_every_s:
+            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.stream.write(f"{stamp} docscore progress: {format_status(sample, rate, eta_s)}\n")
+            self.stream.flush()
+            self._last_log = sample.t_s
+
+    def write_samples(self, path: str) -> str:
+        """Write the time series (for the report's throughput chart) as JSON to `path`."""
+        write_samples(path, self.samples, self.started_at, self.interval_s)
+        return path
+
+
+# ---- the time series on disk ------------------------------------------------------------------
+
+
+def samples_path(output_dir: str, run_id: str) -> str:
+    return f"{output_dir.rstrip('/')}/runs/run_id={run_id}/{SAMPLES_FILE}"
+
+
+def write_samples(
+    path: str,
+    samples: Iterable[ProgressSample],
+    started_at: datetime.datetime | None,
+    interval_s: float,
+) -> None:
+    data = {
+        "started_at": started_at.isoformat() if started_at else None,
+        "interval_s": interval_s,
+        "samples": [dataclasses.asdict(s) for s in samples],
+    }
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    fs.makedirs(fs_path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(fs_path, "w") as f:
+        json.dump(data, f)
+
+
+def read_samples(path: str) -> list[ProgressSample]:
+    """The samples a run wrote, or [] when it wrote none (e.g. a run from before progress existed)."""
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    if not fs.exists(fs_path):
+        return []
+    with fs.open(fs_path, "r") as f:
+        data = json.load(f)
+    return [ProgressSample(**s) for s in data.get("samples", [])]

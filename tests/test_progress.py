@@ -1,0 +1,121 @@
+"""Progress reporting: counts from a real Beam pipeline and from several processes, bar and log lines."""
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import select
+import time
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline import progress
+from pipeline.progress import ProgressCounts, ProgressReporter, ProgressSample
+
+
+def test_rate_eta_and_status_line():
+    samples = [ProgressSample(0.0, 400, 0), ProgressSample(5.0, 400, 50), ProgressSample(10.0, 400, 100)]
+    rate, eta = progress.rate_and_eta(samples, window_s=10.0)
+    assert rate == pytest.approx(10.0)  # 100 docs in 10 s
+    assert eta == pytest.approx(30.0)  # 300 left at 10 docs/s
+    assert progress.format_status(samples[-1], rate, eta) == "100/400 docs (25%) | 10.0 docs/s | ETA 0:00:30 | 0:00:10 elapsed"
+    bar = progress.format_bar(samples[-1], rate, eta, width=20)
+    assert bar.startswith("[#####---------------] 100/400")
+    # the window only looks back window_s: the rate follows the recent pace, not the whole run
+    samples.append(ProgressSample(20.0, 400, 300))
+    assert progress.rate_and_eta(samples, window_s=10.0)[0] == pytest.approx(20.0)
+    # nothing left -> ETA 0; too few samples -> unknown
+    assert progress.rate_and_eta([ProgressSample(0, 5, 0), ProgressSample(1, 5, 5)])[1] == 0.0
+    assert progress.rate_and_eta(samples[:1]) == (None, None)
+
+
+def _count_in_process(directory: str, n: int) -> None:
+    counter = progress.CounterFile(directory, flush_s=0.0)
+    for _ in range(n):
+        counter.add("discovered")
+    for _ in range(n // 2):
+        counter.add("done")
+
+
+def test_counter_files_sum_across_processes(tmp_path):
+    context = multiprocessing.get_context("fork")  # the child only writes files
+    workers = [context.Process(target=_count_in_process, args=(str(tmp_path), n)) for n in (7, 10, 31)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert all(w.exitcode == 0 for w in workers)
+    assert len(list(tmp_path.glob("*.json"))) == 3
+    assert progress.read_counter_files(str(tmp_path)) == ProgressCounts(discovered=48, done=3 + 5 + 15)
+    assert progress.read_counter_files(str(tmp_path / "missing")) == ProgressCounts()
+
+
+def test_progress_follows_a_running_beam_pipeline(tmp_path):
+    # in_memory only: multi_processing costs ~20 s of worker start-up here; crossing processes is
+    # covered by test_counter_files_sum_across_processes (and the pipeline's own multi_processing test)
+    n = 24
+    counter_dir = tmp_path / "counters"
+    counter_dir.mkdir()
+    options = PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])
+    pipeline = beam.Pipeline(options=options)
+    records = pipeline | beam.Create(list(range(n)))
+    _ = records | "Discovered" >> progress.CountProgress(str(counter_dir), "discovered")
+    done = records | beam.Reshuffle() | beam.Map(lambda x: (time.sleep(0.05), x)[1])  # by value: workers can't import tests
+    _ = done | "Done" >> progress.CountProgress(str(counter_dir), "done")
+
+    log = io.StringIO()
+    with ProgressReporter(
+        lambda: progress.read_counter_files(str(counter_dir)), stream=log, interval_s=0.05, log_every_s=0.2
+    ) as reporter:
+        result = pipeline.run()
+        result.wait_until_finish()
+
+    samples = reporter.samples
+    assert samples[-1].discovered == n and samples[-1].done == n
+    assert [s.done for s in samples] == sorted(s.done for s in samples)
+    assert any(0 < s.done < n for s in samples), f"no sample saw the run in progress: {samples}"
+    lines = log.getvalue().splitlines()
+    assert len(lines) >= 2 and all(" docscore progress: " in line for line in lines)
+    assert f"{n}/{n} docs (100%)" in lines[-1]
+    # the same counts also reach Beam metrics, which is what a remote runner is polled through
+    assert progress.counts_from_metrics(result) == ProgressCounts(discovered=n, done=n)
+
+
+def test_bar_on_a_terminal_and_silence_with_display_off(tmp_path):
+    feed = iter([ProgressCounts(10, 0), ProgressCounts(10, 4), ProgressCounts(10, 10), ProgressCounts(10, 10)])
+    master, slave = os.openpty()
+    with os.fdopen(slave, "w") as terminal:
+        reporter = ProgressReporter(lambda: next(feed), stream=terminal, interval_s=3600)
+        reporter.start()
+        reporter.poll()
+        reporter.poll()
+        reporter.stop()
+    output = b""
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(master)
+    text = output.decode()
+    assert text.count("\r[") == 4
+    assert "[############------------------] 4/10 docs (40%)" in text
+    assert "[##############################] 10/10 docs (100%)" in text
+    assert text.endswith("\n")
+
+    quiet = io.StringIO()
+    counts = iter([ProgressCounts(3, 0), ProgressCounts(3, 3)])
+    silent = ProgressReporter(lambda: next(counts), display=False, stream=quiet, interval_s=3600)
+    silent.start()
+    silent.stop()
+    assert quiet.getvalue() == ""
+    assert [s.done for s in silent.samples] == [0, 3]
+    path = silent.write_samples(progress.samples_path(str(tmp_path), "r1"))
+    assert path == f"{tmp_path}/runs/run_id=r1/progress.json"
+    assert progress.read_samples(path) == silent.samples
+    assert progress.read_samples(str(tmp_path / "none.json")) == []
