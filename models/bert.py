@@ -1,0 +1,60 @@
+"""BERT-family encoder (Flax NNX), laid out like the paper's diagram: embeddings, post-norm
+blocks (attention -> add & norm -> feed-forward -> add & norm), final hidden states.
+
+Must not pool, tokenize or pick a kernel: the attention name comes in through the constructor.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import ModelConfig
+from models.layers import COMPUTE_DTYPES, FeedForward, SelfAttention, layer_norm, positions_in_segments
+
+
+class BertEmbeddings(nnx.Module):
+    """word + position + token-type embeddings, then LayerNorm."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        self.word = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
+        self.position = nnx.Embed(config.max_positions, config.hidden_size, rngs=rngs)
+        self.token_type = nnx.Embed(config.type_vocab_size, config.hidden_size, rngs=rngs)
+        self.norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs)
+
+    def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        # one text per segment, so every token has token type 0
+        x = self.word(input_ids) + self.position(positions_in_segments(segment_ids)) + self.token_type.embedding[0]
+        return self.norm(x)
+
+
+class BertLayer(nnx.Module):
+    """One post-norm transformer block."""
+
+    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.attention = SelfAttention(config.hidden_size, config.num_heads, attention_impl=attention_impl,
+                                       causal=False, scale=config.head_dim ** -0.5, dtype=dtype, rngs=rngs)
+        self.attention_norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs)
+        self.feed_forward = FeedForward(config.hidden_size, config.intermediate_size,
+                                        activation=config.activation, dtype=dtype, rngs=rngs)
+        self.output_norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs)
+
+    def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        x = self.attention_norm(x + self.attention(x, segment_ids))
+        return self.output_norm(x + self.feed_forward(x))
+
+
+class BertEncoder(nnx.Module):
+    """input ids [B, L] + segment ids [B, L] (0 = padding) -> final hidden states [B, L, D] float32."""
+
+    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: str = "float32", rngs: nnx.Rngs):
+        compute = COMPUTE_DTYPES[dtype]
+        self.embeddings = BertEmbeddings(config, rngs)
+        self.layers = nnx.List([BertLayer(config, attention_impl=attention_impl, dtype=compute, rngs=rngs)
+                                for _ in range(config.num_layers)])
+
+    def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        x = self.embeddings(input_ids, segment_ids)
+        for layer in self.layers:
+            x = layer(x, segment_ids)
+        return x

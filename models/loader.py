@@ -1,0 +1,192 @@
+"""`models.load(...) -> LoadedModel`: a model directory, gs:// URL or built-in name -> a ready model
+whose embed / embed_packed / token_logprobs take numpy batches and return numpy.
+
+Holds loading (with integrity checks), the kernel resolution for the model's shapes and the per-shape
+compile cache. Must not batch, pad or pack documents (the pipeline does) nor hold kernel code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+import kernels
+from models.architecture import abstract_model
+from models.builtin import BUILTINS, builtin_dir
+from models.checkpoint import fingerprint, restore_params
+from models.config import ModelConfig, read_config
+from models.errors import ModelLoadError
+from models.heads import document_embedding, next_token_logprobs, segment_embeddings
+from models.layers import COMPUTE_DTYPES
+from models.model_dir import CONFIG, PARAMS, TOKENIZER, default_cache_dir, fetch_remote, is_remote, read_metadata, read_text
+from models.tokenizer import DocTokenizer
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A loaded model and what it runs with. `attention` is the kernel that runs (resolved once at
+    load for rows of max_seq_len tokens and built into the model). Methods compile once per input
+    shape (`compile_count`, `compile_seconds`) and return numpy."""
+
+    model: nnx.Module
+    tokenizer: DocTokenizer
+    config: ModelConfig
+    fingerprint: str
+    model_id: str
+    attention: str
+    dtype: str
+    path: str = ""
+    _compiled: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _compile_seconds: float = dataclasses.field(default=0.0, init=False, repr=False)
+    _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        graphdef, self._state = nnx.split(self.model)
+
+        def hidden(state, input_ids, segment_ids):
+            return nnx.merge(graphdef, state)(input_ids, segment_ids)
+
+        self._functions: dict[str, Callable] = {
+            "embed": jax.jit(lambda s, i, g: document_embedding(hidden(s, i, g), g)),
+            "embed_packed": jax.jit(lambda s, i, g, n: segment_embeddings(hidden(s, i, g), g, n),
+                                    static_argnums=3),
+            "token_logprobs": jax.jit(lambda s, i, g: next_token_logprobs(hidden(s, i, g), i, g)),
+        }
+
+    @property
+    def compile_count(self) -> int:
+        """Number of distinct (method, input shape) programs compiled so far."""
+        return len(self._compiled)
+
+    @property
+    def compile_seconds(self) -> float:
+        return self._compile_seconds
+
+    def embed(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+        """[B, L] ids + segment ids -> [B, D] float32: one document per row (all tokens with segment
+        id > 0), mean pooled over its tokens and L2-normalised (sentence-transformers)."""
+        self._require("embed", encoder=True)
+        return self._run("embed", input_ids, segment_ids)
+
+    def embed_packed(self, input_ids: np.ndarray, segment_ids: np.ndarray, max_segments: int) -> np.ndarray:
+        """[B, L] packed rows -> [B, max_segments, D] float32: slot s = segment s + 1, zeros when absent."""
+        self._require("embed_packed", encoder=True)
+        if int(max_segments) < 1:
+            raise ValueError(f"max_segments={max_segments} must be >= 1")
+        return self._run("embed_packed", input_ids, segment_ids, int(max_segments))
+
+    def token_logprobs(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+        """[B, L] -> [B, L] float32: at t, log p(input_ids[t+1] | tokens <= t of its segment); 0 where
+        t+1 is padding or another segment."""
+        self._require("token_logprobs", encoder=False)
+        return self._run("token_logprobs", input_ids, segment_ids)
+
+    def _require(self, method: str, *, encoder: bool) -> None:
+        if self.config.is_encoder != encoder:
+            kind, use = (("an encoder", "embed/embed_packed") if self.config.is_encoder
+                         else ("a decoder", "token_logprobs"))
+            raise ValueError(f"{method}() needs {'an encoder' if encoder else 'a decoder'} model, but "
+                             f"{self.model_id} ({self.config.family}) is {kind}; use {use}")
+
+    def _run(self, method: str, input_ids: np.ndarray, segment_ids: np.ndarray, *static: int) -> np.ndarray:
+        input_ids, segment_ids = self._checked(input_ids, segment_ids)
+        key = (method, input_ids.shape, static)
+        with self._lock:
+            compiled = self._compiled.get(key)
+            if compiled is None:
+                start = time.perf_counter()
+                compiled = self._functions[method].lower(self._state, input_ids, segment_ids, *static).compile()
+                self._compile_seconds += time.perf_counter() - start
+                self._compiled[key] = compiled
+        return np.asarray(compiled(self._state, input_ids, segment_ids), dtype=np.float32)
+
+    def _checked(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        input_ids, segment_ids = np.asarray(input_ids), np.asarray(segment_ids)
+        if input_ids.ndim != 2 or input_ids.shape != segment_ids.shape:
+            raise ValueError(f"input_ids and segment_ids must both be [batch, len]; got {input_ids.shape} "
+                             f"and {segment_ids.shape}")
+        if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
+            raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}) for {self.model_id}; got "
+                             f"[{input_ids.min()}, {input_ids.max()}]")
+        if input_ids.shape[1] > self.config.max_positions:
+            longest = longest_segment(segment_ids)
+            if longest > self.config.max_positions:
+                raise ValueError(f"a segment of {longest} tokens exceeds the {self.config.max_positions} "
+                                 f"positions of {self.model_id}; window documents to <= "
+                                 f"{self.tokenizer.max_seq_len} tokens")
+        return input_ids.astype(np.int32, copy=False), segment_ids.astype(np.int32, copy=False)
+
+
+def longest_segment(segment_ids: np.ndarray) -> int:
+    """Length of the longest run of one non-zero segment id in any row."""
+    longest = 0
+    for row in segment_ids:
+        change = np.flatnonzero(np.diff(row)) + 1
+        bounds = np.concatenate([[0], change, [len(row)]])
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            if row[start] != 0:
+                longest = max(longest, int(end - start))
+    return longest
+
+
+def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
+         cache_dir: str | None = None) -> LoadedModel:
+    """A built-in name (minilm-l6), a local model directory or a gs:// (any fsspec URL) model directory
+    -> LoadedModel. Raises ModelLoadError naming the path and problem; KernelUnsupportedError when
+    `attention` cannot run here."""
+    if dtype not in COMPUTE_DTYPES:
+        raise ModelLoadError(f"dtype {dtype!r} is not supported; use one of {sorted(COMPUTE_DTYPES)}")
+    cache_dir = cache_dir or default_cache_dir()
+    if name_or_path in BUILTINS:
+        path, name = builtin_dir(name_or_path, cache_dir), name_or_path
+    elif is_remote(name_or_path):
+        path, name = fetch_remote(name_or_path, cache_dir), os.path.basename(name_or_path.rstrip("/"))
+    else:
+        path = name_or_path.removeprefix("file://")
+        name = os.path.basename(os.path.abspath(path))
+        if not os.path.exists(path) and os.sep not in path:
+            raise ModelLoadError(f"{name_or_path}: neither a built-in model ({', '.join(BUILTINS)}) nor an "
+                                 "existing model directory; make one with `docscore convert --hf SRC --out DIR`")
+    return load_model_dir(path, attention=attention, dtype=dtype, name=name)
+
+
+def load_model_dir(path: str, *, attention: str, dtype: str, name: str) -> LoadedModel:
+    """Load and verify the local docscore model directory `path`."""
+    metadata = read_metadata(path)
+    config_text, tokenizer_text = read_text(path, CONFIG), read_text(path, TOKENIZER)
+    config = read_config(os.path.join(path, CONFIG), config_text)
+    if config.family != metadata.family:
+        raise ModelLoadError(f"{path}: metadata.json says {metadata.family} but config.json is "
+                             f"{config.family}; re-create the directory with `docscore convert`")
+    tokenizer = DocTokenizer.from_str(tokenizer_text, max_seq_len=metadata.max_seq_len,
+                                      path=os.path.join(path, TOKENIZER))
+    tokenizer.check_vocab(config.vocab_size, os.path.join(path, CONFIG))
+
+    impl = kernels.resolve(attention, heads=config.num_heads, kv_heads=config.num_heads,
+                           head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
+                           has_segments=True, q_len=metadata.max_seq_len, kv_len=metadata.max_seq_len)
+    graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)
+    params_dir = os.path.join(path, PARAMS)
+    if not os.path.isdir(params_dir):
+        raise ModelLoadError(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
+                             "`docscore convert`)")
+    try:
+        params = restore_params(params_dir, nnx.to_pure_dict(state))
+    except Exception as err:  # Orbax/tensorstore raise many types for a damaged checkpoint
+        raise ModelLoadError(f"{params_dir}: corrupt or incomplete Orbax checkpoint ({type(err).__name__}: "
+                             f"{str(err)[:300]}); re-create the directory with `docscore convert`") from None
+    actual = fingerprint(params, config_text.encode(), tokenizer_text.encode())
+    if actual != metadata.fingerprint:
+        raise ModelLoadError(f"{path}: content fingerprint {actual[:12]} does not match metadata.json "
+                             f"({metadata.fingerprint[:12]}): the checkpoint, config or tokenizer was changed or "
+                             "damaged; re-create the directory with `docscore convert`")
+    nnx.replace_by_pure_dict(state, jax.device_put(params))
+    return LoadedModel(model=nnx.merge(graphdef, state), tokenizer=tokenizer, config=config,
+                       fingerprint=metadata.fingerprint, model_id=f"{name}@{metadata.fingerprint[:12]}",
+                       attention=impl, dtype=dtype, path=os.path.abspath(path))
