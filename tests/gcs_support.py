@@ -1,0 +1,349 @@
+"""GCS for tests: gcp-storage-emulator on 127.0.0.1, a fault-injecting HTTP proxy in front of it,
+and the pytest fixtures that point gcsfs and Beam's GCS filesystem at them.
+
+Holds test infrastructure only (no docscore logic). Must not reach the network: every gs:// request
+goes to the emulator, and the credentials it sets are a local token the emulator ignores.
+Use: `pytest_plugins = ["gcs_support"]` in a test module (tests/ is on sys.path).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import http.client
+import http.server
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# gcsfs reads this once, when it is first imported: its experimental zonal/HNS file system asks
+# APIs the emulator does not have. tests/conftest.py should set it too (it is imported first).
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+# A user credential whose access token never expires: google.auth.default() finds it at once
+# (otherwise Beam retries the lookup for ~25 s) and nothing ever asks Google for a token.
+EMULATOR_CREDENTIALS = {
+    "type": "authorized_user",
+    "client_id": "gcs-emulator",
+    "client_secret": "gcs-emulator",
+    "refresh_token": "gcs-emulator",
+    "token": "gcs-emulator",
+    "expiry": "2999-01-01T00:00:00Z",
+}
+EMULATOR_PROJECT = "docscore-test"
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_listening(port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
+
+
+@dataclasses.dataclass
+class GcsEmulator:
+    """gcp-storage-emulator in its own process, in memory, on a free port of 127.0.0.1."""
+
+    port: int = 0
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "GcsEmulator":
+        self.port = self.port or free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+             "--port", str(self.port), "--in-memory", "--quiet"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until_listening(self.port)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+@dataclasses.dataclass
+class FaultStats:
+    requests: int = 0
+    answered_503: int = 0
+    dropped: int = 0
+
+    @property
+    def faults(self) -> int:
+        return self.answered_503 + self.dropped
+
+    @property
+    def fault_fraction(self) -> float:
+        return self.faults / self.requests if self.requests else 0.0
+
+
+class FaultSchedule:
+    """Decides, request by request, whether to pass, answer 503, or drop the connection.
+
+    Deterministic for a given seed and request order; at most `max_consecutive` faults in a row
+    (so a client that retries a few times always gets through).
+    """
+
+    def __init__(self, fault_rate: float = 0.2, seed: int = 0, max_consecutive: int = 2):
+        self.fault_rate = fault_rate
+        self.max_consecutive = max_consecutive
+        self._rng = random.Random(seed)
+        self._consecutive = 0
+        self._lock = threading.Lock()
+        self.stats = FaultStats()
+
+    def next_action(self) -> str:
+        """'pass' | '503' | 'drop'."""
+        with self._lock:
+            self.stats.requests += 1
+            roll, kind = self._rng.random(), self._rng.random()
+            if roll >= self.fault_rate or self._consecutive >= self.max_consecutive:
+                self._consecutive = 0
+                return "pass"
+            self._consecutive += 1
+            if kind < 0.5:
+                self.stats.answered_503 += 1
+                return "503"
+            self.stats.dropped += 1
+            return "drop"
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_ProxyServer"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _send_json(self, status: int, error: str) -> None:
+        payload = json.dumps({"error": {"code": status, "message": error}}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _handle(self) -> None:
+        body = self._read_body()
+        if "/moveTo/" in self.path.split("?", 1)[0]:
+            # The emulator lacks objects.move and answers 501, which gcsfs retries for ~30 s before
+            # falling back to copy + delete; a 400 makes it fall back at once (the path it takes
+            # on any bucket without the move API).
+            self._send_json(400, "objects.move is not implemented by gcp-storage-emulator")
+            return
+        action = self.server.schedule.next_action()
+        if action == "drop":
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if action == "503":
+            self._send_json(503, "injected fault: backend unavailable")
+            return
+        # The Host header goes through unchanged: the emulator builds upload/media URLs from it,
+        # so follow-up requests come back through the proxy.
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP | {"content-length"}}
+        upstream = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=60)
+        try:
+            upstream.request(self.command, self.path, body=body if body or self.command in ("POST", "PUT", "PATCH") else None,
+                             headers=headers)
+            response = upstream.getresponse()
+            data = response.read()
+            self.send_response(response.status, response.reason)
+            for key, value in response.getheaders():
+                if key.lower() not in HOP_BY_HOP | {"content-length"}:
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        finally:
+            upstream.close()
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
+
+
+class _ProxyServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, upstream_port: int, schedule: FaultSchedule):
+        self.upstream_port = upstream_port
+        self.schedule = schedule
+        super().__init__(("127.0.0.1", port), _ProxyHandler)
+
+
+class FaultProxy:
+    """An HTTP proxy in front of the emulator that answers 503 or drops the connection for a
+    seeded, bounded share of requests (FaultSchedule); `stats` counts what it did. Every test
+    reaches the emulator through one (fault_rate 0 for a clean run)."""
+
+    def __init__(self, upstream_port: int, *, fault_rate: float = 0.2, seed: int = 0, max_consecutive: int = 2):
+        self.schedule = FaultSchedule(fault_rate, seed, max_consecutive)
+        self._server = _ProxyServer(free_port(), upstream_port, self.schedule)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def stats(self) -> FaultStats:
+        return self.schedule.stats
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> "FaultProxy":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+
+def create_bucket(endpoint_url: str, name: str) -> None:
+    """Create bucket `name` straight through the JSON API (not through a faulty proxy)."""
+    request = urllib.request.Request(
+        f"{endpoint_url}/storage/v1/b?project={EMULATOR_PROJECT}", data=json.dumps({"name": name}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+
+
+@contextlib.contextmanager
+def gcs_environment(endpoint_url: str, credentials_dir: Path) -> Iterator[None]:
+    """Point gcsfs, google-cloud-storage (Beam's gs://) and google.auth at `endpoint_url`."""
+    credentials = credentials_dir / "emulator_adc.json"
+    credentials.write_text(json.dumps(EMULATOR_CREDENTIALS))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STORAGE_EMULATOR_HOST", endpoint_url)
+        mp.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        mp.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(credentials))
+        mp.setenv("GOOGLE_CLOUD_PROJECT", EMULATOR_PROJECT)
+        clear_gcsfs_instances()
+        try:
+            yield
+        finally:
+            clear_gcsfs_instances()
+
+
+def clear_gcsfs_instances() -> None:
+    """fsspec caches file system instances; one made for another endpoint must not be reused."""
+    import gcsfs
+
+    gcsfs.GCSFileSystem.clear_instance_cache()
+
+
+def check_gcsfs_flavour() -> None:
+    import gcsfs
+    import gcsfs.core
+
+    if gcsfs.GCSFileSystem is not gcsfs.core.GCSFileSystem:
+        raise RuntimeError(
+            "gcsfs was imported with GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT on, which the emulator does not "
+            "support; set GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false before gcsfs is imported "
+            "(tests/conftest.py)")
+
+
+@dataclasses.dataclass
+class GcsTarget:
+    """A bucket on the emulator, reached through `endpoint_url` (its FaultProxy)."""
+
+    endpoint_url: str
+    bucket: str
+    proxy: FaultProxy
+
+    def url(self, *parts: str) -> str:
+        return "gs://" + "/".join([self.bucket, *[p.strip("/") for p in parts]])
+
+    def fs(self):
+        import gcsfs
+
+        return gcsfs.GCSFileSystem(project=EMULATOR_PROJECT, endpoint_url=self.endpoint_url)
+
+
+def unique_bucket_name(prefix: str = "docscore") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[GcsEmulator]:
+    """One emulator for the whole session, stopped at teardown."""
+    emulator = GcsEmulator().start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+@contextlib.contextmanager
+def gcs_target(emulator: GcsEmulator, credentials_dir: Path, *, fault_rate: float, seed: int = 0) -> Iterator[GcsTarget]:
+    """A fresh bucket on `emulator`, reached through a FaultProxy, with gs:// pointed at the proxy."""
+    check_gcsfs_flavour()
+    bucket = unique_bucket_name()
+    create_bucket(emulator.url, bucket)
+    proxy = FaultProxy(emulator.port, fault_rate=fault_rate, seed=seed, max_consecutive=2).start()
+    try:
+        with gcs_environment(proxy.url, credentials_dir):
+            yield GcsTarget(proxy.url, bucket, proxy)
+    finally:
+        proxy.stop()
+
+
+@pytest.fixture
+def gcs(gcs_emulator, tmp_path) -> Iterator[GcsTarget]:
+    """A fresh bucket on the emulator (through a proxy that injects no faults)."""
+    with gcs_target(gcs_emulator, tmp_path, fault_rate=0.0) as target:
+        yield target
+
+
+@pytest.fixture
+def faulty_gcs(gcs_emulator, tmp_path) -> Iterator[GcsTarget]:
+    """A fresh bucket reached through a FaultProxy: 20% of requests answered 503 or dropped
+    (seed 0, at most 2 in a row)."""
+    with gcs_target(gcs_emulator, tmp_path, fault_rate=0.2, seed=0) as target:
+        yield target
