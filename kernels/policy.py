@@ -7,7 +7,7 @@
   and the alternatives. An explicit choice is never silently swapped for another kernel.
 - "auto"         -> the first implementation in table.AUTO[backend] that runs on the backend and
   supports the inputs (xla only up to table.AUTO_XLA_MAX_KV_LEN). Never raises for a known
-  backend; logs each distinct choice once.
+  backend; logs each distinct choice once (logger "kernels.policy", level INFO).
 Checks use only the shape info given: with none, only the backend is checked (the pipeline does
 this before reading data); attention() resolves again with the real shapes at trace time.
 This module must not compute attention.
@@ -123,8 +123,10 @@ def _normal_shape_info(shape_info: dict) -> dict:
 
 
 def _log_once(backend: str, name: str, info: dict, skipped: list[str]) -> None:
-    why = f" (skipped {'; '.join(skipped)})" if skipped else ""
-    message = f"--attention=auto chose {name} on {backend}{why}"
-    if message not in _logged_choices:
-        _logged_choices.add(message)
-        log.info(message)
+    """Log an auto choice the first time it is made (keyed by backend, choice and the kernels
+    skipped, so lengths varying from batch to batch do not repeat it)."""
+    key = f"{backend}:{name}:{','.join(s.split(':')[0] for s in skipped)}"
+    if key not in _logged_choices:
+        _logged_choices.add(key)
+        why = f" (skipped {'; '.join(skipped)})" if skipped else ""
+        log.info(f"--attention=auto chose {name} on {backend}{why}")

@@ -1,6 +1,6 @@
 """The float64 NumPy definition of the attention contract, for parity tests and benchmarks.
 
-Written for clarity, not speed: loops over nothing clever, one mask, one softmax. It is not an
+Written for clarity, not speed: one mask, one softmax, plain float64 matmuls. It is not an
 implementation in the table and must never be called from the model path.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
     scale = head_dim ** -0.5 if scale is None else scale
     k = np.repeat(k, heads // kv_heads, axis=2)  # kv head h // groups serves query head h
     v = np.repeat(v, heads // kv_heads, axis=2)
-    scores = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, H, L, D] for BLAS matmuls
+    scores = (q @ k.transpose(0, 1, 3, 2)) * scale
     mask = np.ones((batch, q_len, kv_len), dtype=bool)
     if segment_ids is not None:
         seg = np.asarray(segment_ids)
@@ -31,4 +32,4 @@ def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
     weights = np.where(mask, np.exp(scores - row_max), 0.0)
     total = weights.sum(axis=-1, keepdims=True)
     probs = weights / np.where(total == 0.0, 1.0, total)  # a row with nothing to attend to -> 0
-    return np.einsum("bhqk,bkhd->bqhd", probs, v)
+    return (probs @ v).transpose(0, 2, 1, 3)

@@ -1,0 +1,171 @@
+"""Every attention implementation against the float64 NumPy reference (kernels/reference.py),
+under jax.jit, on fresh random unit-normal inputs: padding, packed segments, causal, grouped-query.
+The Pallas TPU kernel runs here in TPU interpret mode; cudnn cannot run without a GPU
+(benchmarks/gpu_kernels.py checks it on one)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from kernels import attention
+from kernels.blockwise import blockwise_attention
+from kernels.pallas_tpu import pallas_tpu_attention
+from kernels.reference import reference_attention
+
+HEADS = 12
+TOLERANCE = {"float32": 2e-5, "bfloat16": 2e-2}
+LENGTHS = (1, 7, 128, 129, 300, 1000)
+
+
+def segment_rows(length: int) -> np.ndarray:
+    """Two rows: two packed segments then trailing padding; three packed segments filling the
+    row. With length 1 both rows are one real token."""
+    a, b = max(1, length * 2 // 5), max(1, length * 3 // 4)
+    seg = np.zeros((2, length), np.int32)
+    seg[0, :a], seg[0, a:b] = 1, 2
+    seg[1, :a], seg[1, a:b], seg[1, b:] = 1, 2, 3
+    return seg
+
+
+def make_inputs(seed: int, batch: int, q_len: int, kv_len: int, kv_heads: int, head_dim: int,
+                dtype: str):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((batch, q_len, HEADS, head_dim))
+    k = rng.standard_normal((batch, kv_len, kv_heads, head_dim))
+    v = rng.standard_normal((batch, kv_len, kv_heads, head_dim))
+    return tuple(jnp.asarray(x, dtype) for x in (q, k, v))
+
+
+def check_against_reference(call, *, length: int, kv_heads: int, causal: bool, segments: bool,
+                            dtype: str = "float32", head_dim: int = 32, kv_len: int | None = None,
+                            scale: float | None = None, seed: int = 0) -> None:
+    kv_len = length if kv_len is None else kv_len
+    seg = segment_rows(length) if segments else None
+    q, k, v = make_inputs(seed, 2, length, kv_len, kv_heads, head_dim, dtype)
+    seg_arg = None if seg is None else jnp.asarray(seg)
+    out = jax.jit(lambda q, k, v, s: call(q, k, v, segment_ids=s, causal=causal, scale=scale))(
+        q, k, v, seg_arg)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    out = np.asarray(out.astype(jnp.float32), np.float64)
+    # the reference sees exactly the (possibly bf16-rounded) inputs the kernel saw
+    ref = reference_attention(*(np.asarray(x.astype(jnp.float32)) for x in (q, k, v)),
+                              segment_ids=seg, causal=causal, scale=scale)
+    assert not np.isnan(out).any()
+    error = np.abs(out - ref).max()
+    assert error <= TOLERANCE[dtype], f"max abs error {error:.2e} > {TOLERANCE[dtype]:.0e}"
+    if seg is not None:
+        assert (out[seg == 0] == 0.0).all(), "padding rows must be exactly 0"
+
+
+def attention_via(impl: str):
+    return lambda q, k, v, **kw: attention(q, k, v, impl=impl, **kw)
+
+
+# xla and blockwise through the public entry point: every length, causal or not, with and
+# without segments, kv_heads cycling through 12/4/1 so each length meets a different grouping.
+# Length 1000 only in two of the four mask settings (the reference is slow there).
+CASES = [(length, causal, segments) for length in LENGTHS for causal in (False, True)
+         for segments in (False, True) if length < 1000 or causal == segments]
+
+
+@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+@pytest.mark.parametrize("length,causal,segments", CASES)
+def test_matches_reference_float32(impl, length, causal, segments):
+    kv_heads = (12, 4, 1)[(LENGTHS.index(length) + causal + segments) % 3]
+    check_against_reference(attention_via(impl), length=length, kv_heads=kv_heads,
+                            causal=causal, segments=segments, seed=length)
+
+
+@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+@pytest.mark.parametrize("kv_heads", [12, 4, 1])
+def test_grouped_query_every_grouping(impl, kv_heads):
+    check_against_reference(attention_via(impl), length=129, kv_heads=kv_heads, causal=True,
+                            segments=True, head_dim=64, seed=kv_heads)
+
+
+@pytest.mark.parametrize("impl,length,causal", [
+    ("xla", 7, True), ("xla", 129, False), ("xla", 300, True),
+    ("blockwise", 7, False), ("blockwise", 129, True), ("blockwise", 1000, True)])
+def test_matches_reference_bfloat16(impl, length, causal):
+    check_against_reference(attention_via(impl), length=length, kv_heads=4, causal=causal,
+                            segments=True, dtype="bfloat16", seed=length + 1)
+
+
+@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+@pytest.mark.parametrize("q_len,kv_len,causal", [(7, 300, False), (300, 129, True)])
+def test_cross_lengths_and_scale(impl, q_len, kv_len, causal):
+    check_against_reference(attention_via(impl), length=q_len, kv_len=kv_len, kv_heads=4,
+                            causal=causal, segments=False, scale=0.3, seed=q_len)
+
+
+# blockwise with small, unequal blocks: many blocks, ragged tails, causal skipping across
+# blocks that are not aligned with each other.
+@pytest.mark.parametrize("block_q,block_k,causal", [(64, 64, False), (64, 128, True),
+                                                    (128, 64, True)])
+def test_blockwise_many_blocks(block_q, block_k, causal):
+    def call(q, k, v, **kw):
+        return blockwise_attention(q, k, v, block_q=block_q, block_k=block_k, **kw)
+    check_against_reference(call, length=300, kv_heads=4, causal=causal, segments=True,
+                            seed=block_q + block_k)
+
+
+@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_all_padding_row_is_zero_not_nan(impl, causal):
+    """A batch filler row (all segment ids 0) next to a real row: exactly 0, no NaN."""
+    q, k, v = make_inputs(3, 2, 129, 129, 4, 32, "float32")
+    seg = jnp.asarray(np.stack([np.zeros(129, np.int32), np.ones(129, np.int32)]))
+    out = np.asarray(jax.jit(lambda q, k, v, s: attention(q, k, v, segment_ids=s, causal=causal,
+                                                           impl=impl))(q, k, v, seg))
+    assert (out[0] == 0.0).all() and not np.isnan(out).any() and np.abs(out[1]).max() > 0
+
+
+def test_blockwise_skips_blocks_with_nothing_to_attend():
+    """NaN values in keys nobody may attend to: a kernel that multiplies them by a zero weight
+    returns NaN (0 * NaN); blockwise must skip those blocks entirely. Blocks of 64 over 300
+    tokens: kv block 4 (256..319) is all padding, and under causal kv block 1 (64..127) is in
+    the future of q block 0 (rows 0..63)."""
+    q, k, v = make_inputs(5, 1, 300, 300, 4, 32, "float32")
+    seg = np.zeros((1, 300), np.int32)
+    seg[0, :256] = 1
+    poisoned = v.at[:, 256:].set(jnp.nan)
+    out = jax.jit(lambda q, k, v, s: blockwise_attention(q, k, v, segment_ids=s, block_q=64,
+                                                         block_k=64))(q, k, poisoned, seg)
+    assert not np.isnan(np.asarray(out)).any()
+    ref = reference_attention(q, k, v, segment_ids=seg)
+    assert np.abs(np.asarray(out) - ref).max() <= TOLERANCE["float32"]
+
+    future_poisoned = v.at[:, 64:128].set(jnp.nan)
+    out = jax.jit(lambda q, k, v: blockwise_attention(q, k, v, causal=True, block_q=64,
+                                                      block_k=64))(q, k, future_poisoned)
+    assert not np.isnan(np.asarray(out[:, :64])).any()
+    assert np.isnan(np.asarray(out[:, 64:128])).all()  # these rows do attend to the poison
+    ref = reference_attention(q[:, :64], k[:, :64], v[:, :64], causal=True)
+    assert np.abs(np.asarray(out[:, :64]) - ref).max() <= TOLERANCE["float32"]
+
+
+def pallas_interpreted(q, k, v, **kw):
+    with pltpu.force_tpu_interpret_mode():
+        return pallas_tpu_attention(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("length,kv_heads,causal,segments,dtype", [
+    (7, 4, True, True, "float32"),
+    (129, 1, False, True, "float32"),
+    (129, 12, True, False, "float32"),
+    (7, 4, False, True, "bfloat16"),
+])
+def test_pallas_tpu_interpreted(length, kv_heads, causal, segments, dtype):
+    check_against_reference(pallas_interpreted, length=length, kv_heads=kv_heads, causal=causal,
+                            segments=segments, dtype=dtype, seed=length)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("length", [300, 1000])
+@pytest.mark.parametrize("causal", [False, True])
+def test_pallas_tpu_interpreted_long(length, causal):
+    check_against_reference(pallas_interpreted, length=length, kv_heads=4, causal=causal,
+                            segments=True, seed=length)

@@ -1,0 +1,167 @@
+"""The kernel selection policy (kernels/policy.py) for every backend, checked on CPU by passing
+the backend explicitly: what native/flash/auto resolve to, what raises and with which message;
+plus the entry point's named scopes, logging and input checks."""
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import kernels
+import kernels.policy
+from kernels import KernelUnsupportedError, attention, available, resolve, resolve_for
+from kernels import table
+
+CPU_LIMIT = table.AUTO_XLA_MAX_KV_LEN["cpu"]
+
+
+@pytest.mark.parametrize("backend,flash", [("cpu", "blockwise"), ("gpu", "cudnn"),
+                                           ("tpu", "pallas_tpu")])
+def test_native_and_flash_per_backend_without_shape_info(backend, flash):
+    assert resolve("native", backend=backend) == "xla"
+    assert resolve("flash", backend=backend) == flash
+    assert resolve(flash, backend=backend) == flash
+    assert resolve("blockwise", backend=backend) == "blockwise"
+
+
+@pytest.mark.parametrize("backend,info,expected", [
+    ("cpu", {}, "xla"),
+    ("cpu", dict(kv_len=CPU_LIMIT, q_len=CPU_LIMIT), "xla"),
+    ("cpu", dict(kv_len=CPU_LIMIT + 1, q_len=CPU_LIMIT + 1), "blockwise"),
+    ("gpu", dict(dtype="bfloat16", head_dim=64, kv_len=512, has_segments=True), "cudnn"),
+    ("gpu", dict(dtype=jnp.float16, head_dim=32), "cudnn"),
+    ("gpu", dict(dtype="float32", kv_len=512), "xla"),
+    ("gpu", dict(dtype="float32", kv_len=32768), "blockwise"),
+    ("gpu", dict(dtype="bfloat16", head_dim=256, kv_len=512), "xla"),
+    ("gpu", dict(dtype="bfloat16", kv_len=16384, has_segments=True), "blockwise"),
+    ("gpu", dict(dtype="bfloat16", q_len=1, kv_len=64, causal=True), "xla"),
+    ("tpu", dict(dtype="float32", head_dim=64, kv_len=4096, has_segments=True), "pallas_tpu"),
+    ("tpu", dict(dtype="float16", kv_len=512), "xla"),
+    ("tpu", dict(dtype="float16", kv_len=65536), "blockwise"),
+])
+def test_auto_picks_first_supported_kernel(backend, info, expected):
+    assert resolve("auto", backend=backend, **info) == expected
+
+
+@pytest.mark.parametrize("impl,backend,info,message", [
+    ("pallas_tpu", "cpu", {},
+     "--attention=pallas_tpu cannot run on cpu: it needs a TPU; "
+     "use --attention=flash (blockwise on cpu) or native"),
+    ("cudnn", "cpu", {},
+     "--attention=cudnn cannot run on cpu: it needs a GPU; "
+     "use --attention=flash (blockwise on cpu) or native"),
+    ("pallas_tpu", "gpu", dict(dtype="bfloat16"),
+     "--attention=pallas_tpu cannot run on gpu: it needs a TPU; "
+     "use --attention=flash (cudnn on gpu) or native"),
+    ("cudnn", "tpu", dict(dtype="float32"),
+     "--attention=cudnn cannot run on tpu: it needs a GPU; "
+     "use --attention=flash (pallas_tpu on tpu) or native"),
+    ("cudnn", "gpu", dict(dtype="float32"),
+     "--attention=cudnn cannot run on gpu: dtype float32 is not supported (cudnn needs float16 "
+     "or bfloat16); use --attention=native or auto (picks a kernel that supports these inputs)"),
+    ("flash", "gpu", dict(dtype="bfloat16", head_dim=96 + 4),
+     "--attention=flash (cudnn on gpu) cannot run on gpu: head_dim 100 is not supported (cudnn "
+     "needs a multiple of 8, <= 128); use --attention=native or auto (picks a kernel that "
+     "supports these inputs)"),
+    ("flash", "gpu", dict(dtype="bfloat16", kv_len=16384, has_segments=True),
+     "--attention=flash (cudnn on gpu) cannot run on gpu: segment_ids at length 16384 would need "
+     "a dense 16384x16384 mask (cudnn takes segments only as a mask; limit 8192); use "
+     "--attention=native or auto (picks a kernel that supports these inputs)"),
+    ("flash", "tpu", dict(dtype="float16"),
+     "--attention=flash (pallas_tpu on tpu) cannot run on tpu: dtype float16 is not supported "
+     "(pallas_tpu needs float32 or bfloat16); use --attention=native or auto (picks a kernel "
+     "that supports these inputs)"),
+    ("pallas_tpu", "tpu", dict(head_dim=192),
+     "--attention=pallas_tpu cannot run on tpu: head_dim 192 is not supported (pallas_tpu needs "
+     "<= 128 or a multiple of 128); use --attention=native or auto (picks a kernel that "
+     "supports these inputs)"),
+])
+def test_explicit_choice_that_cannot_run_raises_with_reason_and_alternatives(
+        impl, backend, info, message):
+    with pytest.raises(KernelUnsupportedError) as raised:
+        resolve(impl, backend=backend, **info)
+    assert str(raised.value) == message
+
+
+def test_explicit_choice_is_never_swapped():
+    # auto would leave xla above the cpu limit; an explicit xla is still honoured
+    assert resolve("xla", backend="cpu", kv_len=100_000, q_len=100_000) == "xla"
+    assert resolve("native", backend="gpu", dtype="float32", kv_len=100_000) == "xla"
+    assert resolve("cudnn", backend="gpu", dtype="bfloat16", head_dim=64) == "cudnn"
+
+
+def test_unknown_names_are_refused_with_the_choices():
+    with pytest.raises(KernelUnsupportedError, match="--attention=splash is not a known attention "
+                       "implementation; use one of auto, native, flash, xla, blockwise, "
+                       "pallas_tpu, cudnn"):
+        resolve("splash", backend="cpu")
+    with pytest.raises(KernelUnsupportedError, match="backend 'metal' is unknown"):
+        resolve("native", backend="metal")
+    with pytest.raises(TypeError, match="unknown shape info"):
+        resolve("auto", backend="cpu", seq_len=5)
+
+
+def test_backend_defaults_to_jax_and_cuda_means_gpu():
+    assert jax.default_backend() == "cpu"
+    assert resolve("flash") == "blockwise"
+    assert resolve("flash", backend="cuda") == "cudnn"
+
+
+def test_auto_logs_each_choice_once(caplog, monkeypatch):
+    monkeypatch.setattr(kernels.policy, "_logged_choices", set())  # forget earlier tests' logs
+    caplog.set_level(logging.INFO, logger="kernels.policy")
+    for kv_len in (12345, 12345, 23456):
+        resolve("auto", backend="tpu", dtype="float16", kv_len=kv_len)
+    resolve("auto", backend="tpu", dtype="float16", kv_len=64)
+    assert [r.getMessage() for r in caplog.records] == [
+        "--attention=auto chose blockwise on tpu (skipped pallas_tpu: dtype float16 is not "
+        "supported (pallas_tpu needs float32 or bfloat16); xla: kv_len 12345 > 4096 (auto's xla "
+        "limit on tpu))",
+        "--attention=auto chose xla on tpu (skipped pallas_tpu: dtype float16 is not supported "
+        "(pallas_tpu needs float32 or bfloat16))"]
+
+
+def test_available_lists_every_kernel_with_backends_and_limits():
+    listing = available()
+    assert set(listing) == {"xla", "blockwise", "pallas_tpu", "cudnn"}
+    assert listing["pallas_tpu"]["backends"] == ["tpu"] and listing["pallas_tpu"]["flash_on"] == ["tpu"]
+    assert listing["cudnn"]["backends"] == ["gpu"] and "bfloat16" in listing["cudnn"]["limits"]
+    assert listing["blockwise"]["flash_on"] == ["cpu"]
+    assert all(entry["limits"] for entry in listing.values())
+    assert kernels.SHAPE_KEYS == ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
+                                  "causal", "has_segments")
+
+
+@pytest.mark.parametrize("impl,length,expected", [
+    ("auto", 16, "xla"), ("auto", CPU_LIMIT + 8, "blockwise"), ("native", 16, "xla"),
+    ("flash", 16, "blockwise"),
+])
+def test_attention_runs_the_resolved_kernel_inside_its_named_scope(impl, length, expected):
+    q = jnp.ones((1, length, 2, 8), jnp.float32)
+    assert resolve_for(q, q, impl=impl) == expected
+    text = jax.jit(lambda q: attention(q, q, q, impl=impl)).lower(q).as_text(debug_info=True)
+    assert f"attention/{expected}/" in text
+    assert {"xla", "blockwise"} - {expected} <= {n for n in ("xla", "blockwise")
+                                               if f"attention/{n}/" not in text}
+
+
+def test_attention_refuses_an_impossible_choice_at_trace_time():
+    q = jnp.ones((1, 8, 2, 8), jnp.float32)
+    with pytest.raises(KernelUnsupportedError, match="pallas_tpu cannot run on cpu: it needs a TPU"):
+        jax.jit(lambda q: attention(q, q, q, impl="pallas_tpu"))(q)
+
+
+@pytest.mark.parametrize("shapes,segments,message", [
+    (((1, 8, 6, 8), (1, 8, 4, 8)), None, "heads \\(6\\) to be a multiple of kv_heads \\(4\\)"),
+    (((1, 8, 4, 8), (1, 8, 4, 16)), None, "same batch and head_dim"),
+    (((1, 8, 4, 8), (1, 9, 4, 8)), (1, 8), "segment_ids need q_len == kv_len"),
+    (((1, 8, 4, 8), (1, 8, 4, 8)), (1, 9), "segment_ids must be \\[batch, len\\]"),
+    (((8, 4, 8), (8, 4, 8)), None, "\\[batch, len, heads, head_dim\\]"),
+])
+def test_inputs_outside_the_contract_are_refused(shapes, segments, message):
+    q, k = (jnp.ones(s) for s in shapes)
+    seg = None if segments is None else jnp.ones(segments, jnp.int32)
+    with pytest.raises(ValueError, match=message):
+        attention(q, k, k, segment_ids=seg, impl="native")
