@@ -1,0 +1,193 @@
+"""Run history: one row per finished run, written as DIR/runs/run_id=ID/history.parquet.
+
+Holds the history table's schema and the flattening of a run's summary.json into that row; each
+run writes its own file, so analysts read DIR/runs/*/history.parquet. Must not compute anything the
+run did not record, nor read the scores or errors tables.
+"""
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.records import TIMING_COLUMNS
+
+HISTORY_FILE = "history.parquet"
+
+# Where each value lives in summary.json (dotted paths, as pipeline/run.py build_summary writes
+# it), in one place so a change of the summary's layout is one edit here. The report reads the
+# summary through these too.
+RUN_ID = "run_id"
+STARTED_AT = "started_at"
+FINISHED_AT = "finished_at"
+WALL_S = "wall_s"
+DESCRIPTION = {
+    "task": "task",
+    "input": "config.input",
+    "runner": "runner.runner",
+    "model": "model.name",
+    "model_id": "model.model_id",
+    "model_fingerprint": "model.fingerprint",
+    "attention": "kernel.requested",
+    "attention_impl": "kernel.resolved",
+    "dtype": "model.dtype",
+}
+BACKEND_WORKERS = "backend.workers"  # list of backends the workers ran on
+BACKEND_LAUNCHER = "backend.launcher"
+COUNTS = {"input_records": "counts.records", "scored": "counts.scored", "errors": "counts.errors"}
+ERRORS_BY_TYPE = "counts.errors_by_type"  # {"stage/error_type": n}
+NUMBERS = {
+    "docs_per_s": "throughput.docs_per_s",
+    "tokens_per_s": "throughput.tokens_per_s",
+    "padding_efficiency": "tokens.padding_efficiency",
+    "compile_ms": "compile.time_ms",
+    "peak_rss_mb": "memory.peak_rss_mb",
+}
+COMPILE_COUNT = "compile.count"
+TASK_METRICS = "task_metrics"
+VERSIONS = "versions"
+STAGE_TIMING = "timing.stages"  # {stage: {"total_ms", "p50", "p95", "p99"}} (milliseconds)
+
+STAGES = tuple(column[: -len("_ms")] for column in TIMING_COLUMNS)  # read, tokenize, infer, postprocess
+
+HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("started_at", pa.timestamp("us", tz="UTC")),
+        pa.field("finished_at", pa.timestamp("us", tz="UTC")),
+        pa.field("wall_s", pa.float64()),
+        pa.field("task", pa.string()),
+        pa.field("input", pa.string()),
+        pa.field("runner", pa.string()),
+        pa.field("backend", pa.string()),  # where inference ran (workers), e.g. cpu | tpu | gpu
+        pa.field("model", pa.string()),
+        pa.field("model_id", pa.string()),
+        pa.field("model_fingerprint", pa.string()),
+        pa.field("attention", pa.string()),  # as requested: auto | native | flash | IMPL
+        pa.field("attention_impl", pa.string()),  # as resolved: xla | blockwise | ...
+        pa.field("dtype", pa.string()),
+        pa.field("input_records", pa.int64()),
+        pa.field("scored", pa.int64()),
+        pa.field("errors", pa.int64()),
+        pa.field("error_rate", pa.float64()),  # errors / input_records
+        pa.field("docs_per_s", pa.float64()),
+        pa.field("tokens_per_s", pa.float64()),
+        pa.field("padding_efficiency", pa.float64()),
+        pa.field("compile_count", pa.int64()),
+        pa.field("compile_ms", pa.float64()),
+        pa.field("peak_rss_mb", pa.float64()),
+        *[pa.field(f"{stage}_{stat}_ms", pa.float64()) for stage in STAGES for stat in ("p50", "p95")],
+        pa.field("task_metrics", pa.map_(pa.string(), pa.float64())),  # accuracy, macro_f1, spearman, ...
+    ]
+)
+
+
+def summary_value(summary: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path of the summary, or None when the run did not record it."""
+    value: Any = summary
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def stage_stats(summary: dict[str, Any], stage: str) -> dict[str, float]:
+    """{"total_ms", "p50", "p95", "p99"} (ms) of one stage (e.g. "infer"); empty if not recorded."""
+    stats = summary_value(summary, f"{STAGE_TIMING}.{stage}")
+    return stats if isinstance(stats, dict) else {}
+
+
+def history_path(output_dir: str, run_id: str) -> str:
+    return f"{output_dir.rstrip('/')}/runs/run_id={run_id}/{HISTORY_FILE}"
+
+
+def history_glob(output_dir: str) -> str:
+    """The pattern that reads every run's row (DuckDB: SELECT * FROM 'DIR/runs/*/history.parquet')."""
+    return f"{output_dir.rstrip('/')}/runs/*/{HISTORY_FILE}"
+
+
+def history_row(summary: dict[str, Any]) -> dict[str, Any]:
+    """summary.json (as a dict) -> one row of HISTORY_SCHEMA. Values the run did not record are null."""
+    run_id = summary_value(summary, RUN_ID)
+    if not run_id:
+        raise ValueError(
+            "history: the run summary has no run_id; pass the dict written to DIR/runs/run_id=ID/summary.json"
+        )
+    counts = {name: _int(summary_value(summary, path)) for name, path in COUNTS.items()}
+    error_rate = None
+    if counts["input_records"]:
+        error_rate = (counts["errors"] or 0) / counts["input_records"]
+    workers = summary_value(summary, BACKEND_WORKERS)
+    backend = ",".join(map(str, workers)) if workers else summary_value(summary, BACKEND_LAUNCHER)
+    row: dict[str, Any] = {
+        "run_id": str(run_id),
+        "started_at": _timestamp(summary_value(summary, STARTED_AT)),
+        "finished_at": _timestamp(summary_value(summary, FINISHED_AT)),
+        "wall_s": _float(summary_value(summary, WALL_S)),
+        **{name: _str(summary_value(summary, path)) for name, path in DESCRIPTION.items()},
+        "backend": _str(backend),
+        **counts,
+        "error_rate": error_rate,
+        **{name: _float(summary_value(summary, path)) for name, path in NUMBERS.items()},
+        "compile_count": _int(summary_value(summary, COMPILE_COUNT)),
+        "task_metrics": _metrics(summary_value(summary, TASK_METRICS)),
+    }
+    for stage in STAGES:
+        stats = stage_stats(summary, stage)
+        for stat in ("p50", "p95"):
+            row[f"{stage}_{stat}_ms"] = _float(stats.get(stat))
+    return row
+
+
+def history_table(summaries: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist([history_row(s) for s in summaries], schema=HISTORY_SCHEMA)
+
+
+def write_history_row(output_dir: str, summary: dict[str, Any]) -> str:
+    """Write this run's history row to DIR/runs/run_id=ID/history.parquet (replacing it whole) and return the path.
+
+    The file is written under a temporary name and then moved into place, so a reader globbing
+    DIR/runs/*/history.parquet never sees half a file.
+    """
+    table = history_table([summary])
+    path = history_path(output_dir, table["run_id"][0].as_py())
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    parent = fs_path.rsplit("/", 1)[0]
+    fs.makedirs(parent, exist_ok=True)
+    tmp_path = f"{parent}/.{HISTORY_FILE}.{uuid.uuid4().hex}.tmp"
+    with fs.open(tmp_path, "wb") as f:
+        pq.write_table(table, f)
+    fs.mv(tmp_path, fs_path)
+    return path
+
+
+def _timestamp(value: Any) -> datetime.datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        return datetime.datetime.fromtimestamp(value, tz=datetime.timezone.utc)
+    parsed = datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc)
+
+
+def _metrics(value: Any) -> list[tuple[str, float]] | None:
+    if not isinstance(value, dict):
+        return None
+    return [(str(k), float(v)) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,443 @@
+"""`docscore report`: one self-contained HTML page about a finished run, with matplotlib charts.
+
+Holds the loading of a run's files (summary.json, the scores and errors tables, progress.json),
+one plain function per chart (returns PNG bytes, Agg canvas, no pyplot state) and the HTML page.
+Must not compute run statistics the pipeline already recorded, nor write anywhere but report.html.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import html
+import io
+import json
+import posixpath
+import sys
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.json as pa_json
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from pipeline import history, progress
+from pipeline.history import STAGES, summary_value
+
+REPORT_FILE = "report.html"
+SUMMARY_FILE = "summary.json"
+SCORE_COLUMNS = ("task", "score", "label", "gold_label", "perplexity", "n_tokens") + tuple(f"{s}_ms" for s in STAGES)
+ERROR_COLUMNS = ("source", "record_index", "stage", "error_type", "message")
+ERRORS_LISTED = 20  # the report lists this many error rows; the table has them all
+STAGE_COLORS = {"read": "#4c72b0", "tokenize": "#55a868", "infer": "#c44e52", "postprocess": "#8172b2"}
+
+
+class ReportError(Exception):
+    """The run's files cannot be found or read; the message says which and what to pass instead."""
+
+
+@dataclasses.dataclass
+class RunData:
+    """What one report shows, loaded from the run's files."""
+
+    output_dir: str
+    run_id: str
+    summary: dict[str, Any]
+    scores: pa.Table | None  # SCORE_COLUMNS only (no embeddings); None when the table is not readable here
+    errors: pa.Table | None  # ERROR_COLUMNS only
+    samples: list[progress.ProgressSample]
+
+
+# ---- finding and loading a run ------------------------------------------------------------------
+
+
+def run_dir(output_dir: str, run_id: str) -> str:
+    return posixpath.join(output_dir.rstrip("/"), "runs", f"run_id={run_id}")
+
+
+def report_path(output_dir: str, run_id: str) -> str:
+    return posixpath.join(run_dir(output_dir, run_id), REPORT_FILE)
+
+
+def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
+    """RUN_DIR argument -> (output DIR, run_id).
+
+    Accepts the run's own directory (DIR/runs/run_id=ID), or the output DIR with run_id given, or
+    the output DIR alone (then the run that finished last).
+    """
+    path = path.rstrip("/")
+    base = posixpath.basename(path)
+    if base.startswith("run_id=") and posixpath.basename(posixpath.dirname(path)) == "runs":
+        return posixpath.dirname(posixpath.dirname(path)), base[len("run_id=") :]
+    if run_id:
+        return path, run_id
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    summaries = fs.glob(posixpath.join(fs_path, "runs", "run_id=*", SUMMARY_FILE))
+    if not summaries:
+        raise ReportError(
+            f"no finished run under {path}: expected {path}/runs/run_id=ID/{SUMMARY_FILE}; pass the --output "
+            f"directory of a `docscore run` that finished, or the run's directory DIR/runs/run_id=ID"
+        )
+    finished = []
+    for summary_file in summaries:
+        with fs.open(summary_file, "r") as f:
+            summary = json.load(f)
+        finished.append((str(summary.get("finished_at") or ""), str(summary.get("run_id"))))
+    return path, max(finished)[1]
+
+
+def load_run(output_dir: str, run_id: str) -> RunData:
+    summary_file = posixpath.join(run_dir(output_dir, run_id), SUMMARY_FILE)
+    fs, fs_path = fsspec.core.url_to_fs(summary_file)
+    if not fs.exists(fs_path):
+        raise ReportError(
+            f"{summary_file} does not exist: run {run_id!r} did not finish or is not under {output_dir}; "
+            f"check --run_id and the output directory (`ls {output_dir}/runs`)"
+        )
+    with fs.open(fs_path, "r") as f:
+        summary = json.load(f)
+    output_format = summary_value(summary, "config.output_format") or "parquet"
+    return RunData(
+        output_dir=output_dir,
+        run_id=run_id,
+        summary=summary,
+        scores=read_table(output_dir, "scores", run_id, SCORE_COLUMNS, output_format),
+        errors=read_table(output_dir, "errors", run_id, ERROR_COLUMNS, output_format),
+        samples=progress.read_samples(progress.samples_path(output_dir, run_id)),
+    )
+
+
+def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...], output_format: str) -> pa.Table | None:
+    """The named columns of DIR/<table>/run_id=ID (parquet or jsonl parts); None for tables kept elsewhere (bq:)."""
+    if output_dir.startswith("bq:"):
+        return None
+    fs, partition = fsspec.core.url_to_fs(posixpath.join(output_dir.rstrip("/"), table, f"run_id={run_id}"))
+    suffix = ".parquet" if output_format == "parquet" else ".jsonl"
+    parts = sorted(p for p in fs.glob(posixpath.join(partition, f"*{suffix}")) if not posixpath.basename(p).startswith("_"))
+    if not parts:
+        return pa.table({c: pa.array([], pa.null()) for c in columns})
+    if output_format == "parquet":
+        dataset = ds.dataset(parts, format="parquet", filesystem=fs)
+        present = [c for c in columns if c in dataset.schema.names]
+        return dataset.to_table(columns=present)
+    tables = []
+    for part in parts:
+        with fs.open(part, "rb") as f:
+            t = pa_json.read_json(f)
+        tables.append(t.select([c for c in columns if c in t.schema.names]))
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+# ---- charts: each returns PNG bytes, or None when the run recorded nothing to draw -------------
+
+
+def _figure(width: float = 6.4, height: float = 3.6) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig: Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def stage_time_chart(summary: dict[str, Any]) -> bytes | None:
+    """Total time per stage (summed over documents), as recorded in the summary."""
+    totals = {s: history.stage_stats(summary, s).get("total_ms") for s in STAGES}
+    totals = {s: v / 1000.0 for s, v in totals.items() if v is not None}
+    if not totals:
+        return None
+    fig = _figure(height=2.8)
+    ax = fig.add_subplot()
+    names = list(totals)[::-1]
+    values = [totals[n] for n in names]
+    bars = ax.barh(names, values, color=[STAGE_COLORS.get(n, "gray") for n in names])
+    whole = sum(values) or 1.0
+    ax.bar_label(bars, labels=[f"{v:.3g} s ({100 * v / whole:.0f}%)" for v in values], padding=3)
+    ax.set_xlabel("seconds, summed over documents\n(infer: each document's share of its batch)")
+    ax.set_xlim(0, max(values) * 1.3 or 1.0)
+    ax.set_title("Time per stage")
+    return _png(fig)
+
+
+def stage_latency_chart(scores: pa.Table | None, summary: dict[str, Any]) -> bytes | None:
+    """Per-document latency of each stage (box: quartiles, whiskers: 5th-95th percentile), log scale."""
+    if scores is None or scores.num_rows == 0:
+        return None
+    present = [s for s in STAGES if f"{s}_ms" in scores.schema.names]
+    if not present:
+        return None
+    data = [np.clip(scores[f"{s}_ms"].to_numpy(zero_copy_only=False).astype(float), 1e-3, None) for s in present]
+    fig = _figure(height=3.2)
+    ax = fig.add_subplot()
+    box = ax.boxplot(data, orientation="horizontal", whis=(5, 95), tick_labels=present, patch_artist=True, showfliers=False)
+    for patch, stage in zip(box["boxes"], present):
+        patch.set_facecolor(STAGE_COLORS.get(stage, "gray"))
+        patch.set_alpha(0.6)
+    for i, stage in enumerate(present, start=1):
+        p99 = history.stage_stats(summary, stage).get("p99")
+        if p99:
+            ax.plot([max(p99, 1e-3)], [i], marker="|", markersize=14, color="black")
+    ax.set_xscale("log")
+    ax.set_xlabel("milliseconds per document (log scale; black tick: p99 from the summary)")
+    ax.set_title("Per-stage latency distribution")
+    return _png(fig)
+
+
+def throughput_chart(samples: list[progress.ProgressSample]) -> bytes | None:
+    """Documents finished over the run and the rate between samples (from the progress reporter)."""
+    if len(samples) < 2:
+        return None
+    t = np.array([s.t_s for s in samples])
+    done = np.array([s.done for s in samples], dtype=float)
+    discovered = np.array([s.discovered for s in samples], dtype=float)
+    fig = _figure()
+    ax = fig.add_subplot()
+    ax.plot(t, done, color="#c44e52", label="documents done")
+    ax.plot(t, discovered, color="#4c72b0", linestyle="--", label="documents discovered")
+    ax.set_xlabel("seconds since the pipeline started")
+    ax.set_ylabel("documents")
+    rate_ax = ax.twinx()
+    dt = np.diff(t)
+    rate = np.divide(np.diff(done), dt, out=np.zeros_like(dt), where=dt > 0)
+    rate_ax.step(t[1:], rate, where="pre", color="#55a868", alpha=0.8, label="docs/s")
+    rate_ax.set_ylabel("documents / s")
+    rate_ax.set_ylim(bottom=0)
+    lines = ax.get_legend_handles_labels()
+    rate_lines = rate_ax.get_legend_handles_labels()
+    ax.legend(lines[0] + rate_lines[0], lines[1] + rate_lines[1], loc="upper left", fontsize="small")
+    ax.set_title("Throughput over the run")
+    return _png(fig)
+
+
+def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | None, str]:
+    """classify: predicted (and gold) label counts; similarity/loglik: score histogram; embed: tokens per document."""
+    if scores is None or scores.num_rows == 0:
+        return None, "Scores"
+    fig = _figure()
+    ax = fig.add_subplot()
+    names = scores.schema.names
+    if task == "classify" and "label" in names:
+        predicted = [v for v in scores["label"].to_pylist() if v is not None]
+        gold = [v for v in scores["gold_label"].to_pylist() if v is not None] if "gold_label" in names else []
+        labels = sorted(set(predicted) | set(gold))
+        x = np.arange(len(labels))
+        width = 0.4 if gold else 0.8
+        ax.bar(x - (width / 2 if gold else 0), [predicted.count(l) for l in labels], width, label="predicted", color="#4c72b0")
+        if gold:
+            ax.bar(x + width / 2, [gold.count(l) for l in labels], width, label="gold", color="#dd8452")
+        ax.set_xticks(x, labels, rotation=30, ha="right")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("documents")
+        ax.legend(fontsize="small")
+        title = "Label distribution"
+    elif task in ("similarity", "loglik") and "score" in names:
+        column = "perplexity" if task == "loglik" and "perplexity" in names else "score"
+        values = np.array([v for v in scores[column].to_pylist() if v is not None], dtype=float)
+        if values.size == 0:
+            return None, "Scores"
+        ax.hist(values, bins=min(40, max(5, values.size // 3)), color="#4c72b0")
+        ax.set_xlabel({"score": "score (cosine)" if task == "similarity" else "score", "perplexity": "perplexity per document"}[column])
+        ax.set_ylabel("documents")
+        title = "Perplexity histogram" if column == "perplexity" else "Score histogram"
+    else:
+        values = np.array(scores["n_tokens"].to_pylist(), dtype=float)
+        ax.hist(values, bins=min(40, max(5, values.size // 3)), color="#4c72b0")
+        ax.set_xlabel("tokens per document (embed has no score)")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("documents")
+        title = "Document length"
+    ax.set_title(title)
+    return _png(fig), title
+
+
+def errors_chart(summary: dict[str, Any]) -> bytes | None:
+    """Error rows by stage/error_type, as counted in the pipeline."""
+    by_type = summary_value(summary, history.ERRORS_BY_TYPE) or {}
+    if not by_type:
+        return None
+    items = sorted(by_type.items(), key=lambda kv: kv[1])
+    fig = _figure(height=max(2.2, 0.45 * len(items) + 1.2))
+    ax = fig.add_subplot()
+    bars = ax.barh([k for k, _ in items], [v for _, v in items], color="#c44e52")
+    ax.bar_label(bars, padding=3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("error rows")
+    ax.set_xlim(0, max(v for _, v in items) * 1.2)
+    ax.set_title("Errors by stage / type")
+    return _png(fig)
+
+
+# ---- the page ------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _table(rows: list[tuple[str, Any]]) -> str:
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in rows)
+    return f"<table class='facts'>{body}</table>"
+
+
+def _figure_html(png: bytes | None, alt: str, missing: str) -> str:
+    if png is None:
+        return f"<figure><figcaption>{html.escape(alt)}</figcaption><p class='note'>{html.escape(missing)}</p></figure>"
+    data = base64.b64encode(png).decode("ascii")
+    return f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(alt)}'></figure>"
+
+
+def _when(value: Any) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def runner_text(summary: dict[str, Any]) -> str:
+    """'DirectRunner (direct_running_mode=in_memory, direct_num_workers=1)' from the summary's runner options."""
+    options = summary_value(summary, "runner")
+    if not isinstance(options, dict):
+        return _fmt(options)
+    name = options.get("runner") or "DirectRunner (Beam's default)"
+    rest = ", ".join(f"{k}={v}" for k, v in options.items() if k != "runner")
+    return f"{name} ({rest})" if rest else str(name)
+
+
+def header_facts(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    row = history.history_row(summary)
+    kernel_rows = summary_value(summary, "kernel.in_rows")
+    return [
+        ("task", row["task"]),
+        ("model", f"{row['model']} ({row['model_id']})"),
+        ("model fingerprint", row["model_fingerprint"]),
+        ("attention", f"{row['attention']} -> {row['attention_impl']}" + (f" (rows: {', '.join(kernel_rows)})" if kernel_rows else "")),
+        ("backend", row["backend"]),
+        ("runner", runner_text(summary)),
+        ("dtype", row["dtype"]),
+        ("input", row["input"]),
+        ("started / finished (UTC)", " / ".join(_when(row[k]) for k in ("started_at", "finished_at"))),
+        ("wall time (s)", row["wall_s"]),
+        ("records / scored / errors", f"{_fmt(row['input_records'])} / {_fmt(row['scored'])} / {_fmt(row['errors'])}"),
+        ("error rate", None if row["error_rate"] is None else f"{100 * row['error_rate']:.2f}%"),
+        ("throughput", f"{_fmt(row['docs_per_s'])} docs/s, {_fmt(row['tokens_per_s'])} tokens/s"),
+        ("padding efficiency", row["padding_efficiency"]),
+        ("compiles", f"{_fmt(row['compile_count'])} ({_fmt(row['compile_ms'])} ms)"),
+        ("peak RSS (MB)", row["peak_rss_mb"]),
+    ]
+
+
+def stage_table(summary: dict[str, Any]) -> str:
+    head = "<tr><th>stage</th><th>total ms</th><th>p50 ms</th><th>p95 ms</th><th>p99 ms</th></tr>"
+    body = ""
+    for stage in STAGES:
+        stats = history.stage_stats(summary, stage)
+        cells = "".join(f"<td>{html.escape(_fmt(stats.get(k)))}</td>" for k in ("total_ms", "p50", "p95", "p99"))
+        body += f"<tr><th>{html.escape(stage)}</th>{cells}</tr>"
+    return f"<table class='grid'>{head}{body}</table>"
+
+
+def errors_table(errors: pa.Table | None) -> str:
+    if errors is None or errors.num_rows == 0:
+        return ""
+    columns = [c for c in ERROR_COLUMNS if c in errors.schema.names]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = ""
+    for row in errors.slice(0, ERRORS_LISTED).to_pylist():
+        body += "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c))[:200])}</td>" for c in columns) + "</tr>"
+    more = f"<p class='note'>first {ERRORS_LISTED} of {errors.num_rows} error rows</p>" if errors.num_rows > ERRORS_LISTED else ""
+    return f"<h2>Error rows</h2><table class='grid'><tr>{head}</tr>{body}</table>{more}"
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1400px; }
+h1 { margin-bottom: 4px; } h2 { margin-top: 28px; }
+table { border-collapse: collapse; font-size: 14px; }
+.facts th { text-align: left; padding: 2px 16px 2px 0; color: #555; font-weight: 500; }
+.grid th, .grid td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 16px; }
+figure { margin: 0; border: 1px solid #eee; padding: 8px; }
+figure img { width: 100%; height: auto; display: block; }
+.note { color: #777; font-style: italic; }
+.versions { color: #555; font-size: 13px; }
+"""
+
+
+def render_html(run: RunData) -> str:
+    summary = run.summary
+    task = summary_value(summary, history.DESCRIPTION["task"])
+    outcome_png, outcome_title = outcome_chart(run.scores, task)
+    table_note = "the tables are not readable from here (BigQuery output)" if run.scores is None else "no scored rows"
+    charts = [
+        _figure_html(stage_time_chart(summary), "Time per stage", "the run recorded no stage timing"),
+        _figure_html(stage_latency_chart(run.scores, summary), "Per-stage latency distribution", table_note),
+        _figure_html(
+            throughput_chart(run.samples),
+            "Throughput over the run",
+            "no progress samples (runs/run_id=ID/progress.json): the run was made without the progress reporter",
+        ),
+        _figure_html(outcome_png, outcome_title, table_note),
+        _figure_html(errors_chart(summary), "Errors by stage / type", "no errors: every input record was scored"),
+    ]
+    metrics = summary_value(summary, history.TASK_METRICS) or {}
+    metrics_html = _table([(k, v) for k, v in metrics.items()]) if metrics else "<p class='note'>no task metrics (no gold labels)</p>"
+    versions = summary_value(summary, history.VERSIONS) or {}
+    versions_html = ", ".join(f"{html.escape(k)} {html.escape(str(v))}" for k, v in sorted(versions.items()))
+    title = f"docscore run {run.run_id}"
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{html.escape(title)}</title>
+<style>{STYLE}</style>
+</head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p class="versions">{versions_html}</p>
+{_table(header_facts(summary))}
+<h2>Task metrics</h2>
+{metrics_html}
+<h2>Stages</h2>
+{stage_table(summary)}
+<h2>Charts</h2>
+<div class="charts">
+{"".join(charts)}
+</div>
+{errors_table(run.errors)}
+</body>
+</html>
+"""
+
+
+def write_report(output_dir: str, run_id: str) -> str:
+    """Write DIR/runs/run_id=ID/report.html for a finished run and return its path."""
+    run = load_run(output_dir, run_id)
+    path = report_path(output_dir, run_id)
+    with fsspec.open(path, "w", encoding="utf-8") as f:
+        f.write(render_html(run))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="docscore report",
+        description="Write the HTML report of a finished run to DIR/runs/run_id=ID/report.html.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory DIR/runs/run_id=ID, or the --output DIR of the run")
+    parser.add_argument("--run_id", default=None, help="which run under DIR (default: the one that finished last)")
+    args = parser.parse_args(argv)
+    try:
+        output_dir, run_id = locate_run(args.run_dir, args.run_id)
+        path = write_report(output_dir, run_id)
+    except ReportError as e:
+        print(f"docscore report: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0

@@ -1,0 +1,184 @@
+"""The run report, run history and docs/queries.md on the outputs of a REAL run: `docscore run`
+(pipeline.run.main, DirectRunner, MiniLM, zero-shot classify with gold labels and bad records),
+then the report opened in headless Chromium (selenium + Debian's chromium-driver).
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import history, report
+from pipeline import run as pipeline_run
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+INSTALL_HINT = "install the browser with `apt-get install -y chromium chromium-driver` (Debian) and `pip install selenium==4.51.0`"
+
+LABELS = {
+    "sports": "an article about sport, games and athletes",
+    "finance": "an article about money, markets and companies",
+    "weather": "a weather forecast about rain, sun and temperature",
+}
+DOCS = [
+    ("sports", "The striker scored twice as the home team won the football final."),
+    ("sports", "The tennis champion lost in straight sets at the open."),
+    ("sports", "Fans cheered as the runner broke the marathon world record."),
+    ("sports", "The basketball coach praised his players after the playoff game."),
+    ("finance", "Shares of the bank fell after quarterly profits missed forecasts."),
+    ("finance", "The central bank raised interest rates to fight inflation."),
+    ("finance", "Investors moved money into bonds as stock markets slid."),
+    ("finance", "The company agreed to buy its rival for four billion dollars."),
+    ("weather", "Heavy rain and strong winds are expected across the north tomorrow."),
+    ("weather", "A sunny weekend with temperatures reaching thirty degrees."),
+    ("weather", "Snow will fall on the hills overnight, with frost by morning."),
+    ("weather", "Forecasters warn of thunderstorms and hail in the afternoon."),
+]
+BAD_LINES = ['{"id": "broken", "text": ', '{"id": "no-text", "body": "the text field is missing"}']
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """One real classify run (+ its history row and report), shared by the tests of this module."""
+    root = tmp_path_factory.mktemp("report_run")
+    shard = root / "shard-000.jsonl"
+    lines = [json.dumps({"id": f"d{i}", "text": text, "label": label}) for i, (label, text) in enumerate(DOCS)]
+    shard.write_text("\n".join(lines[:6] + BAD_LINES[:1] + lines[6:] + BAD_LINES[1:]) + "\n")
+    output = str(root / "out")
+    labels = ";".join(f"{k}={v}" for k, v in LABELS.items())
+    argv = ["--input", str(shard), "--output", output, "--task", "classify", "--labels", labels,
+            "--run_id", "r1", "--max_seq_len", "64", "--batch_size", "8"]
+    assert pipeline_run.main(argv) == 0
+    summary = json.loads((root / "out/runs/run_id=r1/summary.json").read_text())
+    history.write_history_row(output, summary)  # until run.py calls these at the end of a run
+    assert report.main([f"{output}/runs/run_id=r1"]) == 0
+    return output, summary
+
+
+def _scores(output):
+    return pq.read_table(f"{output}/scores/run_id=r1").to_pylist()
+
+
+def _errors(output):
+    return pq.read_table(f"{output}/errors/run_id=r1").to_pylist()
+
+
+def test_report_opens_in_chromium_with_every_chart(finished_run, tmp_path):
+    output, summary = finished_run
+    path = Path(report.report_path(output, "r1"))
+    page = path.read_text()
+    # self-contained: nothing fetched from anywhere, every image inline
+    assert not re.search(r"""(src|href)=['"](?!data:image/png;base64,)""", page)
+    assert "<script" not in page
+    for fact in ("docscore run r1", summary["model"]["fingerprint"], "auto -&gt; xla",
+                 f"jax {summary['versions']['jax']}", "accuracy", "invalid_json", "missing_field"):
+        assert fact in page, fact
+    n_scores, n_errors = len(_scores(output)), len(_errors(output))
+    assert f"{n_scores + n_errors} / {n_scores} / {n_errors}" in page  # records / scored / errors
+
+    browser = _chromium(tmp_path)
+    try:
+        browser.get(path.as_uri())
+        images = browser.execute_script(
+            "return Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight])"
+        )
+        console = browser.get_log("browser")
+        screenshot = tmp_path / "report.png"
+        assert browser.save_screenshot(str(screenshot))
+    finally:
+        browser.quit()
+    assert console == [], f"console errors: {console}"
+    alts = [alt for alt, *_ in images]
+    assert alts == ["Time per stage", "Per-stage latency distribution", "Label distribution", "Errors by stage / type"]
+    assert all(complete and width > 0 and height > 0 for _, complete, width, height in images), images
+    assert screenshot.stat().st_size > 10_000
+
+
+def _chromium(tmp_path):
+    if shutil.which(CHROMIUM) is None or shutil.which(CHROMEDRIVER) is None:
+        pytest.fail(f"headless Chromium is needed for the report test: {INSTALL_HINT}")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.fail(f"selenium is needed for the report test: {INSTALL_HINT}")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,2400", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # an explicit driver path: selenium-manager never looks for (or downloads) a driver
+    return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+
+
+def test_history_row_agrees_with_the_tables(finished_run):
+    output, summary = finished_run
+    rows = duckdb.sql(f"SELECT * FROM '{history.history_glob(output)}'").fetchall()
+    assert len(rows) == 1
+    row = history.history_row(summary)
+    scores, errors = _scores(output), _errors(output)
+    assert (row["run_id"], row["task"], row["attention_impl"]) == ("r1", "classify", "xla")
+    assert row["model_fingerprint"] == summary["model"]["fingerprint"] and len(row["model_fingerprint"]) == 64
+    assert (row["input_records"], row["scored"], row["errors"]) == (len(DOCS) + len(BAD_LINES), len(scores), len(errors))
+    assert row["error_rate"] == pytest.approx(len(errors) / (len(scores) + len(errors)))
+    assert row["started_at"] < row["finished_at"]
+    accuracy = sum(r["label"] == r["gold_label"] for r in scores) / len(scores)
+    assert dict(row["task_metrics"])["accuracy"] == pytest.approx(accuracy)
+    infer = sorted(r["infer_ms"] for r in scores)
+    for column in ("read_p50_ms", "read_p95_ms", "tokenize_p50_ms", "infer_p50_ms", "infer_p95_ms", "postprocess_p95_ms"):
+        assert row[column] is not None and row[column] >= 0, column
+    assert infer[0] <= row["infer_p50_ms"] <= infer[-1]
+    # what was written is exactly that row
+    written = pq.read_table(history.history_path(output, "r1"))
+    assert written.schema == history.HISTORY_SCHEMA
+    assert written.to_pylist()[0]["scored"] == row["scored"]
+
+
+def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_run, tmp_path, capsys):
+    output, _ = finished_run
+    assert report.main([output]) == 0  # the output DIR alone: the run that finished last
+    assert capsys.readouterr().out.strip() == report.report_path(output, "r1")
+    assert report.main([str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "no finished run under" in err and "DIR/runs/run_id=ID" in err
+    assert report.main([output, "--run_id", "r9"]) == 2
+    assert "run 'r9' did not finish" in capsys.readouterr().err
+
+
+def queries_from_docs() -> list[tuple[str, str]]:
+    """(title, SQL) of every ```sql block in docs/queries.md, titled by the heading above it."""
+    text = (REPO / "docs" / "queries.md").read_text()
+    found, title = [], ""
+    for block in re.split(r"(^#+ .*$)", text, flags=re.M):
+        if block.startswith("#"):
+            title = block.lstrip("# ").strip()
+            continue
+        found += [(title, sql) for sql in re.findall(r"```sql\n(.*?)```", block, flags=re.S)]
+    return found
+
+
+def test_every_query_in_docs_runs_on_the_run(finished_run):
+    output, summary = finished_run
+    queries = queries_from_docs()
+    assert len(queries) >= 6
+    results = {}
+    for title, sql in queries:
+        results[title] = duckdb.sql(sql.replace("DIR", output)).fetchall()
+        assert results[title], f"{title}: no rows"
+    scores, errors = _scores(output), _errors(output)
+    assert results["Documents per predicted label"] and sum(n for _, n in results["Documents per predicted label"]) == len(scores)
+    assert sum(r[-1] for r in results["Errors by stage and type"]) == len(errors)
+    assert results["Accuracy per run"] == [("r1", len(scores), pytest.approx(summary["task_metrics"]["accuracy"]))]
+    assert results["Runs over time"][0][0] == "r1"
+    assert results["Runs over time"][0][-2] == pytest.approx(summary["task_metrics"]["accuracy"])
