@@ -1,0 +1,105 @@
+"""Launch presets: named option sets (runners/presets/NAME.yaml) for `docscore run --preset NAME`.
+
+Holds the loader and the table of cloud settings a preset takes from flags or the environment.
+Must not build or run a pipeline: a preset only sets options (layering preset < --config < flags
+happens in pipeline/options.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+PRESET_NAMES = ("local", "dataflow-cpu", "dataflow-tpu-v5e", "dataflow-tpu-v6e", "dataflow-gpu-l4")
+
+
+@dataclasses.dataclass(frozen=True)
+class CloudSetting:
+    """One option a Dataflow preset leaves to the user: a flag, or else environment variables."""
+
+    option: str  # the Beam option name (its argparse dest)
+    flag: str
+    env: tuple[str, ...]  # checked in order; the first non-empty one wins
+
+    def describe(self) -> str:
+        return f"{self.flag} (or set {' or '.join(self.env)})"
+
+
+CLOUD_SETTINGS: dict[str, CloudSetting] = {
+    s.option: s
+    for s in (
+        CloudSetting("project", "--project", ("DOCSCORE_PROJECT", "GOOGLE_CLOUD_PROJECT")),
+        CloudSetting("region", "--region", ("DOCSCORE_REGION",)),
+        CloudSetting("worker_zone", "--worker_zone", ("DOCSCORE_ZONE",)),
+        CloudSetting("temp_location", "--temp_location", ("DOCSCORE_TEMP_LOCATION",)),
+        CloudSetting("sdk_container_image", "--sdk_container_image", ("DOCSCORE_IMAGE",)),
+    )
+}
+
+
+def preset_path(name: str):
+    """The packaged YAML file of preset `name` (an importlib.resources Traversable)."""
+    if name not in PRESET_NAMES:
+        raise ValueError(f"unknown preset {name!r}; use one of {', '.join(PRESET_NAMES)} (runners/presets/*.yaml)")
+    return importlib.resources.files("runners") / "presets" / f"{name}.yaml"
+
+
+def read_preset_file(name: str) -> dict[str, Any]:
+    """The preset's YAML as written: description, options, environment (required/optional)."""
+    data = yaml.safe_load(preset_path(name).read_text()) or {}
+    if not isinstance(data.get("options"), dict):
+        raise ValueError(f"runners/presets/{name}.yaml: needs an `options:` mapping of option: value")
+    environment = data.get("environment") or {}
+    for option in list(environment.get("required", [])) + list(environment.get("optional", [])):
+        if option not in CLOUD_SETTINGS:
+            raise ValueError(
+                f"runners/presets/{name}.yaml: environment setting {option!r} is not one of "
+                f"{', '.join(CLOUD_SETTINGS)} (runners/presets.py CLOUD_SETTINGS)")
+    return data
+
+
+def options_given(argv: Sequence[str]) -> set[str]:
+    """Option names (argparse dests) that command-line flags in `argv` set."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return {k for k, v in PipelineOptions(list(argv)).get_all_options().items() if v is not None}
+
+
+def environment_value(setting: CloudSetting, environ: Mapping[str, str]) -> str | None:
+    for var in setting.env:
+        if environ.get(var):
+            return environ[var]
+    return None
+
+
+def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The options of preset `name` (flat option: value, as in a --config file).
+
+    Cloud settings the preset needs (project, region, temp_location, image, ...) are filled from
+    the environment unless a flag in `argv` (the rest of the command line, config values included)
+    sets them; a required one found in neither raises ValueError naming the flag and variables.
+    """
+    data = read_preset_file(name)
+    environ = os.environ if environ is None else environ
+    options = dict(data["options"])
+    environment = data.get("environment") or {}
+    given = options_given(argv) if argv else set()
+    missing = []
+    for option in list(environment.get("required", [])) + list(environment.get("optional", [])):
+        setting = CLOUD_SETTINGS[option]
+        if option in given:
+            continue
+        value = environment_value(setting, environ)
+        if value is not None:
+            options[option] = value
+        elif option in environment.get("required", []):
+            missing.append(setting.describe())
+    if missing:
+        raise ValueError(
+            f"preset {name!r} needs {'; '.join(missing)}: pass the flags or set the environment "
+            f"variables (runners/DATAFLOW.md, 'Settings')")
+    return options

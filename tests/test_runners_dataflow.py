@@ -1,0 +1,153 @@
+"""Dataflow jobs built offline from the presets, for a tiny Beam pipeline and for the real docscore
+graph (pipeline.run.build_pipeline), asserting on what Dataflow would receive.
+
+Two mechanisms (Beam 2.77):
+- --dry_run=True: DataflowRunner translates the pipeline and returns before contacting Google;
+  result.job holds the job's options and its Runner API proto, but Beam 2.77 returns *before*
+  writing --dataflow_job_file and before the worker-pool environment is filled in.
+- --template_location=FILE: the full job JSON (worker pools, service options, experiments,
+  sdkPipelineOptions) exactly as it would be submitted - the same JSON --dataflow_job_file holds -
+  is written and nothing is submitted. Staging goes to gs://, here the emulator (gcs_support).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import DebugOptions, GoogleCloudOptions, WorkerOptions
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from pipeline.options import EvalOptions, parse_options
+
+pytest_plugins = ["gcs_support"]
+
+IMAGE = "us-docker.pkg.dev/docscore-test/docscore/worker:tpu-2.77.0"
+PROJECT = "docscore-test"
+
+
+@pytest.fixture
+def cloud_env(monkeypatch):
+    monkeypatch.setenv("DOCSCORE_PROJECT", PROJECT)
+    monkeypatch.setenv("DOCSCORE_REGION", "us-central1")
+    monkeypatch.setenv("DOCSCORE_ZONE", "us-central1-b")
+    monkeypatch.setenv("DOCSCORE_IMAGE", IMAGE)
+    monkeypatch.setenv("DOCSCORE_TEMP_LOCATION", "gs://docscore-test-bucket/tmp")
+    return monkeypatch
+
+
+def tiny_pipeline(p: beam.Pipeline) -> None:
+    _ = p | beam.Create(["a", "bb", "ccc"]) | beam.Map(len) | beam.combiners.Count.Globally()
+
+
+def container_images(proto: beam_runner_api_pb2.Pipeline) -> set[str]:
+    """The Docker image of every environment the job's transforms run in."""
+    images = set()
+    used = {t.environment_id for t in proto.components.transforms.values() if t.environment_id}
+    for env_id in used:
+        env = proto.components.environments[env_id]
+        images.add(beam_runner_api_pb2.DockerPayload.FromString(env.payload).container_image)
+    return images
+
+
+def test_dry_run_carries_the_tpu_preset_into_the_job(cloud_env):
+    options, eo = parse_options(["--preset", "dataflow-tpu-v5e", "--input", "unused", "--output", "unused",
+                                 "--no_auth", "--dry_run=True"])
+    p = beam.Pipeline(options=options)
+    tiny_pipeline(p)
+    result = p.run()
+    job = result.job
+    assert job.proto.type_.name == "JOB_TYPE_BATCH"
+    worker = job.options.view_as(WorkerOptions)
+    assert worker.machine_type == "ct5lp-hightpu-1t"
+    assert worker.worker_zone == "us-central1-b"
+    assert worker.sdk_container_image == IMAGE
+    cloud = job.options.view_as(GoogleCloudOptions)
+    assert (cloud.project, cloud.region) == (PROJECT, "us-central1")
+    assert cloud.dataflow_service_options == ["worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1"]
+    debug = job.options.view_as(DebugOptions)
+    assert {"use_runner_v2", "no_use_multiple_sdk_containers"} <= set(debug.experiments)
+    assert debug.number_of_worker_harness_threads == 4
+    assert job.options.view_as(EvalOptions).target_backend == "tpu"
+    assert container_images(job.proto_pipeline) == {IMAGE}
+
+
+def build_template(options, build, gcs) -> dict:
+    """Run `build(p)` on DataflowRunner with --template_location: returns the written job JSON."""
+    p = beam.Pipeline(options=options)
+    build(p)
+    p.run()  # writes the job file and returns; nothing is submitted
+    return json.loads(Path(options.view_as(GoogleCloudOptions).template_location).read_text())
+
+
+def template_flags(gcs, tmp_path, preset: str) -> list[str]:
+    return ["--preset", preset, "--temp_location", gcs.url("tmp"), "--no_auth",
+            "--template_location", str(tmp_path / "job.json")]
+
+
+def assert_accelerator_job(job: dict, machine_type: str, accelerator: str, backend: str) -> dict:
+    env = job["environment"]
+    (pool,) = env["workerPools"]
+    assert pool["kind"] == "harness"
+    assert pool["machineType"] == machine_type
+    assert pool["numThreadsPerWorker"] == 4
+    assert pool["workerHarnessContainerImage"] == IMAGE
+    assert {c["containerImage"] for c in pool["sdkHarnessContainerImages"]} == {IMAGE}
+    assert env["workerZone"] == "us-central1-b"
+    assert env["serviceOptions"] == [accelerator]
+    assert {"use_runner_v2", "no_use_multiple_sdk_containers"} <= set(env["experiments"])
+    assert "use_multiple_sdk_containers" not in env["experiments"]  # Beam adds it unless told not to
+    options = env["sdkPipelineOptions"]["options"]
+    assert options["target_backend"] == backend
+    assert options["project"] == PROJECT and options["region"] == "us-central1"
+    return options
+
+
+@pytest.mark.parametrize("preset,machine_type,accelerator,backend", [
+    ("dataflow-tpu-v5e", "ct5lp-hightpu-1t", "worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1", "tpu"),
+    ("dataflow-gpu-l4", "g2-standard-4", "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver", "gpu"),
+])
+def test_job_file_of_a_tiny_pipeline(cloud_env, gcs, tmp_path, preset, machine_type, accelerator, backend):
+    options, _ = parse_options(template_flags(gcs, tmp_path, preset) + ["--input", "unused", "--output", "unused"])
+    job = build_template(options, tiny_pipeline, gcs)
+    assert job["type"] == "JOB_TYPE_BATCH"
+    assert_accelerator_job(job, machine_type, accelerator, backend)
+
+
+def staged_pipeline(job: dict) -> beam_runner_api_pb2.Pipeline:
+    import fsspec
+
+    with fsspec.open(job["environment"]["sdkPipelineOptions"]["options"]["pipelineUrl"], "rb") as f:
+        return beam_runner_api_pb2.Pipeline.FromString(f.read())
+
+
+def test_job_file_of_the_docscore_graph(cloud_env, gcs, tmp_path):
+    """The real graph (build_pipeline, as `docscore run` builds it) on the TPU preset, reading and
+    writing gs://: the job Dataflow would get runs every step in the docscore image."""
+    from pipeline import sinks
+    from pipeline.run import build_pipeline
+    from pipeline.validate import validate
+
+    fs = gcs.fs()
+    for i in range(2):
+        fs.pipe(f"{gcs.bucket}/in/shard-{i}.jsonl", b'{"id": "d%d", "text": "a document"}\n' % i)
+    options, eo = parse_options(template_flags(gcs, tmp_path, "dataflow-tpu-v5e") + [
+        "--input", gcs.url("in", "*.jsonl"), "--output", gcs.url("out"), "--run_id", "nightly-1",
+        "--task", "embed", "--max_seq_len", "64"])
+    plan = validate(eo)
+    assert plan.target_backend == "tpu" and plan.kernel == "pallas_tpu"
+    out = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format)
+    job = build_template(options, lambda p: build_pipeline(p, eo, plan, out), gcs)
+    job_options = assert_accelerator_job(
+        job, "ct5lp-hightpu-1t", "worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1", "tpu")
+    assert job_options["input"] == gcs.url("in", "*.jsonl")
+    assert job_options["output"] == gcs.url("out")
+    assert job_options["run_id"] == "nightly-1"
+    assert job_options["dtype"] == "bfloat16"
+    proto = staged_pipeline(job)
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    for step in ("ReadShards", "Tokenize", "Infer", "Score", "RunStats"):
+        assert step in names, f"{step} missing from the job graph"
+    assert any(n.startswith("WriteScores") for n in names) and any(n.startswith("WriteErrors") for n in names)
+    assert container_images(proto) == {IMAGE}

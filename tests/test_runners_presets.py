@@ -1,0 +1,139 @@
+"""Launch presets (runners/presets/*.yaml): they parse, name only options the pipeline accepts,
+take cloud settings from flags or the environment, and fail clearly when one is missing."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.options import ConfigError, EvalOptions, known_option_names, parse_options
+from runners.presets import CLOUD_SETTINGS, PRESET_NAMES, load_preset, read_preset_file
+
+PRESET_DIR = Path(__file__).resolve().parents[1] / "runners" / "presets"
+ACCELERATED = {"dataflow-tpu-v5e": "tpu", "dataflow-tpu-v6e": "tpu", "dataflow-gpu-l4": "gpu"}
+CLOUD_ENV = {
+    "DOCSCORE_PROJECT": "docscore-test",
+    "DOCSCORE_REGION": "us-central1",
+    "DOCSCORE_TEMP_LOCATION": "gs://docscore-test-bucket/tmp",
+    "DOCSCORE_IMAGE": "us-docker.pkg.dev/docscore-test/docscore/worker:tpu",
+}
+
+
+@pytest.fixture
+def no_cloud_env(monkeypatch):
+    for setting in CLOUD_SETTINGS.values():
+        for var in setting.env:
+            monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_preset_names_are_the_files():
+    assert sorted(PRESET_NAMES) == sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_preset_options_are_known_to_the_pipeline(name):
+    data = read_preset_file(name)
+    assert data["description"]
+    unknown = set(data["options"]) - known_option_names()
+    assert not unknown, f"{name}: {unknown} are not options of docscore run or Beam"
+
+
+@pytest.mark.parametrize("name", sorted(ACCELERATED))
+def test_accelerator_presets_keep_one_process_per_accelerator(name):
+    options = read_preset_file(name)["options"]
+    assert options["runner"] == "DataflowRunner"
+    assert options["target_backend"] == ACCELERATED[name]
+    assert {"use_runner_v2", "no_use_multiple_sdk_containers"} <= set(options["experiments"])
+    assert 1 <= options["number_of_worker_harness_threads"] <= 8
+    accelerator = [o for o in options["dataflow_service_options"] if o.startswith("worker_accelerator=")]
+    assert len(accelerator) == 1
+    assert ("tpu" if "tpu" in accelerator[0] else "gpu") == ACCELERATED[name]
+
+
+def test_tpu_v5e_and_gpu_l4_presets_name_the_documented_accelerators():
+    v5e = read_preset_file("dataflow-tpu-v5e")["options"]
+    assert v5e["machine_type"] == "ct5lp-hightpu-1t"
+    assert v5e["dataflow_service_options"] == ["worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1"]
+    l4 = read_preset_file("dataflow-gpu-l4")["options"]
+    assert l4["dataflow_service_options"] == ["worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver"]
+
+
+def test_dataflow_preset_takes_cloud_settings_from_the_environment(no_cloud_env):
+    for var, value in CLOUD_ENV.items():
+        no_cloud_env.setenv(var, value)
+    no_cloud_env.setenv("DOCSCORE_ZONE", "us-central1-b")
+    options = load_preset("dataflow-tpu-v5e")
+    assert options["project"] == "docscore-test"
+    assert options["region"] == "us-central1"
+    assert options["worker_zone"] == "us-central1-b"
+    assert options["temp_location"] == "gs://docscore-test-bucket/tmp"
+    assert options["sdk_container_image"] == CLOUD_ENV["DOCSCORE_IMAGE"]
+
+
+def test_google_cloud_project_is_the_fallback_for_the_project(no_cloud_env):
+    for var, value in CLOUD_ENV.items():
+        no_cloud_env.setenv(var, value)
+    no_cloud_env.delenv("DOCSCORE_PROJECT")
+    no_cloud_env.setenv("GOOGLE_CLOUD_PROJECT", "fallback-project")
+    assert load_preset("dataflow-cpu")["project"] == "fallback-project"
+
+
+def test_missing_cloud_settings_name_the_flag_and_the_variable(no_cloud_env):
+    no_cloud_env.setenv("DOCSCORE_PROJECT", "docscore-test")
+    with pytest.raises(ValueError) as e:
+        load_preset("dataflow-gpu-l4")
+    message = str(e.value)
+    for text in ("--region", "DOCSCORE_REGION", "--temp_location", "DOCSCORE_TEMP_LOCATION",
+                 "--sdk_container_image", "DOCSCORE_IMAGE"):
+        assert text in message
+    assert "--project" not in message  # it was found in the environment
+
+
+def test_flags_on_the_command_line_stand_in_for_the_environment(no_cloud_env):
+    argv = ["--project=flag-project", "--region", "europe-west4", "--temp_location=gs://b-flag/tmp",
+            "--sdk_container_image=img:flag"]
+    options = load_preset("dataflow-tpu-v6e", argv)
+    assert not {"project", "region", "temp_location", "sdk_container_image"} & set(options)
+
+
+def test_local_preset_needs_nothing(no_cloud_env):
+    assert load_preset("local")["runner"] == "DirectRunner"
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ValueError, match="dataflow-tpu-v5e"):
+        load_preset("dataflow-tpu-v9")
+
+
+def test_layering_preset_then_config_then_command_line(no_cloud_env, tmp_path):
+    """pipeline/options.py applies a preset under --config and the command line."""
+    for var, value in CLOUD_ENV.items():
+        no_cloud_env.setenv(var, value)
+    config = tmp_path / "run.yaml"
+    config.write_text("preset: dataflow-tpu-v5e\nbatch_size: 64\nregion: europe-west4\n")
+    options, eo = parse_options(["--config", str(config), "--input", "x.jsonl", "--output", "out",
+                                 "--attention", "native"])
+    all_options = options.get_all_options()
+    assert eo.target_backend == "tpu"  # preset
+    assert eo.batch_size == 64  # config beats preset (128)
+    assert all_options["region"] == "europe-west4"  # config beats the environment
+    assert eo.attention == "native"  # command line beats preset (auto)
+    assert all_options["machine_type"] == "ct5lp-hightpu-1t"
+    assert all_options["experiments"] == ["use_runner_v2", "no_use_multiple_sdk_containers"]
+    assert isinstance(options.view_as(EvalOptions), EvalOptions)
+
+
+def test_unknown_preset_is_a_config_error():
+    with pytest.raises(ConfigError, match="--preset"):
+        parse_options(["--preset", "nope", "--input", "x", "--output", "y"])
+
+
+@pytest.mark.xfail(strict=True, reason="pipeline/options.py must pass the command line to load_preset "
+                   "(load_preset(name, argv)) so flags stand in for the environment; remove this mark then")
+def test_docscore_run_accepts_cloud_settings_as_flags_without_environment(no_cloud_env):
+    options, eo = parse_options(["--preset", "dataflow-tpu-v5e", "--input", "x.jsonl", "--output", "out",
+                                 "--project", "flag-project", "--region", "us-east5",
+                                 "--temp_location", "gs://b-flag/tmp", "--sdk_container_image", "img:flag"])
+    assert options.get_all_options()["project"] == "flag-project"
+    assert eo.target_backend == "tpu"
