@@ -1,0 +1,77 @@
+"""Run history rows: flattening summaries, one file per run replaced atomically, read back by DuckDB and
+through fsspec. The row of a REAL run is checked against its tables in tests/test_report.py."""
+from __future__ import annotations
+
+import datetime
+
+import duckdb
+import fsspec
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import history
+
+
+def summary_like_run_py(run_id: str, *, scored: int, errors: int, docs_per_s: float, accuracy: float | None) -> dict:
+    """A summary in the layout pipeline/run.py build_summary writes (only the keys history reads)."""
+    return {
+        "run_id": run_id,
+        "task": "classify",
+        "started_at": "2026-12-01T10:00:00+00:00",
+        "finished_at": "2026-12-01T10:01:40+00:00",
+        "wall_s": 100.0,
+        "config": {"input": "gs://bucket/shards/*.jsonl", "output_format": "parquet"},
+        "runner": {"runner": "DataflowRunner"},
+        "backend": {"launcher": "cpu", "workers": ["tpu"]},
+        "kernel": {"requested": "flash", "resolved": "pallas_tpu"},
+        "model": {"name": "minilm-l6", "model_id": "minilm-l6@abc", "fingerprint": "ab" * 32, "dtype": "bfloat16"},
+        "counts": {"records": scored + errors, "scored": scored, "errors": errors},
+        "timing": {"stages": {"infer": {"total_ms": 5000.0, "p50": 2.5, "p95": 9.0, "p99": 12.0}}},
+        "throughput": {"docs_per_s": docs_per_s, "tokens_per_s": 10 * docs_per_s},
+        "tokens": {"padding_efficiency": 0.8},
+        "compile": {"count": 3, "time_ms": 1500},
+        "memory": {"peak_rss_mb": 900},
+        "task_metrics": {} if accuracy is None else {"accuracy": accuracy, "macro_f1": None, "n_gold": 4},
+    }
+
+
+def test_history_row_flattens_the_summary():
+    row = history.history_row(summary_like_run_py("r1", scored=90, errors=10, docs_per_s=1.5, accuracy=0.75))
+    assert row["started_at"] == datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
+    assert (row["backend"], row["runner"], row["attention"], row["attention_impl"]) == ("tpu", "DataflowRunner", "flash", "pallas_tpu")
+    assert (row["input_records"], row["scored"], row["errors"], row["error_rate"]) == (100, 90, 10, 0.1)
+    assert (row["infer_p50_ms"], row["infer_p95_ms"], row["read_p50_ms"]) == (2.5, 9.0, None)
+    assert (row["compile_count"], row["compile_ms"], row["peak_rss_mb"], row["dtype"]) == (3, 1500.0, 900.0, "bfloat16")
+    assert row["task_metrics"] == [("accuracy", 0.75), ("n_gold", 4.0)]  # a metric the run could not compute is left out
+
+
+def test_a_sparse_summary_gives_nulls_and_no_run_id_is_refused():
+    row = history.history_row({"run_id": "old", "counts": {"records": 0, "scored": 0, "errors": 0}})
+    assert row["error_rate"] is None and row["started_at"] is None and row["task_metrics"] is None
+    with pytest.raises(ValueError, match="no run_id"):
+        history.history_row({"counts": {}})
+
+
+def test_each_run_writes_its_own_file_and_a_rerun_replaces_it(tmp_path):
+    out = str(tmp_path)
+    history.write_history_row(out, summary_like_run_py("r1", scored=9, errors=1, docs_per_s=1.0, accuracy=0.5))
+    history.write_history_row(out, summary_like_run_py("r2", scored=10, errors=0, docs_per_s=2.0, accuracy=0.6))
+    history.write_history_row(out, summary_like_run_py("r1", scored=10, errors=0, docs_per_s=3.0, accuracy=0.7))
+    rows = duckdb.sql(
+        f"SELECT run_id, docs_per_s, task_metrics['accuracy'] FROM '{history.history_glob(out)}' ORDER BY run_id"
+    ).fetchall()
+    assert rows == [("r1", 3.0, 0.7), ("r2", 2.0, 0.6)]
+    leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and p.name != history.HISTORY_FILE]
+    assert leftovers == []  # the temporary file was moved into place
+
+
+def test_history_goes_through_fsspec():
+    out = "memory://docscore-history-test/out"
+    path = history.write_history_row(out, summary_like_run_py("m1", scored=1, errors=0, docs_per_s=1.0, accuracy=None))
+    assert path == f"{out}/runs/run_id=m1/history.parquet"
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    with fs.open(fs_path, "rb") as f:
+        table = pq.read_table(f)
+    assert table.schema == history.HISTORY_SCHEMA
+    assert table.to_pylist()[0]["run_id"] == "m1"
+    fs.rm("/docscore-history-test", recursive=True)
