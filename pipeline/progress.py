@@ -16,8 +16,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import logging
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -27,6 +30,7 @@ import apache_beam as beam
 import fsspec
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 METRICS_NAMESPACE = "docscore.progress"
 KINDS = ("discovered", "done")
@@ -233,6 +237,7 @@ class ProgressReporter:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._warned = False
         self._is_terminal = bool(getattr(self.stream, "isatty", lambda: False)())
 
     def start(self) -> "ProgressReporter":
@@ -260,8 +265,19 @@ class ProgressReporter:
             self.poll()
 
     def poll(self, final: bool = False) -> ProgressSample:
-        """Take one sample now and show it; the thread calls this every interval_s."""
-        counts = self.counts()
+        """Take one sample now and show it; the thread calls this every interval_s.
+
+        A failing count source (e.g. a metrics query while a remote job starts) repeats the last
+        counts: progress must never break a run.
+        """
+        try:
+            counts = self.counts()
+        except Exception as e:  # noqa: BLE001 - progress is best effort by design
+            if not self._warned:
+                logging.getLogger(__name__).warning("progress: reading the counts failed (%s); showing the last known", e)
+                self._warned = True
+            last = self.samples[-1] if self.samples else ProgressSample(0.0, 0, 0)
+            counts = ProgressCounts(last.discovered, last.done)
         with self._lock:
             sample = ProgressSample(time.monotonic() - self._start, counts.discovered, counts.done)
             self.samples.append(sample)
@@ -286,6 +302,54 @@ class ProgressReporter:
         """Write the time series (for the report's throughput chart) as JSON to `path`."""
         write_samples(path, self.samples, self.started_at, self.interval_s)
         return path
+
+
+# ---- wiring it to a pipeline run ----------------------------------------------------------------
+
+LOCAL_RUNNERS = (None, "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner", "PrismRunner", "FnApiRunner")
+
+
+def local_counter_dir(options: PipelineOptions) -> str | None:
+    """A fresh temporary directory for counter files when the runner runs on this machine, else None."""
+    runner = options.view_as(StandardOptions).runner
+    name = runner if isinstance(runner, str) or runner is None else type(runner).__name__
+    if name not in LOCAL_RUNNERS:
+        return None
+    return tempfile.mkdtemp(prefix="docscore-progress-")
+
+
+def run_with_progress(
+    pipeline: beam.Pipeline,
+    counter_dir: str | None,
+    *,
+    display: bool = True,
+    stream: TextIO | None = None,
+    interval_s: float = 1.0,
+    log_every_s: float = 10.0,
+) -> tuple[Any, ProgressReporter]:
+    """Run `pipeline` to completion while reporting progress; returns (PipelineResult, reporter).
+
+    Counts come from the counter files in `counter_dir` (local runners, where run() blocks), or
+    else from the job's Beam metrics once run() has returned (remote runners). The counter
+    directory is removed at the end.
+    """
+    started: dict[str, Any] = {}
+
+    def counts() -> ProgressCounts:
+        if counter_dir:
+            return read_counter_files(counter_dir)
+        if "result" in started:
+            return counts_from_metrics(started["result"])
+        return ProgressCounts()
+
+    try:
+        with ProgressReporter(counts, display=display, stream=stream, interval_s=interval_s, log_every_s=log_every_s) as reporter:
+            started["result"] = result = pipeline.run()
+            result.wait_until_finish()
+    finally:
+        if counter_dir:
+            shutil.rmtree(counter_dir, ignore_errors=True)
+    return result, reporter
 
 
 # ---- the time series on disk ------------------------------------------------------------------

@@ -52,26 +52,26 @@ def test_counter_files_sum_across_processes(tmp_path):
     assert progress.read_counter_files(str(tmp_path / "missing")) == ProgressCounts()
 
 
-def test_progress_follows_a_running_beam_pipeline(tmp_path):
+def _pipeline(n: int, counter_dir: str | None, sleep_s: float) -> beam.Pipeline:
+    """Records are read, reshuffled, then processed slowly: the shape of the docscore job."""
+    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"]))
+    records = pipeline | beam.Create(list(range(n)))
+    _ = records | "Discovered" >> progress.CountProgress(counter_dir, "discovered")
+    done = records | beam.Reshuffle() | beam.Map(lambda x: (time.sleep(sleep_s), x)[1])  # by value: workers can't import tests
+    _ = done | "Done" >> progress.CountProgress(counter_dir, "done")
+    return pipeline
+
+
+def test_progress_follows_a_running_beam_pipeline():
     # in_memory only: multi_processing costs ~20 s of worker start-up here; crossing processes is
     # covered by test_counter_files_sum_across_processes (and the pipeline's own multi_processing test)
     n = 24
-    counter_dir = tmp_path / "counters"
-    counter_dir.mkdir()
-    options = PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])
-    pipeline = beam.Pipeline(options=options)
-    records = pipeline | beam.Create(list(range(n)))
-    _ = records | "Discovered" >> progress.CountProgress(str(counter_dir), "discovered")
-    done = records | beam.Reshuffle() | beam.Map(lambda x: (time.sleep(0.05), x)[1])  # by value: workers can't import tests
-    _ = done | "Done" >> progress.CountProgress(str(counter_dir), "done")
-
+    counter_dir = progress.local_counter_dir(PipelineOptions([]))  # DirectRunner is local
+    assert counter_dir is not None and os.path.isdir(counter_dir)
     log = io.StringIO()
-    with ProgressReporter(
-        lambda: progress.read_counter_files(str(counter_dir)), stream=log, interval_s=0.05, log_every_s=0.2
-    ) as reporter:
-        result = pipeline.run()
-        result.wait_until_finish()
-
+    result, reporter = progress.run_with_progress(
+        _pipeline(n, counter_dir, 0.05), counter_dir, stream=log, interval_s=0.05, log_every_s=0.2
+    )
     samples = reporter.samples
     assert samples[-1].discovered == n and samples[-1].done == n
     assert [s.done for s in samples] == sorted(s.done for s in samples)
@@ -79,8 +79,17 @@ def test_progress_follows_a_running_beam_pipeline(tmp_path):
     lines = log.getvalue().splitlines()
     assert len(lines) >= 2 and all(" docscore progress: " in line for line in lines)
     assert f"{n}/{n} docs (100%)" in lines[-1]
+    assert not os.path.exists(counter_dir)  # cleaned up
     # the same counts also reach Beam metrics, which is what a remote runner is polled through
     assert progress.counts_from_metrics(result) == ProgressCounts(discovered=n, done=n)
+
+
+def test_without_counter_files_progress_comes_from_beam_metrics():
+    assert progress.local_counter_dir(PipelineOptions(["--runner=DataflowRunner"])) is None
+    log = io.StringIO()
+    _, reporter = progress.run_with_progress(_pipeline(5, None, 0.0), None, stream=log, interval_s=3600)
+    assert reporter.samples[-1] == ProgressSample(reporter.samples[-1].t_s, 5, 5)
+    assert "5/5 docs (100%)" in log.getvalue()
 
 
 def test_bar_on_a_terminal_and_silence_with_display_off(tmp_path):
@@ -119,3 +128,19 @@ def test_bar_on_a_terminal_and_silence_with_display_off(tmp_path):
     assert path == f"{tmp_path}/runs/run_id=r1/progress.json"
     assert progress.read_samples(path) == silent.samples
     assert progress.read_samples(str(tmp_path / "none.json")) == []
+
+
+def test_a_failing_count_source_never_breaks_the_run():
+    calls = iter([ProgressCounts(4, 1), RuntimeError("metrics service not ready"), ProgressCounts(4, 4)])
+
+    def counts():
+        value = next(calls)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    reporter = ProgressReporter(counts, display=False, interval_s=3600)
+    reporter.start()
+    reporter.poll()
+    reporter.stop()
+    assert [(s.discovered, s.done) for s in reporter.samples] == [(4, 1), (4, 1), (4, 4)]
