@@ -43,7 +43,10 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--stride", type=int, default=32, help="tokens shared by consecutive windows of a long document")
         parser.add_argument("--max_chunks", type=int, default=8, help="windows kept per document; more -> truncated")
         parser.add_argument("--batch_size", type=int, default=16, help="rows per model call (fixed shape)")
-        parser.add_argument("--labels", default=None, help='classify labels: "name=description;name=description"')
+        # --labels "name=description;..." (docscore's classify labels) is rewritten to --classify_labels by
+        # parse_options, because Beam's GoogleCloudOptions owns --labels (Dataflow job labels: --job_labels).
+        parser.add_argument("--classify_labels", default=None, help='classify labels: --labels "name=description;name=description"')
+        parser.add_argument("--job_labels", action="append", default=None, help="Dataflow job label KEY=VALUE (repeatable)")
         parser.add_argument("--temperature", type=float, default=0.05, help="classify softmax temperature")
         parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 compute dtype")
         parser.add_argument("--output_format", default="parquet", help="parquet | jsonl")
@@ -151,16 +154,39 @@ def unknown_flags(flags: list[str]) -> list[str]:
     return sorted(every - known)
 
 
+def take_flag(flags: list[str], name: str) -> tuple[list[str], list[str]]:
+    """Remove every --name VALUE / --name=VALUE from flags; return (the rest, the values in order)."""
+    rest, values, i = [], [], 0
+    while i < len(flags):
+        flag = flags[i]
+        if flag == f"--{name}" and i + 1 < len(flags):
+            values.append(flags[i + 1])
+            i += 2
+            continue
+        if flag.startswith(f"--{name}="):
+            values.append(flag.split("=", 1)[1])
+        else:
+            rest.append(flag)
+        i += 1
+    return rest, values
+
+
 def parse_options(argv: list[str]) -> tuple[PipelineOptions, EvalOptions]:
-    """argv -> (all pipeline options, our view of them). Raises ConfigError on unknown flags/keys."""
-    flags = layered_flags(argv)
+    """argv -> (all pipeline options, our view of them). Raises ConfigError on unknown flags/keys.
+
+    --labels is docscore's (classify labels, the last one wins); Dataflow job labels come from
+    --job_labels and are handed to Beam's own --labels."""
+    flags, label_specs = take_flag(layered_flags(argv), "labels")
+    if label_specs:
+        flags.append(f"--classify_labels={label_specs[-1]}")
     unknown = unknown_flags(flags)
     if unknown:
         raise ConfigError(
             f"unknown option(s) {', '.join('--' + u for u in unknown)}; check the spelling "
             f"(`docscore run --help` lists docscore's flags; Beam's are in its PipelineOptions)"
         )
-    options = PipelineOptions(flags)
+    job_labels = PipelineOptions(flags).view_as(EvalOptions).job_labels or []
+    options = PipelineOptions(flags + [f"--labels={label}" for label in job_labels])
     eval_options = options.view_as(EvalOptions)
     if not eval_options.run_id:
         eval_options.run_id = default_run_id()

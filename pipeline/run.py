@@ -24,7 +24,6 @@ from pipeline.preprocess import Tokenize
 from pipeline.records import error_to_row
 from pipeline.sources import ReadShard
 from pipeline.stats import ComputeRunStats
-from pipeline.timing import METRICS_NAMESPACE
 from pipeline.validate import RunPlan, validate
 
 VERSIONED = ("docscore", "apache-beam", "jax", "jaxlib", "flax", "orbax-checkpoint", "numpy", "pyarrow", "tokenizers", "fsspec", "gcsfs")
@@ -108,6 +107,7 @@ def build_summary(eo: EvalOptions, plan: RunPlan, stats: dict[str, Any], metrics
     scored = stats["counts"]["scored"]
     config = {k: v for k, v in eo.get_all_options(current_only=True).items() if k not in ("config",)}
     config["labels"] = plan.labels
+    config.pop("classify_labels", None)
     return {
         "run_id": eo.run_id,
         "task": eo.task,
@@ -143,7 +143,7 @@ def build_summary(eo: EvalOptions, plan: RunPlan, stats: dict[str, Any], metrics
         "tokens": stats["tokens"],
         "compile": {
             "count": int(counters.get("compiles", 0)),
-            "batches_with_compile_ms": int(counters.get("compile_batches_ms", 0)),
+            "time_ms": int(counters.get("compile_ms", 0)),
             "model_calls": int(counters.get("model_calls", 0)),
         },
         "memory": {"peak_rss_mb": rss.get("max"), "start_rss_mb": rss.get("min")},
@@ -159,6 +159,7 @@ def print_help() -> None:
         "--direct_num_workers, --direct_running_mode, --project, ...) is accepted as well.",
     )
     EvalOptions._add_argparse_args(parser)
+    parser.add_argument("--labels", help='classify labels "name=description;name=description" (in --config: a mapping)')
     parser.print_help()
 
 

@@ -109,7 +109,17 @@ def publish(spec: OutputSpec, summary: dict[str, Any]) -> dict[str, str]:
     fs.pipe_file(posixpath.join(summary_dir, SUCCESS), b"")
     published["summary"] = spec.summary_path()
     fs.rm(strip(spec.staging), recursive=True)
+    _remove_if_empty(fs, strip(posixpath.dirname(spec.staging)))  # _staging/run_id=ID
+    _remove_if_empty(fs, strip(posixpath.dirname(posixpath.dirname(spec.staging))))  # _staging
     return published
+
+
+def _remove_if_empty(fs, path: str) -> None:
+    try:
+        if fs.exists(path) and not fs.ls(path, detail=False):
+            fs.rm(path, recursive=True)
+    except OSError:
+        pass  # another run is using it
 
 
 def _ls(fs, path: str) -> list[str]:

@@ -63,11 +63,11 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
         dataset = tfds_reader.locate_dataset(pattern, tfds_data_dir)
         return dataset.shard_paths(split)
     fs, _, paths = fsspec.get_fs_token_paths(pattern)
+    hidden = lambda p: p.rsplit("/", 1)[-1].startswith(("_", "."))  # noqa: E731 - _SUCCESS, .crc, ...
     if not fsspec.core.has_magic(pattern) and len(paths) == 1 and fs.isdir(paths[0]):
-        found = [p for p in fs.find(paths[0]) if not p.rsplit("/", 1)[-1].startswith(("_", "."))]
-        found = [p for p in found if shard_format(p)]
+        found = [p for p in fs.find(paths[0]) if not hidden(p) and shard_format(p)]
     else:
-        found = [p for p in paths if fs.isfile(p)]
+        found = [p for p in paths if not hidden(p) and fs.isfile(p)]
         unknown = [p for p in found if shard_format(p) is None]
         if unknown:
             raise ValueError(

@@ -1,8 +1,8 @@
 """Every configuration check of `docscore run`, done BEFORE the pipeline is built or any data read.
 
 Turns EvalOptions into a RunPlan (shards, read spec, model spec, resolved kernel, window spec) or
-raises ConfigError with a message naming the flag and the fix. Must not start a pipeline, and reads
-at most a shard's schema (Parquet footer, TFDS features, the first JSONL record) to check fields.
+raises ConfigError with a message naming the flag and the fix. Must not start a pipeline; the last
+check reads at most one shard's schema (Parquet footer, TFDS features, first JSONL record).
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def validate(eo: EvalOptions) -> RunPlan:
         raise ConfigError(f"--max_seq_len={eo.max_seq_len} is too short; use at least 8 (default: the model's)")
     if not eo.temperature > 0:
         raise ConfigError(f"--temperature={eo.temperature} must be > 0 (e.g. 0.05)")
-    labels = parse_labels(eo.labels)
+    labels = parse_labels(eo.classify_labels)
     if eo.task == "classify" and len(labels) < 2:
         raise ConfigError(
             "--task=classify needs at least two labels: --labels \"name=description;name=description\" "
@@ -157,7 +157,6 @@ def validate(eo: EvalOptions) -> RunPlan:
         message = str(e).strip("'\"")
         raise ConfigError(message if "--" in message else f"--input {eo.input}: {message}") from None
     read_spec = sources.ReadSpec(text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds)
-    check_fields(eo, shards, read_spec)
 
     if not eo.output.startswith(sinks.BQ_PREFIX):
         try:
@@ -185,6 +184,7 @@ def validate(eo: EvalOptions) -> RunPlan:
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
     if eo.stride >= content:
         raise ConfigError(f"--stride={eo.stride} must be < {content} (window length minus special tokens)")
+    check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     return RunPlan(
         shards=tuple(shards),
         read_spec=read_spec,
@@ -206,6 +206,7 @@ def load_for_checks(spec: ModelSpec, backend: str):
     import jax
 
     import models
+    from kernels import KernelUnsupportedError
 
     if backend != jax.default_backend():
         spec = dataclasses.replace(spec, attention="native")
@@ -213,5 +214,7 @@ def load_for_checks(spec: ModelSpec, backend: str):
         return shared_model(spec)
     except models.ModelLoadError as e:
         raise ConfigError(f"--model {spec.name}: {e}") from None
+    except KernelUnsupportedError as e:
+        raise ConfigError(f"--attention={spec.attention}: {e}") from None
     except (FileNotFoundError, OSError) as e:
         raise ConfigError(f"--model {spec.name}: cannot be loaded ({e}); pass minilm-l6 or a model directory") from None

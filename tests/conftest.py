@@ -1,0 +1,143 @@
+"""Shared fixtures: the real MiniLM model (loaded once per test process, the same object the
+in-process pipeline uses), a tiny GPT-2 converted from a randomly initialised Hugging Face model,
+small corpora, and a helper that runs `docscore run` in-process and reads its outputs back.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+# Real English sentences of varied length (from Python's own help pages), short enough that a
+# 64-token window holds most of them; LONG_TEXT needs several windows.
+SENTENCES = [
+    "The if statement is used for conditional execution.",
+    "A for loop iterates over the items of any sequence in the order they appear.",
+    "Comparisons can be chained arbitrarily.",
+    "The import statement finds a module, loads and initializes it if necessary.",
+    "Dictionaries map hashable keys to arbitrary objects and are mutable.",
+    "Integer literals are unlimited in length apart from what can be stored in memory.",
+    "The while statement is used for repeated execution as long as an expression is true.",
+    "String literals can be enclosed in matching single quotes or double quotes.",
+    "Lambda expressions are used to create anonymous functions.",
+    "The raise statement without arguments re-raises the exception that is currently being handled.",
+    "Slicings select a range of items in a sequence object such as a string, tuple or list.",
+    "The try statement specifies exception handlers and cleanup code for a group of statements.",
+]
+LONG_TEXT = " ".join(SENTENCES[:9])  # ~130 tokens: three 64-token windows with stride 16
+
+TEST_MAX_LEN = 64  # every in-process test run uses these so compiled shapes are shared
+TEST_BATCH = 8
+TEST_STRIDE = 16
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """all-MiniLM-L6-v2 with the native kernel, from the pipeline's own process-wide cache."""
+    from pipeline.inference import ModelSpec, shared_model
+
+    return shared_model(ModelSpec("minilm-l6", attention="native"))
+
+
+def direct_embeddings(loaded, texts: list[str], *, max_len: int = TEST_MAX_LEN, stride: int = TEST_STRIDE,
+                      max_windows: int = 8) -> np.ndarray:
+    """Embeddings computed by calling loaded.embed directly: windows padded to max_len, 8 rows a call,
+    each document the normalised mean of its window embeddings."""
+    encoded = loaded.tokenizer.encode_windows(texts, max_len=max_len, stride=stride, max_windows=max_windows)
+    windows = [w for doc in encoded for w in doc.windows]
+    outputs = []
+    for start in range(0, len(windows), TEST_BATCH):
+        ids = np.zeros((TEST_BATCH, max_len), np.int32)
+        seg = np.zeros((TEST_BATCH, max_len), np.int32)
+        for r, w in enumerate(windows[start:start + TEST_BATCH]):
+            ids[r, :len(w)], seg[r, :len(w)] = w, 1
+        outputs.append(loaded.embed(ids, seg)[: len(windows[start:start + TEST_BATCH])])
+    flat = np.concatenate(outputs)
+    result, k = [], 0
+    for doc in encoded:
+        mean = flat[k:k + len(doc.windows)].astype(np.float64).mean(axis=0)
+        result.append(mean / np.linalg.norm(mean))
+        k += len(doc.windows)
+    return np.stack(result)
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return path
+
+
+def read_table(out: Path, table: str, run_id: str):
+    """The published table of a run as a pandas DataFrame (parquet or jsonl), and its files."""
+    import pandas as pd
+
+    part = out / table / f"run_id={run_id}"
+    assert (part / "_SUCCESS").exists(), f"{part} has no _SUCCESS"
+    files = sorted(p for p in part.iterdir() if p.name.startswith("part"))
+    assert files, f"{part} holds no part files"
+    if files[0].suffix == ".parquet":
+        return pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True), files
+    rows = [json.loads(line) for f in files for line in open(f, encoding="utf-8") if line.strip()]
+    return pd.DataFrame(rows), files
+
+
+def read_summary(out: Path, run_id: str) -> dict:
+    with open(out / "runs" / f"run_id={run_id}" / "summary.json") as f:
+        return json.load(f)
+
+
+def run_docscore(*args: str) -> int:
+    """`docscore run ARGS` in this process (the way the console script calls it)."""
+    from pipeline.run import main
+
+    return main([str(a) for a in args])
+
+
+def common_flags(run_id: str, out: Path) -> list[str]:
+    return ["--output", str(out), "--run_id", run_id, "--max_seq_len", str(TEST_MAX_LEN),
+            "--batch_size", str(TEST_BATCH), "--stride", str(TEST_STRIDE)]
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory) -> str:
+    """A 2-layer GPT-2 (random weights, seed 0) with a byte-level BPE tokenizer trained on Python's
+    help pages, saved by transformers as safetensors and converted with models.hf_import."""
+    import torch
+    import transformers
+    from pydoc_data.topics import topics
+    from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+
+    from models.hf_import import convert_hf_dir
+
+    root = tmp_path_factory.mktemp("gpt2")
+    hf_dir, out_dir = root / "hf", root / "docscore"
+    tokenizer = Tokenizer(tok_models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>"], show_progress=False)
+    tokenizer.train_from_iterator([topics[k] for k in sorted(topics)][:20], trainer=trainer)
+    hf_dir.mkdir()
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_positions=64, n_embd=32,
+                                     n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(str(hf_dir), safe_serialization=True)
+    convert_hf_dir(str(hf_dir), str(out_dir))
+    return str(out_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_hf(tiny_gpt2_dir):
+    """The same tiny GPT-2 as a transformers model (the independent reference)."""
+    import transformers
+
+    hf_dir = os.path.join(os.path.dirname(tiny_gpt2_dir), "hf")
+    return transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()

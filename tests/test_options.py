@@ -1,0 +1,111 @@
+"""`docscore run` options: config layering (preset < --config < command line), --labels, and every
+configuration error exiting 2 with a message naming the flag - before any data is read."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+import yaml
+
+from pipeline import sources, validate
+from pipeline.options import ConfigError, parse_labels, parse_options
+from tests.conftest import run_docscore, write_jsonl
+
+
+def test_labels_parse_and_reject_malformed():
+    assert parse_labels("sports=an article about sport; tech = about computers") == {
+        "sports": "an article about sport", "tech": "about computers"}
+    assert parse_labels({"a": "x", "b": "y"}) == {"a": "x", "b": "y"}
+    with pytest.raises(ConfigError, match="--labels"):
+        parse_labels("sports")
+
+
+def test_command_line_beats_config_beats_preset(tmp_path, monkeypatch):
+    preset = types.ModuleType("runners.presets")
+    preset.load_preset = lambda name: {"task": "similarity", "batch_size": 4, "dtype": "bfloat16"}
+    monkeypatch.setitem(sys.modules, "runners.presets", preset)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"task": "classify", "batch_size": 8, "labels": {"a": "first", "b": "second"}}))
+    options, eo = parse_options(["--preset", "p", "--config", str(config), "--batch_size", "2",
+                                 "--direct_num_workers", "3", "--job_labels", "team=eval"])
+    assert (eo.task, eo.batch_size, eo.dtype) == ("classify", 2, "bfloat16")
+    assert parse_labels(eo.classify_labels) == {"a": "first", "b": "second"}
+    all_options = options.get_all_options()
+    assert all_options["direct_num_workers"] == 3  # Beam options pass through
+    assert all_options["labels"] == ["team=eval"]  # Dataflow job labels, not classify labels
+    assert eo.run_id  # default: a UTC timestamp
+    _, eo = parse_options(["--config", str(config), "--labels", "x=one;y=two"])
+    assert parse_labels(eo.classify_labels) == {"x": "one", "y": "two"}
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": f"document {i}"} for i in range(3)])
+
+
+@pytest.fixture
+def no_data_read(monkeypatch):
+    """Fail the test if any shard is read by the pipeline; record schema peeks by validation."""
+    peeks = []
+
+    def read_shard(*_args, **_kwargs):
+        raise AssertionError("a shard was read before the configuration error was reported")
+
+    real_peek = validate.first_record_fields
+    monkeypatch.setattr(sources, "read_shard", read_shard)
+    monkeypatch.setattr(validate, "first_record_fields", lambda *a: peeks.append(a) or real_peek(*a))
+    return peeks
+
+
+def bad_config_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"tsak": "embed"}))
+    return str(path)
+
+
+def not_writable(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    return str(tmp_path / "a_file" / "out")  # a directory cannot be made under a file
+
+
+CASES = {
+    # name: (extra flags as a function of tmp_path, flag the message must name, schema peek allowed)
+    "unknown_task": (lambda t: ["--task", "summarize"], "--task=summarize", False),
+    "unknown_option": (lambda t: ["--tsak", "embed"], "--tsak", False),
+    "unknown_config_key": (lambda t: ["--config", bad_config_file(t)], "tsak", False),
+    "unknown_field": (lambda t: ["--text_field", "body"], "--text_field=body", True),
+    "unknown_id_field": (lambda t: ["--id_field", "key"], "--id_field=key", True),
+    "kernel_unsupported_on_backend": (lambda t: ["--attention", "pallas_tpu"], "--attention=pallas_tpu", False),
+    "kernel_unsupported_on_target": (lambda t: ["--target_backend", "cpu", "--attention", "cudnn"], "--attention=cudnn", False),
+    "input_matching_nothing": (lambda t: ["--input", str(t / "nothing" / "*.jsonl")], "--input", False),
+    "output_not_writable": (lambda t: ["--output", not_writable(t)], "--output", False),
+    "missing_model": (lambda t: ["--model", str(t / "no_such_model")], "--model", False),
+    "task_incompatible_with_model": (lambda t: ["--task", "loglik"], "--task=loglik", False),
+    "classify_without_labels": (lambda t: ["--task", "classify"], "--task=classify", False),
+    "similarity_without_query_field": (lambda t: ["--task", "similarity"], "--task=similarity", True),
+    "run_id_escaping_output": (lambda t: ["--run_id", "../../etc"], "--run_id", False),
+    "tfds_without_data_dir": (lambda t: ["--input", "tfds:foo"], "--tfds_data_dir", False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_configuration_error_exits_2_before_reading_data(case, tmp_path, corpus, no_data_read, capsys):
+    extra, names, may_peek = CASES[case]
+    args = ["--input", str(corpus), "--output", str(tmp_path / "out"), "--run_id", "r1"]
+    # later flags win, so a case's own --input/--output/--run_id replaces the defaults
+    rc = run_docscore(*args, *extra(tmp_path))
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert names in err, err
+    assert not (tmp_path / "out" / "scores").exists()
+    if not may_peek:
+        assert no_data_read == [], "validation looked at data before reporting a non-field error"
+
+
+def test_help_lists_the_flags(capsys):
+    assert run_docscore("--help") == 0
+    out = capsys.readouterr().out
+    for flag in ("--input", "--output", "--task", "--attention", "--labels", "--run_id", "--config"):
+        assert flag in out

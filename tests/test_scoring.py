@@ -1,0 +1,74 @@
+"""Task scoring and summary metrics as pure functions, checked against scipy and hand computations."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from pipeline import scoring
+
+
+def unit(v):
+    v = np.asarray(v, np.float64)
+    return v / np.linalg.norm(v)
+
+
+def test_pool_windows_is_the_normalised_mean():
+    a, b = unit([1, 0, 0]), unit([0, 1, 0])
+    np.testing.assert_allclose(scoring.pool_windows([a, b]), unit([1, 1, 0]), atol=1e-7)
+    np.testing.assert_allclose(scoring.score_embed([a])["embedding"], a, atol=1e-7)
+
+
+def test_similarity_is_the_cosine_of_pooled_document_and_query():
+    doc, query = unit([1, 2, 3]), unit([3, 2, 1])
+    assert scoring.score_similarity([doc], [query])["score"] == pytest.approx(float(doc @ query), abs=1e-7)
+
+
+def test_classify_softmax_with_temperature_and_top_label():
+    doc = unit([1, 0.2, 0])
+    labels = np.stack([unit([1, 0, 0]), unit([0, 1, 0]), unit([0, 0, 1])])
+    result = scoring.score_classify([doc], ["a", "b", "c"], labels, temperature=0.1)
+    cos = labels @ doc
+    expected = np.exp(cos / 0.1) / np.exp(cos / 0.1).sum()
+    assert result["label"] == "a" and result["score"] == pytest.approx(expected[0], rel=1e-6)
+    assert [s["label"] for s in result["scores"]] == ["a", "b", "c"]
+    np.testing.assert_allclose([s["score"] for s in result["scores"]], expected, rtol=1e-6)  # float32 pooling
+
+
+def test_loglik_counts_each_token_once_across_overlapping_windows():
+    # a text of 10 tokens, windows of 6 with 2 overlapping (no special tokens): [0..5], [4..9]
+    tokens = np.arange(10)
+    logp = {t: -0.1 * (t + 1) for t in tokens}  # log p(token t | tokens before t)
+    w0 = np.array([logp[t] for t in range(1, 6)] + [0.0])  # position i predicts token i+1
+    w1 = np.array([logp[t] for t in range(5, 10)] + [0.0])  # window 1 starts at token 4
+    result = scoring.score_loglik([w0, w1], stride=2, prefix_len=0)
+    assert result["loglik_tokens"] == 9  # tokens 1..9: token 0 has no context
+    assert result["score"] == pytest.approx(sum(logp[t] for t in range(1, 10)))
+    assert result["perplexity"] == pytest.approx(math.exp(-result["score"] / 9))
+
+
+def test_spearman_and_pearson_match_scipy_with_ties():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=40)
+    y = np.round(x + rng.normal(scale=0.7, size=40), 1)  # rounded: ties
+    assert scoring.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0], abs=1e-12)
+    assert scoring.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0], abs=1e-12)
+    assert scoring.spearman([1.0], [2.0]) is None
+
+
+def test_accuracy_and_macro_f1_by_hand():
+    gold = ["a", "a", "b", "b", "c"]
+    pred = ["a", "b", "b", "b", "a"]
+    assert scoring.accuracy(pred, gold) == pytest.approx(3 / 5)
+    f1_a = 2 * 1 / (2 * 1 + 1 + 1)  # tp 1, fp 1 (last), fn 1 (second)
+    f1_b = 2 * 2 / (2 * 2 + 1 + 0)
+    f1_c = 0.0
+    assert scoring.macro_f1(pred, gold) == pytest.approx((f1_a + f1_b + f1_c) / 3)
+
+
+def test_task_metrics_and_corpus_perplexity():
+    m = scoring.task_metrics("similarity", [(0.9, "1.0"), (0.1, 0), (0.5, "x"), (0.4, 0.5)])
+    assert m["n_gold"] == 3 and m["spearman"] == pytest.approx(1.0)
+    assert scoring.corpus_perplexity([-10.0, -5.0], [4, 6]) == pytest.approx(math.exp(15 / 10))

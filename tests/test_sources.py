@@ -1,0 +1,107 @@
+"""Shard discovery and readers on real files: every record becomes a Document or an ErrorRow,
+corrupt shards give an ErrorRow with record_index None, nothing raises."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.records import Document, ErrorRow
+from pipeline.sources import ReadSpec, discover_shards, read_shard
+
+SPEC = ReadSpec(text_field="text", id_field="id")
+
+
+def split(items):
+    return [i for i in items if isinstance(i, Document)], [i for i in items if isinstance(i, ErrorRow)]
+
+
+def test_jsonl_records_and_bad_lines_become_documents_or_error_rows(tmp_path):
+    path = tmp_path / "a.jsonl"
+    lines = [
+        b'\xef\xbb\xbf{"id": 7, "text": "first, after a BOM", "label": "x", "query": "q"}\r\n',
+        b'{"text": "no id here"}\n',
+        b"\n",  # blank: not a record
+        b"not json\n",
+        b"[1, 2]\n",
+        b'{"id": "n", "text": 5}\n',
+        b'{"id": "e", "text": "   "}\n',
+        b'{"id": "m", "body": "x"}\n',
+        b'{"id": "u", "text": "bad \xff utf8"}\n',
+    ]
+    path.write_bytes(b"".join(lines))
+    docs, errors = split(list(read_shard(str(path), SPEC)))
+    assert [(d.doc_id, d.record_index) for d in docs] == [("7", 0), (f"{path}#1", 1)]
+    assert docs[0].text == "first, after a BOM" and docs[0].fields == {"label": "x", "query": "q"}
+    assert all(d.source == str(path) and d.read_ms >= 0 for d in docs)
+    assert [(e.record_index, e.stage, e.error_type) for e in errors] == [
+        (3, "parse", "invalid_json"), (4, "parse", "not_an_object"), (5, "parse", "bad_field_type"),
+        (6, "parse", "empty_text"), (7, "parse", "missing_field"), (8, "parse", "invalid_utf8"),
+    ]
+    assert errors[0].raw == "not json\n" and errors[2].doc_id == "n"
+
+
+def test_truncated_gzip_keeps_what_was_read_and_reports_the_shard(tmp_path):
+    body = b"".join(json.dumps({"id": i, "text": f"document number {i} " * 20}).encode() + b"\n" for i in range(200))
+    full = gzip.compress(body)
+    good, cut = tmp_path / "good.jsonl.gz", tmp_path / "cut.jsonl.gz"
+    good.write_bytes(full)
+    cut.write_bytes(full[: len(full) // 2])
+    docs, errors = split(list(read_shard(str(good), SPEC)))
+    assert len(docs) == 200 and not errors
+    docs, errors = split(list(read_shard(str(cut), SPEC)))
+    assert 0 < len(docs) < 200
+    assert len(errors) == 1 and errors[0].record_index is None and errors[0].stage == "read"
+
+
+def test_parquet_rows_and_a_corrupt_parquet_file(tmp_path):
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 3], "text": ["one doc", None, "three"], "label": ["a", "b", None]}), path)
+    docs, errors = split(list(read_shard(str(path), SPEC)))
+    assert [(d.doc_id, d.record_index, d.fields) for d in docs] == [("1", 0, {"label": "a"}), ("3", 2, {})]
+    assert [(e.record_index, e.error_type) for e in errors] == [(1, "missing_field")]
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 this is not a parquet file")
+    docs, errors = split(list(read_shard(str(bad), SPEC)))
+    assert not docs and len(errors) == 1 and errors[0].record_index is None and errors[0].source == str(bad)
+
+
+def test_text_files_are_one_document_each_with_the_path_as_id(tmp_path):
+    good, bad = tmp_path / "note.md", tmp_path / "bad.txt"
+    good.write_text("# Title\n\nSome words.", encoding="utf-8")
+    bad.write_bytes(b"\xff\xfe broken")
+    docs, _ = split(list(read_shard(str(good), SPEC)))
+    assert [(d.doc_id, d.record_index, d.text) for d in docs] == [(str(good), 0, "# Title\n\nSome words.")]
+    _, errors = split(list(read_shard(str(bad), SPEC)))
+    assert [(e.record_index, e.error_type) for e in errors] == [(0, "invalid_utf8")]
+
+
+def test_missing_shard_is_an_error_row_not_a_crash(tmp_path):
+    items = list(read_shard(str(tmp_path / "gone.jsonl"), SPEC))
+    assert len(items) == 1 and isinstance(items[0], ErrorRow) and items[0].record_index is None
+
+
+def test_discover_shards_glob_directory_and_refusals(tmp_path):
+    (tmp_path / "d").mkdir()
+    for name in ("b.jsonl", "a.parquet", "c.jsonl.gz", "_SUCCESS", "notes.yaml"):
+        (tmp_path / "d" / name).write_text("")
+    assert discover_shards(str(tmp_path / "d")) == [str(tmp_path / "d" / n) for n in ("a.parquet", "b.jsonl", "c.jsonl.gz")]
+    assert discover_shards(str(tmp_path / "d" / "*.jsonl")) == [str(tmp_path / "d" / "b.jsonl")]
+    with pytest.raises(FileNotFoundError, match="matches no readable shard"):
+        discover_shards(str(tmp_path / "d" / "*.txt"))
+    with pytest.raises(ValueError, match="cannot read .*notes.yaml"):
+        discover_shards(str(tmp_path / "d" / "*"))
+
+
+def test_memory_filesystem_through_fsspec():
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/docscore-test/x/one.jsonl", b'{"id": "m1", "text": "in memory"}\n')
+    shards = discover_shards("memory://docscore-test/x/*.jsonl")
+    assert shards == ["memory:///docscore-test/x/one.jsonl"]  # fsspec's canonical memory URL
+    docs, _ = split(list(read_shard(shards[0], SPEC)))
+    assert [(d.doc_id, d.source) for d in docs] == [("m1", shards[0])]
+    fs.rm("/docscore-test", recursive=True)
