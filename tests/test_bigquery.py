@@ -1,0 +1,176 @@
+"""BigQuery output: schemas converted from the Parquet tables' pyarrow schemas (checked against
+Beam's and google-cloud-bigquery's own schema parsers), row conversion, the publish transaction,
+and the docscore graph with --output bq: built as a Dataflow job offline. Live BigQuery cannot be
+reached here, so nothing is loaded."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.bigquery import (
+    RUNS_SCHEMA,
+    TABLE_SCHEMAS,
+    BigQueryOutput,
+    bigquery_schema,
+    publish_script,
+    summary_to_run_row,
+    to_bigquery_row,
+)
+from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, TIMING_COLUMNS
+
+
+def by_name(schema: dict) -> dict:
+    return {f["name"]: f for f in schema["fields"]}
+
+
+@pytest.mark.parametrize("schema", [SCORES_SCHEMA, ERRORS_SCHEMA, RUNS_SCHEMA], ids=["scores", "errors", "runs"])
+def test_every_column_keeps_its_name_order_and_nullability(schema):
+    fields = bigquery_schema(schema)["fields"]
+    assert [f["name"] for f in fields] == schema.names
+    for arrow, bq in zip(schema, fields):
+        if pa.types.is_list(arrow.type):
+            assert bq["mode"] == "REPEATED"
+        else:
+            assert bq["mode"] == ("NULLABLE" if arrow.nullable else "REQUIRED"), arrow.name
+
+
+def test_scores_columns_map_to_bigquery_types():
+    f = by_name(bigquery_schema(SCORES_SCHEMA))
+    assert f["run_id"] == {"name": "run_id", "mode": "REQUIRED", "type": "STRING"}
+    assert f["record_index"] == {"name": "record_index", "mode": "REQUIRED", "type": "INTEGER"}
+    assert f["score"] == {"name": "score", "mode": "NULLABLE", "type": "FLOAT"}
+    assert f["truncated"] == {"name": "truncated", "mode": "REQUIRED", "type": "BOOLEAN"}
+    assert f["embedding"] == {"name": "embedding", "mode": "REPEATED", "type": "FLOAT"}
+    assert f["scores"] == {
+        "name": "scores", "mode": "REPEATED", "type": "RECORD",
+        "fields": [{"name": "label", "mode": "NULLABLE", "type": "STRING"},
+                   {"name": "score", "mode": "NULLABLE", "type": "FLOAT"}],
+    }
+    for name in TIMING_COLUMNS:
+        assert f[name] == {"name": name, "mode": "REQUIRED", "type": "FLOAT"}
+    errors = by_name(bigquery_schema(ERRORS_SCHEMA))
+    assert errors["record_index"]["mode"] == "NULLABLE"  # null: the error is about a whole shard
+    assert by_name(bigquery_schema(RUNS_SCHEMA))["started_at"]["type"] == "TIMESTAMP"
+
+
+def test_other_arrow_types():
+    schema = pa.schema([
+        pa.field("nested", pa.struct([("inner", pa.struct([("x", pa.int32())])), ("when", pa.date32())]), nullable=False),
+        pa.field("blob", pa.binary()),
+        pa.field("flags", pa.list_(pa.bool_())),
+    ])
+    f = by_name(bigquery_schema(schema))
+    assert f["nested"]["type"] == "RECORD" and f["nested"]["mode"] == "REQUIRED"
+    assert f["nested"]["fields"][0] == {"name": "inner", "mode": "NULLABLE", "type": "RECORD",
+                                        "fields": [{"name": "x", "mode": "NULLABLE", "type": "INTEGER"}]}
+    assert f["nested"]["fields"][1]["type"] == "DATE"
+    assert f["blob"]["type"] == "BYTES"
+    assert f["flags"] == {"name": "flags", "mode": "REPEATED", "type": "BOOLEAN"}
+    with pytest.raises(ValueError, match="list of lists"):
+        bigquery_schema(pa.schema([pa.field("m", pa.list_(pa.list_(pa.int64())))]))
+    with pytest.raises(ValueError, match="no BigQuery column type"):
+        bigquery_schema(pa.schema([pa.field("d", pa.dictionary(pa.int8(), pa.string()))]))
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_SCHEMAS))
+def test_beam_and_the_bigquery_client_accept_the_schemas(name):
+    from apache_beam.io.gcp.bigquery_tools import parse_table_schema_from_json
+    from google.cloud.bigquery import SchemaField
+
+    schema = bigquery_schema(TABLE_SCHEMAS[name])
+    table_schema = parse_table_schema_from_json(json.dumps(schema))
+    assert [f.name for f in table_schema.fields] == TABLE_SCHEMAS[name].names
+    for f in schema["fields"]:
+        field = SchemaField.from_api_repr(f)
+        assert (field.name, field.field_type, field.mode) == (f["name"], f["type"], f["mode"])
+        assert [sub.name for sub in field.fields] == [sub["name"] for sub in f.get("fields", [])]
+
+
+def test_rows_become_json_ready_bigquery_rows():
+    row = {
+        "run_id": "r1", "doc_id": "d1", "source": "gs://b/in/a.jsonl", "record_index": np.int64(3), "task": "classify",
+        "score": np.float64(0.9), "label": "sports", "gold_label": None,
+        "scores": [{"label": "sports", "score": np.float32(0.9)}, {"label": "tech", "score": 0.1}],
+        "embedding": None, "perplexity": None, "n_tokens": 12, "n_chunks": 1, "truncated": False,
+        "model_id": "minilm-l6", "attention_impl": "xla", **{c: 1.5 for c in TIMING_COLUMNS},
+    }
+    out = to_bigquery_row(row, SCORES_SCHEMA)
+    assert list(out) == SCORES_SCHEMA.names
+    assert out["embedding"] == []  # REPEATED columns cannot be null
+    assert out["record_index"] == 3 and type(out["record_index"]) is int
+    assert type(out["scores"][0]["score"]) is float
+    json.dumps(out)  # no numpy left
+    pa.Table.from_pylist([out], schema=SCORES_SCHEMA)  # and still the table's schema
+
+
+def test_bigquery_output_spec():
+    out = BigQueryOutput.parse("bq:my-project.evals.nightly")
+    assert out.table("scores") == "my-project.evals.nightly_scores"
+    assert out.staging_table("errors", "2026-01-01T00:00Z") == "my-project.evals.nightly_errors__staging_2026_01_01T00_00Z"
+    for bad in ("bq:my-project.evals", "bq:My_Project.evals.x", "bq:my-project.ev-als.x"):
+        with pytest.raises(ValueError, match="bq:PROJECT.DATASET.PREFIX"):
+            BigQueryOutput.parse(bad)
+
+
+def test_publish_replaces_a_run_in_one_transaction():
+    out = BigQueryOutput.parse("bq:my-project.evals.nightly")
+    lines = publish_script(out, "run-7").splitlines()
+    begin, commit = lines.index("BEGIN TRANSACTION;"), lines.index("COMMIT TRANSACTION;")
+    inside, after = lines[begin + 1:commit], lines[commit + 1:]
+    for name, schema in TABLE_SCHEMAS.items():
+        delete = f"DELETE FROM `my-project.evals.nightly_{name}` WHERE run_id = run;"
+        assert delete in inside
+        insert = next(line for line in inside if line.startswith(f"INSERT INTO `my-project.evals.nightly_{name}`"))
+        assert inside.index(delete) < inside.index(insert)
+        assert f"FROM `my-project.evals.nightly_{name}__staging_run_7`" in insert
+        assert insert.count("`record_index`" if "record_index" in schema.names else "`run_id`") == 2
+        assert f"DROP TABLE IF EXISTS `my-project.evals.nightly_{name}__staging_run_7`;" in after
+    assert lines[0] == 'DECLARE run STRING DEFAULT "run-7";'
+
+
+def test_run_row_from_a_summary():
+    summary = {
+        "run_id": "r1", "task": "embed", "started_at": "2026-01-01T00:00:00+00:00",
+        "finished_at": "2026-01-01T00:01:00+00:00", "wall_s": 60.0,
+        "model": {"model_id": "minilm-l6", "fingerprint": "abc"}, "kernel": {"requested": "auto", "resolved": "xla"},
+        "backend": {"target": "cpu"}, "counts": {"records": 10, "scored": 9, "errors": 1},
+        "throughput": {"docs_per_s": 0.15}, "timing": {"stages": {}},
+    }
+    row = to_bigquery_row(summary_to_run_row(summary), RUNS_SCHEMA)
+    assert row["scored"] == 9 and row["attention_impl"] == "xla" and row["backend"] == "cpu"
+    assert json.loads(row["summary_json"]) == summary
+    table = pa.Table.from_pylist([{**row, "started_at": None, "finished_at": None}], schema=RUNS_SCHEMA)
+    assert table.num_rows == 1
+
+
+def test_docscore_graph_with_bigquery_output_builds_a_dataflow_job(monkeypatch, tmp_path):
+    """--output bq:... goes through sinks.write_table into WriteToBigQuery (file loads) in the real
+    graph; built with DataflowRunner --dry_run, nothing reaches Google."""
+    import apache_beam as beam
+
+    from pipeline import sinks
+    from pipeline.options import parse_options
+    from pipeline.run import build_pipeline
+    from pipeline.validate import validate
+
+    monkeypatch.setenv("DOCSCORE_PROJECT", "docscore-test")
+    monkeypatch.setenv("DOCSCORE_REGION", "us-central1")
+    monkeypatch.setenv("DOCSCORE_TEMP_LOCATION", "gs://docscore-test-bucket/tmp")
+    monkeypatch.setenv("DOCSCORE_IMAGE", "us-docker.pkg.dev/docscore-test/docscore/worker:tpu")
+    shard = tmp_path / "in.jsonl"
+    shard.write_text('{"id": "a", "text": "one document"}\n')
+    options, eo = parse_options(["--preset", "dataflow-tpu-v5e", "--input", str(shard),
+                                 "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
+                                 "--max_seq_len", "64", "--no_auth", "--dry_run=True"])
+    plan = validate(eo)
+    out = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format, options.get_all_options()["temp_location"])
+    p = beam.Pipeline(options=options)
+    build_pipeline(p, eo, plan, out)
+    job = p.run().job
+    names = {t.unique_name for t in job.proto_pipeline.components.transforms.values()}
+    for table in ("Scores", "Errors"):
+        loads = [n for n in names if n.startswith(f"Write{table}ToBigQuery/Load")]
+        assert loads, f"no BigQuery load for {table}: {sorted(names)[:20]}"
