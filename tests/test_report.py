@@ -58,10 +58,18 @@ def finished_run(tmp_path_factory):
     argv = ["--input", str(shard), "--output", output, "--task", "classify", "--labels", labels,
             "--run_id", "r1", "--max_seq_len", "64", "--batch_size", "8"]
     assert pipeline_run.main(argv) == 0
+    run_files = {p.name for p in (root / "out/runs/run_id=r1").iterdir()}
     summary = json.loads((root / "out/runs/run_id=r1/summary.json").read_text())
-    history.write_history_row(output, summary)  # until run.py calls these at the end of a run
+    history.write_history_row(output, summary)  # what run.py is to call at the end of a run (see below)
     assert report.main([f"{output}/runs/run_id=r1"]) == 0
-    return output, summary
+    return output, summary, run_files
+
+
+@pytest.mark.xfail(strict=True, reason="lead: pipeline/run.py main() does not yet call progress.run_with_progress, "
+                   "history.write_history_row and report.write_report (remove this marker once it does)")
+def test_the_run_itself_writes_report_history_and_progress(finished_run):
+    *_, run_files = finished_run
+    assert {"summary.json", "progress.json", "history.parquet", "report.html"} <= run_files
 
 
 def _scores(output):
@@ -73,7 +81,7 @@ def _errors(output):
 
 
 def test_report_opens_in_chromium_with_every_chart(finished_run, tmp_path):
-    output, summary = finished_run
+    output, summary, run_files = finished_run
     path = Path(report.report_path(output, "r1"))
     page = path.read_text()
     # self-contained: nothing fetched from anywhere, every image inline
@@ -98,7 +106,8 @@ def test_report_opens_in_chromium_with_every_chart(finished_run, tmp_path):
         browser.quit()
     assert console == [], f"console errors: {console}"
     alts = [alt for alt, *_ in images]
-    assert alts == ["Time per stage", "Per-stage latency distribution", "Label distribution", "Errors by stage / type"]
+    throughput = ["Throughput over the run"] if "progress.json" in run_files else []  # see the xfail test above
+    assert alts == ["Time per stage", "Per-stage latency distribution", *throughput, "Label distribution", "Errors by stage / type"]
     assert all(complete and width > 0 and height > 0 for _, complete, width, height in images), images
     assert screenshot.stat().st_size > 10_000
 
@@ -123,7 +132,7 @@ def _chromium(tmp_path):
 
 
 def test_history_row_agrees_with_the_tables(finished_run):
-    output, summary = finished_run
+    output, summary, run_files = finished_run
     rows = duckdb.sql(f"SELECT * FROM '{history.history_glob(output)}'").fetchall()
     assert len(rows) == 1
     row = history.history_row(summary)
@@ -146,7 +155,7 @@ def test_history_row_agrees_with_the_tables(finished_run):
 
 
 def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_run, tmp_path, capsys):
-    output, _ = finished_run
+    output, *_ = finished_run
     assert report.main([output]) == 0  # the output DIR alone: the run that finished last
     assert capsys.readouterr().out.strip() == report.report_path(output, "r1")
     assert report.main([str(tmp_path / "nowhere")]) == 2
@@ -169,7 +178,7 @@ def queries_from_docs() -> list[tuple[str, str]]:
 
 
 def test_every_query_in_docs_runs_on_the_run(finished_run):
-    output, summary = finished_run
+    output, summary, run_files = finished_run
     queries = queries_from_docs()
     assert len(queries) >= 6
     results = {}
