@@ -191,3 +191,25 @@ def test_every_query_in_docs_runs_on_the_run(finished_run):
     assert results["Accuracy per run"] == [("r1", len(scores), pytest.approx(summary["task_metrics"]["accuracy"]))]
     assert results["Runs over time"][0][0] == "r1"
     assert results["Runs over time"][0][-2] == pytest.approx(summary["task_metrics"]["accuracy"])
+
+
+def test_report_reads_jsonl_tables_like_parquet(finished_run, tmp_path):
+    """--output_format jsonl: the same run's rows as the JSON lines the sink writes, read back the same."""
+    output, summary, _ = finished_run
+    jsonl_out = tmp_path / "out"
+    for table in ("scores", "errors"):
+        part = jsonl_out / table / "run_id=r1" / "part-00000-of-00001.jsonl"
+        part.parent.mkdir(parents=True)
+        rows = pq.read_table(f"{output}/{table}/run_id=r1").to_pylist()
+        part.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run_dir = jsonl_out / "runs" / "run_id=r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "config": {**summary["config"], "output_format": "jsonl"}}))
+    from_jsonl = report.load_run(str(jsonl_out), "r1")
+    from_parquet = report.load_run(output, "r1")
+    for table in ("scores", "errors"):
+        a, b = getattr(from_jsonl, table), getattr(from_parquet, table)
+        assert a.column_names == b.column_names
+        assert a.to_pylist() == b.to_pylist()  # JSON keeps doubles exactly
+    assert report.main([str(run_dir)]) == 0
+    assert (run_dir / "report.html").read_text().count("data:image/png;base64,") >= 4
