@@ -1,0 +1,352 @@
+"""`docscore compare RUN_A RUN_B`: how run B differs from run A, and whether that is within limits.
+
+Holds the run loading (published partitions only: a partition without _SUCCESS is refused), the pure
+comparison (score drift, label flips, embedding drift, count and timing changes), the threshold
+check and the report. Must not change either run (it only reads them); exit status 1 means a limit
+was exceeded.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import posixpath
+import sys
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.json as pa_json
+
+from pipeline.history import STAGE_TIMING, STAGES, WALL_S, summary_value
+
+SUCCESS = "_SUCCESS"
+TABLES = ("scores", "errors", "runs")
+SCORE_COLUMNS = ("doc_id", "source", "record_index", "task", "score", "label", "embedding")
+KEYS = {"source_record": ("source", "record_index"), "doc_id": ("doc_id",)}
+EXIT_OK, EXIT_THRESHOLD, EXIT_USAGE = 0, 1, 2
+
+USAGE = """\
+RUN_A and RUN_B name a run by one of its published partitions, DIR/<table>/run_id=ID, where <table>
+is scores, errors or runs (the paths `docscore run` prints); DIR may be local or gs://. Documents
+are matched on (source, record_index) by default (--key doc_id matches on doc_id).
+Exit status: 0 within every limit, 1 a limit exceeded (listed), 2 a run cannot be compared."""
+
+
+class CompareError(Exception):
+    """A run cannot be compared (missing or unpublished partition, bad reference); exit 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRef:
+    output_dir: str
+    run_id: str
+
+    @classmethod
+    def parse(cls, text: str) -> "RunRef":
+        path = text.rstrip("/")
+        base, table = posixpath.basename(path), posixpath.basename(posixpath.dirname(path))
+        if not base.startswith("run_id=") or table not in TABLES or len(base) == len("run_id="):
+            raise CompareError(
+                f"{text!r} is not a run partition; pass DIR/scores/run_id=ID (or DIR/errors/..., DIR/runs/...) "
+                f"as printed by `docscore run`")
+        return cls(posixpath.dirname(posixpath.dirname(path)), base[len("run_id="):])
+
+    def partition(self, table: str) -> str:
+        return posixpath.join(self.output_dir, table, f"run_id={self.run_id}")
+
+    def __str__(self) -> str:
+        return self.partition("scores")
+
+
+@dataclasses.dataclass
+class LoadedRun:
+    ref: RunRef
+    scores: pa.Table
+    n_errors: int
+    summary: dict[str, Any] | None  # None: the run's summary partition is missing or unpublished
+    notes: list[str]
+
+
+@dataclasses.dataclass
+class Partition:
+    """The files of a published partition (one that has _SUCCESS), on their file system."""
+
+    fs: Any
+    files: list[str]
+
+
+def published(partition: str) -> Partition | None:
+    """The data files of `partition`, or None when it is missing or has no _SUCCESS."""
+    fs, path = fsspec.core.url_to_fs(partition)
+    if not fs.exists(posixpath.join(path, SUCCESS)):
+        return None
+    names = sorted(p for p in fs.ls(path, detail=False) if not posixpath.basename(p).startswith(("_", ".")))
+    return Partition(fs, names)
+
+
+def read_parts(partition: Partition, columns: tuple[str, ...]) -> pa.Table:
+    """Parquet or JSONL part files -> one table with the columns that exist."""
+    tables = []
+    for path in partition.files:
+        if path.endswith(".parquet"):
+            dataset = ds.dataset(path, format="parquet", filesystem=partition.fs)
+            tables.append(dataset.to_table(columns=[c for c in columns if c in dataset.schema.names]))
+        elif path.endswith(".jsonl"):
+            with partition.fs.open(path, "rb") as f:
+                data = f.read()
+            if data.strip():  # a shard that got no rows is an empty file
+                t = pa_json.read_json(pa.BufferReader(data))
+                tables.append(t.select([c for c in columns if c in t.schema.names]))
+    if not tables:
+        return pa.table({c: pa.array([], pa.null()) for c in columns})
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def load_run(ref: RunRef) -> LoadedRun:
+    notes = []
+    scores = published(ref.partition("scores"))
+    if scores is None:
+        raise CompareError(
+            f"{ref.partition('scores')} has no {SUCCESS}: the run did not finish publishing (or is being "
+            f"rewritten) and is ignored; compare runs whose partitions carry {SUCCESS}")
+    errors = published(ref.partition("errors"))
+    if errors is None:
+        notes.append(f"{ref.partition('errors')} has no {SUCCESS}: its errors are not counted")
+    summary = None
+    runs = published(ref.partition("runs"))
+    summary_files = [p for p in (runs.files if runs else []) if posixpath.basename(p) == "summary.json"]
+    if summary_files:
+        with runs.fs.open(summary_files[0], "r") as f:
+            summary = json.load(f)
+    else:
+        notes.append(f"{ref.partition('runs')} has no published summary.json: timing is not compared")
+    n_errors = read_parts(errors, ("run_id",)).num_rows if errors else 0
+    return LoadedRun(ref, read_parts(scores, SCORE_COLUMNS), n_errors, summary, notes)
+
+
+# ---- the comparison (pure) ------------------------------------------------------------------------
+
+
+def _keys(table: pa.Table, key: str) -> list[tuple]:
+    columns = [table.column(c).to_pylist() if c in table.column_names else [None] * table.num_rows for c in KEYS[key]]
+    return list(zip(*columns))
+
+
+def _column(table: pa.Table, name: str) -> list:
+    return table.column(name).to_pylist() if name in table.column_names else [None] * table.num_rows
+
+
+def _stats(values: np.ndarray) -> dict[str, float | None]:
+    if values.size == 0:
+        return {"mean": None, "max": None}
+    return {"mean": float(values.mean()), "max": float(values.max())}
+
+
+def _relative_change(a: int, b: int) -> float:
+    return abs(b - a) / max(a, 1)
+
+
+def compare_tables(scores_a: pa.Table, scores_b: pa.Table, key: str = "source_record") -> dict[str, Any]:
+    """Documents matched on `key`: counts, |score_b - score_a|, label flips, 1 - cos(embeddings)."""
+    keys_a, keys_b = _keys(scores_a, key), _keys(scores_b, key)
+    index_a = {k: i for i, k in enumerate(keys_a)}
+    index_b = {k: i for i, k in enumerate(keys_b)}
+    matched = [(index_a[k], index_b[k]) for k in index_b if k in index_a]
+    ia = np.array([i for i, _ in matched], dtype=np.int64)
+    ib = np.array([j for _, j in matched], dtype=np.int64)
+
+    score_a, score_b = _column(scores_a, "score"), _column(scores_b, "score")
+    pairs = [(score_a[i], score_b[j]) for i, j in matched if score_a[i] is not None and score_b[j] is not None]
+    score_diff = np.array([abs(b - a) for a, b in pairs], dtype=np.float64)
+
+    label_a, label_b = _column(scores_a, "label"), _column(scores_b, "label")
+    labelled = [(label_a[i], label_b[j]) for i, j in matched if label_a[i] is not None and label_b[j] is not None]
+    flips = sum(a != b for a, b in labelled)
+
+    emb_a, emb_b = _column(scores_a, "embedding"), _column(scores_b, "embedding")
+    cos_drift = []
+    for i, j in zip(ia, ib):
+        if emb_a[i] is not None and emb_b[j] is not None and len(emb_a[i]) == len(emb_b[j]) and len(emb_a[i]):
+            a, b = np.asarray(emb_a[i], np.float64), np.asarray(emb_b[j], np.float64)
+            denominator = np.linalg.norm(a) * np.linalg.norm(b)
+            cos_drift.append(1.0 - float(a @ b / denominator) if denominator else math.nan)
+    tasks_a, tasks_b = sorted(set(filter(None, _column(scores_a, "task")))), sorted(set(filter(None, _column(scores_b, "task"))))
+    return {
+        "key": key,
+        "tasks": {"a": tasks_a, "b": tasks_b},
+        "documents": {
+            "a": scores_a.num_rows,
+            "b": scores_b.num_rows,
+            "matched": len(matched),
+            "only_in_a": len(index_a.keys() - index_b.keys()),
+            "only_in_b": len(index_b.keys() - index_a.keys()),
+            "duplicate_keys_a": len(keys_a) - len(index_a),
+            "duplicate_keys_b": len(keys_b) - len(index_b),
+        },
+        "score_drift": {"compared": int(score_diff.size), **_stats(score_diff)},
+        "label_flips": {
+            "compared": len(labelled),
+            "flipped": int(flips),
+            "fraction": flips / len(labelled) if labelled else None,
+        },
+        "embedding_drift": {"compared": len(cos_drift), **_stats(np.array(cos_drift, dtype=np.float64))},
+    }
+
+
+def compare_timing(summary_a: dict[str, Any] | None, summary_b: dict[str, Any] | None) -> dict[str, Any]:
+    """Per stage (summary.json timing.stages): total and p50/p95 in ms for A and B, and B/A ratios."""
+    if summary_a is None or summary_b is None:
+        return {}
+    stages = {}
+    for stage in STAGES:
+        a = summary_value(summary_a, f"{STAGE_TIMING}.{stage}") or {}
+        b = summary_value(summary_b, f"{STAGE_TIMING}.{stage}") or {}
+        entry = {}
+        for stat in ("total_ms", "p50", "p95"):
+            va, vb = a.get(stat), b.get(stat)
+            entry[stat] = {"a": va, "b": vb, "ratio": (vb / va) if va and vb is not None else None}
+        stages[stage] = entry
+    wall_a, wall_b = summary_value(summary_a, WALL_S), summary_value(summary_b, WALL_S)
+    return {"stages": stages, "wall_s": {"a": wall_a, "b": wall_b, "ratio": (wall_b / wall_a) if wall_a and wall_b is not None else None}}
+
+
+def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict[str, Any]:
+    result = {"run_a": str(a.ref), "run_b": str(b.ref), **compare_tables(a.scores, b.scores, key)}
+    result["errors"] = {"a": a.n_errors, "b": b.n_errors}
+    result["count_change"] = {
+        "scored": _relative_change(a.scores.num_rows, b.scores.num_rows),
+        "errors": _relative_change(a.n_errors, b.n_errors),
+    }
+    result["timing"] = compare_timing(a.summary, b.summary)
+    result["notes"] = [f"run A: {n}" for n in a.notes] + [f"run B: {n}" for n in b.notes]
+    return result
+
+
+# ---- limits --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_mean_drift: float | None = 0.01
+    max_max_drift: float | None = None
+    max_label_flip_fraction: float | None = 0.05
+    max_embedding_drift: float | None = 0.01  # mean 1 - cosine
+    max_count_change: float | None = None  # |B - A| / A of scored rows and of error rows
+    max_stage_slowdown: float | None = None  # B/A of each stage's p50
+
+
+def violations(result: dict[str, Any], limits: Limits) -> list[str]:
+    """Every limit the comparison exceeds, as a sentence naming the flag."""
+    found = []
+
+    def over(value, limit, flag, what):
+        if limit is not None and value is not None and (value > limit or (isinstance(value, float) and math.isnan(value))):
+            found.append(f"{what} {value:.6g} > --{flag}={limit:g}")
+
+    if result["tasks"]["a"] != result["tasks"]["b"]:
+        found.append(f"the runs scored different tasks ({result['tasks']['a']} vs {result['tasks']['b']})")
+    if result["key"] == "source_record":
+        for side in ("a", "b"):
+            if result["documents"][f"duplicate_keys_{side}"]:
+                found.append(f"run {side.upper()} has {result['documents'][f'duplicate_keys_{side}']} duplicated "
+                             "(source, record_index) rows")
+    over(result["score_drift"]["mean"], limits.max_mean_drift, "max_mean_drift", "mean |score drift|")
+    over(result["score_drift"]["max"], limits.max_max_drift, "max_max_drift", "max |score drift|")
+    over(result["label_flips"]["fraction"], limits.max_label_flip_fraction, "max_label_flip_fraction", "label flip fraction")
+    over(result["embedding_drift"]["mean"], limits.max_embedding_drift, "max_embedding_drift", "mean embedding drift (1 - cos)")
+    for name, change in result["count_change"].items():
+        over(change, limits.max_count_change, "max_count_change", f"{name} count change")
+    for stage, entry in result.get("timing", {}).get("stages", {}).items():
+        over(entry["p50"]["ratio"], limits.max_stage_slowdown, "max_stage_slowdown", f"{stage} p50 slowdown (B/A)")
+    return found
+
+
+# ---- report and command --------------------------------------------------------------------------
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def format_report(result: dict[str, Any], problems: list[str]) -> str:
+    d, s, f, e = result["documents"], result["score_drift"], result["label_flips"], result["embedding_drift"]
+    lines = [
+        f"docscore compare  A = {result['run_a']}",
+        f"                  B = {result['run_b']}",
+        f"documents   A {d['a']}  B {d['b']}  matched {d['matched']} on {result['key']}  "
+        f"only in A {d['only_in_a']}  only in B {d['only_in_b']}",
+        f"errors      A {result['errors']['a']}  B {result['errors']['b']}  "
+        f"(count change: scored {_num(result['count_change']['scored'])}, errors {_num(result['count_change']['errors'])})",
+        f"score drift mean {_num(s['mean'])}  max {_num(s['max'])}  over {s['compared']} documents",
+        f"label flips {f['flipped']} of {f['compared']} ({_num(f['fraction'])})",
+        f"embedding   mean 1-cos {_num(e['mean'])}  max {_num(e['max'])}  over {e['compared']} documents",
+    ]
+    timing = result.get("timing") or {}
+    if timing:
+        lines.append(f"timing      {'stage':<12} {'p50 ms A -> B':>24} {'ratio':>7}   {'total ms A -> B':>26} {'ratio':>7}")
+        for stage, entry in timing["stages"].items():
+            p50, total = entry["p50"], entry["total_ms"]
+            lines.append(f"            {stage:<12} {_num(p50['a']) + ' -> ' + _num(p50['b']):>24} {_num(p50['ratio'], 3):>7}"
+                         f"   {_num(total['a']) + ' -> ' + _num(total['b']):>26} {_num(total['ratio'], 3):>7}")
+        wall = timing["wall_s"]
+        lines.append(f"            {'wall s':<12} {_num(wall['a']) + ' -> ' + _num(wall['b']):>24} {_num(wall['ratio'], 3):>7}")
+    lines += [f"note: {n}" for n in result["notes"]]
+    lines += [f"LIMIT EXCEEDED: {p}" for p in problems] or ["within every limit"]
+    return "\n".join(lines)
+
+
+def limit_value(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; pass e.g. 0.01, or none to skip the check") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="docscore compare", description=__doc__.split("\n")[0], epilog=USAGE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_a", metavar="RUN_A", help="the reference run: DIR/scores/run_id=ID")
+    parser.add_argument("run_b", metavar="RUN_B", help="the run compared with it: DIR/scores/run_id=ID")
+    parser.add_argument("--key", choices=sorted(KEYS), default="source_record", help="how documents are matched")
+    defaults = Limits()
+    for field in dataclasses.fields(Limits):
+        parser.add_argument(f"--{field.name}", type=limit_value, default=getattr(defaults, field.name),
+                            help=f"limit (default {getattr(defaults, field.name)}; 'none': not checked)")
+    parser.add_argument("--json", metavar="FILE", default=None, help="also write the comparison as JSON ('-': stdout, instead of the report)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+    try:
+        a, b = load_run(RunRef.parse(args.run_a)), load_run(RunRef.parse(args.run_b))
+    except CompareError as e:
+        print(f"docscore compare: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    result = compare_runs(a, b, args.key)
+    problems = violations(result, limits)
+    result["limits"] = dataclasses.asdict(limits)
+    result["violations"] = problems
+    if args.json == "-":
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(format_report(result, problems))
+        if args.json:
+            with fsspec.open(args.json, "w") as f:
+                f.write(json.dumps(result, indent=2, sort_keys=True))
+    return EXIT_THRESHOLD if problems else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

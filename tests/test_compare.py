@@ -1,0 +1,213 @@
+"""`docscore compare`: two run partitions written with the pipeline's own table schemas; the numbers
+it reports are checked against numpy computed here, and its exit status against the limits."""
+from __future__ import annotations
+
+import json
+import posixpath
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.cli import main as docscore
+from pipeline.compare import main as compare
+from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, TIMING_COLUMNS
+
+pytest_plugins = ["gcs_support"]
+LABELS = ("sports", "tech", "politics")
+
+
+def score_rows(run_id: str, task: str, n: int, *, scores=None, labels=None, embeddings=None, start: int = 0) -> list[dict]:
+    rows = []
+    for k, i in enumerate(range(start, start + n)):
+        rows.append({
+            "run_id": run_id, "doc_id": f"doc-{i}", "source": "gs://bucket/in/shard-0.jsonl", "record_index": i,
+            "task": task, "score": None if scores is None else float(scores[k]),
+            "label": None if labels is None else labels[k], "gold_label": None,
+            "scores": None, "embedding": None if embeddings is None else [float(x) for x in embeddings[k]],
+            "perplexity": None, "n_tokens": 10 + i, "n_chunks": 1, "truncated": False,
+            "model_id": "minilm-l6", "attention_impl": "xla", **{c: 1.0 for c in TIMING_COLUMNS},
+        })
+    return rows
+
+
+def summary(run_id: str, task: str, infer_p50: float = 10.0, wall_s: float = 30.0) -> dict:
+    stages = {s: {"total_ms": 100.0, "p50": 1.0, "p95": 2.0, "p99": 3.0} for s in ("read", "tokenize", "postprocess")}
+    stages["infer"] = {"total_ms": infer_p50 * 50, "p50": infer_p50, "p95": infer_p50 * 2, "p99": infer_p50 * 3}
+    return {"run_id": run_id, "task": task, "wall_s": wall_s, "timing": {"stages": stages, "wall_s": wall_s}}
+
+
+def write_run(out: str, run_id: str, rows: list[dict], *, n_errors: int = 0, run_summary: dict | None = None,
+              publish: bool = True, fmt: str = "parquet") -> str:
+    """DIR/{scores,errors,runs}/run_id=ID as `docscore run` publishes them (two part files for scores)."""
+    fs, root = fsspec.core.url_to_fs(out)
+    errors = [{"run_id": run_id, "doc_id": None, "source": "gs://bucket/in/bad.jsonl", "record_index": i,
+               "stage": "parse", "error_type": "JSONDecodeError", "message": "bad", "raw": "{"} for i in range(n_errors)]
+    for table, schema, chunks in (("scores", SCORES_SCHEMA, [rows[: len(rows) // 2], rows[len(rows) // 2:]]),
+                                  ("errors", ERRORS_SCHEMA, [errors])):
+        part_dir = posixpath.join(root, table, f"run_id={run_id}")
+        fs.makedirs(part_dir, exist_ok=True)
+        for k, chunk in enumerate(chunks):
+            path = posixpath.join(part_dir, f"part-{k:05d}-of-{len(chunks):05d}.{fmt}")
+            if fmt == "parquet":
+                with fs.open(path, "wb") as f:
+                    pq.write_table(pa.Table.from_pylist(chunk, schema=schema), f)
+            else:
+                fs.pipe(path, "".join(json.dumps(r) + "\n" for r in chunk).encode())
+        if publish:
+            fs.pipe(posixpath.join(part_dir, "_SUCCESS"), b"")
+    runs_dir = posixpath.join(root, "runs", f"run_id={run_id}")
+    fs.makedirs(runs_dir, exist_ok=True)
+    fs.pipe(posixpath.join(runs_dir, "summary.json"), json.dumps(run_summary or summary(run_id, rows[0]["task"])).encode())
+    fs.pipe(posixpath.join(runs_dir, "_SUCCESS"), b"")
+    return f"{out.rstrip('/')}/scores/run_id={run_id}"
+
+
+def run_compare(capsys, *args) -> tuple[int, dict]:
+    code = compare([*map(str, args), "--json", "-"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_identical_runs_are_within_every_limit(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    scores = rng.uniform(0, 1, 20)
+    labels = [LABELS[i % 3] for i in range(20)]
+    a = write_run(str(tmp_path), "a", score_rows("a", "classify", 20, scores=scores, labels=labels), n_errors=2)
+    b = write_run(str(tmp_path), "b", score_rows("b", "classify", 20, scores=scores, labels=labels), n_errors=2)
+    code, result = run_compare(capsys, a, b)
+    assert code == 0, result["violations"]
+    assert result["documents"]["matched"] == 20
+    assert result["score_drift"] == {"compared": 20, "mean": 0.0, "max": 0.0}
+    assert result["label_flips"]["flipped"] == 0
+    assert result["errors"] == {"a": 2, "b": 2}
+
+
+def test_score_drift_and_label_flips(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    n = 40
+    score_a = rng.uniform(0, 1, n)
+    score_b = score_a + rng.normal(0, 0.003, n)
+    labels_a = [LABELS[i % 3] for i in range(n)]
+    labels_b = list(labels_a)
+    for i in (3, 17, 30):
+        labels_b[i] = LABELS[(i + 1) % 3]
+    a = write_run(str(tmp_path), "a", score_rows("a", "classify", n, scores=score_a, labels=labels_a))
+    b = write_run(str(tmp_path), "b", score_rows("b", "classify", n, scores=score_b, labels=labels_b))
+    code, result = run_compare(capsys, a, b)
+    drift = np.abs(score_b - score_a)
+    assert result["score_drift"]["mean"] == pytest.approx(drift.mean(), rel=1e-9)
+    assert result["score_drift"]["max"] == pytest.approx(drift.max(), rel=1e-9)
+    assert result["label_flips"] == {"compared": n, "flipped": 3, "fraction": 3 / n}
+    assert code == 1  # 7.5% flips > the default 5%
+    assert any("--max_label_flip_fraction" in v for v in result["violations"])
+    code, _ = run_compare(capsys, a, b, "--max_label_flip_fraction", "0.1")
+    assert code == 0
+    code, result = run_compare(capsys, a, b, "--max_label_flip_fraction", "0.1", "--max_max_drift", str(drift.max() / 2))
+    assert code == 1 and any("--max_max_drift" in v for v in result["violations"])
+
+
+def test_count_changes_and_unmatched_documents(tmp_path, capsys):
+    a = write_run(str(tmp_path), "a", score_rows("a", "similarity", 10, scores=np.arange(10) / 10), n_errors=1)
+    # B lost documents 0 and 1 and has one new document (10); errors went from 1 to 3
+    b = write_run(str(tmp_path), "b", score_rows("b", "similarity", 9, scores=np.arange(2, 11) / 10, start=2), n_errors=3)
+    code, result = run_compare(capsys, a, b)
+    assert result["documents"] == {"a": 10, "b": 9, "matched": 8, "only_in_a": 2, "only_in_b": 1,
+                                   "duplicate_keys_a": 0, "duplicate_keys_b": 0}
+    assert result["count_change"] == {"scored": pytest.approx(0.1), "errors": pytest.approx(2.0)}
+    assert result["score_drift"] == {"compared": 8, "mean": 0.0, "max": 0.0}
+    assert code == 0  # counts are not limited by default
+    code, result = run_compare(capsys, a, b, "--max_count_change", "0.5")
+    assert code == 1 and any("errors count change" in v for v in result["violations"])
+
+
+def test_embedding_cosine_drift(tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    emb_a = rng.normal(size=(12, 16)).astype(np.float32)
+    emb_b = (emb_a + rng.normal(0, 0.05, size=emb_a.shape)).astype(np.float32)
+    a = write_run(str(tmp_path), "a", score_rows("a", "embed", 12, embeddings=emb_a))
+    b = write_run(str(tmp_path), "b", score_rows("b", "embed", 12, embeddings=emb_b))
+    code, result = run_compare(capsys, a, b, "--max_embedding_drift", "1")
+    a64, b64 = emb_a.astype(np.float64), emb_b.astype(np.float64)
+    drift = 1 - (a64 * b64).sum(1) / np.linalg.norm(a64, axis=1) / np.linalg.norm(b64, axis=1)
+    assert result["embedding_drift"]["compared"] == 12
+    assert result["embedding_drift"]["mean"] == pytest.approx(drift.mean(), rel=1e-6)
+    assert result["embedding_drift"]["max"] == pytest.approx(drift.max(), rel=1e-6)
+    assert result["score_drift"]["compared"] == 0  # embed rows have no score
+    assert code == 0
+    code, _ = run_compare(capsys, a, b, "--max_embedding_drift", str(drift.mean() / 2))
+    assert code == 1
+
+
+def test_stage_timing_change(tmp_path, capsys):
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
+    a = write_run(str(tmp_path), "a", rows, run_summary=summary("a", "embed", infer_p50=10.0, wall_s=30.0))
+    b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows],
+                  run_summary=summary("b", "embed", infer_p50=25.0, wall_s=45.0))
+    code, result = run_compare(capsys, a, b)
+    assert code == 0
+    infer = result["timing"]["stages"]["infer"]
+    assert infer["p50"] == {"a": 10.0, "b": 25.0, "ratio": 2.5}
+    assert result["timing"]["stages"]["read"]["p50"]["ratio"] == 1.0
+    assert result["timing"]["wall_s"]["ratio"] == pytest.approx(1.5)
+    code, result = run_compare(capsys, a, b, "--max_stage_slowdown", "2")
+    assert code == 1 and result["violations"] == ["infer p50 slowdown (B/A) 2.5 > --max_stage_slowdown=2"]
+
+
+def test_unpublished_partition_is_refused(tmp_path, capsys):
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
+    a = write_run(str(tmp_path), "a", rows)
+    b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows], publish=False)
+    assert compare([a, b]) == 2
+    err = capsys.readouterr().err
+    assert "run_id=b has no _SUCCESS" in err and "ignored" in err
+
+
+def test_errors_without_success_are_noted(tmp_path, capsys):
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
+    a = write_run(str(tmp_path), "a", rows, n_errors=2)
+    b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows], n_errors=2)
+    (tmp_path / "errors" / "run_id=b" / "_SUCCESS").unlink()
+    code, result = run_compare(capsys, a, b)
+    assert result["errors"] == {"a": 2, "b": 0}
+    assert any("errors/run_id=b has no _SUCCESS" in n for n in result["notes"])
+
+
+def test_duplicates_and_task_mismatch_are_violations(tmp_path, capsys):
+    rows = score_rows("a", "classify", 5, scores=np.ones(5), labels=["tech"] * 5)
+    a = write_run(str(tmp_path), "a", rows)
+    b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows + rows[:2]])
+    code, result = run_compare(capsys, a, b)
+    assert code == 1 and result["documents"]["duplicate_keys_b"] == 2
+    c = write_run(str(tmp_path), "c", score_rows("c", "similarity", 5, scores=np.ones(5)))
+    code, result = run_compare(capsys, a, c)
+    assert code == 1 and any("different tasks" in v for v in result["violations"])
+
+
+def test_readable_report_through_the_docscore_command(tmp_path, capsys):
+    rows = score_rows("a", "classify", 6, scores=np.linspace(0, 1, 6), labels=["tech"] * 6)
+    a = write_run(str(tmp_path), "a", rows, fmt="jsonl")
+    b = write_run(str(tmp_path), "b", [dict(r, run_id="b", label="sports") if r["record_index"] == 0 else dict(r, run_id="b") for r in rows],
+                  fmt="jsonl")
+    json_file = tmp_path / "cmp.json"
+    code = docscore(["compare", a, b.replace("/scores/", "/runs/"), "--json", str(json_file)])
+    report = capsys.readouterr().out
+    assert code == 1
+    assert "label flips 1 of 6" in report
+    assert "LIMIT EXCEEDED: label flip fraction 0.166667 > --max_label_flip_fraction=0.05" in report
+    assert json.loads(json_file.read_text())["label_flips"]["flipped"] == 1
+    assert docscore(["compare", str(tmp_path / "scores"), b]) == 2
+    assert "is not a run partition" in capsys.readouterr().err
+
+
+def test_compare_runs_on_gcs(gcs, capsys):
+    rng = np.random.default_rng(3)
+    emb = rng.normal(size=(6, 8))
+    a = write_run(gcs.url("out"), "a", score_rows("a", "embed", 6, embeddings=emb))
+    b = write_run(gcs.url("out"), "b", score_rows("b", "embed", 6, embeddings=emb * 2))  # same direction
+    code, result = run_compare(capsys, a, b)
+    assert code == 0
+    assert result["run_a"] == gcs.url("out", "scores", "run_id=a")
+    assert result["embedding_drift"]["compared"] == 6
+    assert result["embedding_drift"]["max"] == pytest.approx(0.0, abs=1e-12)
