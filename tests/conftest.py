@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
+# One JAX persistent compilation cache for this test session, inherited by the worker processes of
+# multi_processing runs, so they reuse what the in-process runs compiled (same programs, same
+# results; only compile time is saved). Set before jax is imported anywhere.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="docscore-test-jax-cache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # Real English sentences of varied length (from Python's own help pages), short enough that a
 # 64-token window holds most of them; LONG_TEXT needs several windows.

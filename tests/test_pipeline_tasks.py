@@ -1,0 +1,110 @@
+"""Each task end to end on a tiny corpus with gold labels (real DirectRunner, real weights): the
+summary's task metrics equal ones computed independently here from the table, and the scores equal
+what the model gives when called directly (MiniLM) or what the Hugging Face reference gives (GPT-2)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from scipy import stats
+
+from tests.conftest import SENTENCES, common_flags, direct_embeddings, read_summary, read_table, run_docscore, write_jsonl
+
+SIMILARITY = [
+    (SENTENCES[0], "conditional execution with if", 0.9),
+    (SENTENCES[1], "looping over the items of a sequence", 1.0),
+    (SENTENCES[2], "how to bake sourdough bread", 0.0),
+    (SENTENCES[3], "loading and initializing a module", 0.8),
+    (SENTENCES[4], "a recipe for tomato soup", 0.1),
+    (SENTENCES[5], "how big an integer can be", 0.6),
+    (SENTENCES[6], "the weather in the mountains", 0.0),
+    (SENTENCES[7], "quotes around text in source code", 0.7),
+]
+CLASSIFY_LABELS = {
+    "statement": "a Python statement such as if, for, while, import or raise",
+    "expression": "Python operators and expressions such as comparisons, lambdas and slicings",
+    "literal": "how numbers and strings are written as literals in source code",
+}
+CLASSIFY = [
+    (SENTENCES[0], "statement"), (SENTENCES[1], "statement"), (SENTENCES[2], "expression"),
+    (SENTENCES[3], "statement"), (SENTENCES[5], "literal"), (SENTENCES[6], "statement"),
+    (SENTENCES[7], "literal"), (SENTENCES[8], "expression"), (SENTENCES[9], "statement"),
+    (SENTENCES[10], "expression"), (SENTENCES[11], "statement"),
+]
+
+
+def test_similarity_scores_and_summary_correlations(tmp_path, minilm):
+    shard = write_jsonl(tmp_path / "in" / "s.jsonl",
+                        [{"id": f"s{i}", "text": t, "query": q, "label": g} for i, (t, q, g) in enumerate(SIMILARITY)])
+    assert run_docscore("--input", shard, *common_flags("sim", tmp_path / "out"), "--task", "similarity",
+                        "--attention", "native") == 0
+    scores, _ = read_table(tmp_path / "out", "scores", "sim")
+    scores = scores.sort_values("record_index")
+    docs = direct_embeddings(minilm, [t for t, _, _ in SIMILARITY])
+    queries = direct_embeddings(minilm, [q for _, q, _ in SIMILARITY])
+    np.testing.assert_allclose(scores.score.to_numpy(), np.sum(docs * queries, axis=1), atol=1e-5)
+    gold = scores.gold_label.astype(float).to_numpy()
+    metrics = read_summary(tmp_path / "out", "sim")["task_metrics"]
+    assert metrics["n_gold"] == len(SIMILARITY)
+    assert metrics["spearman"] == pytest.approx(stats.spearmanr(scores.score, gold)[0], abs=1e-9)
+    assert metrics["pearson"] == pytest.approx(stats.pearsonr(scores.score, gold)[0], abs=1e-9)
+
+
+def test_classify_from_a_config_file_and_summary_accuracy_and_macro_f1(tmp_path, minilm):
+    shard = write_jsonl(tmp_path / "in" / "c.jsonl",
+                        [{"id": f"c{i}", "text": t, "label": g} for i, (t, g) in enumerate(CLASSIFY)])
+    config = tmp_path / "classify.yaml"
+    config.write_text(yaml.safe_dump({"input": str(shard), "task": "classify", "labels": CLASSIFY_LABELS,
+                                      "temperature": 0.05}, sort_keys=False))
+    assert run_docscore("--config", config, *common_flags("cls", tmp_path / "out"), "--attention", "native") == 0
+    scores, _ = read_table(tmp_path / "out", "scores", "cls")
+    scores = scores.sort_values("record_index")
+    # predictions equal the zero-shot rule computed from direct model calls
+    names = list(CLASSIFY_LABELS)
+    cos = direct_embeddings(minilm, [t for t, _ in CLASSIFY]) @ direct_embeddings(minilm, list(CLASSIFY_LABELS.values())).T
+    probs = np.exp(cos / 0.05) / np.exp(cos / 0.05).sum(axis=1, keepdims=True)
+    assert list(scores.label) == [names[i] for i in probs.argmax(axis=1)]
+    np.testing.assert_allclose(scores.score.to_numpy(), probs.max(axis=1), atol=1e-4)
+    assert [[s["label"] for s in row] for row in scores.scores] == [names] * len(CLASSIFY)
+    # the summary's metrics equal ones computed here from the table
+    predicted, gold = list(scores.label), list(scores.gold_label)
+    f1 = []
+    for label in sorted(set(gold) | set(predicted)):
+        tp = sum(p == g == label for p, g in zip(predicted, gold))
+        fp = sum(p == label != g for p, g in zip(predicted, gold))
+        fn = sum(g == label != p for p, g in zip(predicted, gold))
+        f1.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    metrics = read_summary(tmp_path / "out", "cls")["task_metrics"]
+    assert metrics["n_gold"] == len(CLASSIFY)
+    assert metrics["accuracy"] == pytest.approx(np.mean([p == g for p, g in zip(predicted, gold)]))
+    assert metrics["macro_f1"] == pytest.approx(np.mean(f1))
+    assert metrics["accuracy"] >= 0.5  # zero-shot MiniLM gets most of these right
+
+
+def test_loglik_matches_the_transformers_reference(tmp_path, tiny_gpt2_dir, tiny_gpt2_hf):
+    texts = SENTENCES[:6]
+    shard = write_jsonl(tmp_path / "in" / "l.jsonl", [{"id": f"l{i}", "text": t} for i, t in enumerate(texts)])
+    assert run_docscore("--input", shard, *common_flags("ll", tmp_path / "out"), "--task", "loglik",
+                        "--model", tiny_gpt2_dir, "--attention", "native") == 0
+    scores, _ = read_table(tmp_path / "out", "scores", "ll")
+    scores = scores.sort_values("record_index")
+    assert (scores.n_chunks == 1).all()  # one window each, so the reference below is the whole document
+    from tokenizers import Tokenizer
+
+    import os
+    tokenizer = Tokenizer.from_file(os.path.join(tiny_gpt2_dir, "tokenizer.json"))
+    totals, counts = [], []
+    with torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([tokenizer.encode(text).ids])
+            logp = torch.log_softmax(tiny_gpt2_hf(ids).logits[0, :-1].double(), dim=-1)
+            totals.append(float(logp.gather(1, ids[0, 1:, None]).sum()))
+            counts.append(ids.shape[1] - 1)
+    np.testing.assert_allclose(scores.score.to_numpy(), totals, atol=1e-3, rtol=1e-5)
+    np.testing.assert_allclose(scores.perplexity.to_numpy(), [math.exp(-t / c) for t, c in zip(totals, counts)], rtol=1e-4)
+    metrics = read_summary(tmp_path / "out", "ll")["task_metrics"]
+    assert metrics["loglik_tokens"] == sum(counts)
+    assert metrics["corpus_perplexity"] == pytest.approx(math.exp(-sum(totals) / sum(counts)), rel=1e-4)
