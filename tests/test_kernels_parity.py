@@ -21,10 +21,10 @@ LENGTHS = (1, 7, 128, 129, 300, 1000)
 
 
 def segment_rows(length: int) -> np.ndarray:
-    """Two rows: two packed segments then trailing padding; three packed segments filling the
-    row. With length 1 both rows are one real token."""
+    """Three rows: two packed segments then trailing padding; three packed segments filling the
+    row; all padding (a batch filler row). With length 1 the first two rows are one real token."""
     a, b = max(1, length * 2 // 5), max(1, length * 3 // 4)
-    seg = np.zeros((2, length), np.int32)
+    seg = np.zeros((3, length), np.int32)
     seg[0, :a], seg[0, a:b] = 1, 2
     seg[1, :a], seg[1, a:b], seg[1, b:] = 1, 2, 3
     return seg
@@ -44,7 +44,8 @@ def check_against_reference(call, *, length: int, kv_heads: int, causal: bool, s
                             scale: float | None = None, seed: int = 0) -> None:
     kv_len = length if kv_len is None else kv_len
     seg = segment_rows(length) if segments else None
-    q, k, v = make_inputs(seed, 2, length, kv_len, kv_heads, head_dim, dtype)
+    batch = 2 if seg is None else len(seg)
+    q, k, v = make_inputs(seed, batch, length, kv_len, kv_heads, head_dim, dtype)
     seg_arg = None if seg is None else jnp.asarray(seg)
     out = jax.jit(lambda q, k, v, s: call(q, k, v, segment_ids=s, causal=causal, scale=scale))(
         q, k, v, seg_arg)
@@ -64,63 +65,50 @@ def attention_via(impl: str):
     return lambda q, k, v, **kw: attention(q, k, v, impl=impl, **kw)
 
 
-# xla and blockwise through the public entry point: every length, causal or not, with and
-# without segments, kv_heads cycling through 12/4/1 so each length meets a different grouping.
-# Length 1000 only in two of the four mask settings (the reference is slow there).
-CASES = [(length, causal, segments) for length in LENGTHS for causal in (False, True)
-         for segments in (False, True) if length < 1000 or causal == segments]
+# xla and blockwise through the public entry point: every length, each with two of the four
+# (causal, segments) settings so each setting meets several lengths; kv_heads cycle through
+# 12/4/1 so both kernels meet every grouping. Length 1000 (slow in the float64 reference) only
+# for blockwise, where it spans two key/value blocks with a ragged tail.
+CASES = [(impl, length, causal, segments) for impl in ("xla", "blockwise")
+         for i, length in enumerate(LENGTHS) if length < 1000 or impl == "blockwise"
+         for causal, segments in (((False, False), (True, True)), ((False, True), (True, False)))[i % 2]
+         if length < 1000 or causal]
 
 
-@pytest.mark.parametrize("impl", ["xla", "blockwise"])
-@pytest.mark.parametrize("length,causal,segments", CASES)
+@pytest.mark.parametrize("impl,length,causal,segments", CASES)
 def test_matches_reference_float32(impl, length, causal, segments):
-    kv_heads = (12, 4, 1)[(LENGTHS.index(length) + causal + segments) % 3]
+    kv_heads = (12, 4, 1)[CASES.index((impl, length, causal, segments)) % 3]
     check_against_reference(attention_via(impl), length=length, kv_heads=kv_heads,
                             causal=causal, segments=segments, seed=length)
 
 
 @pytest.mark.parametrize("impl", ["xla", "blockwise"])
-@pytest.mark.parametrize("kv_heads", [12, 4, 1])
-def test_grouped_query_every_grouping(impl, kv_heads):
-    check_against_reference(attention_via(impl), length=129, kv_heads=kv_heads, causal=True,
-                            segments=True, head_dim=64, seed=kv_heads)
+def test_multi_query_head_dim_64(impl):
+    check_against_reference(attention_via(impl), length=129, kv_heads=1, causal=True,
+                            segments=True, head_dim=64, seed=64)
 
 
 @pytest.mark.parametrize("impl,length,causal", [
-    ("xla", 7, True), ("xla", 129, False), ("xla", 300, True),
-    ("blockwise", 7, False), ("blockwise", 129, True), ("blockwise", 1000, True)])
+    ("xla", 7, True), ("xla", 300, False), ("blockwise", 129, False), ("blockwise", 1000, True)])
 def test_matches_reference_bfloat16(impl, length, causal):
     check_against_reference(attention_via(impl), length=length, kv_heads=4, causal=causal,
                             segments=True, dtype="bfloat16", seed=length + 1)
 
 
 @pytest.mark.parametrize("impl", ["xla", "blockwise"])
-@pytest.mark.parametrize("q_len,kv_len,causal", [(7, 300, False), (300, 129, True)])
-def test_cross_lengths_and_scale(impl, q_len, kv_len, causal):
-    check_against_reference(attention_via(impl), length=q_len, kv_len=kv_len, kv_heads=4,
-                            causal=causal, segments=False, scale=0.3, seed=q_len)
+def test_cross_lengths_and_scale(impl):
+    check_against_reference(attention_via(impl), length=300, kv_len=129, kv_heads=4,
+                            causal=True, segments=False, scale=0.3, seed=300)
 
 
 # blockwise with small, unequal blocks: many blocks, ragged tails, causal skipping across
 # blocks that are not aligned with each other.
-@pytest.mark.parametrize("block_q,block_k,causal", [(64, 64, False), (64, 128, True),
-                                                    (128, 64, True)])
+@pytest.mark.parametrize("block_q,block_k,causal", [(64, 128, False), (128, 64, True)])
 def test_blockwise_many_blocks(block_q, block_k, causal):
     def call(q, k, v, **kw):
         return blockwise_attention(q, k, v, block_q=block_q, block_k=block_k, **kw)
     check_against_reference(call, length=300, kv_heads=4, causal=causal, segments=True,
                             seed=block_q + block_k)
-
-
-@pytest.mark.parametrize("impl", ["xla", "blockwise"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_all_padding_row_is_zero_not_nan(impl, causal):
-    """A batch filler row (all segment ids 0) next to a real row: exactly 0, no NaN."""
-    q, k, v = make_inputs(3, 2, 129, 129, 4, 32, "float32")
-    seg = jnp.asarray(np.stack([np.zeros(129, np.int32), np.ones(129, np.int32)]))
-    out = np.asarray(jax.jit(lambda q, k, v, s: attention(q, k, v, segment_ids=s, causal=causal,
-                                                           impl=impl))(q, k, v, seg))
-    assert (out[0] == 0.0).all() and not np.isnan(out).any() and np.abs(out[1]).max() > 0
 
 
 def test_blockwise_skips_blocks_with_nothing_to_attend():
@@ -154,9 +142,8 @@ def pallas_interpreted(q, k, v, **kw):
 
 @pytest.mark.parametrize("length,kv_heads,causal,segments,dtype", [
     (7, 4, True, True, "float32"),
-    (129, 1, False, True, "float32"),
-    (129, 12, True, False, "float32"),
-    (7, 4, False, True, "bfloat16"),
+    (129, 1, False, False, "float32"),
+    (7, 12, False, True, "bfloat16"),
 ])
 def test_pallas_tpu_interpreted(length, kv_heads, causal, segments, dtype):
     check_against_reference(pallas_interpreted, length=length, kv_heads=kv_heads, causal=causal,
