@@ -16,6 +16,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import common_flags
 from pipeline import history, report
 from pipeline import run as pipeline_run
 
@@ -55,8 +56,9 @@ def finished_run(tmp_path_factory):
     shard.write_text("\n".join(lines[:6] + BAD_LINES[:1] + lines[6:] + BAD_LINES[1:]) + "\n")
     output = str(root / "out")
     labels = ";".join(f"{k}={v}" for k, v in LABELS.items())
-    argv = ["--input", str(shard), "--output", output, "--task", "classify", "--labels", labels,
-            "--run_id", "r1", "--max_seq_len", "64", "--batch_size", "8"]
+    # the shapes and kernel the other in-process pipeline tests use, so model and compilations are shared
+    argv = ["--input", str(shard), "--task", "classify", "--labels", labels, "--attention", "native",
+            *common_flags("r1", root / "out")]
     assert pipeline_run.main(argv) == 0
     run_files = {p.name for p in (root / "out/runs/run_id=r1").iterdir()}
     summary = json.loads((root / "out/runs/run_id=r1/summary.json").read_text())
@@ -87,7 +89,7 @@ def test_report_opens_in_chromium_with_every_chart(finished_run, tmp_path):
     # self-contained: nothing fetched from anywhere, every image inline
     assert not re.search(r"""(src|href)=['"](?!data:image/png;base64,)""", page)
     assert "<script" not in page
-    for fact in ("docscore run r1", summary["model"]["fingerprint"], "auto -&gt; xla",
+    for fact in ("docscore run r1", summary["model"]["fingerprint"], "native -&gt; xla",
                  f"jax {summary['versions']['jax']}", "accuracy", "invalid_json", "missing_field"):
         assert fact in page, fact
     n_scores, n_errors = len(_scores(output)), len(_errors(output))
