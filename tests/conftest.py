@@ -20,7 +20,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="docs
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # Real English sentences of varied length (from Python's own help pages), short enough that a
-# 64-token window holds most of them; LONG_TEXT needs several windows.
+# 32-token window holds each of them; LONG_TEXT needs several windows.
 SENTENCES = [
     "The if statement is used for conditional execution.",
     "A for loop iterates over the items of any sequence in the order they appear.",
@@ -35,11 +35,12 @@ SENTENCES = [
     "Slicings select a range of items in a sequence object such as a string, tuple or list.",
     "The try statement specifies exception handlers and cleanup code for a group of statements.",
 ]
-LONG_TEXT = " ".join(SENTENCES[:9])  # ~130 tokens: three 64-token windows with stride 16
+LONG_TEXT = " ".join(SENTENCES[:5])  # 66 tokens: three 32-token windows with stride 8
 
-TEST_MAX_LEN = 64  # every in-process test run uses these so compiled shapes are shared
+# Every in-process test run uses these, so the compiled shapes ([8, 16] and [8, 32]) are shared.
+TEST_MAX_LEN = 32
 TEST_BATCH = 8
-TEST_STRIDE = 16
+TEST_STRIDE = 8
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,14 @@ what the model gives when called directly (MiniLM) or what the Hugging Face refe
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
 import torch
 import yaml
 from scipy import stats
+from tokenizers import Tokenizer
 
 from tests.conftest import SENTENCES, common_flags, direct_embeddings, read_summary, read_table, run_docscore, write_jsonl
 
@@ -88,13 +90,10 @@ def test_loglik_matches_the_transformers_reference(tmp_path, tiny_gpt2_dir, tiny
     texts = SENTENCES[:6]
     shard = write_jsonl(tmp_path / "in" / "l.jsonl", [{"id": f"l{i}", "text": t} for i, t in enumerate(texts)])
     assert run_docscore("--input", shard, *common_flags("ll", tmp_path / "out"), "--task", "loglik",
-                        "--model", tiny_gpt2_dir, "--attention", "native") == 0
+                        "--model", tiny_gpt2_dir, "--attention", "native", "--max_seq_len", "64") == 0
     scores, _ = read_table(tmp_path / "out", "scores", "ll")
     scores = scores.sort_values("record_index")
     assert (scores.n_chunks == 1).all()  # one window each, so the reference below is the whole document
-    from tokenizers import Tokenizer
-
-    import os
     tokenizer = Tokenizer.from_file(os.path.join(tiny_gpt2_dir, "tokenizer.json"))
     totals, counts = [], []
     with torch.no_grad():
