@@ -165,7 +165,9 @@ def validate(eo: EvalOptions) -> RunPlan:
             raise ConfigError(f"--output {eo.output} is not writable ({e}); choose a directory you can write to") from None
 
     model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir)
-    loaded = load_for_checks(model_spec, backend)
+    loaded, same_backend = load_for_checks(model_spec, backend)
+    if same_backend:
+        kernel = loaded.attention  # what the model resolved for its own shapes (auto may depend on length)
     family = loaded.config.family
     if eo.task in ENCODER_TASKS and family != "bert":
         raise ConfigError(
@@ -201,17 +203,19 @@ def validate(eo: EvalOptions) -> RunPlan:
 
 
 def load_for_checks(spec: ModelSpec, backend: str):
-    """Load the model to check it: with the run's own spec when this process is a worker's backend
-    (the pipeline then reuses it), with the native kernel when the workers are another backend."""
+    """Load the model to check it: with the run's own spec when this process has the workers' backend
+    (the pipeline then reuses it), with the native kernel when the workers are another backend.
+    Returns (loaded model, whether it was loaded with the run's own spec)."""
     import jax
 
     import models
     from kernels import KernelUnsupportedError
 
-    if backend != jax.default_backend():
+    same_backend = backend == jax.default_backend()
+    if not same_backend:
         spec = dataclasses.replace(spec, attention="native")
     try:
-        return shared_model(spec)
+        return shared_model(spec), same_backend
     except models.ModelLoadError as e:
         raise ConfigError(f"--model {spec.name}: {e}") from None
     except KernelUnsupportedError as e:
