@@ -154,8 +154,10 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
         labels: dict[str, str] | None = None,
     ):
         super().__init__(
-            min_batch_size=batch_size,  # rows: fill at least one fixed-shape call before running
-            max_batch_size=batch_size * 4,
+            # sizes count model rows (element_size_fn): a Beam batch spans several fixed-shape calls
+            # per length bucket, so only the last call of each bucket is padded
+            min_batch_size=batch_size * 4,
+            max_batch_size=batch_size * 16,
             element_size_fn=rows_of,
         )
         self._spec = spec

@@ -24,6 +24,7 @@ from pipeline.preprocess import Tokenize
 from pipeline.records import error_to_row
 from pipeline.sources import ReadShard
 from pipeline.stats import ComputeRunStats
+from pipeline.timing import STAGES
 from pipeline.validate import RunPlan, validate
 
 VERSIONED = ("docscore", "apache-beam", "jax", "jaxlib", "flax", "orbax-checkpoint", "numpy", "pyarrow", "tokenizers", "fsspec", "gcsfs")
@@ -179,8 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     p = beam.Pipeline(options=options)
     build_pipeline(p, eo, plan, out)
-    result = p.run()
-    result.wait_until_finish()
+    try:
+        result = p.run()
+        state = result.wait_until_finish()
+    except Exception as e:  # the job failed: nothing is published, the previous partition stays
+        print(f"docscore run {eo.run_id}: the pipeline failed ({type(e).__name__}: {e}); nothing was published", file=sys.stderr)
+        return 1
+    if state not in (None, "DONE"):
+        print(f"docscore run {eo.run_id}: the pipeline ended in state {state}; nothing was published", file=sys.stderr)
+        return 1
     finished = time.time()
     stats = sinks.read_stats(out)
     metrics = metric_values(result, "docscore")
@@ -198,7 +206,8 @@ def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
     for name, path in published.items():
         print(f"  {name:<8} {path}")
     stages = summary["timing"]["stages"]
-    print("  stage ms  " + "  ".join(f"{s}: p50 {v.get('p50', 0):.1f} p95 {v.get('p95', 0):.1f}" for s, v in stages.items()))
+    print("  stage ms  " + "  ".join(
+        f"{s}: p50 {stages[s].get('p50', 0):.1f} p95 {stages[s].get('p95', 0):.1f}" for s in STAGES if s in stages))
     print(f"  throughput {summary['throughput']['docs_per_s']:.1f} docs/s, {summary['throughput']['tokens_per_s']:.0f} tokens/s; "
           f"padding efficiency {summary['tokens']['padding_efficiency'] or 0:.2f}; compiles {summary['compile']['count']}")
     metrics = {k: v for k, v in summary["task_metrics"].items() if v is not None}
