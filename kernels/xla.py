@@ -13,6 +13,7 @@ from kernels.masking import allowed
 
 NAME = "xla"
 BACKENDS = ("cpu", "gpu", "tpu")
+MASKED_SCORE = -1e30  # float32 scores; exp(MASKED_SCORE - row max) is exactly 0
 LIMITS = ("any shape and dtype; materialises the full [q_len, kv_len] score matrix per head, "
           "so memory grows as batch*heads*q_len*kv_len*4 bytes")
 
@@ -29,22 +30,25 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.
     kv_len, kv_heads = k.shape[1], k.shape[2]
     groups = heads // kv_heads
     scale = head_dim ** -0.5 if scale is None else scale
-    qg = q.reshape(batch, q_len, kv_heads, groups, head_dim)
-    scores = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * scale
+    # Heads-major layout before the matmuls: XLA:CPU runs these 2x faster than einsums that
+    # leave the transposes to it (2k tokens, 12 heads: 0.62 s vs 1.30 s on the shared box).
+    qt = q.reshape(batch, q_len, kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)
+    kt = k.transpose(0, 2, 3, 1)  # [b, kv_heads, d, kv]
+    vt = v.transpose(0, 2, 1, 3)  # [b, kv_heads, kv, d]
+    scores = jnp.einsum("bhgqd,bhdk->bhgqk", qt, kt, preferred_element_type=jnp.float32) * scale
     mask = allowed(segment_ids, segment_ids, jnp.arange(q_len), jnp.arange(kv_len), causal)
-    if mask is None:
-        probs = jax.nn.softmax(scores, axis=-1)
-    else:
-        mask = mask[:, None, None]  # [b, 1, 1, q, kv]
-        scores = jnp.where(mask, scores, -jnp.inf)
-        row_max = jnp.max(scores, axis=-1, keepdims=True)
-        row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # fully masked rows
-        weights = jnp.where(mask, jnp.exp(scores - row_max), 0.0)
-        total = jnp.sum(weights, axis=-1, keepdims=True)
-        probs = weights / jnp.where(total == 0.0, 1.0, total)  # fully masked rows -> 0, not NaN
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return out.reshape(batch, q_len, heads, head_dim).astype(q.dtype)
-
+    if mask is not None:
+        # A finite fill keeps one fused pass over the scores (an -inf fill needs extra passes
+        # to avoid NaN); rows with nothing to attend to are zeroed after the weighted sum.
+        scores = jnp.where(mask[:, None, None], scores, MASKED_SCORE)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bhgqk,bhkd->bhgqd", probs.astype(v.dtype), vt,
+                     preferred_element_type=jnp.float32)
+    if mask is not None:
+        attends = jnp.any(mask, axis=-1)  # [b or 1, q]: False for padding / fully masked rows
+        out = jnp.where(attends[:, None, None, :, None], out, 0.0)
+    out = out.transpose(0, 3, 1, 2, 4).reshape(batch, q_len, heads, head_dim)
+    return out.astype(q.dtype)
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
                                 is_supported=is_supported, call=xla_attention)
