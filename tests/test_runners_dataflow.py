@@ -151,3 +151,20 @@ def test_job_file_of_the_docscore_graph(cloud_env, gcs, tmp_path):
         assert step in names, f"{step} missing from the job graph"
     assert any(n.startswith("WriteScores") for n in names) and any(n.startswith("WriteErrors") for n in names)
     assert container_images(proto) == {IMAGE}
+
+
+@pytest.mark.xfail(strict=True, raises=FileNotFoundError, reason=(
+    "pipeline/run.py publishes (reads the run stats, writes summary.json, moves the staged tables) "
+    "after waiting for the job; a Flex Template / --template_location launch only submits it, so "
+    "publishing must move into the job graph. Remove this mark when it does."))
+def test_template_launch_of_docscore_run_exits_zero(cloud_env, gcs, tmp_path):
+    """What the Flex Template launcher does: `docscore run ... --template_location=FILE` must write
+    the job and exit 0 without waiting for it."""
+    from pipeline.run import main
+
+    gcs.fs().pipe(f"{gcs.bucket}/in/a.jsonl", b'{"id": "a", "text": "a document"}\n')
+    job_file = tmp_path / "job.json"
+    code = main(template_flags(gcs, tmp_path, "dataflow-tpu-v5e") + [
+        "--input", gcs.url("in", "*.jsonl"), "--output", gcs.url("out"), "--run_id", "flex-1",
+        "--max_seq_len", "64"])
+    assert job_file.exists() and code == 0
