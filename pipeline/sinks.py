@@ -94,24 +94,37 @@ def publish(spec: OutputSpec, summary: dict[str, Any]) -> dict[str, str]:
     """Replace this run_id's partitions with the staged files, atomically per partition for readers
     that honour _SUCCESS: drop the old marker, replace the files, write _SUCCESS last. Then write
     summary.json (and its _SUCCESS) and remove the staging directory. Returns the published paths."""
+    if spec.output.startswith(BQ_PREFIX):
+        from pipeline import bigquery
+
+        published = bigquery.publish(spec, summary)  # the summary becomes the run's PREFIX_runs row
+        _remove_staging(spec)
+        return published
     fs, _ = fsspec.core.url_to_fs(spec.output)
-    strip = lambda url: fsspec.core.url_to_fs(url)[1]  # noqa: E731 - path inside `fs`
     published: dict[str, str] = {}
-    if not spec.output.startswith(BQ_PREFIX):
-        for table in TABLES:
-            staged = [p for p in _ls(fs, strip(posixpath.join(spec.staging, table))) if posixpath.basename(p).startswith(PART_PREFIX)]
-            dest = strip(spec.partition(table))
-            _replace_partition(fs, dest, staged)
-            published[table] = spec.partition(table)
-    summary_dir = strip(posixpath.dirname(spec.summary_path()))
+    for table in TABLES:
+        staged = [p for p in _ls(fs, _path(posixpath.join(spec.staging, table))) if posixpath.basename(p).startswith(PART_PREFIX)]
+        _replace_partition(fs, _path(spec.partition(table)), staged)
+        published[table] = spec.partition(table)
+    summary_dir = _path(posixpath.dirname(spec.summary_path()))
     _replace_partition(fs, summary_dir, [], mark=False)
-    fs.pipe_file(strip(spec.summary_path()), json.dumps(summary, indent=2, sort_keys=True, default=str).encode())
+    fs.pipe_file(_path(spec.summary_path()), json.dumps(summary, indent=2, sort_keys=True, default=str).encode())
     fs.pipe_file(posixpath.join(summary_dir, SUCCESS), b"")
     published["summary"] = spec.summary_path()
-    fs.rm(strip(spec.staging), recursive=True)
-    _remove_if_empty(fs, strip(posixpath.dirname(spec.staging)))  # _staging/run_id=ID
-    _remove_if_empty(fs, strip(posixpath.dirname(posixpath.dirname(spec.staging))))  # _staging
+    _remove_staging(spec)
     return published
+
+
+def _path(url: str) -> str:
+    """A URL's path inside its fsspec filesystem."""
+    return fsspec.core.url_to_fs(url)[1]
+
+
+def _remove_staging(spec: OutputSpec) -> None:
+    fs, staging = fsspec.core.url_to_fs(spec.staging)
+    fs.rm(staging, recursive=True)
+    _remove_if_empty(fs, posixpath.dirname(staging))  # _staging/run_id=ID
+    _remove_if_empty(fs, posixpath.dirname(posixpath.dirname(staging)))  # _staging
 
 
 def _remove_if_empty(fs, path: str) -> None:

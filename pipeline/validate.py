@@ -158,6 +158,8 @@ def validate(eo: EvalOptions) -> RunPlan:
         raise ConfigError(message if "--" in message else f"--input {eo.input}: {message}") from None
     read_spec = sources.ReadSpec(text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds)
 
+    if eo.output.startswith(sinks.BQ_PREFIX) and not eo.get_all_options().get("temp_location"):
+        raise ConfigError(f"--output {eo.output} needs --temp_location gs://BUCKET/tmp (where BigQuery loads are staged)")
     if not eo.output.startswith(sinks.BQ_PREFIX):
         try:
             sinks.check_writable(eo.output)
