@@ -137,3 +137,20 @@ def test_docscore_run_accepts_cloud_settings_as_flags_without_environment(no_clo
                                  "--temp_location", "gs://b-flag/tmp", "--sdk_container_image", "img:flag"])
     assert options.get_all_options()["project"] == "flag-project"
     assert eo.target_backend == "tpu"
+
+
+@pytest.mark.xfail(strict=True, reason="setup.py package_data for runners must list 'presets/*.yaml' (a "
+                   "non-editable install, e.g. the worker image, has no presets without it); remove this mark then")
+def test_presets_and_schedules_are_package_data():
+    import ast
+    import fnmatch
+
+    root = PRESET_DIR.parents[1]
+    setup = ast.parse((root / "setup.py").read_text())
+    call = next(n for n in ast.walk(setup) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+    package_data = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "package_data"))
+    globs = package_data["runners"]
+    shipped = [p.relative_to(root / "runners").as_posix() for p in (root / "runners").rglob("*")
+               if p.suffix in (".yaml", ".json") or p.name == "Dockerfile"]
+    missing = [f for f in shipped if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
+    assert not missing, missing
