@@ -43,7 +43,7 @@ setup(
     description="Batch evaluation pipeline: Beam + Flax with replaceable attention kernels",
     python_requires=">=3.11,<3.12",
     packages=["pipeline", "models", "kernels", "runners"],
-    package_data={"runners": ["*.yaml", "schedules/*.yaml", "Dockerfile", "*.json"]},
+    package_data={"runners": ["presets/*.yaml", "schedules/*.yaml", "Dockerfile", "*.json", "*.md"]},
     install_requires=RUNTIME,
     extras_require={"test": TEST, "bench": TEST},
     entry_points={"console_scripts": ["docscore=pipeline.cli:main"]},

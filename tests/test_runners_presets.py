@@ -139,8 +139,6 @@ def test_docscore_run_accepts_cloud_settings_as_flags_without_environment(no_clo
     assert eo.target_backend == "tpu"
 
 
-@pytest.mark.xfail(strict=True, reason="setup.py package_data for runners must list 'presets/*.yaml' (a "
-                   "non-editable install, e.g. the worker image, has no presets without it); remove this mark then")
 def test_presets_and_schedules_are_package_data():
     import ast
     import fnmatch
