@@ -114,13 +114,14 @@ def load_config_file(path: str) -> dict[str, Any]:
     return data
 
 
-def load_preset(name: str) -> dict[str, Any]:
+def load_preset(name: str, argv: list[str]) -> dict[str, Any]:
+    """The preset's options (runners.presets; it reads cloud settings from argv or the environment)."""
     try:
         from runners.presets import load_preset as runners_load_preset
     except ImportError:
         raise ConfigError(f"--preset {name}: runner presets are not available in this install (runners.presets)") from None
     try:
-        return dict(runners_load_preset(name))
+        return dict(runners_load_preset(name, argv))
     except (KeyError, FileNotFoundError, ValueError) as e:
         raise ConfigError(f"--preset {name}: {e}") from None
 
@@ -133,7 +134,7 @@ def layered_flags(argv: list[str]) -> list[str]:
     first, _ = pre.parse_known_args(argv)
     config = load_config_file(first.config) if first.config else {}
     preset_name = first.preset or config.get("preset")
-    preset = load_preset(preset_name) if preset_name else {}
+    preset = load_preset(preset_name, argv) if preset_name else {}
     known = known_option_names()
     for origin, values in (("--preset " + str(preset_name), preset), ("--config " + str(first.config), config)):
         unknown = sorted(set(values) - known)

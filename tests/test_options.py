@@ -2,10 +2,6 @@
 configuration error exiting 2 with a message naming the flag - before any data is read."""
 from __future__ import annotations
 
-import json
-import sys
-import types
-
 import pytest
 import yaml
 
@@ -22,17 +18,17 @@ def test_labels_parse_and_reject_malformed():
         parse_labels("sports")
 
 
-def test_command_line_beats_config_beats_preset(tmp_path, monkeypatch):
-    preset = types.ModuleType("runners.presets")
-    preset.load_preset = lambda name: {"task": "similarity", "batch_size": 4, "dtype": "bfloat16"}
-    monkeypatch.setitem(sys.modules, "runners.presets", preset)
+def test_command_line_beats_config_beats_preset(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({"task": "classify", "batch_size": 8, "labels": {"a": "first", "b": "second"}}))
-    options, eo = parse_options(["--preset", "p", "--config", str(config), "--batch_size", "2",
+    config.write_text(yaml.safe_dump({"attention": "native", "task": "classify", "batch_size": 8,
+                                      "labels": {"a": "first", "b": "second"}}))
+    options, eo = parse_options(["--preset", "local", "--config", str(config), "--batch_size", "2",
                                  "--direct_num_workers", "3", "--job_labels", "team=eval"])
-    assert (eo.task, eo.batch_size, eo.dtype) == ("classify", 2, "bfloat16")
-    assert parse_labels(eo.classify_labels) == {"a": "first", "b": "second"}
     all_options = options.get_all_options()
+    assert all_options["runner"] == "DirectRunner"  # from the preset (runners/presets/local.yaml)
+    assert (eo.attention, eo.task) == ("native", "classify")  # the config file beats the preset
+    assert eo.batch_size == 2  # the command line beats the config file
+    assert parse_labels(eo.classify_labels) == {"a": "first", "b": "second"}
     assert all_options["direct_num_workers"] == 3  # Beam options pass through
     assert all_options["labels"] == ["team=eval"]  # Dataflow job labels, not classify labels
     assert eo.run_id  # default: a UTC timestamp
