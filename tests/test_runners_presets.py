@@ -129,9 +129,8 @@ def test_unknown_preset_is_a_config_error():
         parse_options(["--preset", "nope", "--input", "x", "--output", "y"])
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline/options.py must pass the command line to load_preset "
-                   "(load_preset(name, argv)) so flags stand in for the environment; remove this mark then")
 def test_docscore_run_accepts_cloud_settings_as_flags_without_environment(no_cloud_env):
+    """What a Flex Template launch passes: --project, --region, ... as flags, no DOCSCORE_* set."""
     options, eo = parse_options(["--preset", "dataflow-tpu-v5e", "--input", "x.jsonl", "--output", "out",
                                  "--project", "flag-project", "--region", "us-east5",
                                  "--temp_location", "gs://b-flag/tmp", "--sdk_container_image", "img:flag"])
