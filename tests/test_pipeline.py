@@ -138,3 +138,29 @@ def test_rerun_of_a_run_id_replaces_its_partition(tmp_path):
     assert sorted(p.name for p in (out / "scores" / "run_id=same").iterdir())[0] == "_SUCCESS"
     assert not (out / "_staging").exists()
     assert read_summary(out, "same")["counts"]["records"] == 1
+
+
+def test_a_batch_the_model_rejects_becomes_error_rows(minilm):
+    """RunInference's dead letters -> one 'infer' error row per document of the failed batch."""
+    import apache_beam as beam
+    from apache_beam.ml.inference.base import RunInference
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from pipeline.inference import FlaxModelHandler, ModelSpec
+    from pipeline.postprocess import inference_failures_to_errors
+    from pipeline.preprocess import TokenizedDoc
+    from pipeline.records import Document
+
+    def doc(i, ids):
+        return TokenizedDoc(Document(f"d{i}", "", "src", i), [np.asarray(ids, np.int32)], len(ids) - 2, False, 0.0)
+
+    handler = FlaxModelHandler(ModelSpec("minilm-l6", attention="native"), task="embed", max_len=32,
+                               batch_size=8, kernel="xla")
+    with beam.Pipeline() as p:
+        # one batch (Beam batches up to 4 calls' worth of rows); one document has an id past the vocabulary
+        docs = p | beam.Create([doc(0, [101, 2023, 102]), doc(1, [101, 10**7, 102])])
+        good, dead = docs | RunInference(handler).with_exception_handling()
+        errors = dead.failed_inferences | beam.FlatMap(inference_failures_to_errors)
+        assert_that(errors | beam.Map(lambda e: (e.doc_id, e.stage, e.error_type)),
+                    equal_to([("d0", "infer", "ValueError"), ("d1", "infer", "ValueError")]), label="errors")
+        assert_that(good, equal_to([]), label="no_results")
