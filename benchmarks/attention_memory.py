@@ -93,8 +93,8 @@ def main() -> None:
     print(f"# attention memory/time: batch {args.batches}, {HEADS} heads, head_dim {HEAD_DIM}, "
           f"float32, causal={args.causal}; {environment()}")
     print("| batch | length | xla s | blockwise s | time bw/xla | xla peak MB (+added) "
-          "| blockwise peak MB (+added) | added mem bw/xla |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| blockwise peak MB (+added) | added mem bw/xla | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for batch in args.batches:
         for length in args.lengths:
             row = {}
@@ -120,7 +120,7 @@ def format_row(batch: int, length: int, xla: dict | None, bw: dict | None) -> st
     time_ratio = f"{bw['seconds'] / xla['seconds']:.2f}" if both else "-"
     mem_ratio = f"{bw['added_mb'] / max(xla['added_mb'], 1):.3f}" if both else "-"
     return (f"| {batch} | {length} | {secs(xla)} | {secs(bw)} | {time_ratio} | {mem(xla)} "
-            f"| {mem(bw)} | {mem_ratio} |")
+            f"| {mem(bw)} | {mem_ratio} | {os.getloadavg()[0]:.1f} |")
 
 
 if __name__ == "__main__":
