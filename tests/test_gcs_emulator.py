@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 
 import fsspec
-import pytest
 
 pytest_plugins = ["gcs_support"]
 

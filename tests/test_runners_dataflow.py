@@ -73,7 +73,7 @@ def test_dry_run_carries_the_tpu_preset_into_the_job(cloud_env):
     assert container_images(job.proto_pipeline) == {IMAGE}
 
 
-def build_template(options, build, gcs) -> dict:
+def build_template(options, build) -> dict:
     """Run `build(p)` on DataflowRunner with --template_location: returns the written job JSON."""
     p = beam.Pipeline(options=options)
     build(p)
@@ -110,7 +110,7 @@ def assert_accelerator_job(job: dict, machine_type: str, accelerator: str, backe
 ])
 def test_job_file_of_a_tiny_pipeline(cloud_env, gcs, tmp_path, preset, machine_type, accelerator, backend):
     options, _ = parse_options(template_flags(gcs, tmp_path, preset) + ["--input", "unused", "--output", "unused"])
-    job = build_template(options, tiny_pipeline, gcs)
+    job = build_template(options, tiny_pipeline)
     assert job["type"] == "JOB_TYPE_BATCH"
     assert_accelerator_job(job, machine_type, accelerator, backend)
 
@@ -138,7 +138,7 @@ def test_job_file_of_the_docscore_graph(cloud_env, gcs, tmp_path):
     plan = validate(eo)
     assert plan.target_backend == "tpu" and plan.kernel == "pallas_tpu"
     out = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format)
-    job = build_template(options, lambda p: build_pipeline(p, eo, plan, out), gcs)
+    job = build_template(options, lambda p: build_pipeline(p, eo, plan, out))
     job_options = assert_accelerator_job(
         job, "ct5lp-hightpu-1t", "worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1", "tpu")
     assert job_options["input"] == gcs.url("in", "*.jsonl")
