@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,8 +17,18 @@ import pytest
 # One JAX persistent compilation cache for this test session, inherited by the worker processes of
 # multi_processing runs, so they reuse what the in-process runs compiled (same programs, same
 # results; only compile time is saved). Set before jax is imported anywhere.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="docscore-test-jax-cache-"))
+_OWN_JAX_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_JAX_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="docscore-test-jax-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_own_jax_cache():
+    yield
+    if _OWN_JAX_CACHE:
+        shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
+
 
 # Real English sentences of varied length (from Python's own help pages), short enough that a
 # 32-token window holds each of them; LONG_TEXT needs several windows.
