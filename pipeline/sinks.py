@@ -106,8 +106,12 @@ def publish(spec: OutputSpec, summary: dict[str, Any]) -> dict[str, str]:
         staged = [p for p in _ls(fs, _path(posixpath.join(spec.staging, table))) if posixpath.basename(p).startswith(PART_PREFIX)]
         _replace_partition(fs, _path(spec.partition(table)), staged)
         published[table] = spec.partition(table)
+    # runs/run_id=ID also holds files other modules write (history, report, progress samples):
+    # only summary.json and the marker are replaced here
     summary_dir = _path(posixpath.dirname(spec.summary_path()))
-    _replace_partition(fs, summary_dir, [], mark=False)
+    fs.makedirs(summary_dir, exist_ok=True)
+    if fs.exists(posixpath.join(summary_dir, SUCCESS)):
+        fs.rm_file(posixpath.join(summary_dir, SUCCESS))
     fs.pipe_file(_path(spec.summary_path()), json.dumps(summary, indent=2, sort_keys=True, default=str).encode())
     fs.pipe_file(posixpath.join(summary_dir, SUCCESS), b"")
     published["summary"] = spec.summary_path()
@@ -142,7 +146,7 @@ def _ls(fs, path: str) -> list[str]:
         return []
 
 
-def _replace_partition(fs, dest: str, staged: list[str], *, mark: bool = True) -> None:
+def _replace_partition(fs, dest: str, staged: list[str]) -> None:
     fs.makedirs(dest, exist_ok=True)
     marker = posixpath.join(dest, SUCCESS)
     if fs.exists(marker):
@@ -151,5 +155,4 @@ def _replace_partition(fs, dest: str, staged: list[str], *, mark: bool = True) -
         fs.rm(old, recursive=True)
     for path in sorted(staged):
         fs.mv(path, posixpath.join(dest, posixpath.basename(path)))
-    if mark:
-        fs.pipe_file(marker, b"")
+    fs.pipe_file(marker, b"")
