@@ -59,7 +59,7 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     kv_seg = _pad(kv_seg, 1, nk * bk).reshape(batch, nk, bk).transpose(1, 0, 2)
 
     # q -> [nq, B, KH, G, bq, D]; k, v -> [nk, B, KH, bk, D]
-    qb = _pad(q * jnp.asarray(scale, q.dtype), 1, nq * bq)
+    qb = _pad(q, 1, nq * bq)
     qb = qb.reshape(batch, nq, bq, kv_heads, groups, head_dim).transpose(1, 0, 3, 4, 2, 5)
     kb = _pad(k, 1, nk * bk).reshape(batch, nk, bk, kv_heads, head_dim).transpose(1, 0, 3, 2, 4)
     vb = _pad(v, 1, nk * bk).reshape(batch, nk, bk, kv_heads, head_dim).transpose(1, 0, 3, 2, 4)
@@ -75,7 +75,7 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                 kv_pos = kv_index * bk + jnp.arange(bk)
                 mask &= (q_pos[:, None] >= kv_pos[None, :])[None]
             return lax.cond(jnp.any(mask), _update, lambda c, *_: c,
-                            carry, q_blk, k_blk, v_blk, mask), None
+                            carry, q_blk, k_blk, v_blk, mask, scale), None
 
         init = (jnp.full((batch, kv_heads, groups, bq), -jnp.inf, jnp.float32),
                 jnp.zeros((batch, kv_heads, groups, bq), jnp.float32),
@@ -88,11 +88,12 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     return out[:, :q_len].astype(q.dtype)
 
 
-def _update(carry, q_blk, k_blk, v_blk, mask):
+def _update(carry, q_blk, k_blk, v_blk, mask, scale):
     """One online-softmax step: fold a key/value block into (running max, running sum, acc)."""
     run_max, run_sum, acc = carry
     mask = mask[:, None, None]  # [B, 1, 1, bq, bk]
     scores = jnp.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk, preferred_element_type=jnp.float32)
+    scores = scores * scale  # in float32, as xla does
     scores = jnp.where(mask, scores, -jnp.inf)
     new_max = jnp.maximum(run_max, jnp.max(scores, axis=-1))
     safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)  # rows with nothing seen yet
