@@ -143,6 +143,8 @@ def layered_flags(argv: list[str]) -> list[str]:
                 f"{origin}: unknown key(s) {', '.join(unknown)}; use the flag names without dashes "
                 f"(e.g. task, model, labels), see `docscore run --help`"
             )
+    if "labels" in config and not isinstance(config["labels"], (dict, str)):
+        raise ConfigError(f"--config {first.config}: `labels` must be a mapping of label: description")
     config = {k: v for k, v in config.items() if k not in ("config", "preset")}
     return dict_to_flags(preset) + dict_to_flags(config) + list(argv)
 
