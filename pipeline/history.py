@@ -51,6 +51,14 @@ COMPILE_COUNT = "compile.count"
 TASK_METRICS = "task_metrics"
 VERSIONS = "versions"
 STAGE_TIMING = "timing.stages"  # {stage: {"total_ms", "p50", "p95", "p99"}} (milliseconds)
+SHADOW = "shadow"  # present when the run had --shadow_attention (pipeline/shadow.py)
+SHADOW_COLUMNS = {
+    "shadow_attention_impl": ("shadow.impl", pa.string()),
+    "shadow_documents": ("shadow.documents", pa.int64()),
+    "shadow_output_max_abs_diff": ("shadow.output_max_abs_diff", pa.float64()),
+    "shadow_score_max_abs_diff": ("shadow.score_max_abs_diff", pa.float64()),
+    "shadow_passed": ("shadow.passed", pa.bool_()),
+}
 
 STAGES = tuple(column[: -len("_ms")] for column in TIMING_COLUMNS)  # read, tokenize, infer, postprocess
 
@@ -82,6 +90,7 @@ HISTORY_SCHEMA = pa.schema(
         pa.field("peak_rss_mb", pa.float64()),
         *[pa.field(f"{stage}_{stat}_ms", pa.float64()) for stage in STAGES for stat in ("p50", "p95")],
         pa.field("task_metrics", pa.map_(pa.string(), pa.float64())),  # accuracy, macro_f1, spearman, ...
+        *[pa.field(name, type_) for name, (_, type_) in SHADOW_COLUMNS.items()],  # null without a shadow kernel
     ]
 )
 
@@ -137,6 +146,8 @@ def history_row(summary: dict[str, Any]) -> dict[str, Any]:
         "compile_count": _int(summary_value(summary, COMPILE_COUNT)),
         "task_metrics": _metrics(summary_value(summary, TASK_METRICS)),
     }
+    for name, (path, _) in SHADOW_COLUMNS.items():
+        row[name] = summary_value(summary, path)
     for stage in STAGES:
         stats = stage_stats(summary, stage)
         for stat in ("p50", "p95"):

@@ -17,6 +17,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
+from pipeline import shadow
 from pipeline.preprocess import TokenizedDoc, bucket_for, bucket_lengths
 
 
@@ -58,6 +59,16 @@ class RowTiming:
 
 
 @dataclasses.dataclass
+class ShadowOutput:
+    """The same document's outputs from the shadow kernel (--shadow_attention)."""
+
+    window_outputs: list[np.ndarray]
+    query_outputs: list[np.ndarray]
+    attention_impl: str
+    label_embeddings: np.ndarray | None = None
+
+
+@dataclasses.dataclass
 class InferenceOutput:
     """Per document: one model output per window (embedding [D] or next-token log-probs [len]) and
     the document's share of the batch's time and computed (padded) tokens."""
@@ -72,6 +83,7 @@ class InferenceOutput:
     backend: str
     label_names: tuple[str, ...] = ()
     label_embeddings: np.ndarray | None = None
+    shadow: ShadowOutput | None = None  # set on the documents of shadowed batches
 
 
 def run_rows(
@@ -138,6 +150,8 @@ class ScoringModel:
     backend: str
     label_names: tuple[str, ...] = ()
     label_embeddings: np.ndarray | None = None
+    shadow_loaded: Any = None  # the same model with the --shadow_attention kernel
+    shadow_label_embeddings: np.ndarray | None = None
 
 
 class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel]):
@@ -152,6 +166,7 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
         batch_size: int,
         kernel: str,
         labels: dict[str, str] | None = None,
+        shadow_spec: shadow.ShadowSpec | None = None,
     ):
         super().__init__(
             # sizes count model rows (element_size_fn): a Beam batch spans several fixed-shape calls
@@ -166,16 +181,24 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
         self._batch_size = batch_size
         self._kernel = kernel
         self._labels = dict(labels or {})
+        self._shadow = shadow_spec
 
     def load_model(self) -> ScoringModel:
         import jax
 
         loaded = shared_model(self._spec)
         model = ScoringModel(loaded=loaded, backend=jax.default_backend())
+        if self._shadow is not None:
+            model.shadow_loaded = shared_model(dataclasses.replace(self._spec, attention=self._shadow.attention))
         if self._task == "classify":
             names = tuple(self._labels)
-            embeddings = embed_texts(loaded, [self._labels[n] for n in names], max_len=self._max_len, batch_size=self._batch_size)
-            model = dataclasses.replace(model, label_names=names, label_embeddings=embeddings)
+            texts = [self._labels[n] for n in names]
+            model.label_names = names
+            model.label_embeddings = embed_texts(loaded, texts, max_len=self._max_len, batch_size=self._batch_size)
+            if model.shadow_loaded is not None:  # the labels through the shadow kernel too: scores compare end to end
+                model.shadow_label_embeddings = embed_texts(
+                    model.shadow_loaded, texts, max_len=self._max_len, batch_size=self._batch_size
+                )
         return model
 
     def get_metrics_namespace(self) -> str:
@@ -198,6 +221,7 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
         batch_ms = (time.perf_counter() - t0) * 1000.0
         compiles_after, compile_s_after = compile_state(loaded)
         self._record_metrics(totals, compiles_after - compiles_before, (compile_s_after - compile_s_before) * 1000, batch_ms)
+        shadow_outputs = self._run_shadow(batch, rows, model)
         model_id = f"{loaded.model_id}/{loaded.attention}"  # RunInference's model id names the kernel
         results, k = [], 0
         for doc in batch:
@@ -215,9 +239,30 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
                 label_names=model.label_names,
                 label_embeddings=model.label_embeddings,
             )
+            if shadow_outputs is not None:
+                output.shadow = ShadowOutput(
+                    window_outputs=shadow_outputs[k : k + n],
+                    query_outputs=shadow_outputs[k + n : k + n + q],
+                    attention_impl=model.shadow_loaded.attention,
+                    label_embeddings=model.shadow_label_embeddings,
+                )
             results.append(PredictionResult(example=doc, inference=output, model_id=model_id))
             k += n + q
         return results
+
+    def _run_shadow(self, batch: Sequence[TokenizedDoc], rows: list[np.ndarray], model: ScoringModel) -> list[np.ndarray] | None:
+        """The batch's rows through the shadow kernel as well, when --shadow_fraction chooses this batch.
+        Its time is kept out of infer_ms (metrics: shadow_batches, shadow_batch_us)."""
+        if self._shadow is None or not shadow.is_shadowed([d.doc.doc_id for d in batch], self._shadow.fraction):
+            return None
+        loaded = model.shadow_loaded
+        call = loaded.token_logprobs if self._task == "loglik" else loaded.embed
+        t0 = time.perf_counter()
+        outputs, _, _ = run_rows(rows, call, max_len=self._max_len, batch_size=self._batch_size, per_token=self._task == "loglik")
+        namespace = self.get_metrics_namespace()
+        beam.metrics.Metrics.counter(namespace, "shadow_batches").inc()
+        beam.metrics.Metrics.distribution(namespace, "shadow_batch_us").update(int((time.perf_counter() - t0) * 1e6))
+        return outputs
 
     def _record_metrics(self, totals: dict[str, float], compiles: int, compile_ms: float, batch_ms: float) -> None:
         namespace = self.get_metrics_namespace()

@@ -54,6 +54,14 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--split", default="test", help="TFDS split to read (tfds: input)")
         parser.add_argument("--target_backend", default="auto", help="auto | cpu | gpu | tpu: where inference runs")
         parser.add_argument("--cache_dir", default=None, help="where converted built-in models are cached")
+        parser.add_argument("--shadow_attention", default=None,
+                            help="a second kernel (native | flash | IMPL) also run on --shadow_fraction of the batches; "
+                                 "divergence goes to the scores, summary and report; past tolerance the run exits 3")
+        parser.add_argument("--shadow_fraction", type=float, default=0.1,
+                            help="share of batches the shadow kernel also runs (0 < F <= 1), chosen by a hash of the batch")
+        parser.add_argument("--shadow_tolerance", type=float, default=None,
+                            help="max |model output difference| allowed, relative to max(1, |output|) "
+                                 "(default per --dtype: float32 1e-5, bfloat16 1e-2)")
         parser.add_argument("--config", default=None, help="YAML file with the same keys as the flags")
         parser.add_argument("--preset", default=None, help="runner preset name (runners/presets)")
 

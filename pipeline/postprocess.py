@@ -10,7 +10,7 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipeline import scoring, timing
+from pipeline import scoring, shadow, timing
 from pipeline.inference import InferenceOutput
 from pipeline.preprocess import TokenizedDoc
 from pipeline.records import ErrorRow
@@ -42,6 +42,7 @@ class DocStats:
     attention_impl: str = ""
     fingerprint: str = ""
     backend: str = ""
+    shadow: shadow.Divergence | None = None  # set when the document was shadowed (--shadow_attention)
 
 
 def task_fields(spec: ScoreSpec, output: InferenceOutput) -> dict[str, Any]:
@@ -84,6 +85,8 @@ def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput)
         "infer_ms": output.infer_ms,
     }
     row["postprocess_ms"] = (time.perf_counter() - start) * 1000.0
+    divergence = shadow_divergence(spec, output, fields)  # after the timing: it is not the run's own work
+    row.update(shadow_columns(output, divergence))
     prediction = {"similarity": row["score"], "classify": row["label"], "loglik": row["score"]}.get(spec.task)
     stats = DocStats(
         timings={c: row[c] for c in (timing.stage_column(s) for s in timing.STAGES)},
@@ -96,8 +99,35 @@ def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput)
         attention_impl=output.attention_impl,
         fingerprint=output.fingerprint,
         backend=output.backend,
+        shadow=divergence,
     )
     return row, stats
+
+
+def shadow_divergence(spec: ScoreSpec, output: InferenceOutput, fields: dict[str, Any]) -> shadow.Divergence | None:
+    """The document scored again from the shadow kernel's outputs, and how far both results are apart."""
+    if output.shadow is None:
+        return None
+    other = output.shadow
+    shadow_fields = task_fields(spec, dataclasses.replace(
+        output, window_outputs=other.window_outputs, query_outputs=other.query_outputs,
+        label_embeddings=other.label_embeddings, shadow=None,
+    ))
+    return shadow.measure(output.window_outputs + output.query_outputs, other.window_outputs + other.query_outputs,
+                          fields, shadow_fields)
+
+
+def shadow_columns(output: InferenceOutput, divergence: shadow.Divergence | None) -> dict[str, Any]:
+    if divergence is None:
+        return dict.fromkeys(("shadow_attention_impl", "shadow_output_max_abs_diff", "shadow_output_mean_abs_diff",
+                              "shadow_score_abs_diff", "shadow_label_flip"))
+    return {
+        "shadow_attention_impl": output.shadow.attention_impl,
+        "shadow_output_max_abs_diff": divergence.output_max_abs,
+        "shadow_output_mean_abs_diff": divergence.output_mean_abs,
+        "shadow_score_abs_diff": divergence.score_abs,
+        "shadow_label_flip": divergence.label_flip,
+    }
 
 
 class ScoreDocument(beam.DoFn):

@@ -71,6 +71,12 @@ SCORES_SCHEMA = pa.schema(
         pa.field("model_id", pa.string(), nullable=False),
         pa.field("attention_impl", pa.string(), nullable=False),
         *[pa.field(name, pa.float64(), nullable=False) for name in TIMING_COLUMNS],
+        # --shadow_attention: null unless this document's batch also ran through the shadow kernel
+        pa.field("shadow_attention_impl", pa.string()),
+        pa.field("shadow_output_max_abs_diff", pa.float64()),  # max |model output difference| over its windows
+        pa.field("shadow_output_mean_abs_diff", pa.float64()),
+        pa.field("shadow_score_abs_diff", pa.float64()),  # |score difference|; embed: max |embedding difference|
+        pa.field("shadow_label_flip", pa.bool_()),  # classify: the shadow kernel predicts another label
     ]
 )
 

@@ -30,7 +30,8 @@ from pipeline.history import STAGES, summary_value
 
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"
-SCORE_COLUMNS = ("task", "score", "label", "gold_label", "perplexity", "n_tokens") + tuple(f"{s}_ms" for s in STAGES)
+SHADOW_SCORE_COLUMNS = ("shadow_output_max_abs_diff", "shadow_score_abs_diff")  # null on documents not shadowed
+SCORE_COLUMNS = ("task", "score", "label", "gold_label", "perplexity", "n_tokens") + tuple(f"{s}_ms" for s in STAGES) + SHADOW_SCORE_COLUMNS
 ERROR_COLUMNS = ("source", "record_index", "stage", "error_type", "message")
 ERRORS_LISTED = 20  # the report lists this many error rows; the table has them all
 STAGE_COLORS = {"read": "#4c72b0", "tokenize": "#55a868", "infer": "#c44e52", "postprocess": "#8172b2"}
@@ -274,6 +275,55 @@ def errors_chart(summary: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
+def shadow_chart(scores: pa.Table | None, tolerance: float | None) -> bytes | None:
+    """Per shadowed document: max |output difference| and |score difference| between the two kernels."""
+    if scores is None or not all(c in scores.schema.names for c in SHADOW_SCORE_COLUMNS):
+        return None
+    columns = {c: np.array([v for v in scores[c].to_pylist() if v is not None], dtype=float) for c in SHADOW_SCORE_COLUMNS}
+    if columns["shadow_output_max_abs_diff"].size == 0:
+        return None
+    floor = 1e-12  # identical results (difference 0) are drawn here on the log scale
+    fig = _figure(width=9.0, height=3.2)
+    titles = {"shadow_output_max_abs_diff": "max |model output difference|", "shadow_score_abs_diff": "|score difference|"}
+    for i, (column, values) in enumerate(columns.items(), start=1):
+        ax = fig.add_subplot(1, 2, i)
+        values = np.clip(values[~np.isnan(values)], floor, None)
+        if values.size:
+            bins = np.logspace(np.log10(values.min()) - 0.5, np.log10(values.max()) + 0.5, 25)
+            ax.hist(values, bins=bins, color="#8172b2")
+        if tolerance and column == "shadow_output_max_abs_diff":
+            ax.axvline(tolerance, color="#c44e52", linestyle="--", label=f"tolerance {tolerance:g}")
+            ax.legend(fontsize="small")
+        ax.set_xscale("log")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(titles[column] + " per document")
+        ax.set_ylabel("documents")
+    fig.suptitle("Shadow kernel divergence")
+    return _png(fig)
+
+
+def shadow_section(run: RunData) -> str:
+    section = summary_value(run.summary, history.SHADOW)
+    if not isinstance(section, dict):
+        return ""
+    verdict = "PASSED" if section.get("passed") else "FAILED"
+    facts = [
+        ("verdict", f"{verdict}: {_fmt(section.get('documents_over_tolerance'))} of {_fmt(section.get('documents'))} "
+                    f"shadowed documents over tolerance"),
+        ("kernels", f"{_fmt(summary_value(run.summary, 'kernel.resolved'))} (primary) vs {_fmt(section.get('impl'))} (shadow)"),
+        ("fraction of batches", section.get("fraction")),
+        ("tolerance", f"{_fmt(section.get('tolerance'))} ({_fmt(section.get('dtype'))}; relative to max(1, |output|))"),
+        ("output max / mean |diff|", f"{_fmt(section.get('output_max_abs_diff'))} / {_fmt(section.get('output_mean_abs_diff'))}"),
+        ("score max / mean |diff|", f"{_fmt(section.get('score_max_abs_diff'))} / {_fmt(section.get('score_mean_abs_diff'))}"),
+        ("worst / tolerance", section.get("worst_ratio_to_tolerance")),
+        ("label flips", section.get("label_flips")),
+        ("shadow cost", f"{_fmt(section.get('batches'))} batches, {_fmt(section.get('time_ms'))} ms (not in infer_ms)"),
+    ]
+    chart = _figure_html(shadow_chart(run.scores, section.get("tolerance")), "Shadow kernel divergence",
+                         "no shadowed document in the scores table")
+    return f"<h2 class='{verdict.lower()}'>Shadow kernel: {verdict}</h2>{_table(facts)}<div class='wide'>{chart}</div>"
+
+
 # ---- the page ------------------------------------------------------------------------------------
 
 
@@ -367,6 +417,8 @@ figure { margin: 0; border: 1px solid #eee; padding: 8px; }
 figure img { width: 100%; height: auto; display: block; }
 .note { color: #777; font-style: italic; }
 .versions { color: #555; font-size: 13px; }
+h2.passed { color: #2e7d32; } h2.failed { color: #c62828; }
+.wide { max-width: 1000px; margin-top: 12px; }
 """
 
 
@@ -410,6 +462,7 @@ def render_html(run: RunData) -> str:
 <div class="charts">
 {"".join(charts)}
 </div>
+{shadow_section(run)}
 {errors_table(run.errors)}
 </body>
 </html>

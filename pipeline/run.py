@@ -48,6 +48,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         batch_size=eo.batch_size,
         kernel=plan.kernel,
         labels=plan.labels,
+        shadow_spec=plan.shadow,
     )
     predictions, dead_letters = tokenized.docs | "Infer" >> RunInference(handler).with_exception_handling()
     infer_errors = dead_letters.failed_inferences | "InferErrors" >> beam.FlatMap(inference_failures_to_errors)
@@ -63,7 +64,8 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     error_rows = errors | "ErrorRows" >> beam.Map(error_to_row, eo.run_id)
     sinks.write_table(scored.rows, "scores", out)
     sinks.write_table(error_rows, "errors", out)
-    stats = (scored[STATS_TAG], errors) | "RunStats" >> ComputeRunStats(eo.task)
+    shadow_tolerance = plan.shadow.tolerance if plan.shadow else None
+    stats = (scored[STATS_TAG], errors) | "RunStats" >> ComputeRunStats(eo.task, shadow_tolerance)
     sinks.write_stats(stats, out)
     return {"scores": scored.rows, "errors": error_rows, "stats": stats}
 
@@ -150,7 +152,35 @@ def build_summary(eo: EvalOptions, plan: RunPlan, stats: dict[str, Any], metrics
         "memory": {"peak_rss_mb": rss.get("max"), "start_rss_mb": rss.get("min")},
         "task_metrics": stats.get("task_metrics", {}),
         "metrics": metrics,
+        **shadow_summary(plan, stats, counters),
     }
+
+
+def shadow_summary(plan: RunPlan, stats: dict[str, Any], counters: dict[str, Any]) -> dict[str, Any]:
+    """{"shadow": the --shadow_* settings, the divergence totals and the gate} when the run had a shadow kernel."""
+    if plan.shadow is None:
+        return {}
+    shadow_us = counters.get("shadow_batch_us") or {}
+    return {"shadow": {
+        **plan.shadow.summary(),
+        **stats.get("shadow", {}),
+        "batches": int(counters.get("shadow_batches", 0)),
+        "time_ms": (shadow_us.get("sum") or 0) / 1000.0,
+    }}
+
+
+def shadow_gate_failure(summary: dict[str, Any]) -> str | None:
+    """The message of a failed shadow gate, or None (no shadow kernel, or within tolerance)."""
+    gate = summary.get("shadow")
+    if gate is None or gate.get("passed", True):
+        return None
+    return (
+        f"shadow gate FAILED: {gate['documents_over_tolerance']} of {gate['documents']} shadowed documents differ by "
+        f"more than the tolerance {gate['tolerance']:g} (max |output difference| {gate['output_max_abs_diff']:.3g}, "
+        f"{gate['worst_ratio_to_tolerance']:.3g}x the tolerance) between {summary['kernel']['resolved']} and the shadow "
+        f"{gate['impl']}; the outputs are published for inspection (scores columns shadow_*); fix the kernel, or pass "
+        f"--shadow_tolerance only if this difference is expected"
+    )
 
 
 def print_help() -> None:
@@ -195,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = build_summary(eo, plan, stats, metrics, started, finished)
     published = sinks.publish(out, summary)
     print_report(summary, published)
+    failure = shadow_gate_failure(summary)
+    if failure:
+        print(f"docscore run {eo.run_id}: {failure}", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -210,6 +244,11 @@ def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
         f"{s}: p50 {stages[s].get('p50', 0):.1f} p95 {stages[s].get('p95', 0):.1f}" for s in STAGES if s in stages))
     print(f"  throughput {summary['throughput']['docs_per_s']:.1f} docs/s, {summary['throughput']['tokens_per_s']:.0f} tokens/s; "
           f"padding efficiency {summary['tokens']['padding_efficiency'] or 0:.2f}; compiles {summary['compile']['count']}")
+    gate = summary.get("shadow")
+    if gate:
+        print(f"  shadow {gate['impl']} on {gate['documents']} documents ({gate['batches']} batches): max |output diff| "
+              f"{gate['output_max_abs_diff']:.3g}, max |score diff| {gate['score_max_abs_diff']:.3g}, tolerance "
+              f"{gate['tolerance']:g} -> {'passed' if gate['passed'] else 'FAILED'}")
     metrics = {k: v for k, v in summary["task_metrics"].items() if v is not None}
     if metrics:
         print("  task metrics " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))

@@ -21,6 +21,21 @@ TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-2}
 
 
 @dataclasses.dataclass(frozen=True)
+class ShadowSpec:
+    """The checked --shadow_* flags: which kernel shadows, on which share of batches, within what."""
+
+    attention: str  # as requested (--shadow_attention): native | flash | IMPL
+    kernel: str  # as resolved for the target backend
+    fraction: float
+    tolerance: float
+    dtype: str
+
+    def summary(self) -> dict[str, Any]:
+        return {"attention": self.attention, "impl": self.kernel, "fraction": self.fraction,
+                "tolerance": self.tolerance, "dtype": self.dtype}
+
+
+@dataclasses.dataclass(frozen=True)
 class Divergence:
     """How one document's shadow result differs from its primary result."""
 
@@ -85,12 +100,15 @@ def passes(divergence: Divergence, tolerance: float) -> bool:
 class ShadowTotals(beam.CombineFn):
     """Divergences of the shadowed documents -> the summary's "shadow" section (without config)."""
 
+    def __init__(self, tolerance: float):
+        self._tolerance = tolerance
+
     def create_accumulator(self):
         return {"documents": 0, "over": 0, "flips": 0, "out_max": 0.0, "out_mean_sum": 0.0, "score_max": 0.0,
                 "score_sum": 0.0, "worst_ratio": 0.0}
 
-    def add_input(self, acc, item: tuple[Divergence, float]):
-        divergence, tolerance = item
+    def add_input(self, acc, divergence: Divergence):
+        tolerance = self._tolerance
         acc["documents"] += 1
         acc["over"] += 0 if passes(divergence, tolerance) else 1
         acc["flips"] += int(divergence.label_flip)

@@ -10,7 +10,7 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipeline import scoring, timing
+from pipeline import scoring, shadow, timing
 from pipeline.postprocess import DocStats
 from pipeline.records import ErrorRow
 
@@ -81,7 +81,7 @@ class RunTotals(beam.CombineFn):
         return result
 
 
-def assemble(_, totals: dict, quantiles: dict, error_counts: dict, shard_errors: int) -> str:
+def assemble(_, totals: dict, quantiles: dict, error_counts: dict, shard_errors: int, shadow_totals: dict | None = None) -> str:
     """One JSON document from the pieces the pipeline computed."""
     errors = sum(error_counts.values())
     stages = {}
@@ -116,6 +116,8 @@ def assemble(_, totals: dict, quantiles: dict, error_counts: dict, shard_errors:
         "worker_backend": totals["backend"],
         "task_metrics": totals["task_metrics"],
     }
+    if shadow_totals is not None:
+        stats["shadow"] = shadow_totals
     return json.dumps(stats, sort_keys=True)
 
 
@@ -126,9 +128,10 @@ def _error_key(error: ErrorRow) -> tuple[str, int]:
 class ComputeRunStats(beam.PTransform):
     """(DocStats, ErrorRows) -> a PCollection holding the run-stats JSON string (one element)."""
 
-    def __init__(self, task: str):
+    def __init__(self, task: str, shadow_tolerance: float | None = None):
         super().__init__()
         self._task = task
+        self._shadow_tolerance = shadow_tolerance  # None: the run has no shadow kernel
 
     def expand(self, pcolls):
         doc_stats, errors = pcolls
@@ -144,6 +147,15 @@ class ComputeRunStats(beam.PTransform):
             | "ShardErrors" >> beam.Filter(lambda e: e.record_index is None)
             | "CountShardErrors" >> beam.combiners.Count.Globally()
         )
+        extra = {}
+        if self._shadow_tolerance is not None:
+            shadow_totals = (
+                doc_stats
+                | "Shadowed" >> beam.Filter(lambda s: s.shadow is not None)
+                | "Divergences" >> beam.Map(lambda s: s.shadow)
+                | "ShadowTotals" >> beam.CombineGlobally(shadow.ShadowTotals(self._shadow_tolerance))
+            )
+            extra["shadow_totals"] = beam.pvalue.AsSingleton(shadow_totals)
         return (
             doc_stats.pipeline
             | "StatsSeed" >> beam.Create([None])
@@ -154,5 +166,6 @@ class ComputeRunStats(beam.PTransform):
                 beam.pvalue.AsDict(quantiles),
                 beam.pvalue.AsDict(error_counts),
                 beam.pvalue.AsSingleton(shard_errors),
+                **extra,
             )
         )

@@ -12,7 +12,7 @@ import re
 
 import fsspec
 
-from pipeline import sinks, sources, tfds_reader
+from pipeline import shadow, sinks, sources, tfds_reader
 from pipeline.inference import ModelSpec, shared_model
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, TASKS, ConfigError, EvalOptions, parse_labels
 from pipeline.preprocess import WindowSpec
@@ -38,6 +38,7 @@ class RunPlan:
     model_id: str
     fingerprint: str
     prefix_len: int  # special tokens before the text in each window
+    shadow: shadow.ShadowSpec | None = None  # --shadow_attention: a second kernel on a share of batches
 
 
 def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
@@ -61,15 +62,15 @@ def target_backend(choice: str) -> str:
     return jax.default_backend()
 
 
-def resolve_kernel(attention: str, backend: str) -> str:
+def resolve_kernel(attention: str, backend: str, flag: str = "--attention") -> str:
     from kernels import KernelUnsupportedError, resolve
 
     try:
         return resolve(attention, backend=backend)
     except KernelUnsupportedError as e:
-        message = str(e)
-        if "--attention" not in message:
-            message = f"--attention={attention}: {message}"
+        message = str(e).replace("--attention", flag)
+        if flag not in message:
+            message = f"{flag}={attention}: {message}"
         raise ConfigError(f"{message} (target backend {backend}: set --target_backend if the workers differ)") from None
 
 
@@ -188,6 +189,7 @@ def validate(eo: EvalOptions) -> RunPlan:
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
     if eo.stride >= content:
         raise ConfigError(f"--stride={eo.stride} must be < {content} (window length minus special tokens)")
+    shadow_spec = check_shadow(eo, model_spec, backend, kernel)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     return RunPlan(
         shards=tuple(shards),
@@ -201,7 +203,37 @@ def validate(eo: EvalOptions) -> RunPlan:
         model_id=loaded.model_id,
         fingerprint=loaded.fingerprint,
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
+        shadow=shadow_spec,
     )
+
+
+def check_shadow(eo: EvalOptions, model_spec: ModelSpec, backend: str, kernel: str) -> shadow.ShadowSpec | None:
+    """--shadow_*: the second kernel resolves and loads on the target backend and is not the primary
+    kernel; the fraction and tolerance make sense."""
+    if not eo.shadow_attention:
+        return None
+    if not 0.0 < eo.shadow_fraction <= 1.0:
+        raise ConfigError(
+            f"--shadow_fraction={eo.shadow_fraction} must be in (0, 1]; e.g. 0.1 also runs a tenth of the batches "
+            "through --shadow_attention"
+        )
+    if eo.shadow_tolerance is not None and not eo.shadow_tolerance > 0:
+        raise ConfigError(f"--shadow_tolerance={eo.shadow_tolerance} must be > 0 (or left out for the --dtype default)")
+    try:
+        tolerance = shadow.tolerance_for(eo.dtype, eo.shadow_tolerance)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    shadow_kernel = resolve_kernel(eo.shadow_attention, backend, flag="--shadow_attention")
+    loaded, same_backend = load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend)
+    if same_backend:
+        shadow_kernel = loaded.attention
+    if shadow_kernel == kernel:
+        other = "flash" if kernel == "xla" else "native"
+        raise ConfigError(
+            f"--shadow_attention={eo.shadow_attention} resolves to {shadow_kernel}, the kernel --attention={eo.attention} "
+            f"already runs, so there is nothing to compare; shadow with another kernel, e.g. --shadow_attention={other}"
+        )
+    return shadow.ShadowSpec(eo.shadow_attention, shadow_kernel, eo.shadow_fraction, tolerance, eo.dtype)
 
 
 def load_for_checks(spec: ModelSpec, backend: str):

@@ -57,8 +57,9 @@ def finished_run(tmp_path_factory):
     output = str(root / "out")
     labels = ";".join(f"{k}={v}" for k, v in LABELS.items())
     # the shapes and kernel the other in-process pipeline tests use, so model and compilations are shared
+    # every batch also through the flash kernel (blockwise on CPU): the shadow section of the report
     argv = ["--input", str(shard), "--task", "classify", "--labels", labels, "--attention", "native",
-            *common_flags("r1", root / "out")]
+            "--shadow_attention", "flash", "--shadow_fraction", "1", *common_flags("r1", root / "out")]
     assert pipeline_run.main(argv) == 0
     run_files = {p.name for p in (root / "out/runs/run_id=r1").iterdir()}
     summary = json.loads((root / "out/runs/run_id=r1/summary.json").read_text())
@@ -90,7 +91,8 @@ def test_report_opens_in_chromium_with_every_chart(finished_run, tmp_path):
     assert not re.search(r"""(src|href)=['"](?!data:image/png;base64,)""", page)
     assert "<script" not in page
     for fact in ("docscore run r1", summary["model"]["fingerprint"], "native -&gt; xla",
-                 f"jax {summary['versions']['jax']}", "accuracy", "invalid_json", "missing_field"):
+                 f"jax {summary['versions']['jax']}", "accuracy", "invalid_json", "missing_field",
+                 "Shadow kernel: PASSED", "xla (primary) vs blockwise (shadow)"):
         assert fact in page, fact
     n_scores, n_errors = len(_scores(output)), len(_errors(output))
     assert f"{n_scores + n_errors} / {n_scores} / {n_errors}" in page  # records / scored / errors
@@ -109,7 +111,8 @@ def test_report_opens_in_chromium_with_every_chart(finished_run, tmp_path):
     assert console == [], f"console errors: {console}"
     alts = [alt for alt, *_ in images]
     throughput = ["Throughput over the run"] if "progress.json" in run_files else []  # see the xfail test above
-    assert alts == ["Time per stage", "Per-stage latency distribution", *throughput, "Label distribution", "Errors by stage / type"]
+    assert alts == ["Time per stage", "Per-stage latency distribution", *throughput, "Label distribution",
+                    "Errors by stage / type", "Shadow kernel divergence"]
     assert all(complete and width > 0 and height > 0 for _, complete, width, height in images), images
     assert screenshot.stat().st_size > 10_000
 
@@ -150,6 +153,14 @@ def test_history_row_agrees_with_the_tables(finished_run):
     for column in ("read_p50_ms", "read_p95_ms", "tokenize_p50_ms", "infer_p50_ms", "infer_p95_ms", "postprocess_p95_ms"):
         assert row[column] is not None and row[column] >= 0, column
     assert infer[0] <= row["infer_p50_ms"] <= infer[-1]
+    # flash vs native: every document shadowed, different (so really another kernel) but within tolerance
+    gate = summary["shadow"]
+    diffs = [r["shadow_output_max_abs_diff"] for r in scores]
+    assert (row["shadow_attention_impl"], row["shadow_documents"], row["shadow_passed"]) == ("blockwise", len(scores), True)
+    assert row["shadow_output_max_abs_diff"] == gate["output_max_abs_diff"] == max(diffs)
+    assert 0 < max(diffs) <= gate["tolerance"] == 1e-5
+    assert row["shadow_score_max_abs_diff"] == max(r["shadow_score_abs_diff"] for r in scores)
+    assert gate["label_flips"] == sum(r["shadow_label_flip"] for r in scores) == 0
     # what was written is exactly that row
     written = pq.read_table(history.history_path(output, "r1"))
     assert written.schema == history.HISTORY_SCHEMA

@@ -45,9 +45,9 @@ def test_tolerances_and_totals():
         shadow.tolerance_for("float16")
     fine = shadow.Divergence(1e-7, 1e-8, 1.0, 1e-7, False)
     off = shadow.Divergence(3e-5, 1e-6, 1.0, 2e-3, True)
-    combine = shadow.ShadowTotals()
-    left = combine.add_input(combine.create_accumulator(), (fine, 1e-5))
-    right = combine.add_input(combine.add_input(combine.create_accumulator(), (off, 1e-5)), (fine, 1e-5))
+    combine = shadow.ShadowTotals(1e-5)
+    left = combine.add_input(combine.create_accumulator(), fine)
+    right = combine.add_input(combine.add_input(combine.create_accumulator(), off), fine)
     totals = combine.extract_output(combine.merge_accumulators([left, right]))
     assert totals["documents"] == 3 and totals["documents_over_tolerance"] == 1 and totals["label_flips"] == 1
     assert totals["output_max_abs_diff"] == 3e-5 and totals["worst_ratio_to_tolerance"] == pytest.approx(3.0)
@@ -56,3 +56,57 @@ def test_tolerances_and_totals():
     empty = combine.extract_output(combine.create_accumulator())
     assert empty["documents"] == 0 and empty["passed"] and empty["output_mean_abs_diff"] is None
     assert math.isnan(shadow.measure([np.zeros(2)], [np.zeros(2)], {}, {"embedding": [1.0]}).score_abs)
+
+
+# ---- end to end: docscore run with a shadow kernel (DirectRunner, MiniLM) ------------------------
+
+import json  # noqa: E402
+
+import jax.numpy as jnp  # noqa: E402
+
+from conftest import SENTENCES, common_flags, read_summary, read_table, run_docscore, write_jsonl  # noqa: E402
+from kernels import table  # noqa: E402
+from kernels.interface import Implementation  # noqa: E402
+from kernels.xla import xla_attention  # noqa: E402
+
+
+def perturbed_attention(q, k, v, *, segment_ids=None, causal=False, scale=None):
+    """TEST ONLY: xla attention with every output 0.1% too large - a kernel that is subtly wrong."""
+    return (xla_attention(q, k, v, segment_ids=segment_ids, causal=causal, scale=scale) * 1.001).astype(q.dtype)
+
+
+@pytest.fixture
+def perturbed_kernel(monkeypatch):
+    implementation = Implementation(name="perturbed", backends=("cpu", "gpu", "tpu"), limits="test only",
+                                    is_supported=lambda **_: (True, ""), call=perturbed_attention)
+    monkeypatch.setitem(table.IMPLEMENTATIONS, "perturbed", implementation)
+    return "perturbed"
+
+
+def test_a_perturbed_shadow_kernel_fails_the_gate(tmp_path, perturbed_kernel, capsys):
+    shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:6])])
+    out = tmp_path / "out"
+    code = run_docscore("--input", shard, *common_flags("bad", out), "--attention", "native",
+                        "--shadow_attention", perturbed_kernel, "--shadow_fraction", "1")
+    assert code == 3
+    assert "shadow gate FAILED: 6 of 6 shadowed documents" in capsys.readouterr().err
+    gate = read_summary(out, "bad")["shadow"]
+    assert (gate["impl"], gate["passed"], gate["documents"], gate["documents_over_tolerance"]) == ("perturbed", False, 6, 6)
+    scores, _ = read_table(out, "scores", "bad")
+    assert set(scores.shadow_attention_impl) == {"perturbed"} and set(scores.attention_impl) == {"xla"}
+    assert (scores.shadow_output_max_abs_diff > gate["tolerance"]).all()
+    assert gate["output_max_abs_diff"] == scores.shadow_output_max_abs_diff.max()
+    assert gate["score_max_abs_diff"] == scores.shadow_score_abs_diff.max() > 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--shadow_attention", "native"], "--shadow_attention=native resolves to xla, the kernel --attention=native already runs"),
+    (["--shadow_attention", "flash", "--shadow_fraction", "0"], "--shadow_fraction=0.0 must be in (0, 1]"),
+    (["--shadow_attention", "pallas_tpu"], "--shadow_attention=pallas_tpu cannot run on cpu"),
+    (["--shadow_attention", "flash", "--shadow_tolerance", "-1"], "--shadow_tolerance=-1.0 must be > 0"),
+])
+def test_shadow_configuration_errors_exit_2_before_reading(tmp_path, capsys, flags, message):
+    shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": SENTENCES[0]}])
+    assert run_docscore("--input", shard, *common_flags("cfg", tmp_path / "out"), "--attention", "native", *flags) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out" / "scores").exists()
