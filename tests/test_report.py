@@ -202,8 +202,13 @@ def test_every_query_in_docs_runs_on_the_run(finished_run):
     assert results["Documents per predicted label"] and sum(n for _, n in results["Documents per predicted label"]) == len(scores)
     assert sum(r[-1] for r in results["Errors by stage and type"]) == len(errors)
     assert results["Accuracy per run"] == [("r1", len(scores), pytest.approx(summary["task_metrics"]["accuracy"]))]
-    assert results["Runs over time"][0][0] == "r1"
-    assert results["Runs over time"][0][-2] == pytest.approx(summary["task_metrics"]["accuracy"])
+    runs = results["Runs over time"]
+    assert len(runs) == 1 and runs[0][0] == "r1"
+    assert runs[0][-5] == pytest.approx(summary["task_metrics"]["accuracy"])
+    assert runs[0][-3:] == ("blockwise", summary["shadow"]["output_max_abs_diff"], True)
+    (shadowed,) = results["Shadow kernel divergence"]
+    assert shadowed[:4] == ("r1", "xla", "blockwise", len(scores))
+    assert shadowed[4] == summary["shadow"]["output_max_abs_diff"] and shadowed[-1] == 0
 
 
 def test_report_reads_jsonl_tables_like_parquet(finished_run, tmp_path):
