@@ -35,6 +35,7 @@ TEST = [
     "duckdb==2.0.1",
     "pandas==3.1.1",
     "scipy==1.17.1",
+    "tensorflow-datasets==4.9.10",  # builds TFDS array_record fixtures in tests; no TensorFlow needed
 ]
 
 setup(
