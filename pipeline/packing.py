@@ -1,0 +1,143 @@
+"""Token-budget batching by packing: variable-length windows -> rows of one fixed length holding several
+windows each (segment ids 1, 2, ...), run in calls of a fixed number of rows, outputs mapped back.
+
+Holds the packing plan (first-fit decreasing), the call sizes (batch_size rows, then device-count rows for
+the tail, so each model method compiles at most two shapes per row length) and the runner. Must not
+call Beam, load models or know which task is scored (the callers pass the model function).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+MIN_SEGMENT_TOKENS = 8  # sets the segment slots per row: row_len // 8 (a window has >= 2 special tokens)
+
+
+@dataclasses.dataclass
+class WindowCost:
+    """One window's share of the calls that computed it, in proportion to its tokens."""
+
+    ms_per_row: float = 0.0
+    computed_tokens_per_row: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedRow:
+    """Window indices in one row, in order: window k of the row has segment id k + 1."""
+
+    windows: tuple[int, ...]
+
+
+def max_segments_for(row_len: int) -> int:
+    """Segment slots per row of row_len tokens (a row never holds more windows)."""
+    return max(1, row_len // MIN_SEGMENT_TOKENS)
+
+
+def pack_windows(lengths: Sequence[int], row_len: int, max_segments: int | None = None) -> list[PackedRow]:
+    """First-fit decreasing: each window goes into the first open row with room (tokens and segment
+    slots), longest windows first. Deterministic. Raises ValueError for a window longer than row_len."""
+    max_segments = max_segments or max_segments_for(row_len)
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        n = int(lengths[i])
+        if n > row_len:
+            raise ValueError(f"a window of {n} tokens does not fit rows of {row_len}; window documents to "
+                             f"<= {row_len} tokens (--max_seq_len)")
+        for r, room in enumerate(free):
+            if room >= n and len(rows[r]) < max_segments:
+                rows[r].append(i)
+                free[r] -= n
+                break
+        else:
+            rows.append([i])
+            free.append(row_len - n)
+    return [PackedRow(tuple(r)) for r in rows]
+
+
+def call_sizes(n_rows: int, batch_size: int, min_rows: int = 1) -> list[int]:
+    """Rows per call: full calls of batch_size, then calls of min_rows (one row per device) for the
+    rest, the last one padded with empty rows up to min_rows. At most two distinct sizes."""
+    if batch_size < 1 or min_rows < 1 or batch_size % min_rows:
+        raise ValueError(f"batch_size ({batch_size}) must be a positive multiple of min_rows ({min_rows}, "
+                         "the local device count); set --batch_size to a multiple of it")
+    full, rest = divmod(n_rows, batch_size)
+    return [batch_size] * full + [min_rows] * -(-rest // min_rows)
+
+
+def shapes_for(row_len: int, batch_size: int, min_rows: int = 1) -> set[tuple[int, int]]:
+    """Every [rows, row_len] input shape the runner can call with: the compile bound per method."""
+    return {(batch_size, row_len), (min_rows, row_len)}
+
+
+def run_packed(
+    windows: Sequence[np.ndarray],
+    call: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    *,
+    row_len: int,
+    batch_size: int,
+    per_token: bool = False,
+    min_rows: int = 1,
+) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
+    """Run windows through `call(input_ids, segment_ids)` in packed rows of row_len tokens.
+
+    call returns [B, max_segments_for(row_len), D] (slot s = segment s + 1; embeddings) or, with
+    per_token, [B, row_len] (one value per position). Returns each window's output (per_token outputs
+    cut to the window), its cost share, and totals (calls, computed and real tokens, milliseconds)."""
+    rows = pack_windows([len(w) for w in windows], row_len)
+    outputs: list[np.ndarray | None] = [None] * len(windows)
+    costs = [WindowCost() for _ in windows]
+    totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
+    start_row = 0
+    for size in call_sizes(len(rows), batch_size, min_rows):
+        chunk = rows[start_row : start_row + size]
+        start_row += size
+        input_ids = np.zeros((size, row_len), np.int32)
+        segment_ids = np.zeros((size, row_len), np.int32)
+        placed = []  # (window index, row, segment slot, start)
+        for r, row in enumerate(chunk):
+            at = 0
+            for slot, i in enumerate(row.windows):
+                n = len(windows[i])
+                input_ids[r, at : at + n] = windows[i]
+                segment_ids[r, at : at + n] = slot + 1
+                placed.append((i, r, slot, at))
+                at += n
+        t0 = time.perf_counter()
+        result = np.asarray(call(input_ids, segment_ids))  # numpy: the device work is done here
+        ms = (time.perf_counter() - t0) * 1000.0
+        real = max(1, int(np.count_nonzero(segment_ids)))
+        for i, r, slot, at in placed:
+            n = len(windows[i])
+            outputs[i] = result[r, at : at + n] if per_token else result[r, slot]
+            costs[i] = WindowCost(ms * n / real, size * row_len * n / real)
+        totals["calls"] += 1
+        totals["computed_tokens"] += size * row_len
+        totals["real_tokens"] += real
+        totals["ms"] += ms
+    return outputs, costs, totals  # type: ignore[return-value]
+
+
+def run_model(
+    loaded, windows: Sequence[np.ndarray], *, max_len: int, batch_size: int, per_token: bool = False
+) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
+    """run_packed with a models.LoadedModel: embed_packed (one embedding per window) or, per_token,
+    token_logprobs (a decoder's next-token log-probs per window). Rows per call are rounded up to a
+    multiple of the local device count (the model splits each call's rows over the devices)."""
+    import jax
+
+    devices = jax.local_device_count()
+    batch_size = -(-batch_size // devices) * devices
+    if per_token:
+        call = loaded.token_logprobs
+    else:
+        slots = max_segments_for(max_len)
+
+        def call(input_ids, segment_ids):
+            return loaded.embed_packed(input_ids, segment_ids, slots)
+
+    return run_packed(windows, call, row_len=max_len, batch_size=batch_size, per_token=per_token, min_rows=devices)

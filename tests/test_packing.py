@@ -1,0 +1,93 @@
+"""Token-budget batching by packing: the plan (every window once, rows within budget, two call shapes),
+outputs mapped back to their windows, packed MiniLM embeddings equal to one-window-per-row ones, and
+>= 90% padding efficiency on the sample corpus with the real tokenizer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.packing import call_sizes, max_segments_for, pack_windows, run_model, run_packed, shapes_for
+from tests.conftest import LONG_TEXT, SENTENCES, TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, direct_embeddings
+
+
+def test_pack_windows_places_every_window_once_within_the_row_budget():
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in rng.integers(2, 65, size=200)] + [64, 64, 1, 1, 1]
+    rows = pack_windows(lengths, 64, max_segments=6)
+    placed = [i for row in rows for i in row.windows]
+    assert sorted(placed) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in row.windows) <= 64 for row in rows)
+    assert all(1 <= len(row.windows) <= 6 for row in rows)
+    assert sum(lengths) / (64 * len(rows)) > 0.9  # about half are > 32 tokens and need a row each
+    assert pack_windows(lengths, 64, max_segments=6) == rows  # deterministic
+    with pytest.raises(ValueError, match="max_seq_len"):
+        pack_windows([65], 64)
+
+
+def test_call_sizes_use_two_shapes_and_cover_every_row():
+    for n in range(0, 40):
+        sizes = call_sizes(n, 8)
+        assert sum(sizes) == n and set(sizes) <= {8, 1}
+        sizes4 = call_sizes(n, 8, min_rows=4)
+        assert 0 <= sum(sizes4) - n < 4 and set(sizes4) <= {8, 4}
+    assert shapes_for(256, 16, 1) == {(16, 256), (1, 256)}
+    with pytest.raises(ValueError, match="batch_size"):
+        call_sizes(5, 6, min_rows=4)
+
+
+def test_run_packed_maps_each_segment_and_token_back_to_its_window():
+    rng = np.random.default_rng(1)
+    windows = [rng.integers(1, 1000, size=n).astype(np.int32) for n in (3, 40, 16, 17, 64, 5, 33, 2, 9, 12, 64, 30)]
+    slots = max_segments_for(64)
+    shapes = []
+
+    def per_segment(input_ids, segment_ids):  # [B, slots, 2]: each segment's id sum and length
+        shapes.append(input_ids.shape)
+        out = np.zeros((input_ids.shape[0], slots, 2), np.float32)
+        for s in range(slots):
+            member = segment_ids == s + 1
+            out[:, s, 0] = np.where(member, input_ids, 0).sum(axis=1)
+            out[:, s, 1] = member.sum(axis=1)
+        return out
+
+    outputs, costs, totals = run_packed(windows, per_segment, row_len=64, batch_size=4)
+    assert set(shapes) <= {(4, 64), (1, 64)}
+    for w, out in zip(windows, outputs):
+        assert out.tolist() == [float(w.sum()), float(len(w))]
+    assert totals["calls"] == len(shapes)
+    assert totals["real_tokens"] == sum(len(w) for w in windows)
+    assert totals["computed_tokens"] == sum(b * n for b, n in shapes)
+    assert sum(c.computed_tokens_per_row for c in costs) == pytest.approx(totals["computed_tokens"])
+    assert sum(c.ms_per_row for c in costs) == pytest.approx(totals["ms"])
+
+    per_token, _, _ = run_packed(windows, lambda ids, seg: ids.astype(np.float32), row_len=64, batch_size=4,
+                                 per_token=True)
+    assert [o.tolist() for o in per_token] == [w.astype(np.float32).tolist() for w in windows]
+
+
+def test_packed_minilm_embeddings_equal_one_window_per_row(minilm):
+    texts = SENTENCES + [LONG_TEXT]
+    encoded = minilm.tokenizer.encode_windows(texts, max_len=TEST_MAX_LEN, stride=TEST_STRIDE, max_windows=8)
+    windows = [w for doc in encoded for w in doc.windows]
+    compiles_before = minilm.compile_count
+    outputs, _, totals = run_model(minilm, windows, max_len=TEST_MAX_LEN, batch_size=TEST_BATCH)
+    assert minilm.compile_count - compiles_before <= len(shapes_for(TEST_MAX_LEN, TEST_BATCH))
+    rows = pack_windows([len(w) for w in windows], TEST_MAX_LEN)
+    assert totals["computed_tokens"] == TEST_MAX_LEN * sum(call_sizes(len(rows), TEST_BATCH))
+    pooled, k = [], 0
+    for doc in encoded:
+        mean = np.mean(outputs[k:k + len(doc.windows)], axis=0, dtype=np.float64)
+        pooled.append(mean / np.linalg.norm(mean))
+        k += len(doc.windows)
+    np.testing.assert_allclose(np.stack(pooled), direct_embeddings(minilm, texts), atol=2e-5)
+
+
+def test_sample_corpus_packs_at_90_percent_or_better(minilm):
+    from pipeline.sample_data import sample_records
+
+    texts = [r["text"] for r in sample_records()]
+    encoded = minilm.tokenizer.encode_windows(texts, max_len=256, stride=32, max_windows=8)
+    lengths = [len(w) for doc in encoded for w in doc.windows]
+    rows = pack_windows(lengths, 256)
+    computed = sum(call_sizes(len(rows), 16)) * 256
+    assert sum(lengths) / computed >= 0.9
