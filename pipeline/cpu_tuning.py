@@ -1,0 +1,148 @@
+"""Process-start tuning docscore applies itself: glibc malloc settings (mallopt), XLA CPU flags chosen
+per kernel (measured: ../shared/PERF_NOTES.md, benchmarks/pipeline_tuning.py) and JAX's persistent
+compilation cache. Must not import jax at module import, nor override what the user set explicitly.
+
+XLA flags only take effect for a JAX backend created after apply_cpu_tuning(), so the launcher calls
+it first thing and workers call it before loading a model; environment variables are inherited by
+worker processes, so multi-process runners get the same flags.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import os
+import platform
+import shlex
+
+log = logging.getLogger(__name__)
+
+# DOCSCORE_CPU_TUNING=0 turns the malloc and XLA-flag tuning off (for measuring it on and off).
+ENV_SWITCH = "DOCSCORE_CPU_TUNING"
+COMPILATION_CACHE_SUBDIR = "jax-compilation-cache"
+
+# mallopt(3) parameters and the values applied: keep big XLA temporaries in the heap instead of mapping
+# and unmapping them on every call (system time was 68 s of a 470 s run without this), and one arena
+# so that allocations of XLA's worker threads get the same treatment (a thread arena maps anything
+# larger than its 64 MiB heap whatever the threshold says).
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
+MALLOPT_VALUES = {
+    "M_MMAP_THRESHOLD": (M_MMAP_THRESHOLD, 1 << 30, "MALLOC_MMAP_THRESHOLD_"),
+    "M_TRIM_THRESHOLD": (M_TRIM_THRESHOLD, (1 << 31) - 1, "MALLOC_TRIM_THRESHOLD_"),
+    "M_TOP_PAD": (M_TOP_PAD, 256 << 20, "MALLOC_TOP_PAD_"),
+    "M_ARENA_MAX": (M_ARENA_MAX, 1, "MALLOC_ARENA_MAX"),
+}
+
+# XLA CPU flags per attention implementation (the kernel the run resolves to on CPU). Measured with
+# benchmarks/pipeline_tuning.py on MiniLM, packed [16, 256] rows; see benchmarks/RESULTS.md.
+YNN_INDIVIDUAL_DOT = "--xla_cpu_experimental_ynn_fusion_type=individual_dot"
+CPU_XLA_FLAGS = {
+    "xla": (YNN_INDIVIDUAL_DOT,),
+    "blockwise": (YNN_INDIVIDUAL_DOT,),
+}
+# --attention value -> the CPU implementation it means for the pipeline's window lengths (<= 512).
+CPU_IMPL_OF = {"native": "xla", "auto": "xla", "flash": "blockwise"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuTuning:
+    """What to apply. attention: the --attention value (or an implementation name); cache_dir: the
+    docscore cache dir (the compilation cache goes under it unless JAX_COMPILATION_CACHE_DIR is set)."""
+
+    attention: str = "auto"
+    cache_dir: str | None = None
+    malloc: bool = True
+    xla_flags: bool = True
+    compilation_cache: bool = True
+
+
+@dataclasses.dataclass
+class TuningReport:
+    """What apply_cpu_tuning did (goes to logs and benchmarks)."""
+
+    mallopt: dict[str, int] = dataclasses.field(default_factory=dict)
+    xla_flags_added: list[str] = dataclasses.field(default_factory=list)
+    compilation_cache_dir: str | None = None
+    skipped: list[str] = dataclasses.field(default_factory=list)
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def apply_cpu_tuning(tuning: CpuTuning | None = None) -> TuningReport:
+    """Apply the tuning to this process (idempotent). Malloc and XLA flags only when
+    DOCSCORE_CPU_TUNING is not 0; the compilation cache unless tuning.compilation_cache is False."""
+    tuning = tuning or CpuTuning()
+    report = TuningReport()
+    if tuning_enabled():
+        if tuning.malloc:
+            report.mallopt, skipped = apply_mallopt()
+            report.skipped += skipped
+        if tuning.xla_flags:
+            report.xla_flags_added = add_xla_flags(xla_flags_for(tuning.attention))
+    else:
+        report.skipped.append(f"{ENV_SWITCH}=0: malloc and XLA flag tuning off")
+    if tuning.compilation_cache:
+        report.compilation_cache_dir = enable_compilation_cache(tuning.cache_dir)
+    log.info("cpu tuning: %s", report)
+    return report
+
+
+def apply_mallopt(names: tuple[str, ...] = tuple(MALLOPT_VALUES)) -> tuple[dict[str, int], list[str]]:
+    """Set MALLOPT_VALUES[names] through glibc's mallopt; a parameter the user set through its MALLOC_*
+    environment variable is left alone. Returns (applied {name: value}, skipped reasons)."""
+    applied: dict[str, int] = {}
+    skipped: list[str] = []
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return applied, [f"mallopt: not glibc ({platform.system()} {platform.libc_ver()[0] or '?'})"]
+    libc = ctypes.CDLL(None)
+    for name in names:
+        param, value, env = MALLOPT_VALUES[name]
+        if env in os.environ:
+            skipped.append(f"{name}: {env} is set")
+            continue
+        if libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1:
+            applied[name] = value
+        else:
+            skipped.append(f"{name}: glibc refused {value}")
+    return applied, skipped
+
+
+def xla_flags_for(attention: str) -> tuple[str, ...]:
+    """The XLA CPU flags chosen for the kernel an --attention value means on CPU."""
+    impl = CPU_IMPL_OF.get(attention, attention)
+    return CPU_XLA_FLAGS.get(impl, ())
+
+
+def add_xla_flags(flags: tuple[str, ...] | list[str]) -> list[str]:
+    """Append flags to $XLA_FLAGS unless the flag's name is already there (the user's value wins).
+    Returns the flags added."""
+    current = shlex.split(os.environ.get("XLA_FLAGS", ""))
+    present = {f.split("=", 1)[0] for f in current}
+    added = [f for f in flags if f.split("=", 1)[0] not in present]
+    if added:
+        os.environ["XLA_FLAGS"] = " ".join(current + added)
+    return added
+
+
+def compilation_cache_dir(cache_dir: str | None) -> str:
+    """$JAX_COMPILATION_CACHE_DIR when set, else <docscore cache dir>/jax-compilation-cache."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.environ["JAX_COMPILATION_CACHE_DIR"]
+    from models.model_dir import default_cache_dir
+
+    return os.path.join(cache_dir or default_cache_dir(), COMPILATION_CACHE_SUBDIR)
+
+
+def enable_compilation_cache(cache_dir: str | None) -> str:
+    """Turn JAX's persistent compilation cache on (a second run loads its programs instead of
+    compiling them). Exported to the environment too, so worker processes share it."""
+    import jax
+
+    path = compilation_cache_dir(cache_dir)
+    if "://" not in path:
+        os.makedirs(path, exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    jax.config.update("jax_compilation_cache_dir", path)
+    return path
