@@ -11,7 +11,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 4294967296
 export MALLOC_TRIM_THRESHOLD_ ?= 4294967296
 export MALLOC_TOP_PAD_ ?= 268435456
 
-.PHONY: run test install sample bench clean
+.PHONY: run test install sample bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ $(VENV)/.test-installed: $(VENV)/.runtime-installed
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+# The report test drives headless Chromium (Debian packages chromium + chromium-driver).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "the report test needs Chromium: sudo apt-get install chromium chromium-driver"; fi; }
+
 install: $(VENV)/.runtime-installed
 
 sample: $(VENV)/.runtime-installed
@@ -39,7 +45,7 @@ sample: $(VENV)/.runtime-installed
 run: sample
 	$(BIN)/docscore run --config data/sample/classify.yaml --output $(OUTPUT)
 
-test: $(VENV)/.test-installed
+test: $(VENV)/.test-installed browser
 	$(BIN)/python -m pytest -q tests
 
 bench: $(VENV)/.test-installed

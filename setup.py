@@ -36,6 +36,7 @@ TEST = [
     "pandas==3.1.1",
     "scipy==1.17.1",
     "tensorflow-datasets==4.9.10",  # builds TFDS array_record fixtures in tests; no TensorFlow needed
+    "selenium==4.51.0",  # drives headless Chromium (Debian chromium + chromium-driver) for the report test
 ]
 
 setup(

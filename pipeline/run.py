@@ -16,7 +16,7 @@ import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import RunInference
 
-from pipeline import sinks
+from pipeline import history, progress, report, sinks
 from pipeline.inference import FlaxModelHandler
 from pipeline.options import ConfigError, EvalOptions, parse_options
 from pipeline.postprocess import ERRORS_TAG, STATS_TAG, ScoreDocument, ScoreSpec, inference_failures_to_errors
@@ -30,7 +30,8 @@ from pipeline.validate import RunPlan, validate
 VERSIONED = ("docscore", "apache-beam", "jax", "jaxlib", "flax", "orbax-checkpoint", "numpy", "pyarrow", "tokenizers", "fsspec", "gcsfs")
 
 
-def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.OutputSpec) -> dict[str, beam.PCollection]:
+def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.OutputSpec,
+                   counter_dir: str | None = None) -> dict[str, beam.PCollection]:
     """The whole job: shards -> documents -> windows -> RunInference -> rows -> tables + run stats."""
     read = (
         p
@@ -62,6 +63,11 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     scored = predictions | "Score" >> beam.ParDo(ScoreDocument(score_spec)).with_outputs(ERRORS_TAG, STATS_TAG, main="rows")
     errors = (read[ERRORS_TAG], tokenized[ERRORS_TAG], infer_errors, scored[ERRORS_TAG]) | "AllErrors" >> beam.Flatten()
     error_rows = errors | "ErrorRows" >> beam.Map(error_to_row, eo.run_id)
+    # progress: records read (documents + unreadable records) and finished (scored + error rows)
+    _ = read.docs | "CountRead" >> progress.CountProgress(counter_dir, "discovered")
+    _ = read[ERRORS_TAG] | "CountUnreadable" >> progress.CountProgress(counter_dir, "discovered")
+    _ = scored.rows | "CountScored" >> progress.CountProgress(counter_dir, "done")
+    _ = errors | "CountErrors" >> progress.CountProgress(counter_dir, "done")
     sinks.write_table(scored.rows, "scores", out)
     sinks.write_table(error_rows, "errors", out)
     shadow_tolerance = plan.shadow.tolerance if plan.shadow else None
@@ -209,10 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     out = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format, staging_root)
     started = time.time()
     p = beam.Pipeline(options=options)
-    build_pipeline(p, eo, plan, out)
+    counter_dir = progress.local_counter_dir(options)
+    build_pipeline(p, eo, plan, out, counter_dir)
     try:
-        result = p.run()
-        state = result.wait_until_finish()
+        result, reporter = progress.run_with_progress(p, counter_dir, display=not eo.no_progress)
+        state = result.state
     except Exception as e:  # the job failed: nothing is published, the previous partition stays
         print(f"docscore run {eo.run_id}: the pipeline failed ({type(e).__name__}: {e}); nothing was published", file=sys.stderr)
         return 1
@@ -224,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     metrics = metric_values(result, "docscore")
     summary = build_summary(eo, plan, stats, metrics, started, finished)
     published = sinks.publish(out, summary)
+    if not eo.output.startswith(sinks.BQ_PREFIX):  # after publish: the run's directory now exists
+        reporter.write_samples(progress.samples_path(eo.output, eo.run_id))
+        history.write_history_row(eo.output, summary)
+        published["report"] = report.write_report(eo.output, eo.run_id)
     print_report(summary, published)
     failure = shadow_gate_failure(summary)
     if failure:

@@ -68,8 +68,6 @@ def finished_run(tmp_path_factory):
     return output, summary, run_files
 
 
-@pytest.mark.xfail(strict=True, reason="lead: pipeline/run.py main() does not yet call progress.run_with_progress, "
-                   "history.write_history_row and report.write_report (remove this marker once it does)")
 def test_the_run_itself_writes_report_history_and_progress(finished_run):
     *_, run_files = finished_run
     assert {"summary.json", "progress.json", "history.parquet", "report.html"} <= run_files
