@@ -16,6 +16,13 @@ from pipeline.records import Document, ErrorRow
 
 BUCKET_LENGTHS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 ERRORS_TAG = "errors"
+# A text longer than this is tokenised only as far as --max_chunks windows need (a prefix cut at a space,
+# PREFIX_CHARS_PER_TOKEN characters a needed token, grown x4 until it holds them): a 20 MB document then
+# costs milliseconds instead of a minute and gigabytes. Its n_tokens counts the prefix's tokens.
+FULL_TOKENIZE_CHARS = 64 * 1024
+PREFIX_CHARS_PER_TOKEN = 16  # English averages ~5 characters a token
+NO_SPACE_SPARE_TOKENS = 256  # tokens kept past the windows when a prefix must be cut inside a word
+MAX_PREFIX_CHARS_PER_TOKEN = 256  # the prefix stops growing here; the rest is not read (truncated=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +70,7 @@ def tokenize_document(doc: Document, tokenizer, spec: WindowSpec, *, with_query:
         if not isinstance(query, str) or not query.strip():
             raise ValueError("similarity needs a non-empty string `query` field in each record")
         texts.append(query)
-    encoded = tokenizer.encode_windows(texts, max_len=spec.max_len, stride=spec.stride, max_windows=spec.max_chunks)
+    encoded = [encode_text(tokenizer, text, spec) for text in texts]
     elapsed = (time.perf_counter() - start) * 1000.0
     return TokenizedDoc(
         doc=dataclasses.replace(doc, text=""),
@@ -73,6 +80,35 @@ def tokenize_document(doc: Document, tokenizer, spec: WindowSpec, *, with_query:
         tokenize_ms=elapsed,
         query_windows=list(encoded[1].windows) if with_query else [],
     )
+
+
+def encode_text(tokenizer, text: str, spec: WindowSpec):
+    """tokenizer.encode_windows of one text; a text over FULL_TOKENIZE_CHARS is tokenised from a prefix
+    that yields at least one token more than spec.max_chunks windows hold (so the windows equal those of
+    the whole text, and truncated is true)."""
+    kwargs = {"max_len": spec.max_len, "stride": spec.stride, "max_windows": spec.max_chunks}
+    content = spec.max_len - tokenizer.n_special
+    needed = content + (spec.max_chunks - 1) * (content - spec.stride) + 1
+    chars = max(FULL_TOKENIZE_CHARS, needed * PREFIX_CHARS_PER_TOKEN)
+    while chars < len(text):
+        cut = space_before(text, chars)
+        encoded = tokenizer.encode_windows([text[: cut or chars]], **kwargs)[0]
+        # a cut at whitespace leaves every token before it as in the whole text; a cut inside a run without
+        # whitespace may change that run's last tokens, so those must lie past the windows
+        if encoded.n_tokens >= needed + (0 if cut else NO_SPACE_SPARE_TOKENS):
+            return encoded
+        if chars >= needed * MAX_PREFIX_CHARS_PER_TOKEN:  # a degenerate text (one huge unknown word): stop here
+            return dataclasses.replace(encoded, truncated=True)
+        chars *= 4  # long words or unknown runs: fewer tokens a character than guessed
+    return tokenizer.encode_windows([text], **kwargs)[0]
+
+
+def space_before(text: str, end: int, look_back: int = 1024) -> int | None:
+    """The position of the last whitespace before `end`, looking back at most look_back characters."""
+    for i in range(end - 1, max(end - look_back, 0), -1):
+        if text[i].isspace():
+            return i
+    return None
 
 
 class Tokenize(beam.DoFn):

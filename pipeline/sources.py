@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import sys
 import time
 import zlib
 from collections.abc import Iterator
@@ -25,8 +26,14 @@ PARQUET_SUFFIXES = (".parquet",)
 TEXT_SUFFIXES = (".txt", ".md")
 ARRAY_RECORD_MARK = ".array_record"
 SUPPORTED = ", ".join(JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES) + ", tfds:NAME"
-KEPT_FIELDS = ("query", "label")  # record fields the tasks use, carried on the Document
+KEPT_FIELDS = ("query", "label")  # record fields the tasks use, carried on the Document (scalars only)
 ERRORS_TAG = "errors"
+# A record (JSONL line, text file, Parquet text cell) larger than this becomes a `record_too_large` error
+# row; a JSONL reader holds at most this much of one line. 32 MiB: far above real documents (the model
+# reads at most --max_chunks windows of them) yet small enough that a few parallel readers fit a worker.
+DEFAULT_MAX_RECORD_BYTES = 32 * 2**20
+READ_CHUNK_BYTES = 2**20  # JSONL shards are read in chunks of this size, never whole
+RAW_PREVIEW_BYTES = 4000  # what an error row keeps of a record it could not hold (records.truncate_raw cuts further)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +43,7 @@ class ReadSpec:
     text_field: str = "text"
     id_field: str | None = "id"
     tfds: tfds_reader.TfdsDataset | None = None
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
 
 def shard_format(path: str) -> str | None:
@@ -81,26 +89,64 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
     return sorted(fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in found)
 
 
-def make_document(record: Any, source: str, index: int, spec: ReadSpec, read_ms: float) -> Document | ErrorRow:
-    """One parsed record -> Document, or ErrorRow(stage=parse) naming the field problem."""
+def make_document(
+    record: Any, source: str, index: int, spec: ReadSpec, read_ms: float, raw: bytes | str | None = None
+) -> Document | ErrorRow:
+    """One parsed record -> Document, or ErrorRow(stage=parse) naming the field problem. `raw` is the
+    record as read (JSONL line); without it an error row shows the record re-serialised."""
+    shown = (lambda: raw) if raw is not None else (lambda: _raw(record))  # noqa: E731 - only built for error rows
     if not isinstance(record, dict):
-        return ErrorRow(source, index, "parse", "not_an_object", f"record is a {type(record).__name__}, not an object", raw=_raw(record))
+        return ErrorRow(source, index, "parse", "not_an_object", f"record is a {type(record).__name__}, not an object", raw=shown())
     doc_id = _doc_id(record, source, index, spec.id_field)
     if spec.text_field not in record or record[spec.text_field] is None:
         return ErrorRow(
             source, index, "parse", "missing_field",
-            f"record has no {spec.text_field!r} (--text_field); fields: {sorted(record)[:20]}", raw=_raw(record), doc_id=doc_id,
+            f"record has no {spec.text_field!r} (--text_field); fields: {sorted(record)[:20]}", raw=shown(), doc_id=doc_id,
         )
     text = record[spec.text_field]
     if not isinstance(text, str):
         return ErrorRow(
             source, index, "parse", "bad_field_type",
-            f"{spec.text_field!r} (--text_field) is a {type(text).__name__}, not a string", raw=_raw(record), doc_id=doc_id,
+            f"{spec.text_field!r} (--text_field) is a {type(text).__name__}, not a string", raw=shown(), doc_id=doc_id,
         )
     if not text.strip():
-        return ErrorRow(source, index, "parse", "empty_text", f"{spec.text_field!r} is empty or whitespace", raw=_raw(record), doc_id=doc_id)
+        return ErrorRow(source, index, "parse", "empty_text", f"{spec.text_field!r} is empty or whitespace", raw=shown(), doc_id=doc_id)
+    size = utf8_size(text)
+    if size is None or utf8_size(doc_id) is None:
+        return ErrorRow(
+            source, index, "parse", "invalid_unicode",
+            f"{spec.text_field!r} or the id holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not "
+            "valid Unicode text; fix the producer of this record", raw=shown(), doc_id=_printable(doc_id),
+        )
+    if size > spec.max_record_bytes:
+        return ErrorRow(
+            source, index, "read", "record_too_large",
+            f"{spec.text_field!r} holds {size} bytes, more than --max_record_bytes={spec.max_record_bytes}; "
+            "raise --max_record_bytes to score it", raw=text[:RAW_PREVIEW_BYTES], doc_id=doc_id,
+        )
     fields = {k: record[k] for k in KEPT_FIELDS if k in record and record[k] is not None}
+    for name, value in fields.items():
+        if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and utf8_size(value) is None):
+            return ErrorRow(
+                source, index, "parse", "bad_field_type",
+                f"{name!r} is a {type(value).__name__}; it must be a string or a number", raw=shown(), doc_id=doc_id,
+            )
     return Document(doc_id=doc_id, text=text, source=source, record_index=index, fields=fields, read_ms=read_ms)
+
+
+def utf8_size(text: str) -> int | None:
+    """Bytes of `text` in UTF-8 (ASCII text is not encoded), or None when it holds a lone surrogate
+    (JSON allows the escape "\\ud800"; no Parquet or UTF-8 writer accepts the result)."""
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", errors="replace").decode("utf-8")
 
 
 def _doc_id(record: dict, source: str, index: int, id_field: str | None) -> str:
@@ -111,10 +157,11 @@ def _doc_id(record: dict, source: str, index: int, id_field: str | None) -> str:
 
 
 def _raw(record: Any) -> str:
+    """The record as JSON for an error row (a lone surrogate replaced: it would break the errors table)."""
     try:
-        return json.dumps(record, ensure_ascii=False, default=str)
+        return _printable(json.dumps(record, ensure_ascii=False, default=str)[:RAW_PREVIEW_BYTES])
     except (TypeError, ValueError, RecursionError):
-        return repr(record)
+        return f"<a {type(record).__name__} that cannot be shown>"
 
 
 def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
@@ -130,35 +177,80 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
         yield ErrorRow(path, None, "read", type(e).__name__, f"{fmt} shard could not be read: {e}")
 
 
-def _timed(records: Iterator[tuple[int, Any]], path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
-    """Turn (index, record-or-ErrorRow) into Documents, charging each one the time since the last."""
+def _timed(records: Iterator[tuple[int, Any, bytes | None]], path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
+    """Turn (index, record-or-ErrorRow, raw bytes or None) into Documents, charging each one the time
+    since the last."""
     start = time.perf_counter()
-    for index, record in records:
+    for index, record, raw in records:
         if isinstance(record, ErrorRow):
             yield record
         else:
-            yield make_document(record, path, index, spec, (time.perf_counter() - start) * 1000.0)
+            yield make_document(record, path, index, spec, (time.perf_counter() - start) * 1000.0, raw)
         start = time.perf_counter()
 
 
+def bounded_lines(f, max_bytes: int, chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[tuple[bytes, int]]:
+    """The lines of a binary file as (line, its size in bytes), newline excluded, reading chunk_bytes at a
+    time. A line longer than max_bytes is never held whole: it is skipped to its end and yielded as
+    (its first RAW_PREVIEW_BYTES bytes, its full size). A last line without a newline is a line too."""
+    read = getattr(f, "read1", f.read)  # read1: what is there now (a truncated .gz still gives what precedes the break)
+    held = bytearray()
+    skipped = -1  # bytes of an over-long line skipped so far (held keeps its preview); -1: none
+    while chunk := read(chunk_bytes):
+        start = 0
+        while start < len(chunk):
+            newline = chunk.find(b"\n", start)
+            end = len(chunk) if newline < 0 else newline
+            if skipped >= 0:
+                skipped += end - start
+            else:
+                held += chunk[start:end]
+                if len(held) > max_bytes:
+                    skipped = len(held)
+                    del held[RAW_PREVIEW_BYTES:]
+            if newline < 0:
+                break
+            yield _line(held, skipped)
+            held, skipped, start = bytearray(), -1, newline + 1
+    if held or skipped >= 0:
+        yield _line(held, skipped)
+
+
+def _line(held: bytearray, skipped: int) -> tuple[bytes, int]:
+    line = bytes(held[:-1] if held.endswith(b"\r") and skipped < 0 else held)  # CRLF line ends
+    return line, (skipped if skipped >= 0 else len(line))
+
+
 def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
-    def records() -> Iterator[tuple[int, Any]]:
+    def records() -> Iterator[tuple[int, Any, bytes | None]]:
         compression = "gzip" if path.lower().endswith(".gz") else None
         with fsspec.open(path, "rb", compression=compression) as f:
             try:
-                for index, line in enumerate(f):
-                    if index == 0 and line.startswith(b"\xef\xbb\xbf"):
+                for index, (line, size) in enumerate(bounded_lines(f, spec.max_record_bytes)):
+                    if size > spec.max_record_bytes:
+                        yield index, ErrorRow(
+                            path, index, "read", "record_too_large",
+                            f"line of {size} bytes is longer than --max_record_bytes={spec.max_record_bytes}; it was "
+                            "skipped without being read whole (raise --max_record_bytes to score it)", raw=line,
+                        ), None
+                        continue
+                    if line.startswith(b"\xef\xbb\xbf"):  # a UTF-8 BOM (first line, or shards concatenated)
                         line = line[3:]
                     if not line.strip():
                         continue  # blank lines are not records
                     try:
-                        yield index, json.loads(line.decode("utf-8"))
+                        yield index, json.loads(line.decode("utf-8")), line
                     except UnicodeDecodeError as e:
-                        yield index, ErrorRow(path, index, "parse", "invalid_utf8", str(e), raw=line)
-                    except (json.JSONDecodeError, RecursionError) as e:
-                        yield index, ErrorRow(path, index, "parse", "invalid_json", str(e)[:300], raw=line)
+                        yield index, ErrorRow(path, index, "parse", "invalid_utf8", str(e), raw=line), None
+                    except RecursionError:
+                        yield index, ErrorRow(
+                            path, index, "parse", "too_deeply_nested",
+                            f"JSON nested deeper than Python's parser allows (~{sys.getrecursionlimit()} levels)", raw=line,
+                        ), None
+                    except json.JSONDecodeError as e:
+                        yield index, ErrorRow(path, index, "parse", "invalid_json", str(e)[:300], raw=line), None
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as e:
-                yield 0, ErrorRow(path, None, "read", type(e).__name__, f"shard ends early or is corrupt: {e}")
+                yield 0, ErrorRow(path, None, "read", type(e).__name__, f"shard ends early or is corrupt: {e}"), None
 
     yield from _timed(records(), path, spec)
 
@@ -166,12 +258,12 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
 def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     import pyarrow.parquet as pq
 
-    def records() -> Iterator[tuple[int, Any]]:
+    def records() -> Iterator[tuple[int, Any, None]]:
         with fsspec.open(path, "rb") as f:
             index = 0
             for batch in pq.ParquetFile(f).iter_batches(batch_size=512):
                 for row in batch.to_pylist():
-                    yield index, row
+                    yield index, row, None
                     index += 1
 
     yield from _timed(records(), path, spec)
@@ -180,7 +272,19 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
 def _read_text(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     start = time.perf_counter()
     with fsspec.open(path, "rb") as f:
-        data = f.read()
+        size = f.size if getattr(f, "size", None) is not None else None
+        if size is not None and size > spec.max_record_bytes:
+            yield ErrorRow(
+                path, 0, "read", "record_too_large",
+                f"file of {size} bytes is larger than --max_record_bytes={spec.max_record_bytes}; it was not read "
+                "(raise --max_record_bytes to score it)", raw=f.read(RAW_PREVIEW_BYTES), doc_id=path,
+            )
+            return
+        data = f.read(spec.max_record_bytes + 1)
+    if len(data) > spec.max_record_bytes:  # a file system that did not know the size
+        yield ErrorRow(path, 0, "read", "record_too_large",
+                       f"file is larger than --max_record_bytes={spec.max_record_bytes}", raw=data[:RAW_PREVIEW_BYTES], doc_id=path)
+        return
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -194,26 +298,33 @@ def _read_array_record(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRo
     if spec.tfds is None:
         raise ValueError("array_record shards are read through --input tfds:NAME with --tfds_data_dir")
 
-    def records() -> Iterator[tuple[int, Any]]:
+    def records() -> Iterator[tuple[int, Any, None]]:
         for index, data in enumerate(tfds_reader.iter_array_record(path)):
             try:
-                yield index, tfds_reader.decode_example(data, spec.tfds)
+                yield index, tfds_reader.decode_example(data, spec.tfds), None
             except Exception as e:  # a record that is not a valid tf.train.Example
-                yield index, ErrorRow(path, index, "parse", "invalid_example", str(e)[:300], raw=data)
+                yield index, ErrorRow(path, index, "parse", "invalid_example", str(e)[:300], raw=data), None
 
     yield from _timed(records(), path, spec)
 
 
 class ReadShard(beam.DoFn):
-    """Beam adapter: a shard path in, Documents out (ErrorRows on the 'errors' output)."""
+    """Beam adapter: a shard path in, Documents out (ErrorRows on the 'errors' output). Counters (namespace
+    docscore): records_read (records the readers saw: Documents + record error rows), shards_read, and
+    empty_shards (shards without a single record, e.g. zero-byte files)."""
 
     def __init__(self, spec: ReadSpec):
         self._spec = spec
         self._records = beam.metrics.Metrics.counter("docscore", "records_read")
         self._read_errors = beam.metrics.Metrics.counter("docscore", "read_errors")
+        self._shards = beam.metrics.Metrics.counter("docscore", "shards_read")
+        self._empty_shards = beam.metrics.Metrics.counter("docscore", "empty_shards")
 
     def process(self, path: str):
+        self._shards.inc()
+        items = 0
         for item in read_shard(path, self._spec):
+            items += 1
             if isinstance(item, ErrorRow):
                 if item.record_index is not None:
                     self._records.inc()
@@ -222,3 +333,5 @@ class ReadShard(beam.DoFn):
             else:
                 self._records.inc()
                 yield item
+        if items == 0:
+            self._empty_shards.inc()

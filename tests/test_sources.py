@@ -42,7 +42,7 @@ def test_jsonl_records_and_bad_lines_become_documents_or_error_rows(tmp_path):
         (3, "parse", "invalid_json"), (4, "parse", "not_an_object"), (5, "parse", "bad_field_type"),
         (6, "parse", "empty_text"), (7, "parse", "missing_field"), (8, "parse", "invalid_utf8"),
     ]
-    assert errors[0].raw == "not json\n" and errors[2].doc_id == "n"
+    assert errors[0].raw == "not json" and errors[2].doc_id == "n"
 
 
 def test_truncated_gzip_keeps_what_was_read_and_reports_the_shard(tmp_path):
