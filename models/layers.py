@@ -26,9 +26,15 @@ def layer_norm(features: int, eps: float, rngs: nnx.Rngs) -> nnx.LayerNorm:
     return nnx.LayerNorm(features, epsilon=eps, dtype=jnp.float32, use_fast_variance=False, rngs=rngs)
 
 
+def matmul_precision(dtype: jnp.dtype) -> jax.lax.Precision | None:
+    """float32 means float32 on every backend (TPU/GPU default to bf16/tf32 passes); bfloat16 is native."""
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
+
+
 def linear(features_in: int, features_out: int, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
     """Dense layer: float32 params cast to `dtype` for the matmul, accumulated and returned in float32."""
-    return nnx.Linear(features_in, features_out, dtype=dtype, preferred_element_type=jnp.float32, rngs=rngs)
+    return nnx.Linear(features_in, features_out, dtype=dtype, precision=matmul_precision(dtype),
+                      preferred_element_type=jnp.float32, rngs=rngs)
 
 
 def positions_in_segments(segment_ids: jax.Array) -> jax.Array:
