@@ -1,22 +1,21 @@
-"""`docscore run`: parse -> validate (exit 2) -> build the Beam graph -> run -> publish tables and
-summary.json -> print where they are. build_pipeline() is the whole graph, so a Dataflow dry run
-builds exactly the same job. Must not hold reading, scoring or writing logic (their modules do).
+"""`docscore run`: parse -> validate (exit 2) -> build the Beam graph, whose last step publishes the
+tables and summary.json (pipeline/publish.py) -> run -> wait (not for a job only written down:
+--template_location, --dry_run) -> add the job's Beam metrics -> print where the tables are.
+build_pipeline() is the whole graph, so a Dataflow dry run or Flex Template builds exactly the same
+job. Must not hold reading, scoring or writing logic (their modules do).
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import sys
 import time
-from importlib import metadata
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import RunInference
 
-from pipeline import history, progress, report, sinks
+from pipeline import progress, publish, sinks
 from pipeline.inference import FlaxModelHandler
 from pipeline.options import ConfigError, EvalOptions, parse_options
 from pipeline.postprocess import ERRORS_TAG, STATS_TAG, ScoreDocument, ScoreSpec, inference_failures_to_errors
@@ -24,15 +23,15 @@ from pipeline.preprocess import Tokenize
 from pipeline.records import error_to_row
 from pipeline.sources import ReadShard
 from pipeline.stats import ComputeRunStats
+from pipeline.summary import launch_facts
 from pipeline.timing import STAGES
 from pipeline.validate import RunPlan, validate
 
-VERSIONED = ("docscore", "apache-beam", "jax", "jaxlib", "flax", "orbax-checkpoint", "numpy", "pyarrow", "tokenizers", "fsspec", "gcsfs")
-
 
 def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.OutputSpec,
-                   counter_dir: str | None = None) -> dict[str, beam.PCollection]:
-    """The whole job: shards -> documents -> windows -> RunInference -> rows -> tables + run stats."""
+                   counter_dir: str | None = None, started: float | None = None) -> dict[str, beam.PCollection]:
+    """The whole job: shards -> documents -> windows -> RunInference -> rows -> tables + run stats ->
+    Publish, after every table write (`started`: the launch time, for the summary's wall time)."""
     read = (
         p
         | "Shards" >> beam.Create(list(plan.shards))
@@ -68,12 +67,14 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     _ = read[ERRORS_TAG] | "CountUnreadable" >> progress.CountProgress(counter_dir, "discovered")
     _ = scored.rows | "CountScored" >> progress.CountProgress(counter_dir, "done")
     _ = errors | "CountErrors" >> progress.CountProgress(counter_dir, "done")
-    sinks.write_table(scored.rows, "scores", out)
-    sinks.write_table(error_rows, "errors", out)
+    written = {"scores": sinks.write_table(scored.rows, "scores", out), "errors": sinks.write_table(error_rows, "errors", out)}
     shadow_tolerance = plan.shadow.tolerance if plan.shadow else None
     stats = (scored[STATS_TAG], errors) | "RunStats" >> ComputeRunStats(eo.task, shadow_tolerance)
-    sinks.write_stats(stats, out)
-    return {"scores": scored.rows, "errors": error_rows, "stats": stats}
+    facts = launch_facts(eo, plan, time.time() if started is None else started)
+    # history and report: written by the job, except for a local run, whose launcher writes them once it
+    # has added the Beam metrics and progress samples (publish.write_derived either way)
+    published = stats | "Publish" >> publish.PublishRun(out, facts, written, derived=not publish.runs_locally(p.options))
+    return {"scores": scored.rows, "errors": error_rows, "stats": stats, "published": published}
 
 
 def metric_values(result, namespace_prefix: str) -> dict[str, Any]:
@@ -94,85 +95,6 @@ def metric_values(result, namespace_prefix: str) -> dict[str, Any]:
             else:
                 found[name] = {"sum": value.sum, "count": value.count, "min": value.min, "max": value.max}
     return found
-
-
-def versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
-    for name in VERSIONED:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return found
-
-
-def build_summary(eo: EvalOptions, plan: RunPlan, stats: dict[str, Any], metrics: dict[str, Any], started: float, finished: float) -> dict[str, Any]:
-    import jax
-
-    wall_s = max(finished - started, 1e-9)
-    infer_ns = f"docscore_inference_{plan.kernel}"
-    counters = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(infer_ns + "/")}
-    rss = counters.get("rss_mb") or {}
-    scored = stats["counts"]["scored"]
-    config = {k: v for k, v in eo.get_all_options(current_only=True).items() if k not in ("config",)}
-    config["labels"] = plan.labels
-    config.pop("classify_labels", None)
-    return {
-        "run_id": eo.run_id,
-        "task": eo.task,
-        "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(),
-        "finished_at": datetime.datetime.fromtimestamp(finished, datetime.timezone.utc).isoformat(),
-        "wall_s": wall_s,
-        "config": config,
-        "runner": {
-            k: v for k, v in eo.get_all_options().items() if k in ("runner", "direct_running_mode", "direct_num_workers") and v is not None
-        },
-        "versions": versions(),
-        "backend": {
-            "target": plan.target_backend,
-            "launcher": jax.default_backend(),
-            "launcher_devices": [str(d) for d in jax.devices()],
-            "workers": stats.get("worker_backend", []),
-        },
-        "kernel": {"requested": eo.attention, "resolved": plan.kernel, "in_rows": stats.get("attention_impl", [])},
-        "model": {
-            "name": eo.model,
-            "family": plan.model_family,
-            "model_id": plan.model_id,
-            "fingerprint": plan.fingerprint,
-            "dtype": eo.dtype,
-            "max_seq_len": plan.window_spec.max_len,
-        },
-        "counts": stats["counts"],
-        "timing": {"stages": stats["stages"], "wall_s": wall_s},
-        "throughput": {
-            "docs_per_s": scored / wall_s,
-            "tokens_per_s": stats["tokens"]["text_tokens"] / wall_s,
-        },
-        "tokens": stats["tokens"],
-        "compile": {
-            "count": int(counters.get("compiles", 0)),
-            "time_ms": int(counters.get("compile_ms", 0)),
-            "model_calls": int(counters.get("model_calls", 0)),
-        },
-        "memory": {"peak_rss_mb": rss.get("max"), "start_rss_mb": rss.get("min")},
-        "task_metrics": stats.get("task_metrics", {}),
-        "metrics": metrics,
-        **shadow_summary(plan, stats, counters),
-    }
-
-
-def shadow_summary(plan: RunPlan, stats: dict[str, Any], counters: dict[str, Any]) -> dict[str, Any]:
-    """{"shadow": the --shadow_* settings, the divergence totals and the gate} when the run had a shadow kernel."""
-    if plan.shadow is None:
-        return {}
-    shadow_us = counters.get("shadow_batch_us") or {}
-    return {"shadow": {
-        **plan.shadow.summary(),
-        **stats.get("shadow", {}),
-        "batches": int(counters.get("shadow_batches", 0)),
-        "time_ms": (shadow_us.get("sum") or 0) / 1000.0,
-    }}
 
 
 def shadow_gate_failure(summary: dict[str, Any]) -> str | None:
@@ -216,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     p = beam.Pipeline(options=options)
     counter_dir = progress.local_counter_dir(options)
-    build_pipeline(p, eo, plan, out, counter_dir)
+    build_pipeline(p, eo, plan, out, counter_dir, started)
+    why_not_wait = publish.submit_only(options)
+    if why_not_wait:  # nothing to wait for here; the job publishes its own tables when it runs
+        p.run()
+        print(publish.submitted_message(eo.run_id, out, why_not_wait))
+        return 0
     try:
         result, reporter = progress.run_with_progress(p, counter_dir, display=not eo.no_progress)
         state = result.state
@@ -226,15 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     if state not in (None, "DONE"):
         print(f"docscore run {eo.run_id}: the pipeline ended in state {state}; nothing was published", file=sys.stderr)
         return 1
-    finished = time.time()
-    stats = sinks.read_stats(out)
-    metrics = metric_values(result, "docscore")
-    summary = build_summary(eo, plan, stats, metrics, started, finished)
-    published = sinks.publish(out, summary)
-    if not eo.output.startswith(sinks.BQ_PREFIX):  # after publish: the run's directory now exists
-        reporter.write_samples(progress.samples_path(eo.output, eo.run_id))
-        history.write_history_row(eo.output, summary)
-        published["report"] = report.write_report(eo.output, eo.run_id)
+    # the job published the tables and summary.json; add what only the launcher knows
+    summary = publish.enrich_published_summary(out, metric_values(result, "docscore"))
+    published = sinks.published_paths(out)
+    if summary is None:  # BigQuery: the run's summary is its PREFIX_runs row
+        print(f"docscore run {eo.run_id}: published " + ", ".join(published.values()))
+        return 0
+    reporter.write_samples(progress.samples_path(eo.output, eo.run_id))
+    derived = publish.write_derived(out, summary)  # history row and report
+    if "report" in derived:
+        published["report"] = derived["report"]
     print_report(summary, published)
     failure = shadow_gate_failure(summary)
     if failure:

@@ -1,7 +1,7 @@
-"""Where results go: the scores/errors tables (Beam file sinks with explicit pyarrow schemas), the
-run-stats file, and the atomic per-run_id publish of staged files plus summary.json (fsspec, so
-local paths and gs:// behave the same). Every table write goes through write_table().
-Must not compute scores or statistics.
+"""Where results go: the scores/errors tables (Beam file sinks with explicit pyarrow schemas, staged
+per attempt) and the atomic, retry-safe per-run_id publish of the staged files plus summary.json
+(fsspec, so local paths and gs:// behave the same). Every table write goes through write_table().
+Must not compute scores or statistics, nor decide when to publish (pipeline/publish.py does).
 """
 from __future__ import annotations
 
@@ -43,20 +43,21 @@ class OutputSpec:
     def summary_path(self) -> str:
         return posixpath.join(self.output, "runs", f"run_id={self.run_id}", "summary.json")
 
-    def stats_path(self) -> str:
-        return posixpath.join(self.staging, "stats.json")
-
     @property
     def suffix(self) -> str:
         return ".parquet" if self.output_format == "parquet" else ".jsonl"
 
 
-def write_table(rows: beam.PCollection, table: str, spec: OutputSpec):
-    """Write one table (scores | errors) of dict rows with its explicit schema: the ONE table-write path."""
+def write_table(rows: beam.PCollection, table: str, spec: OutputSpec) -> beam.PCollection:
+    """Write one table (scores | errors) of dict rows with its explicit schema: the ONE table-write path.
+    Returns what the write reports when it is complete (file outputs: the staged file names; BigQuery:
+    its load/copy jobs), for a later step to wait on as a side input."""
     if spec.output.startswith(BQ_PREFIX):
         from pipeline import bigquery
 
-        return rows | f"Write{table.title()}ToBigQuery" >> bigquery.write_table(table, TABLES[table], spec)
+        result = rows | f"Write{table.title()}ToBigQuery" >> bigquery.write_table(table, TABLES[table], spec)
+        jobs = (result.destination_load_jobid_pairs, result.destination_copy_jobid_pairs)
+        return jobs | f"{table.title()}BigQueryJobs" >> beam.Flatten() | f"{table.title()}JobNames" >> beam.Map(lambda pair: str(pair[0]))
     prefix = posixpath.join(spec.staging, table, PART_PREFIX)
     if spec.output_format == "parquet":
         return rows | f"Write{table.title()}" >> beam.io.WriteToParquet(
@@ -69,18 +70,6 @@ def write_table(rows: beam.PCollection, table: str, spec: OutputSpec):
     )
 
 
-def write_stats(stats_json: beam.PCollection, spec: OutputSpec):
-    """The single run-stats JSON document, next to the staged tables."""
-    return stats_json | "WriteStats" >> beam.io.WriteToText(
-        spec.stats_path(), shard_name_template="", num_shards=1
-    )
-
-
-def read_stats(spec: OutputSpec) -> dict[str, Any]:
-    with fsspec.open(spec.stats_path(), "r") as f:
-        return json.loads(f.read())
-
-
 def check_writable(output: str) -> None:
     """Create the output directory and write/delete a probe file; raises OSError when that fails."""
     fs, root = fsspec.core.url_to_fs(output)
@@ -90,33 +79,62 @@ def check_writable(output: str) -> None:
     fs.rm_file(probe)
 
 
-def publish(spec: OutputSpec, summary: dict[str, Any]) -> dict[str, str]:
-    """Replace this run_id's partitions with the staged files, atomically per partition for readers
-    that honour _SUCCESS: drop the old marker, replace the files, write _SUCCESS last. Then write
-    summary.json (and its _SUCCESS) and remove the staging directory. Returns the published paths."""
+def published_paths(spec: OutputSpec) -> dict[str, str]:
+    """Where a published run is: {table: partition (or BigQuery table), "summary": summary.json}."""
     if spec.output.startswith(BQ_PREFIX):
         from pipeline import bigquery
 
-        published = bigquery.publish(spec, summary)  # the summary becomes the run's PREFIX_runs row
-        _remove_staging(spec)
-        return published
+        out = bigquery.BigQueryOutput.parse(spec.output)
+        return {name: out.table(name) for name in bigquery.TABLE_SCHEMAS}
+    return {**{table: spec.partition(table) for table in TABLES}, "summary": spec.summary_path()}
+
+
+def publish(spec: OutputSpec, summary: dict[str, Any], written: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """Replace this run_id's partitions with the staged files, atomically per partition for readers
+    that honour _SUCCESS: drop the old marker, replace the files, write _SUCCESS last. Then write
+    summary.json (and its _SUCCESS) and remove the staging directory. Returns the published paths.
+
+    `written`: table -> the staged files its write step reported (default: the staging directory's
+    part files). Safe to repeat, as a retried Beam bundle does: staged files are copied, not moved,
+    and staging is removed only after everything is published, so a repeat either finds every staged
+    file and publishes again, or finds them gone and the partitions already holding them."""
+    if spec.output.startswith(BQ_PREFIX):
+        from pipeline import bigquery
+
+        _remove_staging(spec)  # the load jobs are done; the BigQuery transaction is the last step
+        bigquery.publish(spec, summary)  # the summary becomes the run's PREFIX_runs row
+        return published_paths(spec)
     fs, _ = fsspec.core.url_to_fs(spec.output)
-    published: dict[str, str] = {}
     for table in TABLES:
-        staged = [p for p in _ls(fs, _path(posixpath.join(spec.staging, table))) if posixpath.basename(p).startswith(PART_PREFIX)]
-        _replace_partition(fs, _path(spec.partition(table)), staged)
-        published[table] = spec.partition(table)
-    # runs/run_id=ID also holds files other modules write (history, report, progress samples):
-    # only summary.json and the marker are replaced here
-    summary_dir = _path(posixpath.dirname(spec.summary_path()))
+        staging_dir = _path(posixpath.join(spec.staging, table))
+        if written is None or table not in written:
+            staged = [p for p in _ls(fs, staging_dir) if posixpath.basename(p).startswith(PART_PREFIX)]
+        else:
+            staged = [_path(p) for p in written[table]]
+        _publish_partition(fs, _path(spec.partition(table)), staged)
+    publish_summary(spec, summary)
+    _remove_staging(spec)
+    return published_paths(spec)
+
+
+def publish_summary(spec: OutputSpec, summary: dict[str, Any]) -> str:
+    """(Re)write runs/run_id=ID/summary.json behind its _SUCCESS marker (dropped first, written last).
+    runs/run_id=ID also holds files other modules write (history, report, progress samples): only
+    summary.json and the marker are replaced here."""
+    fs, summary_path = fsspec.core.url_to_fs(spec.summary_path())
+    summary_dir = posixpath.dirname(summary_path)
     fs.makedirs(summary_dir, exist_ok=True)
     if fs.exists(posixpath.join(summary_dir, SUCCESS)):
         fs.rm_file(posixpath.join(summary_dir, SUCCESS))
-    fs.pipe_file(_path(spec.summary_path()), json.dumps(summary, indent=2, sort_keys=True, default=str).encode())
+    fs.pipe_file(summary_path, json.dumps(summary, indent=2, sort_keys=True, default=str).encode())
     fs.pipe_file(posixpath.join(summary_dir, SUCCESS), b"")
-    published["summary"] = spec.summary_path()
-    _remove_staging(spec)
-    return published
+    return spec.summary_path()
+
+
+def read_summary(spec: OutputSpec) -> dict[str, Any]:
+    """The published summary.json of a file output."""
+    with fsspec.open(spec.summary_path(), "r") as f:
+        return json.load(f)
 
 
 def _path(url: str) -> str:
@@ -126,7 +144,8 @@ def _path(url: str) -> str:
 
 def _remove_staging(spec: OutputSpec) -> None:
     fs, staging = fsspec.core.url_to_fs(spec.staging)
-    fs.rm(staging, recursive=True)
+    if fs.exists(staging):
+        fs.rm(staging, recursive=True)
     _remove_if_empty(fs, posixpath.dirname(staging))  # _staging/run_id=ID
     _remove_if_empty(fs, posixpath.dirname(posixpath.dirname(staging)))  # _staging
 
@@ -140,10 +159,29 @@ def _remove_if_empty(fs, path: str) -> None:
 
 
 def _ls(fs, path: str) -> list[str]:
+    fs.invalidate_cache(path)  # gcsfs caches listings; Beam's own GCS client wrote these files
     try:
         return [p for p in fs.ls(path, detail=False)]
     except FileNotFoundError:
         return []
+
+
+def _publish_partition(fs, dest: str, staged: list[str]) -> None:
+    """Publish the staged files as partition `dest`, or nothing when an earlier attempt already did."""
+    names = {posixpath.basename(p) for p in staged}
+    present = {p for d in {posixpath.dirname(p) for p in staged} for p in _ls(fs, d)}
+    missing = [p for p in staged if p not in present]
+    if not missing:
+        _replace_partition(fs, dest, staged)
+        return
+    marker = posixpath.join(dest, SUCCESS)
+    if fs.exists(marker) and names <= {posixpath.basename(p) for p in _ls(fs, dest)}:
+        return  # published by an earlier attempt of this step, which then removed the staging files
+    raise FileNotFoundError(
+        f"cannot publish {dest}: staged files {sorted(missing)[:3]} are gone and the partition does not hold "
+        f"them (staging removed by hand, or another run with the same --run_id published in between?); "
+        f"rerun with the same --run_id to replace the partition"
+    )
 
 
 def _replace_partition(fs, dest: str, staged: list[str]) -> None:
@@ -154,5 +192,5 @@ def _replace_partition(fs, dest: str, staged: list[str]) -> None:
     for old in _ls(fs, dest):
         fs.rm(old, recursive=True)
     for path in sorted(staged):
-        fs.mv(path, posixpath.join(dest, posixpath.basename(path)))
+        fs.copy(path, posixpath.join(dest, posixpath.basename(path)))
     fs.pipe_file(marker, b"")

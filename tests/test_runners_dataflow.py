@@ -153,13 +153,9 @@ def test_job_file_of_the_docscore_graph(cloud_env, gcs, tmp_path):
     assert container_images(proto) == {IMAGE}
 
 
-@pytest.mark.xfail(strict=True, raises=FileNotFoundError, reason=(
-    "pipeline/run.py publishes (reads the run stats, writes summary.json, moves the staged tables) "
-    "after waiting for the job; a Flex Template / --template_location launch only submits it, so "
-    "publishing must move into the job graph. Remove this mark when it does."))
-def test_template_launch_of_docscore_run_exits_zero(cloud_env, gcs, tmp_path):
+def test_template_launch_of_docscore_run_exits_zero(cloud_env, gcs, tmp_path, capsys):
     """What the Flex Template launcher does: `docscore run ... --template_location=FILE` must write
-    the job and exit 0 without waiting for it."""
+    the job and exit 0 without waiting for it; the job's own last step publishes the run."""
     from pipeline.run import main
 
     gcs.fs().pipe(f"{gcs.bucket}/in/a.jsonl", b'{"id": "a", "text": "a document"}\n')
@@ -168,3 +164,8 @@ def test_template_launch_of_docscore_run_exits_zero(cloud_env, gcs, tmp_path):
         "--input", gcs.url("in", "*.jsonl"), "--output", gcs.url("out"), "--run_id", "flex-1",
         "--max_seq_len", "64"])
     assert job_file.exists() and code == 0
+    printed = capsys.readouterr().out
+    assert str(job_file) in printed and gcs.url("out", "scores", "run_id=flex-1") in printed
+    names = {t.unique_name for t in staged_pipeline(json.loads(job_file.read_text())).components.transforms.values()}
+    assert "Publish/Publish" in names, "the job has no Publish step"
+    assert not gcs.fs().exists(f"{gcs.bucket}/out/runs"), "nothing may be published before the job runs"

@@ -1,0 +1,131 @@
+"""The run summary (summary.json) as a dict, in three pure steps: the launcher's facts (config,
+versions, backend, kernel, model, start time), completed inside the job from the in-pipeline run
+stats and the finish time, and optionally enriched by a waiting launcher with Beam metrics.
+Must not read or write files, nor run anything (pipeline/publish.py does that).
+"""
+from __future__ import annotations
+
+import datetime
+import platform
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the job's Publish step imports this module: keep it light
+    from pipeline.options import EvalOptions
+    from pipeline.validate import RunPlan
+
+VERSIONED = ("docscore", "apache-beam", "jax", "jaxlib", "flax", "orbax-checkpoint", "numpy", "pyarrow", "tokenizers", "fsspec", "gcsfs")
+RUNNER_KEYS = ("runner", "direct_running_mode", "direct_num_workers")
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def _utc(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).isoformat()
+
+
+def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, Any]:
+    """What the launcher knows before the job starts (plain JSON values: it travels inside the job)."""
+    import jax
+
+    config = {k: v for k, v in eo.get_all_options(current_only=True).items() if k not in ("config",)}
+    config["labels"] = plan.labels
+    config.pop("classify_labels", None)
+    return {
+        "run_id": eo.run_id,
+        "task": eo.task,
+        "started": started,
+        "config": config,
+        "runner": {k: v for k, v in eo.get_all_options().items() if k in RUNNER_KEYS and v is not None},
+        "versions": versions(),
+        "backend": {
+            "target": plan.target_backend,
+            "launcher": jax.default_backend(),
+            "launcher_devices": [str(d) for d in jax.devices()],
+        },
+        "kernel": {"requested": eo.attention, "resolved": plan.kernel},
+        "model": {
+            "name": eo.model,
+            "family": plan.model_family,
+            "model_id": plan.model_id,
+            "fingerprint": plan.fingerprint,
+            "dtype": eo.dtype,
+            "max_seq_len": plan.window_spec.max_len,
+        },
+        "shadow": plan.shadow.summary() if plan.shadow else None,
+    }
+
+
+def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: float) -> dict[str, Any]:
+    """The summary the job publishes: launch facts + run stats (pipeline/stats.py) + wall time.
+    What only Beam metrics know (compiles, memory, shadow cost) stays null until add_metrics."""
+    wall_s = max(finished - facts["started"], 1e-9)
+    summary = {
+        "run_id": facts["run_id"],
+        "task": facts["task"],
+        "started_at": _utc(facts["started"]),
+        "finished_at": _utc(finished),
+        "wall_s": wall_s,
+        "config": facts["config"],
+        "runner": facts["runner"],
+        "versions": facts["versions"],
+        "backend": {**facts["backend"], "workers": stats.get("worker_backend", [])},
+        "kernel": {**facts["kernel"], "in_rows": stats.get("attention_impl", [])},
+        "model": facts["model"],
+        "counts": stats["counts"],
+        "timing": {"stages": stats["stages"], "wall_s": wall_s},
+        "throughput": {
+            "docs_per_s": stats["counts"]["scored"] / wall_s,
+            "tokens_per_s": stats["tokens"]["text_tokens"] / wall_s,
+        },
+        "tokens": stats["tokens"],
+        "compile": {"count": None, "time_ms": None, "model_calls": None},
+        "memory": {"peak_rss_mb": None, "start_rss_mb": None},
+        "task_metrics": stats.get("task_metrics", {}),
+        "metrics": {},
+    }
+    if facts.get("shadow") is not None:
+        summary["shadow"] = {**facts["shadow"], **stats.get("shadow", {}), "batches": None, "time_ms": None}
+    return summary
+
+
+def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """A new summary with the Beam metrics a waiting launcher read from the job (pipeline.run.metric_values):
+    compiles, model calls, worker memory, shadow cost, and every docscore metric under "metrics"."""
+    if not metrics:
+        return summary
+    infer_ns = f"docscore_inference_{summary['kernel']['resolved']}/"
+    counters = {k[len(infer_ns):]: v for k, v in metrics.items() if k.startswith(infer_ns)}
+    rss = counters.get("rss_mb") or {}
+    enriched = {
+        **summary,
+        "compile": {
+            "count": int(counters.get("compiles", 0)),
+            "time_ms": int(counters.get("compile_ms", 0)),
+            "model_calls": int(counters.get("model_calls", 0)),
+        },
+        "memory": {"peak_rss_mb": rss.get("max"), "start_rss_mb": rss.get("min")},
+        "metrics": metrics,
+    }
+    if "shadow" in summary:
+        shadow_us = counters.get("shadow_batch_us") or {}
+        enriched["shadow"] = {
+            **summary["shadow"],
+            "batches": int(counters.get("shadow_batches", 0)),
+            "time_ms": (shadow_us.get("sum") or 0) / 1000.0,
+        }
+    return enriched
+
+
+def build_summary(eo: EvalOptions, plan: RunPlan, stats: dict[str, Any], metrics: dict[str, Any],
+                  started: float, finished: float) -> dict[str, Any]:
+    """All three steps at once (what a launcher that has everything in hand would write)."""
+    return add_metrics(summary_from_stats(launch_facts(eo, plan, started), stats, finished), metrics)
