@@ -26,6 +26,7 @@ from models.errors import ModelLoadError
 from models.heads import document_embedding, next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES
 from models.model_dir import CONFIG, PARAMS, TOKENIZER, default_cache_dir, fetch_remote, is_remote, read_metadata, read_text
+from models.sharding import DataParallel, local_data_parallel
 from models.tokenizer import DocTokenizer
 
 
@@ -46,9 +47,12 @@ class LoadedModel:
     _compiled: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     _compile_seconds: float = dataclasses.field(default=0.0, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
+    parallel: DataParallel = dataclasses.field(init=False, repr=False)  # rows split over all local devices
 
     def __post_init__(self) -> None:
-        graphdef, self._state = nnx.split(self.model)
+        graphdef, state = nnx.split(self.model)
+        self.parallel = local_data_parallel()
+        self._state = self.parallel.replicate(state)
 
         def hidden(state, input_ids, segment_ids):
             return nnx.merge(graphdef, state)(input_ids, segment_ids)
@@ -96,7 +100,7 @@ class LoadedModel:
                              f"{self.model_id} ({self.config.family}) is {kind}; use {use}")
 
     def _run(self, method: str, input_ids: np.ndarray, segment_ids: np.ndarray, *static: int) -> np.ndarray:
-        input_ids, segment_ids = self._checked(input_ids, segment_ids)
+        (input_ids, segment_ids), n_rows = self.parallel.shard_rows(*self._checked(input_ids, segment_ids))
         key = (method, input_ids.shape, static)
         with self._lock:
             compiled = self._compiled.get(key)
@@ -105,7 +109,7 @@ class LoadedModel:
                 compiled = self._functions[method].lower(self._state, input_ids, segment_ids, *static).compile()
                 self._compile_seconds += time.perf_counter() - start
                 self._compiled[key] = compiled
-        return np.asarray(compiled(self._state, input_ids, segment_ids), dtype=np.float32)
+        return np.asarray(compiled(self._state, input_ids, segment_ids), dtype=np.float32)[:n_rows]
 
     def _checked(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         input_ids, segment_ids = np.asarray(input_ids), np.asarray(segment_ids)
