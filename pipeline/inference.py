@@ -17,8 +17,14 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
-from pipeline import shadow
+from pipeline import faults, memory, shadow
 from pipeline.preprocess import TokenizedDoc, bucket_for, bucket_lengths
+
+# What RunInference turns into dead letters (one infer error row per document of the batch): the model
+# rejected the batch's data, and a retry would fail again. Anything else (device or runtime errors, out
+# of memory, a lost worker) propagates so that the runner retries the bundle; the retried bundle's
+# outputs replace the failed attempt's, so every document still yields exactly one row.
+RECORD_ERRORS = (ValueError, TypeError, IndexError, KeyError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +188,7 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
         self._kernel = kernel
         self._labels = dict(labels or {})
         self._shadow = shadow_spec
+        self._memory = memory.MemoryWatch()
 
     def load_model(self) -> ScoringModel:
         import jax
@@ -210,6 +217,7 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
     def run_inference(
         self, batch: Sequence[TokenizedDoc], model: ScoringModel, inference_args: dict[str, Any] | None = None
     ) -> Iterable[PredictionResult]:
+        faults.maybe_fail_once([doc.doc.doc_id for doc in batch])  # test-only switch; nothing when unset
         loaded = model.loaded
         call = loaded.token_logprobs if self._task == "loglik" else loaded.embed
         rows = [w for doc in batch for w in doc.windows + doc.query_windows]
@@ -273,9 +281,5 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
         if compiles > 0:
             beam.metrics.Metrics.counter(namespace, "compiles").inc(compiles)
             beam.metrics.Metrics.counter(namespace, "compile_ms").inc(int(round(compile_ms)))
-        try:
-            import psutil
-
-            beam.metrics.Metrics.distribution(namespace, "rss_mb").update(int(psutil.Process().memory_info().rss / 2**20))
-        except ImportError:
-            pass
+        reading = self._memory.record_batch()  # namespace docscore_memory; rss_mb here too for older summaries
+        beam.metrics.Metrics.distribution(namespace, "rss_mb").update(int(reading.rss_mb))

@@ -12,6 +12,8 @@ from typing import Any
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipeline.sources import DEFAULT_MAX_RECORD_BYTES
+
 TASKS = ("embed", "similarity", "classify", "loglik")
 OUTPUT_FORMATS = ("parquet", "jsonl")
 DTYPES = ("float32", "bfloat16")
@@ -63,6 +65,12 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--shadow_tolerance", type=float, default=None,
                             help="max |model output difference| allowed, relative to max(1, |output|) "
                                  "(default per --dtype: float32 1e-5, bfloat16 1e-2)")
+        parser.add_argument("--max_record_bytes", type=int, default=DEFAULT_MAX_RECORD_BYTES,
+                            help="a record (JSONL line, text file, text cell) larger than this becomes an error row "
+                                 "record_too_large without being read whole (default 32 MiB)")
+        parser.add_argument("--max_error_fraction", type=float, default=0.1,
+                            help="past this share of error rows among the records the run exits 4 (tables and "
+                                 "summary still published), so scheduled runs notice")
         parser.add_argument("--config", default=None, help="YAML file with the same keys as the flags")
         parser.add_argument("--preset", default=None, help="runner preset name (runners/presets)")
 

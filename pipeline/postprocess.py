@@ -43,6 +43,7 @@ class DocStats:
     fingerprint: str = ""
     backend: str = ""
     shadow: shadow.Divergence | None = None  # set when the document was shadowed (--shadow_attention)
+    doc_id: str = ""  # the summary counts doc_ids scored more than once
 
 
 def task_fields(spec: ScoreSpec, output: InferenceOutput) -> dict[str, Any]:
@@ -100,6 +101,7 @@ def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput)
         fingerprint=output.fingerprint,
         backend=output.backend,
         shadow=divergence,
+        doc_id=doc.doc_id,
     )
     return row, stats
 

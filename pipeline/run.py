@@ -16,7 +16,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import RunInference
 
 from pipeline import progress, publish, sinks
-from pipeline.inference import FlaxModelHandler
+from pipeline.inference import RECORD_ERRORS, FlaxModelHandler
 from pipeline.options import ConfigError, EvalOptions, parse_options
 from pipeline.postprocess import ERRORS_TAG, STATS_TAG, ScoreDocument, ScoreSpec, inference_failures_to_errors
 from pipeline.preprocess import Tokenize
@@ -50,7 +50,8 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         labels=plan.labels,
         shadow_spec=plan.shadow,
     )
-    predictions, dead_letters = tokenized.docs | "Infer" >> RunInference(handler).with_exception_handling()
+    # the model rejecting a batch's data -> error rows; any other failure -> the runner retries the bundle
+    predictions, dead_letters = tokenized.docs | "Infer" >> RunInference(handler).with_exception_handling(exc_class=RECORD_ERRORS)
     infer_errors = dead_letters.failed_inferences | "InferErrors" >> beam.FlatMap(inference_failures_to_errors)
     score_spec = ScoreSpec(
         task=eo.task,
@@ -69,7 +70,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     _ = errors | "CountErrors" >> progress.CountProgress(counter_dir, "done")
     written = {"scores": sinks.write_table(scored.rows, "scores", out), "errors": sinks.write_table(error_rows, "errors", out)}
     shadow_tolerance = plan.shadow.tolerance if plan.shadow else None
-    stats = (scored[STATS_TAG], errors) | "RunStats" >> ComputeRunStats(eo.task, shadow_tolerance)
+    stats = (scored[STATS_TAG], errors, read.docs) | "RunStats" >> ComputeRunStats(eo.task, shadow_tolerance)
     facts = launch_facts(eo, plan, time.time() if started is None else started)
     # history and report: written by the job, except for a local run, whose launcher writes them once it
     # has added the Beam metrics and progress samples (publish.write_derived either way)
@@ -84,7 +85,7 @@ def metric_values(result, namespace_prefix: str) -> dict[str, Any]:
         query = result.metrics().query(MetricsFilter())
     except Exception:  # a runner without metrics support
         return found
-    for kind in ("counters", "distributions"):
+    for kind in ("counters", "distributions", "gauges"):
         for item in query.get(kind, []):
             if not item.key.metric.namespace.startswith(namespace_prefix):
                 continue
@@ -92,6 +93,8 @@ def metric_values(result, namespace_prefix: str) -> dict[str, Any]:
             name = f"{item.key.metric.namespace}/{item.key.metric.name}"
             if kind == "counters":
                 found[name] = found.get(name, 0) + value
+            elif kind == "gauges":  # the latest value (pipeline/memory.py: rss_mb_end)
+                found[name] = value.value
             else:
                 found[name] = {"sum": value.sum, "count": value.count, "min": value.min, "max": value.max}
     return found
@@ -164,11 +167,24 @@ def main(argv: list[str] | None = None) -> int:
     if "report" in derived:
         published["report"] = derived["report"]
     print_report(summary, published)
-    failure = shadow_gate_failure(summary)
-    if failure:
-        print(f"docscore run {eo.run_id}: {failure}", file=sys.stderr)
-        return 3
-    return 0
+    failures = [(code, message) for code, message in (
+        (3, shadow_gate_failure(summary)), (4, error_fraction_failure(summary, eo.max_error_fraction))) if message]
+    for _, message in failures:
+        print(f"docscore run {eo.run_id}: {message}", file=sys.stderr)
+    return failures[0][0] if failures else 0
+
+
+def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str | None:
+    """The message of a run whose error rows are more than max_fraction of its records, or None."""
+    counts = summary["counts"]
+    if not counts["records"] or counts["errors"] / counts["records"] <= max_fraction:
+        return None
+    common = sorted(counts["errors_by_type"].items(), key=lambda kv: -kv[1])[:3]
+    return (
+        f"{counts['errors']} of {counts['records']} records ({counts['errors'] / counts['records']:.1%}) are error "
+        f"rows, more than --max_error_fraction={max_fraction:g} (most: {', '.join(f'{k} {n}' for k, n in common)}); "
+        "the tables and summary are published: read the errors table, fix the input, or raise --max_error_fraction"
+    )
 
 
 def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
@@ -183,6 +199,10 @@ def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
         f"{s}: p50 {stages[s].get('p50', 0):.1f} p95 {stages[s].get('p95', 0):.1f}" for s in STAGES if s in stages))
     print(f"  throughput {summary['throughput']['docs_per_s']:.1f} docs/s, {summary['throughput']['tokens_per_s']:.0f} tokens/s; "
           f"padding efficiency {summary['tokens']['padding_efficiency'] or 0:.2f}; compiles {summary['compile']['count']}")
+    memory = summary.get("memory") or {}
+    if memory.get("peak_rss_mb") is not None:
+        print(f"  memory rss MB start {memory.get('start_rss_mb')} peak {memory['peak_rss_mb']} end {memory.get('end_rss_mb')}"
+              f"; duplicate doc_ids {counts.get('duplicate_doc_ids', 0)}")
     gate = summary.get("shadow")
     if gate:
         print(f"  shadow {gate['impl']} on {gate['documents']} documents ({gate['batches']} batches): max |output diff| "

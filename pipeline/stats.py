@@ -81,7 +81,8 @@ class RunTotals(beam.CombineFn):
         return result
 
 
-def assemble(_, totals: dict, quantiles: dict, error_counts: dict, shard_errors: int, shadow_totals: dict | None = None) -> str:
+def assemble(_, totals: dict, quantiles: dict, error_counts: dict, shard_errors: int, shadow_totals: dict | None = None,
+             duplicates: tuple[int, int] = (0, 0), read_documents: int | None = None) -> str:
     """One JSON document from the pieces the pipeline computed."""
     errors = sum(error_counts.values())
     stages = {}
@@ -102,6 +103,10 @@ def assemble(_, totals: dict, quantiles: dict, error_counts: dict, shard_errors:
             "shard_errors": shard_errors,
             "errors_by_stage": dict(sorted(by_stage.items())),
             "errors_by_type": dict(sorted(error_counts.items())),
+            "error_fraction": error_fraction(totals["scored"], errors),  # --max_error_fraction gates on it
+            **record_accounting(totals["scored"], errors, by_stage, read_documents),
+            "duplicate_doc_ids": duplicates[0],  # doc_ids scored more than once (each row is kept)
+            "duplicate_rows": duplicates[1],  # scored rows beyond the first of their doc_id
         },
         "tokens": {
             "text_tokens": totals["n_tokens"],
@@ -121,6 +126,22 @@ def assemble(_, totals: dict, quantiles: dict, error_counts: dict, shard_errors:
     return json.dumps(stats, sort_keys=True)
 
 
+READER_STAGES = ("read", "parse")  # error rows only the shard readers write
+
+
+def record_accounting(scored: int, errors: int, errors_by_stage: Counter, read_documents: int | None) -> dict[str, Any]:
+    """records_read: what the readers emitted (documents + their error rows, a corrupt shard's row included);
+    accounted: every one of them ended as exactly one scores or errors row. Empty without the read count."""
+    if read_documents is None:
+        return {}
+    records_read = read_documents + sum(errors_by_stage.get(stage, 0) for stage in READER_STAGES)
+    return {"records_read": records_read, "accounted": records_read == scored + errors}
+
+
+def error_fraction(scored: int, errors: int) -> float | None:
+    return errors / (scored + errors) if scored + errors else None
+
+
 def _error_key(error: ErrorRow) -> tuple[str, int]:
     return f"{error.stage}/{error.error_type}", 1
 
@@ -134,7 +155,8 @@ class ComputeRunStats(beam.PTransform):
         self._shadow_tolerance = shadow_tolerance  # None: the run has no shadow kernel
 
     def expand(self, pcolls):
-        doc_stats, errors = pcolls
+        """pcolls: (DocStats, ErrorRows) or (DocStats, ErrorRows, the readers' Documents)."""
+        doc_stats, errors, *read_docs = pcolls
         totals = doc_stats | "Totals" >> beam.CombineGlobally(RunTotals(self._task))
         quantiles = (
             doc_stats
@@ -147,7 +169,18 @@ class ComputeRunStats(beam.PTransform):
             | "ShardErrors" >> beam.Filter(lambda e: e.record_index is None)
             | "CountShardErrors" >> beam.combiners.Count.Globally()
         )
-        extra = {}
+        repeated = (
+            doc_stats
+            | "DocIds" >> beam.Map(lambda s: (s.doc_id, 1))
+            | "CountDocIds" >> beam.CombinePerKey(sum)
+            | "Repeated" >> beam.Filter(lambda kv: kv[1] > 1)
+            | "RepeatedCounts" >> beam.Map(lambda kv: (1, kv[1] - 1))
+            | "Duplicates" >> beam.CombineGlobally(beam.combiners.TupleCombineFn(sum, sum))
+        )
+        extra = {"duplicates": beam.pvalue.AsSingleton(repeated)}
+        if read_docs:
+            read_count = read_docs[0] | "CountReadDocuments" >> beam.combiners.Count.Globally()
+            extra["read_documents"] = beam.pvalue.AsSingleton(read_count)
         if self._shadow_tolerance is not None:
             shadow_totals = (
                 doc_stats

@@ -102,6 +102,8 @@ def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, A
     compiles, model calls, worker memory, shadow cost, and every docscore metric under "metrics"."""
     if not metrics:
         return summary
+    from pipeline import memory
+
     infer_ns = f"docscore_inference_{summary['kernel']['resolved']}/"
     counters = {k[len(infer_ns):]: v for k, v in metrics.items() if k.startswith(infer_ns)}
     rss = counters.get("rss_mb") or {}
@@ -112,7 +114,8 @@ def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, A
             "time_ms": int(counters.get("compile_ms", 0)),
             "model_calls": int(counters.get("model_calls", 0)),
         },
-        "memory": {"peak_rss_mb": rss.get("max"), "start_rss_mb": rss.get("min")},
+        "memory": memory.summarize(metrics) if f"{memory.NAMESPACE}/rss_mb" in metrics else
+                  {"peak_rss_mb": rss.get("max"), "start_rss_mb": rss.get("min")},
         "metrics": metrics,
     }
     if "shadow" in summary:

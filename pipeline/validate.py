@@ -2,11 +2,12 @@
 
 Turns EvalOptions into a RunPlan (shards, read spec, model spec, resolved kernel, window spec) or
 raises ConfigError with a message naming the flag and the fix. Must not start a pipeline; the last
-check reads at most one shard's schema (Parquet footer, TFDS features, first JSONL record).
+check reads at most one shard's schema (Parquet footer, TFDS features, first JSONL records).
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 
@@ -47,7 +48,8 @@ def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def check_run_id(run_id: str) -> None:
-    if not RUN_ID_PATTERN.match(run_id) or ".." in run_id:
+    """run_id names directories (TABLE/run_id=ID) under --output: it must stay one plain path segment."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
         raise ConfigError(
             f"--run_id={run_id!r} is not a safe partition name; use letters, digits, '.', '_' or '-' "
             "(at most 128, no '/', no '..')"
@@ -74,8 +76,9 @@ def resolve_kernel(attention: str, backend: str, flag: str = "--attention") -> s
         raise ConfigError(f"{message} (target backend {backend}: set --target_backend if the workers differ)") from None
 
 
-def first_record_fields(shard: str, read_spec: sources.ReadSpec) -> set[str] | None:
-    """The field names of a shard's schema (None when they cannot be known without reading data)."""
+def first_record_fields(shard: str, read_spec: sources.ReadSpec, peek: int = 20) -> set[str] | None:
+    """The field names of a shard's schema, or of the first `peek` JSONL records together (so one bad
+    first record cannot fail the run); None when they cannot be known without reading more data."""
     fmt = sources.shard_format(shard)
     try:
         if fmt == "parquet":
@@ -87,12 +90,19 @@ def first_record_fields(shard: str, read_spec: sources.ReadSpec) -> set[str] | N
             return set(read_spec.tfds.feature_kinds)
         if fmt == "jsonl":
             compression = "gzip" if shard.lower().endswith(".gz") else None
+            fields: set[str] = set()
             with fsspec.open(shard, "rb", compression=compression) as f:
-                for line in f:
-                    if line.strip():
+                records = (line for line, size in sources.bounded_lines(f, read_spec.max_record_bytes)
+                           if size <= read_spec.max_record_bytes and line.strip())
+                for line in itertools.islice(records, peek):
+                    try:
                         record = json.loads(line.decode("utf-8-sig"))
-                        return set(record) if isinstance(record, dict) else None
-    except Exception:  # an unreadable first record is the reader's to report as an error row
+                    except (ValueError, RecursionError):  # the reader reports it as an error row
+                        continue
+                    if isinstance(record, dict):
+                        fields |= set(record)
+            return fields or None
+    except Exception:  # an unreadable shard is the reader's to report as an error row
         return None
     return None
 
@@ -130,9 +140,15 @@ def validate(eo: EvalOptions) -> RunPlan:
     check_choice("dtype", eo.dtype, DTYPES)
     check_choice("target_backend", eo.target_backend, TARGET_BACKENDS)
     check_run_id(eo.run_id)
-    for flag, value, low in (("batch_size", eo.batch_size, 1), ("max_chunks", eo.max_chunks, 1), ("stride", eo.stride, 0)):
+    for flag, value, low in (("batch_size", eo.batch_size, 1), ("max_chunks", eo.max_chunks, 1), ("stride", eo.stride, 0),
+                             ("max_record_bytes", eo.max_record_bytes, 1024)):
         if value < low:
             raise ConfigError(f"--{flag}={value} must be >= {low}")
+    if not 0.0 <= eo.max_error_fraction <= 1.0:
+        raise ConfigError(
+            f"--max_error_fraction={eo.max_error_fraction} must be in [0, 1]: the share of error rows among the "
+            "records past which the run exits 4 (1 never fails the run)"
+        )
     if eo.max_seq_len is not None and eo.max_seq_len < 8:
         raise ConfigError(f"--max_seq_len={eo.max_seq_len} is too short; use at least 8 (default: the model's)")
     if not eo.temperature > 0:
@@ -157,7 +173,9 @@ def validate(eo: EvalOptions) -> RunPlan:
     except (FileNotFoundError, ValueError, KeyError) as e:
         message = str(e).strip("'\"")
         raise ConfigError(message if "--" in message else f"--input {eo.input}: {message}") from None
-    read_spec = sources.ReadSpec(text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds)
+    read_spec = sources.ReadSpec(
+        text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes
+    )
 
     if eo.output.startswith(sinks.BQ_PREFIX) and not eo.get_all_options().get("temp_location"):
         raise ConfigError(f"--output {eo.output} needs --temp_location gs://BUCKET/tmp (where BigQuery loads are staged)")

@@ -121,8 +121,10 @@ def run_docscore(*args: str) -> int:
 
 
 def common_flags(run_id: str, out: Path) -> list[str]:
+    # test corpora hold deliberate bad records: --max_error_fraction 1 keeps the error gate (exit 4) out
+    # of tests about other things; tests/test_bad_input.py tests the gate at its default
     return ["--output", str(out), "--run_id", run_id, "--max_seq_len", str(TEST_MAX_LEN),
-            "--batch_size", str(TEST_BATCH), "--stride", str(TEST_STRIDE)]
+            "--batch_size", str(TEST_BATCH), "--stride", str(TEST_STRIDE), "--max_error_fraction", "1"]
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,193 @@
+"""The bad-input corpus (tests/make_bad_corpus.py, big cases included) through `docscore run` on the real
+DirectRunner with the real MiniLM weights: every record ends as exactly one scores or errors row of the
+expected kind, the summary accounts for all of them, duplicate doc_ids keep every row and are counted,
+and past --max_error_fraction the run exits 4 after publishing. Then the bounds on their own: a line is
+never held past --max_record_bytes, a 20 MB text is tokenised only as far as its windows need."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import tracemalloc
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from make_bad_corpus import BIG_DOC_BYTES, make_corpus
+from pipeline import preprocess, sources
+from pipeline.records import RAW_PREVIEW_CHARS, Document, ErrorRow
+from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, direct_embeddings, read_summary, read_table, run_docscore
+
+RUN_ID = "bad"
+MAX_CHUNKS = 8  # docscore's default --max_chunks
+
+
+@pytest.fixture(scope="module")
+def bad_run(tmp_path_factory):
+    """One run over the whole corpus with the default --max_error_fraction (0.1); the big shards are
+    generated here and removed afterwards."""
+    root = tmp_path_factory.mktemp("bad_corpus")
+    expected = json.loads(open(make_corpus(str(root / "in"), big_cases=True)).read())
+    out = root / "out"
+    code = run_docscore("--input", root / "in", "--output", out, "--run_id", RUN_ID, "--attention", "native",
+                        "--max_seq_len", TEST_MAX_LEN, "--batch_size", TEST_BATCH, "--stride", TEST_STRIDE)
+    big_text = open(root / "in" / "big_doc.jsonl", "rb").read(200_000)
+    for name in ("big_doc.jsonl", "huge_line.jsonl"):
+        os.remove(root / "in" / name)
+    scores, _ = read_table(out, "scores", RUN_ID)
+    errors, _ = read_table(out, "errors", RUN_ID)
+    return {"code": code, "in": root / "in", "out": out, "expected": expected, "scores": scores, "errors": errors,
+            "summary": read_summary(out, RUN_ID), "big_prefix": json.loads(big_text + b'"}')["text"]}
+
+
+def outcome_key(shard: str, index, outcome: str, error_type, doc_id) -> tuple:
+    """(shard, record_index or -1, outcome, error_type, doc_id) with pandas' NaN for a null read as None."""
+    return shard, -1 if index is None else int(index), outcome, error_type, doc_id if isinstance(doc_id, str) else None
+
+
+def test_past_the_error_fraction_the_run_exits_4_after_publishing(bad_run):
+    counts = bad_run["summary"]["counts"]
+    assert counts["error_fraction"] == pytest.approx(counts["errors"] / counts["records"]) and counts["error_fraction"] > 0.1
+    assert bad_run["code"] == 4  # and yet the tables (read by the fixture) and the summary are published
+    assert (bad_run["out"] / "runs" / f"run_id={RUN_ID}" / "_SUCCESS").exists()
+
+
+def test_every_record_ends_as_exactly_one_row_of_the_expected_kind(bad_run):
+    root = str(bad_run["in"])
+    expected = []
+    for e in bad_run["expected"]:
+        doc_id = e["doc_id"]
+        if e["outcome"] == "scored" and doc_id is None:
+            doc_id = f"{root}/{e['shard']}#{e['record_index']}"  # documented: no id -> source#record_index
+        expected.append(outcome_key(e["shard"], e["record_index"], e["outcome"], e["error_type"], doc_id))
+    got = [outcome_key(os.path.basename(r.source), r.record_index, "scored", None, r.doc_id)
+           for r in bad_run["scores"].itertuples()]
+    for r in bad_run["errors"].itertuples():
+        index = None if r.record_index is None or np.isnan(r.record_index) else r.record_index
+        # a whole-shard error's type comes from the library that failed (ArrowInvalid, EOFError, ...)
+        shown_type = r.error_type if index is not None or os.path.basename(r.source).endswith(".gz") else None
+        got.append(outcome_key(os.path.basename(r.source), index, "error", shown_type, r.doc_id))
+    assert sorted(got, key=repr) == sorted(expected, key=repr)
+    assert all(r.source.startswith(root) for r in bad_run["scores"].itertuples())
+
+
+def test_error_rows_carry_stage_type_message_and_a_truncated_raw_record(bad_run):
+    errors = bad_run["errors"]
+    assert set(errors.stage) <= {"read", "parse", "tokenize", "infer", "score"}
+    assert (errors.message.str.len() > 0).all() and (errors.raw.str.len() <= RAW_PREVIEW_CHARS).all()
+    by_type = {r.error_type: r for r in errors.itertuples()}
+    assert by_type["record_too_large"].raw.startswith('{"id": "huge", "text": "xxx')
+    assert "--max_record_bytes" in by_type["record_too_large"].message
+    assert by_type["invalid_json"].raw == '{"id": "m-bad", "text": "unterminated'
+    assert "\ufffd" in by_type["invalid_utf8"].raw  # the undecodable bytes, shown replaced
+    assert by_type["too_deeply_nested"].raw.startswith('{"id": "deep"') and len(by_type["too_deeply_nested"].raw) == RAW_PREVIEW_CHARS
+    shard_rows = errors[errors.record_index.isna()]
+    assert sorted(os.path.basename(s) for s in shard_rows.source) == ["corrupt.parquet", "truncated.jsonl.gz", "zero.parquet"]
+    assert set(shard_rows.stage) == {"read"}
+
+
+def test_the_summary_accounts_for_every_record_the_readers_saw(bad_run):
+    counts, metrics = bad_run["summary"]["counts"], bad_run["summary"]["metrics"]
+    scores, errors, expected = bad_run["scores"], bad_run["errors"], bad_run["expected"]
+    assert counts["records"] == counts["records_read"] == len(scores) + len(errors) == len(expected)
+    assert (counts["scored"], counts["errors"], counts["shard_errors"]) == (len(scores), len(errors), 3)
+    assert counts["accounted"] is True
+    assert sum(counts["errors_by_type"].values()) == len(errors)
+    assert counts["errors_by_type"]["parse/not_an_object"] == 3
+    # the readers' own counters: records (a whole-shard error is not a record) and shards
+    assert metrics["docscore/records_read"] + counts["shard_errors"] == counts["records_read"]
+    assert metrics["docscore/shards_read"] == 11 and metrics["docscore/empty_shards"] == 1  # zero.jsonl
+
+
+def test_duplicate_doc_ids_keep_every_row_and_are_counted(bad_run):
+    dup = bad_run["scores"][bad_run["scores"].doc_id == "dup"]
+    assert sorted((os.path.basename(s), i) for s, i in zip(dup.source, dup.record_index)) == [
+        ("good.jsonl", 6), ("mixed.jsonl", 16), ("rows.parquet", 1)]
+    counts = bad_run["summary"]["counts"]
+    assert (counts["duplicate_doc_ids"], counts["duplicate_rows"]) == (1, 2)
+
+
+def test_the_20mb_document_is_scored_from_its_first_windows(bad_run, minilm):
+    row = bad_run["scores"][bad_run["scores"].doc_id == "big-20mb"].iloc[0]
+    assert row.truncated and row.n_chunks == MAX_CHUNKS
+    assert TEST_MAX_LEN * MAX_CHUNKS < row.n_tokens < BIG_DOC_BYTES / 50  # a prefix was tokenised, not 20 MB
+    # the same embedding as the first 200 kB alone give: the windows are the document's first ones
+    direct = direct_embeddings(minilm, [bad_run["big_prefix"]], max_windows=MAX_CHUNKS)[0]
+    assert np.max(np.abs(np.asarray(row.embedding, np.float64) - direct)) <= 1e-5
+
+
+# ---- the bounds, without a pipeline ---------------------------------------------------------------
+
+
+def test_bounded_lines_splits_like_splitlines_at_every_chunk_size():
+    rng = random.Random(0)
+    lines = [bytes(rng.choice(b"ab\r{} ") for _ in range(rng.choice([0, 1, 5, 40, 300]))) for _ in range(200)]
+    data = b"\n".join(lines)  # the last line has no newline
+    for chunk in (1, 2, 7, 64, 4096):
+        got = list(sources.bounded_lines(io.BytesIO(data), max_bytes=10_000, chunk_bytes=chunk))
+        want = [line[:-1] if line.endswith(b"\r") else line for line in data.split(b"\n")]
+        assert [line for line, _ in got] == want
+        assert all(size == len(line) for line, size in got)
+
+
+def test_an_over_long_line_is_skipped_without_being_held_whole():
+    long_line = b'{"text": "' + b"y" * (8 * 2**20) + b'"}'
+    data = io.BytesIO(b'{"text": "first"}\n' + long_line + b'\n{"text": "after"}\n')
+    tracemalloc.start()
+    try:
+        got = list(sources.bounded_lines(data, max_bytes=2**16, chunk_bytes=2**16))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(line[:12], size) for line, size in got] == [
+        (b'{"text": "fi', 17), (b'{"text": "yy', len(long_line)), (b'{"text": "af', 17)]
+    assert len(got[1][0]) == sources.RAW_PREVIEW_BYTES
+    assert peak < 2**20, f"held {peak} bytes reading an 8 MiB line with max_bytes 64 KiB"
+
+
+def test_max_record_bytes_applies_to_every_format(tmp_path):
+    spec = sources.ReadSpec(max_record_bytes=2048)
+    big, small = "z " * 2000, "a short document"
+    (tmp_path / "a.jsonl").write_text(json.dumps({"id": "s", "text": small}) + "\n" + json.dumps({"id": "b", "text": big}) + "\n")
+    pq.write_table(pa.table({"id": ["s", "b"], "text": [small, big]}), tmp_path / "b.parquet")
+    (tmp_path / "c.txt").write_text(big)
+    for name in ("a.jsonl", "b.parquet", "c.txt"):
+        items = list(sources.read_shard(str(tmp_path / name), spec))
+        too_large = [i for i in items if isinstance(i, ErrorRow)]
+        assert [i.error_type for i in too_large] == ["record_too_large"], name
+        assert too_large[0].record_index == (0 if name == "c.txt" else 1)
+        assert [d.text for d in items if isinstance(d, Document)] == ([] if name == "c.txt" else [small])
+
+
+class RecordingTokenizer:
+    """The real tokenizer, recording how many characters each encode_windows call was given."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer, self.lengths = tokenizer, []
+        self.n_special = tokenizer.n_special
+
+    def encode_windows(self, texts, **kwargs):
+        self.lengths += [len(t) for t in texts]
+        return self._tokenizer.encode_windows(texts, **kwargs)
+
+
+def test_a_20mb_text_is_tokenised_only_as_far_as_its_windows_need(minilm):
+    words = "a plain english sentence keeps coming back again and again "
+    text = (words * (BIG_DOC_BYTES // len(words) + 1))[:BIG_DOC_BYTES]
+    spec = preprocess.WindowSpec(max_len=256, stride=32, max_chunks=MAX_CHUNKS)
+    recording = RecordingTokenizer(minilm.tokenizer)
+    encoded = preprocess.encode_text(recording, text, spec)
+    assert max(recording.lengths) <= 1_000_000 and sum(recording.lengths) <= 2_000_000, recording.lengths
+    whole_enough = minilm.tokenizer.encode_windows([text[:300_000]], max_len=256, stride=32, max_windows=MAX_CHUNKS)[0]
+    assert encoded.truncated and len(encoded.windows) == MAX_CHUNKS
+    assert [w.tolist() for w in encoded.windows] == [w.tolist() for w in whole_enough.windows]
+    # a text without whitespace (one unknown "word"): the prefix stops growing, the rest is not read
+    recording.lengths = []
+    blob = preprocess.encode_text(recording, "x" * BIG_DOC_BYTES, spec)
+    assert blob.truncated and max(recording.lengths) <= 2_000_000 and sum(recording.lengths) <= 3_000_000
+    # short texts are tokenised whole, as before
+    short = preprocess.encode_text(minilm.tokenizer, words * 10, spec)
+    assert short.n_tokens == len(minilm.tokenizer.encode_ids([words * 10])[0]) and not short.truncated
