@@ -1,6 +1,6 @@
 """Run statistics computed IN the pipeline: counts, per-stage totals and p50/p95/p99 (Beam's
-ApproximateQuantiles), tokens, padding, task metrics; written as one small JSON file that the
-launcher merges into summary.json. Must not read the output tables back.
+ApproximateQuantiles), tokens, padding, task metrics; one small JSON element that the job's Publish
+step (pipeline/publish.py) turns into summary.json. Must not read the output tables back.
 """
 from __future__ import annotations
 

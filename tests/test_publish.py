@@ -1,0 +1,189 @@
+"""Publishing inside the job: the real docscore graph on the DirectRunner publishes its own tables and
+summary.json with no launcher step after it; the publish is safe to repeat (a retried Beam bundle)
+after a crash mid-copy, after it completed, and after a half-removed staging directory; the summary's
+metric-only parts stay null until a waiting launcher adds the Beam metrics; template and dry-run
+launches are recognised as launches nobody waits for."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import apache_beam as beam
+import fsspec
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from fsspec.implementations.local import LocalFileSystem
+
+from pipeline import publish, sinks
+from pipeline.summary import add_metrics, summary_from_stats
+from tests.conftest import SENTENCES, common_flags, read_table, write_jsonl
+
+
+def test_the_job_alone_publishes_its_run(tmp_path):
+    """build_pipeline + Pipeline.run(): nothing of main() after the run, and the run is published."""
+    from pipeline.options import parse_options
+    from pipeline.run import build_pipeline
+    from pipeline.validate import validate
+
+    shard = write_jsonl(tmp_path / "in" / "a.jsonl",
+                        [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES[:3])] + ["{not json"])
+    out = tmp_path / "out"
+    options, eo = parse_options(["--input", str(shard), *common_flags("alone", out), "--attention", "native"])
+    plan = validate(eo)
+    spec = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format)
+    p = beam.Pipeline(options=options)
+    build_pipeline(p, eo, plan, spec, started=1_000.0)
+    p.run().wait_until_finish()
+
+    scores, _ = read_table(out, "scores", "alone")
+    errors, _ = read_table(out, "errors", "alone")
+    assert sorted(scores.doc_id) == ["d0", "d1", "d2"] and list(errors.error_type) == ["invalid_json"]
+    run_dir = out / "runs" / "run_id=alone"
+    assert (run_dir / "_SUCCESS").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["counts"]["records"] == 4 and summary["counts"]["scored"] == 3
+    assert summary["started_at"].startswith("1970-01-01T00:16:40")  # the launch time handed to the job
+    assert summary["wall_s"] > 1_000 and summary["kernel"]["in_rows"] == ["xla"]
+    assert summary["compile"]["count"] is None and summary["metrics"] == {}  # Beam metrics: the launcher's to add
+    # a local run's launcher writes the history row and report (after adding metrics); the job did not
+    assert not (run_dir / "history.parquet").exists() and not (run_dir / "report.html").exists()
+    assert not (out / "_staging").exists()
+
+
+# ---- repeating the publish (what a retried bundle does) --------------------------------------------
+
+
+def stage_run(root: Path, run_id: str = "r1") -> tuple[sinks.OutputSpec, dict[str, list[str]]]:
+    """Staged files as the Beam writes leave them (two scores parts, one errors part), an old
+    published partition of the same run_id, and the written file names the Publish step receives."""
+    spec = sinks.OutputSpec.for_run(str(root / "out"), run_id, "parquet")
+    written = {"scores": [], "errors": []}
+    for table, n in (("scores", 2), ("errors", 1)):
+        for i in range(n):
+            path = Path(spec.staging) / table / f"part-{i:05d}-of-{n:05d}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(f"new {table} {i}".encode())
+            written[table].append(str(path))
+        old = Path(spec.partition(table))
+        old.mkdir(parents=True)
+        (old / "part-00000-of-00003.parquet").write_bytes(b"old")
+        (old / sinks.SUCCESS).write_bytes(b"")
+    return spec, written
+
+
+def partition_files(spec: sinks.OutputSpec, table: str) -> dict[str, bytes]:
+    part = Path(spec.partition(table))
+    return {p.name: p.read_bytes() for p in sorted(part.iterdir())}
+
+
+EXPECTED = {
+    "scores": {"_SUCCESS": b"", "part-00000-of-00002.parquet": b"new scores 0", "part-00001-of-00002.parquet": b"new scores 1"},
+    "errors": {"_SUCCESS": b"", "part-00000-of-00001.parquet": b"new errors 0"},
+}
+
+
+def test_publish_after_a_crash_mid_copy_gives_the_clean_result(tmp_path, monkeypatch):
+    spec, written = stage_run(tmp_path)
+    real_copy, calls = LocalFileSystem.cp_file, []
+
+    def crash_on_second_copy(self, path1, path2, **kwargs):
+        calls.append(path1)
+        if len(calls) == 2:
+            raise OSError("worker lost mid-publish")
+        return real_copy(self, path1, path2, **kwargs)
+
+    monkeypatch.setattr(LocalFileSystem, "cp_file", crash_on_second_copy)
+    with pytest.raises(OSError, match="worker lost"):
+        sinks.publish(spec, {"run_id": "r1", "attempt": 1}, written)
+    # readers see no published scores partition (no marker, the old files gone) ...
+    assert partition_files(spec, "scores") == {"part-00000-of-00002.parquet": b"new scores 0"}
+    monkeypatch.setattr(LocalFileSystem, "cp_file", real_copy)
+    # ... and the retry publishes exactly the staged files
+    sinks.publish(spec, {"run_id": "r1", "attempt": 2}, written)
+    assert {t: partition_files(spec, t) for t in EXPECTED} == EXPECTED
+    assert sinks.read_summary(spec)["attempt"] == 2
+    assert not (tmp_path / "out" / "_staging").exists()
+
+
+def test_publish_repeated_after_it_completed_keeps_the_tables(tmp_path):
+    spec, written = stage_run(tmp_path)
+    sinks.publish(spec, {"run_id": "r1", "attempt": 1}, written)
+    marker = Path(spec.partition("scores")) / sinks.SUCCESS
+    before = marker.stat().st_mtime_ns
+    sinks.publish(spec, {"run_id": "r1", "attempt": 2}, written)  # the staging directory is gone by now
+    assert {t: partition_files(spec, t) for t in EXPECTED} == EXPECTED
+    assert marker.stat().st_mtime_ns == before, "a completed partition was replaced again"
+    assert sinks.read_summary(spec)["attempt"] == 2
+
+
+def test_publish_repeated_after_a_half_removed_staging_keeps_the_tables(tmp_path):
+    spec, written = stage_run(tmp_path)
+    sinks.publish(spec, {"run_id": "r1"}, written)
+    survivor = Path(written["scores"][1])  # the removal of staging stopped after one scores file
+    survivor.parent.mkdir(parents=True)
+    survivor.write_bytes(b"new scores 1")
+    sinks.publish(spec, {"run_id": "r1"}, written)
+    assert {t: partition_files(spec, t) for t in EXPECTED} == EXPECTED
+    assert not (tmp_path / "out" / "_staging").exists()
+
+
+def test_publish_refuses_when_the_staged_files_are_gone_and_not_published(tmp_path):
+    spec, written = stage_run(tmp_path)
+    fsspec.filesystem("file").rm(spec.staging, recursive=True)
+    with pytest.raises(FileNotFoundError, match="rerun with the same --run_id"):
+        sinks.publish(spec, {"run_id": "r1"}, written)
+    assert partition_files(spec, "scores") == {"_SUCCESS": b"", "part-00000-of-00003.parquet": b"old"}
+
+
+# ---- the summary: in the job, then enriched by a waiting launcher ----------------------------------
+
+FACTS = {
+    "run_id": "r1", "task": "embed", "started": 100.0, "config": {"output_format": "parquet"},
+    "runner": {"runner": "DataflowRunner"}, "versions": {"python": "3.11"},
+    "backend": {"target": "tpu", "launcher": "cpu", "launcher_devices": ["cpu:0"]},
+    "kernel": {"requested": "flash", "resolved": "pallas_tpu"}, "model": {"name": "minilm-l6"},
+    "shadow": {"attention": "native", "impl": "xla", "fraction": 0.5, "tolerance": 0.01, "dtype": "bfloat16"},
+}
+STATS = {
+    "counts": {"records": 5, "scored": 4, "errors": 1}, "stages": {"infer": {"total_ms": 40.0}},
+    "tokens": {"text_tokens": 80}, "worker_backend": ["tpu"], "attention_impl": ["pallas_tpu"],
+    "task_metrics": {}, "shadow": {"documents": 2, "passed": True},
+}
+
+
+def test_summary_leaves_metric_parts_null_until_the_launcher_adds_them():
+    summary = summary_from_stats(FACTS, STATS, finished=110.0)
+    assert summary["wall_s"] == 10.0 and summary["throughput"]["docs_per_s"] == 0.4
+    assert summary["backend"]["workers"] == ["tpu"] and summary["kernel"]["in_rows"] == ["pallas_tpu"]
+    assert summary["compile"] == {"count": None, "time_ms": None, "model_calls": None}
+    assert summary["shadow"]["passed"] and summary["shadow"]["batches"] is None
+    assert add_metrics(summary, {}) is summary  # nothing to add: nothing to republish
+    ns = "docscore_inference_pallas_tpu"
+    metrics = {f"{ns}/compiles": 2, f"{ns}/compile_ms": 900, f"{ns}/model_calls": 7, f"{ns}/shadow_batches": 3,
+               f"{ns}/shadow_batch_us": {"sum": 4500.0, "count": 3, "min": 1000.0, "max": 2000.0}}
+    enriched = add_metrics(summary, metrics)
+    assert enriched["compile"] == {"count": 2, "time_ms": 900, "model_calls": 7}
+    assert enriched["shadow"]["batches"] == 3 and enriched["shadow"]["time_ms"] == 4.5
+    assert enriched["counts"] == summary["counts"] and enriched["metrics"] == metrics
+
+
+def test_waiting_launcher_republishes_the_enriched_summary(tmp_path):
+    spec, written = stage_run(tmp_path)
+    sinks.publish(spec, summary_from_stats(FACTS, STATS, finished=110.0), written)
+    enriched = publish.enrich_published_summary(spec, {"docscore_inference_pallas_tpu/compiles": 2})
+    assert enriched["compile"]["count"] == 2 and sinks.read_summary(spec)["compile"]["count"] == 2
+    assert (Path(spec.summary_path()).parent / sinks.SUCCESS).exists()
+    bq = sinks.OutputSpec("bq:docscore-test.evals.nightly", "r1", staging=str(tmp_path / "staging"))
+    assert publish.enrich_published_summary(bq, {"x": 1}) is None
+
+
+def test_launches_nobody_waits_for():
+    assert publish.submit_only(PipelineOptions([])) is None
+    assert publish.runs_locally(PipelineOptions([])) and not publish.runs_locally(PipelineOptions(["--runner", "DataflowRunner"]))
+    assert "job.json" in publish.submit_only(PipelineOptions(["--template_location", "job.json"]))
+    assert "--dry_run" in publish.submit_only(PipelineOptions(["--dry_run=True"]))
+    spec = sinks.OutputSpec.for_run("gs://b/out", "flex-1", "parquet")
+    message = publish.submitted_message("flex-1", spec, "written")
+    assert "gs://b/out/scores/run_id=flex-1" in message and "gs://b/out/runs/run_id=flex-1/summary.json" in message
+    assert os.path.basename(spec.staging) not in message  # where readers look, not the staging area
