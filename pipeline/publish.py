@@ -55,22 +55,23 @@ def publish_run(spec: sinks.OutputSpec, facts: dict[str, Any], stats: dict[str, 
 
 
 class _PublishFn(beam.DoFn):
-    """Thin adapter: the single run-stats element + every write's results (side input) -> publish_run."""
+    """Thin adapter: the single run-stats element + each table write's results (one side input per
+    table, in `tables` order) -> publish_run."""
 
-    def __init__(self, spec: sinks.OutputSpec, facts: dict[str, Any], derived: bool):
-        self._spec, self._facts, self._derived = spec, facts, derived
+    def __init__(self, spec: sinks.OutputSpec, facts: dict[str, Any], tables: tuple[str, ...], derived: bool):
+        self._spec, self._facts, self._tables, self._derived = spec, facts, tables, derived
 
-    def process(self, stats_json: str, written_pairs: list[tuple[str, str]]):
-        written: dict[str, list[str]] = {table: [] for table in sinks.TABLES}
-        for table, name in written_pairs:
-            written[table].append(name)
+    def process(self, stats_json: str, *written_lists: list[str]):
+        written = {table: [str(name) for name in names] for table, names in zip(self._tables, written_lists)}
         summary = publish_run(self._spec, self._facts, json.loads(stats_json), written, derived=self._derived)
         yield summary["run_id"]
 
 
 class PublishRun(beam.PTransform):
     """run-stats JSON (one element) -> the run published; runs only after every PCollection in
-    `written` ({table: what sinks.write_table returned}) is complete, because they are its side input."""
+    `written` ({table: what sinks.write_table returned}) is complete, because each is a side input of
+    its own (not one Flatten of them: Beam's BundleBasedDirectRunner hands a flattened side input
+    over before all of its inputs are done)."""
 
     def __init__(self, spec: sinks.OutputSpec, facts: dict[str, Any], written: dict[str, beam.PCollection], *,
                  derived: bool = True):
@@ -78,13 +79,9 @@ class PublishRun(beam.PTransform):
         self._spec, self._facts, self._written, self._derived = spec, facts, written, derived
 
     def expand(self, stats_json):
-        tagged = [
-            pcoll | f"Tag{table.title()}" >> beam.Map(lambda name, t: (t, str(name)), table)
-            for table, pcoll in self._written.items()
-        ]
-        done = tagged | "AllWritten" >> beam.Flatten()
-        return stats_json | "Publish" >> beam.ParDo(
-            _PublishFn(self._spec, self._facts, self._derived), beam.pvalue.AsList(done))
+        tables = tuple(self._written)
+        side_inputs = [beam.pvalue.AsList(self._written[table]) for table in tables]
+        return stats_json | "Publish" >> beam.ParDo(_PublishFn(self._spec, self._facts, tables, self._derived), *side_inputs)
 
 
 # ---- the launcher's side ----------------------------------------------------------------------

@@ -51,6 +51,24 @@ def test_the_job_alone_publishes_its_run(tmp_path):
     assert not (out / "_staging").exists()
 
 
+@pytest.mark.parametrize("runner", ["DirectRunner", "BundleBasedDirectRunner"])
+def test_publish_step_waits_for_every_table_write(tmp_path, runner):
+    """Many bundles of scores, few errors: the Publish step must see every write's files (BundleBased-
+    DirectRunner handed a Flatten of them over early, publishing a partition without its files)."""
+    spec = sinks.OutputSpec.for_run(str(tmp_path / "out"), "w1", "jsonl")
+    with beam.Pipeline(options=PipelineOptions(["--runner", runner])) as p:
+        rows = p | "Rows" >> beam.Create([{"doc_id": f"d{i}"} for i in range(3000)]) | beam.Reshuffle()
+        bad = p | "Bad" >> beam.Create([{"doc_id": f"e{i}"} for i in range(3)])
+        written = {"scores": sinks.write_table(rows, "scores", spec), "errors": sinks.write_table(bad, "errors", spec)}
+        stats = p | "Stats" >> beam.Create([json.dumps(STATS)])
+        _ = stats | publish.PublishRun(spec, dict(FACTS, run_id="w1"), written, derived=False)
+    for table, n in (("scores", 3000), ("errors", 3)):
+        published, files = read_table(tmp_path / "out", table, "w1")
+        assert len(published) == n and len(set(published.doc_id)) == n, (table, len(published), files)
+    assert sinks.read_summary(spec)["counts"] == STATS["counts"]
+    assert not (tmp_path / "out" / "_staging").exists()
+
+
 # ---- repeating the publish (what a retried bundle does) --------------------------------------------
 
 
