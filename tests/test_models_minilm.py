@@ -111,6 +111,20 @@ def loaded_models(cache_dir):
     return get
 
 
+@pytest.fixture(scope="module")
+def first_window_embeddings(loaded_models):
+    """(attention, dtype) -> (first windows of varied_texts(), their embeddings one per row), once each."""
+    cache: dict[tuple[str, str], tuple[list[np.ndarray], np.ndarray]] = {}
+
+    def get(attention: str, dtype: str = "float32") -> tuple[list[np.ndarray], np.ndarray]:
+        if (attention, dtype) not in cache:
+            loaded = loaded_models(attention, dtype)
+            windows = first_windows(loaded, varied_texts())
+            cache[attention, dtype] = windows, embed_windows(loaded, windows)
+        return cache[attention, dtype]
+    return get
+
+
 def pack(windows: list[np.ndarray], row_len: int, max_segments: int) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
     """Greedy packing of windows into rows: (members per row, ids, segment_ids)."""
     rows: list[list[int]] = [[]]
@@ -133,12 +147,13 @@ def pack(windows: list[np.ndarray], row_len: int, max_segments: int) -> tuple[li
     ("native", "float32", 0.99999), ("flash", "float32", 0.99999), ("native", "bfloat16", 0.9999),
     pytest.param("flash", "bfloat16", 0.9999, marks=pytest.mark.slow),
 ])
-def test_embeddings_match_sentence_transformers(loaded_models, reference, attention, dtype, min_cosine):
+def test_embeddings_match_sentence_transformers(loaded_models, first_window_embeddings, reference, attention,
+                                                dtype, min_cosine):
     texts, expected = reference
     assert len(texts) >= 100
     loaded = loaded_models(attention, dtype)
     assert loaded.attention == {"native": "xla", "flash": "blockwise"}[attention]
-    ours = embed_windows(loaded, first_windows(loaded, texts))
+    _, ours = first_window_embeddings(attention, dtype)
     cosine = np.sum(ours * expected, axis=1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(expected, axis=1))
     worst = int(np.argmin(cosine))
     assert cosine.min() >= min_cosine, f"text {worst} {texts[worst][:40]!r}: cosine {cosine[worst]}"
@@ -148,15 +163,16 @@ def test_embeddings_match_sentence_transformers(loaded_models, reference, attent
 
 
 @pytest.mark.parametrize("attention", ["native", "flash"])
-def test_packed_rows_equal_unpacked_rows(loaded_models, attention):
+def test_packed_rows_equal_unpacked_rows(loaded_models, first_window_embeddings, attention):
     loaded = loaded_models(attention)
-    windows = [w for w in first_windows(loaded, varied_texts()) if len(w) <= 32][:48]
+    all_windows, all_alone = first_window_embeddings(attention, "float32")  # one window per row
+    short = [i for i, w in enumerate(all_windows) if len(w) <= 32][:48]
+    windows, alone = [all_windows[i] for i in short], all_alone[short]
     rows, ids, segments = pack(windows, row_len=96, max_segments=6)
     assert len(rows) <= 16 and max(map(len, rows)) > 2
     ids, segments = np.pad(ids, ((0, 16 - len(rows)), (0, 0))), np.pad(segments, ((0, 16 - len(rows)), (0, 0)))
     packed = loaded.embed_packed(ids, segments, 6)
     assert packed.shape == (16, 6, loaded.config.hidden_size) and packed.dtype == np.float32
-    alone = embed_windows(loaded, windows)  # one window per row (shapes compiled by the parity test)
     for r, members in enumerate(rows):
         np.testing.assert_allclose(packed[r, :len(members)], alone[members], atol=1e-5, rtol=0)
         assert not packed[r, len(members):].any()  # absent segments are zeros
