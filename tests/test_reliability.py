@@ -80,9 +80,6 @@ def test_a_failed_inference_batch_is_retried_and_every_document_has_one_row(retr
     assert set(seen[0]) <= redone  # rows the failed attempt had emitted were dropped, not duplicated
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline/publish.py: PublishRun's side input is a Flatten of the table "
-                   "writes, which Beam's BundleBasedDirectRunner hands over before every write is done (the scores "
-                   "partition is published without its files); one side input per table fixes it")
 def test_the_retried_run_publishes_one_row_per_document(retried_run):
     scores, _ = read_table(retried_run["out"], "scores", "retried")
     assert sorted(scores.doc_id) == retried_run["ids"]
