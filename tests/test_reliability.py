@@ -82,7 +82,10 @@ def test_a_failed_inference_batch_is_retried_and_every_document_has_one_row(retr
 
 def test_the_retried_run_publishes_one_row_per_document(retried_run):
     scores, _ = read_table(retried_run["out"], "scores", "retried")
-    assert sorted(scores.doc_id) == retried_run["ids"]
+    errors, _ = read_table(retried_run["out"], "errors", "retried")
+    assert sorted(scores.doc_id) == retried_run["ids"] and list(errors.record_index) == [5]
+    counts = read_summary(retried_run["out"], "retried")["counts"]
+    assert counts["accounted"] and counts["records"] == len(retried_run["ids"]) + 1
 
 
 def test_on_a_runner_without_retries_a_failure_fails_the_job_and_publishes_nothing(corpus, tmp_path, monkeypatch, capsys):
