@@ -185,7 +185,10 @@ def _timed(records: Iterator[tuple[int, Any, bytes | None]], path: str, spec: Re
         if isinstance(record, ErrorRow):
             yield record
         else:
-            yield make_document(record, path, index, spec, (time.perf_counter() - start) * 1000.0, raw)
+            try:
+                yield make_document(record, path, index, spec, (time.perf_counter() - start) * 1000.0, raw)
+            except Exception as e:  # one record's surprise must not cost the rest of the shard
+                yield ErrorRow(path, index, "parse", type(e).__name__, str(e)[:300], raw=raw if raw is not None else "")
         start = time.perf_counter()
 
 
@@ -247,7 +250,7 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                             path, index, "parse", "too_deeply_nested",
                             f"JSON nested deeper than Python's parser allows (~{sys.getrecursionlimit()} levels)", raw=line,
                         ), None
-                    except json.JSONDecodeError as e:
+                    except ValueError as e:  # JSONDecodeError, or a number too long to convert
                         yield index, ErrorRow(path, index, "parse", "invalid_json", str(e)[:300], raw=line), None
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as e:
                 yield 0, ErrorRow(path, None, "read", type(e).__name__, f"shard ends early or is corrupt: {e}"), None

@@ -91,6 +91,7 @@ def mixed(c: Corpus) -> None:
         (b'{"id": "m-surrogate", "text": "lone \\ud800 surrogate"}', "error", "invalid_unicode", "m-surrogate"),
         (record("m-label", "a record whose label is not a scalar.", label={"a": [1, 2]}), "error", "bad_field_type", "m-label"),
         (deep, "error", "too_deeply_nested", None),
+        (b'{"id": "m-digits", "text": "x", "n": ' + b"7" * 5000 + b"}", "error", "invalid_json", None),
         (b"", "blank", None, None),
         (record("dup", "the second record with the id dup."), "scored", None, "dup"),
         (record(None, "a record without an id gets source#record_index."), "scored", None, None),

@@ -81,7 +81,9 @@ def test_error_rows_carry_stage_type_message_and_a_truncated_raw_record(bad_run)
     by_type = {r.error_type: r for r in errors.itertuples()}
     assert by_type["record_too_large"].raw.startswith('{"id": "huge", "text": "xxx')
     assert "--max_record_bytes" in by_type["record_too_large"].message
-    assert by_type["invalid_json"].raw == '{"id": "m-bad", "text": "unterminated'
+    invalid_json = sorted(errors[errors.error_type == "invalid_json"].raw)
+    assert invalid_json[0] == '{"id": "m-bad", "text": "unterminated' and "Exceeds the limit" in " ".join(errors.message)
+    assert invalid_json[1].startswith('{"id": "m-digits"')
     assert "\ufffd" in by_type["invalid_utf8"].raw  # the undecodable bytes, shown replaced
     assert by_type["too_deeply_nested"].raw.startswith('{"id": "deep"') and len(by_type["too_deeply_nested"].raw) == RAW_PREVIEW_CHARS
     shard_rows = errors[errors.record_index.isna()]
@@ -105,7 +107,7 @@ def test_the_summary_accounts_for_every_record_the_readers_saw(bad_run):
 def test_duplicate_doc_ids_keep_every_row_and_are_counted(bad_run):
     dup = bad_run["scores"][bad_run["scores"].doc_id == "dup"]
     assert sorted((os.path.basename(s), i) for s, i in zip(dup.source, dup.record_index)) == [
-        ("good.jsonl", 6), ("mixed.jsonl", 16), ("rows.parquet", 1)]
+        ("good.jsonl", 6), ("mixed.jsonl", 17), ("rows.parquet", 1)]
     counts = bad_run["summary"]["counts"]
     assert (counts["duplicate_doc_ids"], counts["duplicate_rows"]) == (1, 2)
 
