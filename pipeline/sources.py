@@ -85,6 +85,9 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
             )
     if not found:
         raise FileNotFoundError(f"--input {pattern}: matches no readable shard ({SUPPORTED})")
+    undecodable = [p for p in found if utf8_size(p) is None]
+    if undecodable:  # every row would carry it as `source`, and no table can hold it
+        raise ValueError(f"--input {pattern}: the file name {_printable(undecodable[0])!r} is not valid UTF-8; rename it")
     protocol = fsspec.core.split_protocol(pattern)[0]
     return sorted(fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in found)
 
@@ -116,7 +119,7 @@ def make_document(
         return ErrorRow(
             source, index, "parse", "invalid_unicode",
             f"{spec.text_field!r} or the id holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not "
-            "valid Unicode text; fix the producer of this record", raw=shown(), doc_id=_printable(doc_id),
+            "valid Unicode text; fix the producer of this record", raw=shown(), doc_id=doc_id,
         )
     if size > spec.max_record_bytes:
         return ErrorRow(
@@ -172,9 +175,18 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
         yield ErrorRow(path, None, "read", "unknown_format", f"cannot read {path}; supported: {SUPPORTED}")
         return
     try:
-        yield from readers[fmt](path, spec)
+        for item in readers[fmt](path, spec):
+            yield _printable_error(item) if isinstance(item, ErrorRow) else item
     except Exception as e:  # a shard that cannot be opened or breaks mid-way
-        yield ErrorRow(path, None, "read", type(e).__name__, f"{fmt} shard could not be read: {e}")
+        yield _printable_error(ErrorRow(path, None, "read", type(e).__name__, f"{fmt} shard could not be read: {e}"))
+
+
+def _printable_error(error: ErrorRow) -> ErrorRow:
+    """The error row with any lone surrogate (from JSON escapes, field names, ids) replaced: the errors
+    table's writer would fail on it, and with it the whole job."""
+    fields = {name: _printable(getattr(error, name)) for name in ("source", "message", "raw", "doc_id")
+              if isinstance(getattr(error, name), str)}
+    return dataclasses.replace(error, **fields)
 
 
 def _timed(records: Iterator[tuple[int, Any, bytes | None]], path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:

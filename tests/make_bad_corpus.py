@@ -89,6 +89,7 @@ def mixed(c: Corpus) -> None:
         (record("m-space", " \t\n  \u3000 "), "error", "empty_text", "m-space"),
         (b'{"id": "m-utf8", "text": "bad bytes \xff\xfe here"}', "error", "invalid_utf8", None),
         (b'{"id": "m-surrogate", "text": "lone \\ud800 surrogate"}', "error", "invalid_unicode", "m-surrogate"),
+        (b'{"id": "m-\\udc00", "\\ud801": 1}', "error", "missing_field", "m-?"),  # in the id and a field name
         (record("m-label", "a record whose label is not a scalar.", label={"a": [1, 2]}), "error", "bad_field_type", "m-label"),
         (deep, "error", "too_deeply_nested", None),
         (b'{"id": "m-digits", "text": "x", "n": ' + b"7" * 5000 + b"}", "error", "invalid_json", None),

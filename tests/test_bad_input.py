@@ -107,7 +107,7 @@ def test_the_summary_accounts_for_every_record_the_readers_saw(bad_run):
 def test_duplicate_doc_ids_keep_every_row_and_are_counted(bad_run):
     dup = bad_run["scores"][bad_run["scores"].doc_id == "dup"]
     assert sorted((os.path.basename(s), i) for s, i in zip(dup.source, dup.record_index)) == [
-        ("good.jsonl", 6), ("mixed.jsonl", 17), ("rows.parquet", 1)]
+        ("good.jsonl", 6), ("mixed.jsonl", 18), ("rows.parquet", 1)]
     counts = bad_run["summary"]["counts"]
     assert (counts["duplicate_doc_ids"], counts["duplicate_rows"]) == (1, 2)
 
@@ -193,3 +193,12 @@ def test_a_20mb_text_is_tokenised_only_as_far_as_its_windows_need(minilm):
     # short texts are tokenised whole, as before
     short = preprocess.encode_text(minilm.tokenizer, words * 10, spec)
     assert short.n_tokens == len(minilm.tokenizer.encode_ids([words * 10])[0]) and not short.truncated
+
+
+def test_a_shard_name_that_is_not_utf8_is_refused_before_reading(tmp_path):
+    """Every row carries its shard's name as `source`: one no table can hold would fail the whole job."""
+    os.makedirs(tmp_path / "in")
+    with open(os.fsencode(tmp_path / "in") + b"/\xff.jsonl", "w") as f:
+        f.write('{"text": "x"}\n')
+    with pytest.raises(ValueError, match="not valid UTF-8; rename it"):
+        sources.discover_shards(str(tmp_path / "in"))
