@@ -25,6 +25,8 @@ NOT_TEMPLATE_PARAMETERS = {
     "split": "TFDS only",
     "cache_dir": "the image sets DOCSCORE_CACHE_DIR",
     "job_labels": "Flex Template launches carry their own job labels",
+    "no_progress": "a template launch does not wait for the job, so it shows no progress; and a bare "
+                   "store_true flag cannot take the --name=value form template parameters arrive in",
 }
 
 
@@ -124,6 +126,20 @@ def test_attention_and_run_id_parameters_follow_the_pipeline():
     attention = allowed("attention")
     assert all(attention.fullmatch(w) for w in (*POLICY_WORDS, *table.IMPLEMENTATIONS))
     assert allowed("run_id").pattern == RUN_ID_PATTERN.pattern
+    assert allowed("shadow_attention").pattern == attention.pattern
+
+
+@pytest.mark.parametrize("name,good,bad", [
+    ("shadow_fraction", ("0.1", ".5", "1", "1.0", "0.001"), ("0", "0.0", "1.5", "2", "-0.1", "abc")),
+    ("max_error_fraction", ("0", "0.0", "0.25", ".5", "1", "1.0"), ("1.5", "2", "-0.1", "abc")),
+    ("shadow_tolerance", ("1e-5", "0.01", "2", "1.5E-3"), ("-1e-5", "abc", "1e")),
+    ("max_record_bytes", ("1024", "33554432"), ("0", "-1", "1.5", "32MiB")),
+])
+def test_numeric_parameters_allow_the_values_the_pipeline_accepts(name, good, bad):
+    """The ranges pipeline/validate.py checks (fractions in (0, 1] and [0, 1]) are refused at launch."""
+    pattern = allowed(name)
+    assert all(pattern.fullmatch(v) for v in good), name
+    assert not any(pattern.fullmatch(v) for v in bad), name
 
 
 SAMPLE = {
@@ -132,7 +148,8 @@ SAMPLE = {
     "attention": "flash", "target_backend": "tpu", "run_id": "nightly-20260101", "text_field": "body",
     "id_field": "uid", "classify_labels": "sports=about sport;politics=about politics", "temperature": "0.1",
     "max_seq_len": "128", "stride": "16", "max_chunks": "4", "batch_size": "64", "dtype": "bfloat16",
-    "output_format": "parquet",
+    "output_format": "parquet", "shadow_attention": "native", "shadow_fraction": "0.25", "shadow_tolerance": "0.0001",
+    "max_record_bytes": "1048576", "max_error_fraction": "0.05",
 }
 
 
