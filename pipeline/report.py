@@ -27,12 +27,14 @@ from matplotlib.ticker import MaxNLocator
 
 from pipeline import history, progress
 from pipeline.history import STAGES, summary_value
+from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"
 SHADOW_SCORE_COLUMNS = ("shadow_output_max_abs_diff", "shadow_score_abs_diff")  # null on documents not shadowed
 SCORE_COLUMNS = ("task", "score", "label", "gold_label", "perplexity", "n_tokens") + tuple(f"{s}_ms" for s in STAGES) + SHADOW_SCORE_COLUMNS
 ERROR_COLUMNS = ("source", "record_index", "stage", "error_type", "message")
+TABLE_SCHEMAS = {"scores": SCORES_SCHEMA, "errors": ERRORS_SCHEMA}
 ERRORS_LISTED = 20  # the report lists this many error rows; the table has them all
 STAGE_COLORS = {"read": "#4c72b0", "tokenize": "#55a868", "infer": "#c44e52", "postprocess": "#8172b2"}
 
@@ -113,24 +115,38 @@ def load_run(output_dir: str, run_id: str) -> RunData:
 
 
 def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...], output_format: str) -> pa.Table | None:
-    """The named columns of DIR/<table>/run_id=ID (parquet or jsonl parts); None for tables kept elsewhere (bq:)."""
+    """The named columns of DIR/<table>/run_id=ID (parquet or jsonl parts), typed as the table's schema
+    (pipeline/records.py); a table without rows (no parts, or empty parts: a jsonl run without errors)
+    reads as zero rows of those columns. None for tables kept elsewhere (bq:)."""
     if output_dir.startswith("bq:"):
         return None
+    schema = TABLE_SCHEMAS[table]
     fs, partition = fsspec.core.url_to_fs(posixpath.join(output_dir.rstrip("/"), table, f"run_id={run_id}"))
     suffix = ".parquet" if output_format == "parquet" else ".jsonl"
     parts = sorted(p for p in fs.glob(posixpath.join(partition, f"*{suffix}")) if not posixpath.basename(p).startswith("_"))
-    if not parts:
-        return pa.table({c: pa.array([], pa.null()) for c in columns})
     if output_format == "parquet":
-        dataset = ds.dataset(parts, format="parquet", filesystem=fs)
-        present = [c for c in columns if c in dataset.schema.names]
-        return dataset.to_table(columns=present)
-    tables = []
-    for part in parts:
-        with fs.open(part, "rb") as f:
-            t = pa_json.read_json(f)
-        tables.append(t.select([c for c in columns if c in t.schema.names]))
-    return pa.concat_tables(tables, promote_options="permissive")
+        dataset = ds.dataset(parts, format="parquet", filesystem=fs) if parts else None
+        tables = [dataset.to_table(columns=[c for c in columns if c in dataset.schema.names])] if dataset else []
+    else:
+        tables = [_read_jsonl_part(fs, part) for part in parts if fs.size(part) > 0]
+    # older runs lack newer columns (e.g. shadow_*): keep the columns the files have, as parquet does
+    present = [c for c in columns if any(c in t.schema.names for t in tables)] if tables else list(columns)
+    typed = pa.schema([schema.field(c).with_nullable(True) for c in present])
+    if not tables:
+        return typed.empty_table()
+    return pa.concat_tables([_conform(t, typed) for t in tables])
+
+
+def _read_jsonl_part(fs, part: str) -> pa.Table:
+    with fs.open(part, "rb") as f:
+        return pa_json.read_json(f)
+
+
+def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """t's columns of `schema`, cast to its types (a column JSON saw only nulls in reads as null
+    type); a column t lacks is all nulls."""
+    return pa.table([t.column(f.name).cast(f.type) if f.name in t.schema.names else pa.nulls(t.num_rows, f.type)
+                     for f in schema], schema=schema)
 
 
 # ---- charts: each returns PNG bytes, or None when the run recorded nothing to draw -------------

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -229,3 +230,22 @@ def test_report_reads_jsonl_tables_like_parquet(finished_run, tmp_path):
         assert a.to_pylist() == b.to_pylist()  # JSON keeps doubles exactly
     assert report.main([str(run_dir)]) == 0
     assert (run_dir / "report.html").read_text().count("data:image/png;base64,") >= 4
+
+
+def test_report_of_a_jsonl_run_without_errors(tmp_path):
+    """A real --output_format jsonl run whose records are all fine: its errors part is an empty file,
+    which reads as zero rows with the errors table's types (the run writes its report itself)."""
+    shard = tmp_path / "shard-000.jsonl"
+    shard.write_text("".join(json.dumps({"id": f"d{i}", "text": text}) + "\n" for i, (_, text) in enumerate(DOCS[:3])))
+    out = tmp_path / "out"
+    assert pipeline_run.main(["--input", str(shard), "--attention", "native", "--output_format", "jsonl",
+                              "--no_progress", *common_flags("clean", out)]) == 0
+    errors_dir = out / "errors" / "run_id=clean"
+    assert [p.stat().st_size for p in errors_dir.glob("part-*.jsonl")] == [0], "expected one empty errors part"
+    assert (out / "runs" / "run_id=clean" / "report.html").exists(), "the run did not write its report"
+    run = report.load_run(str(out), "clean")
+    assert run.errors.num_rows == 0 and run.errors.column_names == list(report.ERROR_COLUMNS)
+    assert run.errors.schema.field("record_index").type == pa.int64()
+    assert run.scores.num_rows == 3 and run.scores.schema.field("n_tokens").type == pa.int64()
+    page = (out / "runs" / "run_id=clean" / "report.html").read_text()
+    assert "data:image/png;base64," in page and "<h2>Error rows</h2>" not in page
