@@ -25,9 +25,10 @@ IMPLS = ("xla", "blockwise")
 
 
 def estimated_gb(impl: str, batch: int, length: int) -> float:
-    """Rough peak: inputs/outputs, plus for xla the float32 scores and weights ([B, H, L, L] x2)."""
+    """Rough peak: inputs/outputs, plus for xla three float32 [B, H, L, L] buffers (measured:
+    batch 1 at 8192 tokens added 9.3 GB = 3.0 x B*H*L*L*4)."""
     io = 4 * batch * length * HEADS * HEAD_DIM * 4
-    scores = 2 * batch * HEADS * length * length * 4 if impl == "xla" else 0
+    scores = 3 * batch * HEADS * length * length * 4 if impl == "xla" else 0
     return (io + scores) / 2**30
 
 
