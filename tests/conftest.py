@@ -164,3 +164,25 @@ def tiny_gpt2_hf(tiny_gpt2_dir):
 
     hf_dir = os.path.join(os.path.dirname(tiny_gpt2_dir), "hf")
     return transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+
+
+# Configuration-error tests: a tiny corpus, and a guard that no shard is read before the error.
+@pytest.fixture
+def corpus(tmp_path):
+    return write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": f"document {i}"} for i in range(3)])
+
+
+@pytest.fixture
+def no_data_read(monkeypatch):
+    """Fail the test if any shard is read by the pipeline; record schema peeks by validation."""
+    from pipeline import sources, validate
+
+    peeks = []
+
+    def read_shard(*_args, **_kwargs):
+        raise AssertionError("a shard was read before the configuration error was reported")
+
+    real_peek = validate.first_record_fields
+    monkeypatch.setattr(sources, "read_shard", read_shard)
+    monkeypatch.setattr(validate, "first_record_fields", lambda *a, **k: peeks.append(a) or real_peek(*a, **k))
+    return peeks

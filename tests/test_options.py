@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pipeline import sources, validate
 from pipeline.options import ConfigError, parse_labels, parse_options
-from tests.conftest import run_docscore, write_jsonl
+from tests.conftest import run_docscore
 
 
 def test_labels_parse_and_reject_malformed():
@@ -34,25 +33,6 @@ def test_command_line_beats_config_beats_preset(tmp_path):
     assert eo.run_id  # default: a UTC timestamp
     _, eo = parse_options(["--config", str(config), "--labels", "x=one;y=two"])
     assert parse_labels(eo.classify_labels) == {"x": "one", "y": "two"}
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    return write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": f"document {i}"} for i in range(3)])
-
-
-@pytest.fixture
-def no_data_read(monkeypatch):
-    """Fail the test if any shard is read by the pipeline; record schema peeks by validation."""
-    peeks = []
-
-    def read_shard(*_args, **_kwargs):
-        raise AssertionError("a shard was read before the configuration error was reported")
-
-    real_peek = validate.first_record_fields
-    monkeypatch.setattr(sources, "read_shard", read_shard)
-    monkeypatch.setattr(validate, "first_record_fields", lambda *a: peeks.append(a) or real_peek(*a))
-    return peeks
 
 
 def bad_config_file(tmp_path):

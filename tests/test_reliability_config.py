@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import sinks, sources, validate
+from pipeline import sinks, validate
 from pipeline.options import ConfigError
-from tests.conftest import run_docscore, write_jsonl
+from tests.conftest import run_docscore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,24 +79,6 @@ MODEL_CASES = {
     "pickled_parameters": (pickled_parameters, "Orbax checkpoint"),
     "tokenizer_not_matching_the_model": (foreign_tokenizer, "tokenizer does not match the model vocabulary"),
 }
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    return write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": f"document {i}"} for i in range(3)])
-
-
-@pytest.fixture
-def no_data_read(monkeypatch):
-    """Fail the test if a shard is read, and record any schema peek of validation."""
-    peeks = []
-
-    def read_shard(*_args, **_kwargs):
-        raise AssertionError("a shard was read before the configuration error was reported")
-
-    monkeypatch.setattr(sources, "read_shard", read_shard)
-    monkeypatch.setattr(validate, "first_record_fields", lambda *a, **k: peeks.append(a) or None)
-    return peeks
 
 
 def exits_2_before_reading(args: list, tmp_path: Path, capsys, peeks: list) -> str:
