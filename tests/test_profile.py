@@ -1,0 +1,50 @@
+"""--profile_dir: a real `docscore run` writes a JAX profiler trace whose recorded program carries the
+attention kernel's named scope ("attention/<impl>"), readable with jax.profiler.ProfileData; the flash
+kernel shows under its own scope the same way."""
+from __future__ import annotations
+
+import numpy as np
+from jax.profiler import ProfileData
+
+from pipeline.profiling import profile_batch, trace_files
+from tests.conftest import SENTENCES, common_flags, run_docscore, write_jsonl
+
+
+def executed_modules(xplane: str) -> set[str]:
+    """Names of the XLA programs whose execution the trace recorded."""
+    data = ProfileData.from_file(xplane)
+    return {str(value) for plane in data.planes for line in plane.lines for event in line.events
+            for key, value in event.stats if key == "hlo_module"}
+
+
+def test_profile_dir_traces_the_model_under_the_attention_scope(tmp_path):
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": str(i), "text": s} for i, s in enumerate(SENTENCES)])
+    profile_dir = tmp_path / "profile"
+    code = run_docscore("--input", shard, "--task", "embed", "--attention", "native", "--profile_dir", profile_dir,
+                        *common_flags("profiled", tmp_path / "out"))
+    assert code == 0
+    traces = trace_files(str(profile_dir))
+    assert traces, f"no .xplane.pb under {profile_dir}"
+    assert any(p.with_suffix("").name == "perfetto_trace.json" for p in profile_dir.rglob("*.gz"))
+    assert any(executed_modules(t) for t in traces)  # the model's programs ran inside the trace
+    # the HLO of the traced programs is stored in the trace with its op names: the kernel's scope is there
+    assert any(b"attention/xla" in open(t, "rb").read() for t in traces)
+
+
+def test_flash_kernel_shows_under_its_own_scope(tmp_path):
+    import jax
+
+    import kernels
+
+    q = np.random.default_rng(0).standard_normal((1, 64, 2, 16)).astype(np.float32)
+    segments = np.ones((1, 64), np.int32)
+    run = jax.jit(lambda q, s: kernels.attention(q, q, q, segment_ids=s, impl="blockwise"))
+    run(q, segments).block_until_ready()
+    with profile_batch(str(tmp_path), batches=1) as log_dir:
+        run(q, segments).block_until_ready()
+    with profile_batch(str(tmp_path), batches=1) as second:
+        run(q, segments).block_until_ready()
+    assert log_dir and second is None  # only the first `batches` are traced per process
+    [trace] = trace_files(log_dir)
+    assert executed_modules(trace)
+    assert b"attention/blockwise" in open(trace, "rb").read()
