@@ -1,7 +1,7 @@
 """Model inference inside Beam: FlaxModelHandler (a Beam ModelHandler) used through RunInference.
 
 Holds the process-wide model cache, the fixed-shape batch runner (windows grouped by length bucket,
-rows padded to batch_size) and the handler that adapts it to Beam. Batching, retries, dead letters
+rows padded to batch_size; the handler runs windows packed into rows by pipeline/packing.py) and the handler that adapts it to Beam. Batching, retries, dead letters
 and latency metrics come from Beam. Must not score documents (pipeline/scoring.py does).
 """
 from __future__ import annotations
@@ -18,6 +18,9 @@ import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from pipeline import faults, memory, shadow
+from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
+from pipeline.packing import run_model
+from pipeline.profiling import profile_batch
 from pipeline.preprocess import TokenizedDoc, bucket_for, bucket_lengths
 
 # What RunInference turns into dead letters (one infer error row per document of the batch): the model
@@ -47,6 +50,7 @@ def shared_model(spec: ModelSpec):
         if spec not in _MODELS:
             import models
 
+            apply_cpu_tuning(CpuTuning(attention=spec.attention, cache_dir=spec.cache_dir))  # before jax starts here
             _MODELS[spec] = models.load(spec.name, attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir)
         return _MODELS[spec]
 
@@ -135,12 +139,17 @@ def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int) 
 
     encoded = loaded.tokenizer.encode_windows(list(texts), max_len=max_len, stride=0, max_windows=8)
     rows = [w for doc in encoded for w in doc.windows]
-    outputs, _, _ = run_rows(rows, loaded.embed, max_len=max_len, batch_size=batch_size)
+    outputs, _, _ = run_model(loaded, rows, max_len=max_len, batch_size=batch_size)
     result, k = [], 0
     for doc in encoded:
         result.append(pool_windows(outputs[k : k + len(doc.windows)]))
         k += len(doc.windows)
     return np.stack(result)
+
+
+def tokens_of(doc: TokenizedDoc) -> int:
+    """A document's weight for Beam's BatchElements: the tokens of its model rows."""
+    return max(1, sum(len(w) for w in doc.windows + doc.query_windows))
 
 
 def rows_of(doc: TokenizedDoc) -> int:
@@ -173,13 +182,13 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
         kernel: str,
         labels: dict[str, str] | None = None,
         shadow_spec: shadow.ShadowSpec | None = None,
+        profile_dir: str | None = None,
     ):
         super().__init__(
-            # sizes count model rows (element_size_fn): a Beam batch spans several fixed-shape calls
-            # per length bucket, so only the last call of each bucket is padded
-            min_batch_size=batch_size * 4,
-            max_batch_size=batch_size * 16,
-            element_size_fn=rows_of,
+            # sizes count tokens (element_size_fn): a Beam batch is 4-16 calls' worth of packed rows
+            min_batch_size=batch_size * max_len * 4,
+            max_batch_size=batch_size * max_len * 16,
+            element_size_fn=tokens_of,
         )
         self._spec = spec
         self._task = task
@@ -188,6 +197,7 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
         self._kernel = kernel
         self._labels = dict(labels or {})
         self._shadow = shadow_spec
+        self._profile_dir = profile_dir
         self._memory = memory.MemoryWatch()
 
     def load_model(self) -> ScoringModel:
@@ -219,13 +229,13 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
     ) -> Iterable[PredictionResult]:
         faults.maybe_fail_once([doc.doc.doc_id for doc in batch])  # test-only switch; nothing when unset
         loaded = model.loaded
-        call = loaded.token_logprobs if self._task == "loglik" else loaded.embed
         rows = [w for doc in batch for w in doc.windows + doc.query_windows]
         compiles_before, compile_s_before = compile_state(loaded)
         t0 = time.perf_counter()
-        outputs, timings, totals = run_rows(
-            rows, call, max_len=self._max_len, batch_size=self._batch_size, per_token=self._task == "loglik"
-        )
+        with profile_batch(self._profile_dir):  # --profile_dir: a trace of this process's first batches
+            outputs, timings, totals = run_model(
+                loaded, rows, max_len=self._max_len, batch_size=self._batch_size, per_token=self._task == "loglik"
+            )
         batch_ms = (time.perf_counter() - t0) * 1000.0
         compiles_after, compile_s_after = compile_state(loaded)
         self._record_metrics(totals, compiles_after - compiles_before, (compile_s_after - compile_s_before) * 1000, batch_ms)
@@ -263,10 +273,9 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
         Its time is kept out of infer_ms (metrics: shadow_batches, shadow_batch_us)."""
         if self._shadow is None or not shadow.is_shadowed([d.doc.doc_id for d in batch], self._shadow.fraction):
             return None
-        loaded = model.shadow_loaded
-        call = loaded.token_logprobs if self._task == "loglik" else loaded.embed
         t0 = time.perf_counter()
-        outputs, _, _ = run_rows(rows, call, max_len=self._max_len, batch_size=self._batch_size, per_token=self._task == "loglik")
+        outputs, _, _ = run_model(model.shadow_loaded, rows, max_len=self._max_len, batch_size=self._batch_size,
+                                  per_token=self._task == "loglik")
         namespace = self.get_metrics_namespace()
         beam.metrics.Metrics.counter(namespace, "shadow_batches").inc()
         beam.metrics.Metrics.distribution(namespace, "shadow_batch_us").update(int((time.perf_counter() - t0) * 1e6))

@@ -56,6 +56,7 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--split", default="test", help="TFDS split to read (tfds: input)")
         parser.add_argument("--target_backend", default="auto", help="auto | cpu | gpu | tpu: where inference runs")
         parser.add_argument("--cache_dir", default=None, help="where converted built-in models are cached")
+        parser.add_argument("--profile_dir", default=None, help="write a JAX profiler trace of each worker's first batches here")
         parser.add_argument("--no_progress", action="store_true", help="no progress bar or progress log lines while the pipeline runs")
         parser.add_argument("--shadow_attention", default=None,
                             help="a second kernel (native | flash | IMPL) also run on --shadow_fraction of the batches; "

@@ -16,6 +16,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import RunInference
 
 from pipeline import progress, publish, sinks
+from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
 from pipeline.inference import RECORD_ERRORS, FlaxModelHandler
 from pipeline.options import ConfigError, EvalOptions, parse_options
 from pipeline.postprocess import ERRORS_TAG, STATS_TAG, ScoreDocument, ScoreSpec, inference_failures_to_errors
@@ -49,6 +50,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         kernel=plan.kernel,
         labels=plan.labels,
         shadow_spec=plan.shadow,
+        profile_dir=eo.profile_dir,
     )
     # the model rejecting a batch's data -> error rows; any other failure -> the runner retries the bundle
     predictions, dead_letters = tokenized.docs | "Infer" >> RunInference(handler).with_exception_handling(exc_class=RECORD_ERRORS)
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         options, eo = parse_options(argv)
+        apply_cpu_tuning(CpuTuning(attention=eo.attention, cache_dir=eo.cache_dir))  # before validate starts jax
         plan = validate(eo)
     except ConfigError as e:
         print(f"docscore run: {e}", file=sys.stderr)
