@@ -34,7 +34,11 @@ MALLOPT_VALUES = {
 }
 
 # XLA CPU flags per attention implementation (the kernel the run resolves to on CPU). Measured with
-# benchmarks/pipeline_tuning.py on MiniLM, packed [16, 256] rows; see benchmarks/RESULTS.md.
+# benchmarks/pipeline_tuning.py (MiniLM f32, packed [16, 256] rows, best of 2x3 rounds on the shared 2-core
+# EPYC, so +-20%): xla 1367 tok/s untuned -> 1628 with this flag alone -> 2821 with mallopt alone; blockwise
+# 1286 -> 1430 with the flag -> 2321 with flag + mallopt. The flag slows the blockwise kernel by itself at
+# 2k tokens (PERF_NOTES), but at the pipeline's <= 256-token rows the dense layers dominate, so both get it.
+# End to end on and off: benchmarks/compare_peers.py writes "with DOCSCORE_CPU_TUNING=0" rows to RESULTS.md.
 YNN_INDIVIDUAL_DOT = "--xla_cpu_experimental_ynn_fusion_type=individual_dot"
 CPU_XLA_FLAGS = {
     "xla": (YNN_INDIVIDUAL_DOT,),
