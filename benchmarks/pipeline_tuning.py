@@ -36,20 +36,13 @@ def child(setting: str, attention: str, dtype: str, calls: int, rounds: int, bat
     import numpy as np
 
     import models
-    from pipeline.packing import max_segments_for, pack_windows
+    from pipeline.packing import fill_rows, max_segments_for, pack_windows
     from pipeline.sample_data import sample_records
 
     loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
     texts = [r["text"] for r in sample_records()]
     windows = [w for d in loaded.tokenizer.encode_windows(texts, max_len=row_len, stride=32, max_windows=8) for w in d.windows]
-    rows = pack_windows([len(w) for w in windows], row_len)
-    ids = np.zeros((len(rows), row_len), np.int32)
-    seg = np.zeros((len(rows), row_len), np.int32)
-    for r, row in enumerate(rows):
-        at = 0
-        for slot, i in enumerate(row.windows):
-            ids[r, at:at + len(windows[i])], seg[r, at:at + len(windows[i])] = windows[i], slot + 1
-            at += len(windows[i])
+    ids, seg, _ = fill_rows(windows, pack_windows([len(w) for w in windows], row_len), row_len)
     slots = max_segments_for(row_len)
     loaded.embed_packed(ids[:batch], seg[:batch], slots)  # compile
     best = None
@@ -57,7 +50,7 @@ def child(setting: str, attention: str, dtype: str, calls: int, rounds: int, bat
         usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         tokens = 0
         for c in range(calls):
-            start = (c * batch) % (len(rows) - batch)
+            start = (c * batch) % (len(ids) - batch)
             loaded.embed_packed(ids[start:start + batch], seg[start:start + batch], slots)
             tokens += int(np.count_nonzero(seg[start:start + batch]))
         wall = time.perf_counter() - t0

@@ -74,6 +74,27 @@ def shapes_for(row_len: int, batch_size: int, min_rows: int = 1) -> set[tuple[in
     return {(batch_size, row_len), (min_rows, row_len)}
 
 
+def fill_rows(
+    windows: Sequence[np.ndarray], rows: Sequence[PackedRow], row_len: int, n_rows: int | None = None
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int, int]]]:
+    """The model inputs of packed rows: input_ids and segment_ids [n_rows, row_len] (segment s + 1 in
+    slot s, 0 = padding; rows past len(rows) are all padding) and where each window went, as
+    (window index, row, segment slot, start)."""
+    n_rows = len(rows) if n_rows is None else n_rows
+    input_ids = np.zeros((n_rows, row_len), np.int32)
+    segment_ids = np.zeros((n_rows, row_len), np.int32)
+    placed = []
+    for r, row in enumerate(rows):
+        at = 0
+        for slot, i in enumerate(row.windows):
+            n = len(windows[i])
+            input_ids[r, at : at + n] = windows[i]
+            segment_ids[r, at : at + n] = slot + 1
+            placed.append((i, r, slot, at))
+            at += n
+    return input_ids, segment_ids, placed
+
+
 def run_packed(
     windows: Sequence[np.ndarray],
     call: Callable[[np.ndarray, np.ndarray], np.ndarray],
@@ -94,19 +115,8 @@ def run_packed(
     totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
     start_row = 0
     for size in call_sizes(len(rows), batch_size, min_rows):
-        chunk = rows[start_row : start_row + size]
+        input_ids, segment_ids, placed = fill_rows(windows, rows[start_row : start_row + size], row_len, size)
         start_row += size
-        input_ids = np.zeros((size, row_len), np.int32)
-        segment_ids = np.zeros((size, row_len), np.int32)
-        placed = []  # (window index, row, segment slot, start)
-        for r, row in enumerate(chunk):
-            at = 0
-            for slot, i in enumerate(row.windows):
-                n = len(windows[i])
-                input_ids[r, at : at + n] = windows[i]
-                segment_ids[r, at : at + n] = slot + 1
-                placed.append((i, r, slot, at))
-                at += n
         t0 = time.perf_counter()
         result = np.asarray(call(input_ids, segment_ids))  # numpy: the device work is done here
         ms = (time.perf_counter() - t0) * 1000.0
