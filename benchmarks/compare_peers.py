@@ -151,18 +151,17 @@ def warm_compilation_cache(dtype: str, attention: str) -> None:
     import numpy as np
 
     import models
-    from pipeline.packing import max_segments_for
+    from pipeline.packing import max_segments_for, shapes_for
 
     loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
-    for rows in (BATCH_DOCSCORE, 1):
-        loaded.embed_packed(np.zeros((rows, 256), np.int32), np.ones((rows, 256), np.int32), max_segments_for(256))
+    for shape in shapes_for(256, BATCH_DOCSCORE):
+        loaded.embed_packed(np.zeros(shape, np.int32), np.ones(shape, np.int32), max_segments_for(256))
 
 
 def run_docscore_loop(docs: list[dict], dtype: str, attention: str) -> tuple[list, dict]:
-    import numpy as np
-
     import models
     from pipeline.packing import run_model
+    from pipeline.scoring import pool_windows
 
     loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
     encoded = loaded.tokenizer.encode_windows([d["text"] for d in docs], max_len=256, stride=32, max_windows=8)
@@ -170,8 +169,7 @@ def run_docscore_loop(docs: list[dict], dtype: str, attention: str) -> tuple[lis
     outputs, _, totals = run_model(loaded, windows, max_len=256, batch_size=BATCH_DOCSCORE)
     result, k = [], 0
     for doc in encoded:
-        mean = np.mean(outputs[k:k + len(doc.windows)], axis=0, dtype=np.float64)
-        result.append((mean / np.linalg.norm(mean)).tolist())
+        result.append(pool_windows(outputs[k:k + len(doc.windows)]).tolist())
         k += len(doc.windows)
     return result, {"attention_impl": loaded.attention, "padding_efficiency": totals["real_tokens"] / totals["computed_tokens"],
                     "compiles": loaded.compile_count}
