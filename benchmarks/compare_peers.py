@@ -52,6 +52,7 @@ def load_documents(n: int) -> list[dict]:
 
     tokenizer = Tokenizer.from_file(os.path.join(model_path(), "tokenizer.json"))
     tokenizer.no_truncation()
+    tokenizer.no_padding()  # tokenizer.json pads to 128: count real tokens
     seen, paragraphs = set(), []
     for topic in sorted(topics):
         for i, raw in enumerate(re.split(r"\n\s*\n", topics[topic])):
@@ -147,7 +148,7 @@ def save_state_dict(work: str) -> None:
 
 
 def warm_compilation_cache(dtype: str, attention: str) -> None:
-    """Compile the two shapes (c) and (d) run into the persistent cache (untimed)."""
+    """Compile the shapes (c) and (d) run into the persistent cache (untimed)."""
     import numpy as np
 
     import models
@@ -155,7 +156,7 @@ def warm_compilation_cache(dtype: str, attention: str) -> None:
 
     loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
     for shape in shapes_for(256, BATCH_DOCSCORE):
-        loaded.embed_packed(np.zeros(shape, np.int32), np.ones(shape, np.int32), max_segments_for(256))
+        loaded.embed_packed(np.zeros(shape, np.int32), np.ones(shape, np.int32), max_segments_for(shape[1]))
 
 
 def run_docscore_loop(docs: list[dict], dtype: str, attention: str) -> tuple[list, dict]:

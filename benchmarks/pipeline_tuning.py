@@ -42,7 +42,7 @@ def child(setting: str, attention: str, dtype: str, calls: int, rounds: int, bat
     loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
     texts = [r["text"] for r in sample_records()]
     windows = [w for d in loaded.tokenizer.encode_windows(texts, max_len=row_len, stride=32, max_windows=8) for w in d.windows]
-    ids, seg, _ = fill_rows(windows, pack_windows([len(w) for w in windows], row_len), row_len)
+    ids, seg, _ = fill_rows(windows, pack_windows([len(w) for w in windows], (row_len,)), row_len)
     slots = max_segments_for(row_len)
     loaded.embed_packed(ids[:batch], seg[:batch], slots)  # compile
     best = None

@@ -1,7 +1,7 @@
 """Model inference inside Beam: FlaxModelHandler (a Beam ModelHandler) used through RunInference.
 
-Holds the process-wide model cache, the fixed-shape batch runner (windows grouped by length bucket,
-rows padded to batch_size; the handler runs windows packed into rows by pipeline/packing.py) and the handler that adapts it to Beam. Batching, retries, dead letters
+Holds the process-wide model cache and the handler that adapts docscore's model loop (windows packed into
+fixed-shape rows by pipeline/packing.py) to Beam. Batching, retries, dead letters
 and latency metrics come from Beam. Must not score documents (pipeline/scoring.py does).
 """
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ from pipeline import faults, memory, shadow
 from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
 from pipeline.packing import run_model
 from pipeline.profiling import profile_batch
-from pipeline.preprocess import TokenizedDoc, bucket_for, bucket_lengths
+from pipeline.preprocess import TokenizedDoc
 
 # What RunInference turns into dead letters (one infer error row per document of the batch): the model
 # rejected the batch's data, and a retry would fail again. Anything else (device or runtime errors, out
@@ -61,14 +60,6 @@ def compile_state(loaded) -> tuple[int, float]:
 
 
 @dataclasses.dataclass
-class RowTiming:
-    """What one fixed-shape model call cost, shared out over the real rows it computed."""
-
-    ms_per_row: float = 0.0
-    computed_tokens_per_row: float = 0.0
-
-
-@dataclasses.dataclass
 class ShadowOutput:
     """The same document's outputs from the shadow kernel (--shadow_attention)."""
 
@@ -94,43 +85,6 @@ class InferenceOutput:
     label_names: tuple[str, ...] = ()
     label_embeddings: np.ndarray | None = None
     shadow: ShadowOutput | None = None  # set on the documents of shadowed batches
-
-
-def run_rows(
-    rows: Sequence[np.ndarray], call, *, max_len: int, batch_size: int, per_token: bool = False
-) -> tuple[list[np.ndarray], list[RowTiming], dict[str, float]]:
-    """Run variable-length rows through `call(input_ids, segment_ids) -> [B, ...]` in fixed shapes:
-    rows grouped by length bucket, batch_size rows per call (the last call padded with empty rows).
-    Returns each row's output (per_token outputs trimmed to the row's length), its timing share, and
-    totals (calls, computed and real tokens, milliseconds)."""
-    buckets = bucket_lengths(max_len)
-    by_bucket: dict[int, list[int]] = defaultdict(list)
-    for i, row in enumerate(rows):
-        by_bucket[bucket_for(len(row), buckets)].append(i)
-    outputs: list[np.ndarray | None] = [None] * len(rows)
-    timings = [RowTiming() for _ in rows]
-    totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
-    for length in sorted(by_bucket):
-        members = by_bucket[length]
-        for start in range(0, len(members), batch_size):
-            chunk = members[start : start + batch_size]
-            input_ids = np.zeros((batch_size, length), np.int32)
-            segment_ids = np.zeros((batch_size, length), np.int32)
-            for r, i in enumerate(chunk):
-                n = len(rows[i])
-                input_ids[r, :n] = rows[i]
-                segment_ids[r, :n] = 1
-            t0 = time.perf_counter()
-            result = np.asarray(call(input_ids, segment_ids))  # numpy: the device work is done here
-            ms = (time.perf_counter() - t0) * 1000.0
-            for r, i in enumerate(chunk):
-                outputs[i] = result[r, : len(rows[i])] if per_token else result[r]
-                timings[i] = RowTiming(ms / len(chunk), batch_size * length / len(chunk))
-            totals["calls"] += 1
-            totals["computed_tokens"] += batch_size * length
-            totals["real_tokens"] += int(sum(len(rows[i]) for i in chunk))
-            totals["ms"] += ms
-    return outputs, timings, totals  # type: ignore[return-value]
 
 
 def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int) -> np.ndarray:

@@ -1,9 +1,11 @@
-"""Token-budget batching by packing: variable-length windows -> rows of one fixed length holding several
-windows each (segment ids 1, 2, ...), run in calls of a fixed number of rows, outputs mapped back.
+"""Token-budget batching by packing: variable-length windows -> rows of a few fixed lengths holding several
+windows each (segment ids 1, 2, ...), run in calls of a fixed token budget, outputs mapped back.
 
-Holds the packing plan (first-fit decreasing), the call sizes (batch_size rows, then device-count rows for
-the tail, so each model method compiles at most two shapes per row length) and the runner. Must not
-call Beam, load models or know which task is scored (the callers pass the model function).
+Holds the row lengths (max_len and its halves: a window goes to the shortest row that holds it, so short
+documents do not pay for attention over long rows), the packing plan (first-fit decreasing), the call
+sizes (a full call of batch_size * max_len tokens, then small calls for the tail, so each model method
+compiles at most two shapes per row length) and the runner. Must not call Beam, load models or know which
+task is scored (the callers pass the model function).
 """
 from __future__ import annotations
 
@@ -14,6 +16,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 MIN_SEGMENT_TOKENS = 8  # sets the segment slots per row: row_len // 8 (a window has >= 2 special tokens)
+# Shortest row length. Attention costs each token O(row length): MiniLM's attention per token and layer is
+# 1.9x dearer in [16, 256] rows than in [16, 128] rows (benchmarks/README.md), and the dense layers' cost
+# per token does not depend on the row length.
+MIN_ROW_LEN = 64
+TAIL_CALL_FRACTION = 8  # a tail call holds 1/8 of a full call's rows: little padding, few calls
 
 
 @dataclasses.dataclass
@@ -26,9 +33,10 @@ class WindowCost:
 
 @dataclasses.dataclass(frozen=True)
 class PackedRow:
-    """Window indices in one row, in order: window k of the row has segment id k + 1."""
+    """Window indices in one row of row_len tokens, in order: window k of the row has segment id k + 1."""
 
     windows: tuple[int, ...]
+    row_len: int
 
 
 def max_segments_for(row_len: int) -> int:
@@ -36,42 +44,70 @@ def max_segments_for(row_len: int) -> int:
     return max(1, row_len // MIN_SEGMENT_TOKENS)
 
 
-def pack_windows(lengths: Sequence[int], row_len: int, max_segments: int | None = None) -> list[PackedRow]:
-    """First-fit decreasing: each window goes into the first open row with room (tokens and segment
-    slots), longest windows first. Deterministic. Raises ValueError for a window longer than row_len."""
-    max_segments = max_segments or max_segments_for(row_len)
+def pack_windows(lengths: Sequence[int], row_lens: Sequence[int], max_segments: int | None = None) -> list[PackedRow]:
+    """First-fit decreasing: longest windows first, each into the first open row with room (tokens and
+    segment slots); a window that fits no open row opens one of the shortest of row_lens that holds it.
+    So short windows fill the gaps of long rows before they open short rows of their own. Deterministic.
+    Raises ValueError for a window longer than every row length."""
+    row_lens = sorted(row_lens)
     order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
     rows: list[list[int]] = []
+    sizes: list[int] = []
     free: list[int] = []
     for i in order:
         n = int(lengths[i])
-        if n > row_len:
-            raise ValueError(f"a window of {n} tokens does not fit rows of {row_len}; window documents to "
-                             f"<= {row_len} tokens (--max_seq_len)")
         for r, room in enumerate(free):
-            if room >= n and len(rows[r]) < max_segments:
+            if room >= n and len(rows[r]) < (max_segments or max_segments_for(sizes[r])):
                 rows[r].append(i)
                 free[r] -= n
                 break
         else:
+            row_len = next((m for m in row_lens if m >= n), None)
+            if row_len is None:
+                raise ValueError(f"a window of {n} tokens does not fit rows of {row_lens[-1]}; window documents "
+                                 f"to <= {row_lens[-1]} tokens (--max_seq_len)")
             rows.append([i])
+            sizes.append(row_len)
             free.append(row_len - n)
-    return [PackedRow(tuple(r)) for r in rows]
+    return [PackedRow(tuple(r), size) for r, size in zip(rows, sizes)]
 
 
-def call_sizes(n_rows: int, batch_size: int, min_rows: int = 1) -> list[int]:
-    """Rows per call: full calls of batch_size, then calls of min_rows (one row per device) for the
-    rest, the last one padded with empty rows up to min_rows. At most two distinct sizes."""
+def row_lengths(max_len: int) -> tuple[int, ...]:
+    """The row lengths windows of <= max_len tokens are packed into, ascending: max_len and its halves
+    down to MIN_ROW_LEN (max_len alone when it is odd or below 2 * MIN_ROW_LEN)."""
+    lengths = [max_len]
+    while lengths[-1] % 2 == 0 and lengths[-1] // 2 >= MIN_ROW_LEN:
+        lengths.append(lengths[-1] // 2)
+    return tuple(reversed(lengths))
+
+
+def rows_per_call(row_len: int, max_len: int, batch_size: int, min_rows: int = 1) -> tuple[int, int]:
+    """(full, tail) rows per call for rows of row_len: a full call computes batch_size rows of max_len
+    tokens whatever the row length (the token budget); a tail call 1/TAIL_CALL_FRACTION of that.
+    Both are multiples of min_rows (one row per device)."""
     if batch_size < 1 or min_rows < 1 or batch_size % min_rows:
         raise ValueError(f"batch_size ({batch_size}) must be a positive multiple of min_rows ({min_rows}, "
                          "the local device count); set --batch_size to a multiple of it")
-    full, rest = divmod(n_rows, batch_size)
-    return [batch_size] * full + [min_rows] * -(-rest // min_rows)
+    full = batch_size * max(1, max_len // row_len)
+    tail = max(min_rows, full // TAIL_CALL_FRACTION // min_rows * min_rows)
+    return full, tail
 
 
-def shapes_for(row_len: int, batch_size: int, min_rows: int = 1) -> set[tuple[int, int]]:
+def call_sizes(n_rows: int, full: int, tail: int = 1) -> list[int]:
+    """Rows per call: calls of `full` rows, then calls of `tail` rows for the rest, the last one padded
+    with empty rows up to `tail`. At most two distinct sizes."""
+    if tail < 1 or full % tail:
+        raise ValueError(f"full call rows ({full}) must be a positive multiple of tail call rows ({tail})")
+    whole, rest = divmod(n_rows, full)
+    return [full] * whole + [tail] * -(-rest // tail)
+
+
+def shapes_for(max_len: int, batch_size: int, min_rows: int = 1) -> set[tuple[int, int]]:
     """Every [rows, row_len] input shape the runner can call with: the compile bound per method."""
-    return {(batch_size, row_len), (min_rows, row_len)}
+    shapes = set()
+    for row_len in row_lengths(max_len):
+        shapes |= {(rows, row_len) for rows in rows_per_call(row_len, max_len, batch_size, min_rows)}
+    return shapes
 
 
 def fill_rows(
@@ -99,36 +135,39 @@ def run_packed(
     windows: Sequence[np.ndarray],
     call: Callable[[np.ndarray, np.ndarray], np.ndarray],
     *,
-    row_len: int,
+    max_len: int,
     batch_size: int,
     per_token: bool = False,
     min_rows: int = 1,
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
-    """Run windows through `call(input_ids, segment_ids)` in packed rows of row_len tokens.
+    """Run windows of <= max_len tokens through `call(input_ids, segment_ids)` in packed rows of
+    row_lengths(max_len), each window in the shortest row length that holds it.
 
     call returns [B, max_segments_for(row_len), D] (slot s = segment s + 1; embeddings) or, with
     per_token, [B, row_len] (one value per position). Returns each window's output (per_token outputs
     cut to the window), its cost share, and totals (calls, computed and real tokens, milliseconds)."""
-    rows = pack_windows([len(w) for w in windows], row_len)
+    rows = pack_windows([len(w) for w in windows], row_lengths(max_len))
     outputs: list[np.ndarray | None] = [None] * len(windows)
     costs = [WindowCost() for _ in windows]
     totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
-    start_row = 0
-    for size in call_sizes(len(rows), batch_size, min_rows):
-        input_ids, segment_ids, placed = fill_rows(windows, rows[start_row : start_row + size], row_len, size)
-        start_row += size
-        t0 = time.perf_counter()
-        result = np.asarray(call(input_ids, segment_ids))  # numpy: the device work is done here
-        ms = (time.perf_counter() - t0) * 1000.0
-        real = max(1, int(np.count_nonzero(segment_ids)))
-        for i, r, slot, at in placed:
-            n = len(windows[i])
-            outputs[i] = result[r, at : at + n] if per_token else result[r, slot]
-            costs[i] = WindowCost(ms * n / real, size * row_len * n / real)
-        totals["calls"] += 1
-        totals["computed_tokens"] += size * row_len
-        totals["real_tokens"] += real
-        totals["ms"] += ms
+    for row_len in row_lengths(max_len):
+        same_len = [row for row in rows if row.row_len == row_len]
+        start_row = 0
+        for size in call_sizes(len(same_len), *rows_per_call(row_len, max_len, batch_size, min_rows)):
+            input_ids, segment_ids, placed = fill_rows(windows, same_len[start_row : start_row + size], row_len, size)
+            start_row += size
+            t0 = time.perf_counter()
+            result = np.asarray(call(input_ids, segment_ids))  # numpy: the device work is done here
+            ms = (time.perf_counter() - t0) * 1000.0
+            real = max(1, int(np.count_nonzero(segment_ids)))
+            for i, r, slot, at in placed:
+                n = len(windows[i])
+                outputs[i] = result[r, at : at + n] if per_token else result[r, slot]
+                costs[i] = WindowCost(ms * n / real, size * row_len * n / real)
+            totals["calls"] += 1
+            totals["computed_tokens"] += size * row_len
+            totals["real_tokens"] += real
+            totals["ms"] += ms
     return outputs, costs, totals  # type: ignore[return-value]
 
 
@@ -145,9 +184,8 @@ def run_model(
     if per_token:
         call = loaded.token_logprobs
     else:
-        slots = max_segments_for(max_len)
 
         def call(input_ids, segment_ids):
-            return loaded.embed_packed(input_ids, segment_ids, slots)
+            return loaded.embed_packed(input_ids, segment_ids, max_segments_for(input_ids.shape[1]))
 
-    return run_packed(windows, call, row_len=max_len, batch_size=batch_size, per_token=per_token, min_rows=devices)
+    return run_packed(windows, call, max_len=max_len, batch_size=batch_size, per_token=per_token, min_rows=devices)

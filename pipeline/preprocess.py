@@ -1,11 +1,10 @@
-"""Tokenisation and length buckets: Document -> TokenizedDoc (model-input windows).
+"""Tokenisation: Document -> TokenizedDoc (model-input windows of <= --max_seq_len tokens).
 
-Holds the fixed bucket lengths XLA compiles for, the pure tokenise function and its thin DoFn.
+Holds the pure tokenise function and its thin DoFn.
 Must not batch, pad rows or call the model (pipeline/inference.py does).
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import time
 
@@ -14,7 +13,6 @@ import numpy as np
 
 from pipeline.records import Document, ErrorRow
 
-BUCKET_LENGTHS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 ERRORS_TAG = "errors"
 # A text longer than this is tokenised only as far as --max_chunks windows need (a prefix cut at a space,
 # PREFIX_CHARS_PER_TOKEN characters a needed token, grown x4 until it holds them): a 20 MB document then
@@ -48,17 +46,6 @@ class TokenizedDoc:
     @property
     def n_rows(self) -> int:
         return len(self.windows) + len(self.query_windows)
-
-
-def bucket_lengths(max_len: int) -> tuple[int, ...]:
-    """The row lengths used for max_len-token windows: the fixed ladder below max_len, then max_len."""
-    return tuple(b for b in BUCKET_LENGTHS if b < max_len) + (max_len,)
-
-
-def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
-    """Smallest bucket holding `length` tokens (the last bucket when longer)."""
-    i = bisect.bisect_left(buckets, length)
-    return buckets[min(i, len(buckets) - 1)]
 
 
 def tokenize_document(doc: Document, tokenizer, spec: WindowSpec, *, with_query: bool) -> TokenizedDoc:

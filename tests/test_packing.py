@@ -1,38 +1,61 @@
-"""Token-budget batching by packing: the plan (every window once, rows within budget, two call shapes),
-outputs mapped back to their windows, packed MiniLM embeddings equal to one-window-per-row ones, and
->= 90% padding efficiency on the sample corpus with the real tokenizer."""
+"""Token-budget batching by packing: the plan (every window once, rows within budget, short windows filling
+long rows' gaps before opening short rows, two call shapes per row length), outputs mapped back to their
+windows, packed MiniLM embeddings equal to one-window-per-row ones, and >= 90% padding efficiency on the
+sample corpus with the real tokenizer."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.packing import call_sizes, max_segments_for, pack_windows, run_model, run_packed, shapes_for
+from pipeline.packing import (call_sizes, max_segments_for, pack_windows, row_lengths, rows_per_call, run_model,
+                              run_packed, shapes_for)
 from tests.conftest import LONG_TEXT, SENTENCES, TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, direct_embeddings
 
 
 def test_pack_windows_places_every_window_once_within_the_row_budget():
     rng = np.random.default_rng(0)
     lengths = [int(n) for n in rng.integers(2, 65, size=200)] + [64, 64, 1, 1, 1]
-    rows = pack_windows(lengths, 64, max_segments=6)
+    rows = pack_windows(lengths, (64,), max_segments=6)
     placed = [i for row in rows for i in row.windows]
     assert sorted(placed) == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in row.windows) <= 64 for row in rows)
     assert all(1 <= len(row.windows) <= 6 for row in rows)
     assert sum(lengths) / (64 * len(rows)) > 0.9  # about half are > 32 tokens and need a row each
-    assert pack_windows(lengths, 64, max_segments=6) == rows  # deterministic
+    assert pack_windows(lengths, (64,), max_segments=6) == rows  # deterministic
     with pytest.raises(ValueError, match="max_seq_len"):
-        pack_windows([65], 64)
+        pack_windows([65], (32, 64))
+
+
+def test_short_windows_fill_long_rows_before_opening_short_rows():
+    rows = pack_windows([200, 100, 60, 50, 30, 20, 20], (64, 128, 256))
+    assert [(row.row_len, row.windows) for row in rows] == [
+        (256, (0, 3)),  # 200 + 50: the 60 did not fit, the 50 does
+        (128, (1, 5)),  # 100 + 20
+        (64, (2,)),  # 60 fits no open row, so it opens the shortest row that holds it
+        (64, (4, 6)),  # 30 opens a row, and the last 20 joins it
+    ]
+
+
+def test_row_lengths_halve_down_to_64_and_keep_the_token_budget_per_call():
+    assert row_lengths(256) == (64, 128, 256)
+    assert row_lengths(512) == (64, 128, 256, 512)
+    assert row_lengths(100) == (100,) and row_lengths(32) == (32,)
+    assert rows_per_call(64, 256, 16) == (64, 8)  # 4,096 tokens a full call at every row length
+    assert rows_per_call(256, 256, 16) == (16, 2)
+    assert rows_per_call(256, 256, 4, min_rows=4) == (4, 4)
 
 
 def test_call_sizes_use_two_shapes_and_cover_every_row():
     for n in range(0, 40):
         sizes = call_sizes(n, 8)
         assert sum(sizes) == n and set(sizes) <= {8, 1}
-        sizes4 = call_sizes(n, 8, min_rows=4)
+        sizes4 = call_sizes(n, 8, 4)
         assert 0 <= sum(sizes4) - n < 4 and set(sizes4) <= {8, 4}
-    assert shapes_for(256, 16, 1) == {(16, 256), (1, 256)}
+    assert shapes_for(256, 16, 1) == {(16, 256), (2, 256), (32, 128), (4, 128), (64, 64), (8, 64)}
+    with pytest.raises(ValueError, match="multiple"):
+        call_sizes(5, 6, 4)
     with pytest.raises(ValueError, match="batch_size"):
-        call_sizes(5, 6, min_rows=4)
+        rows_per_call(64, 256, 6, min_rows=4)
 
 
 def test_run_packed_maps_each_segment_and_token_back_to_its_window():
@@ -50,7 +73,7 @@ def test_run_packed_maps_each_segment_and_token_back_to_its_window():
             out[:, s, 1] = member.sum(axis=1)
         return out
 
-    outputs, costs, totals = run_packed(windows, per_segment, row_len=64, batch_size=4)
+    outputs, costs, totals = run_packed(windows, per_segment, max_len=64, batch_size=4)
     assert set(shapes) <= {(4, 64), (1, 64)}
     for w, out in zip(windows, outputs):
         assert out.tolist() == [float(w.sum()), float(len(w))]
@@ -60,7 +83,7 @@ def test_run_packed_maps_each_segment_and_token_back_to_its_window():
     assert sum(c.computed_tokens_per_row for c in costs) == pytest.approx(totals["computed_tokens"])
     assert sum(c.ms_per_row for c in costs) == pytest.approx(totals["ms"])
 
-    per_token, _, _ = run_packed(windows, lambda ids, seg: ids.astype(np.float32), row_len=64, batch_size=4,
+    per_token, _, _ = run_packed(windows, lambda ids, seg: ids.astype(np.float32), max_len=64, batch_size=4,
                                  per_token=True)
     assert [o.tolist() for o in per_token] == [w.astype(np.float32).tolist() for w in windows]
 
@@ -72,8 +95,10 @@ def test_packed_minilm_embeddings_equal_one_window_per_row(minilm):
     compiles_before = minilm.compile_count
     outputs, _, totals = run_model(minilm, windows, max_len=TEST_MAX_LEN, batch_size=TEST_BATCH)
     assert minilm.compile_count - compiles_before <= len(shapes_for(TEST_MAX_LEN, TEST_BATCH))
-    rows = pack_windows([len(w) for w in windows], TEST_MAX_LEN)
-    assert totals["computed_tokens"] == TEST_MAX_LEN * sum(call_sizes(len(rows), TEST_BATCH))
+    rows = pack_windows([len(w) for w in windows], row_lengths(TEST_MAX_LEN))
+    assert totals["computed_tokens"] == sum(
+        row_len * sum(call_sizes(sum(r.row_len == row_len for r in rows), *rows_per_call(row_len, TEST_MAX_LEN, TEST_BATCH)))
+        for row_len in row_lengths(TEST_MAX_LEN))
     pooled, k = [], 0
     for doc in encoded:
         mean = np.mean(outputs[k:k + len(doc.windows)], axis=0, dtype=np.float64)
@@ -88,6 +113,7 @@ def test_sample_corpus_packs_at_90_percent_or_better(minilm):
     texts = [r["text"] for r in sample_records()]
     encoded = minilm.tokenizer.encode_windows(texts, max_len=256, stride=32, max_windows=8)
     lengths = [len(w) for doc in encoded for w in doc.windows]
-    rows = pack_windows(lengths, 256)
-    computed = sum(call_sizes(len(rows), 16)) * 256
+    rows = pack_windows(lengths, row_lengths(256))
+    computed = sum(row_len * sum(call_sizes(sum(r.row_len == row_len for r in rows), *rows_per_call(row_len, 256, 16)))
+                   for row_len in row_lengths(256))
     assert sum(lengths) / computed >= 0.9
