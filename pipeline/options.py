@@ -44,7 +44,9 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--max_seq_len", type=int, default=None, help="tokens per window (default: the model's)")
         parser.add_argument("--stride", type=int, default=32, help="tokens shared by consecutive windows of a long document")
         parser.add_argument("--max_chunks", type=int, default=8, help="windows kept per document; more -> truncated")
-        parser.add_argument("--batch_size", type=int, default=16, help="rows per model call (fixed shape)")
+        parser.add_argument("--batch_size", type=int, default=16,
+                            help="rows of --max_seq_len tokens per model call; calls of shorter packed rows "
+                                 "take proportionally more (a fixed token budget)")
         # --labels "name=description;..." (docscore's classify labels) is rewritten to --classify_labels by
         # parse_options, because Beam's GoogleCloudOptions owns --labels (Dataflow job labels: --job_labels).
         parser.add_argument("--classify_labels", default=None, help='classify labels: --labels "name=description;name=description"')
