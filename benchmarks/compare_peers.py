@@ -279,6 +279,8 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--attention", nargs="+", default=["native", "flash"])
     parser.add_argument("--systems", nargs="+", default=["a", "b", "c", "d"])
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="rounds of every system, interleaved; each system's fastest round counts (the machine is shared)")
     parser.add_argument("--no_tuning_off", action="store_true", help="skip (c)/(d) float32 with CPU tuning off")
     parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"))
     parser.add_argument("--child", nargs=4, metavar=("SYSTEM", "DTYPE", "ATTENTION", "WORK"), help=argparse.SUPPRESS)
@@ -309,6 +311,8 @@ def main() -> None:
         if dtype == "float32" and not args.no_tuning_off:  # tuning measured on and off, end to end
             plan.append(("w-off", dtype, args.attention[0]))
             plan += [(s + "-off", dtype, args.attention[0]) for s in ("c", "d") if s in args.systems]
+    timed = [step for step in plan if step[0][0] != "w"]
+    plan += timed * (args.repeats - 1)  # later rounds: the compilation cache is warm already
     results = {}
     for system, dtype, attention in plan:
         t0 = time.time()
@@ -324,7 +328,9 @@ def main() -> None:
         emb = np.load(os.path.join(work, f"emb-{system}-{dtype}-{attention}.npy"))
         ref_file = os.path.join(work, "emb-a-float32--.npy")
         r["min_cos"] = float(np.min(np.sum(emb * np.load(ref_file), axis=1))) if os.path.exists(ref_file) else None
-        results[(system, dtype, attention)] = r
+        best = results.get((system, dtype, attention))
+        if best is None or r["seconds"] < best["seconds"]:
+            results[(system, dtype, attention)] = r
         print(f"({system}) {dtype:8} {attention:6} {len(docs) / r['seconds']:7.1f} docs/s {tokens / r['seconds']:8.0f} tok/s "
               f"({r['seconds']:.1f} s; process {time.time() - t0:.0f} s; load {r['load']:.1f})", flush=True)
     write_results(args, docs, tokens, results, load_before, os.getloadavg())
@@ -348,7 +354,7 @@ def write_results(args, docs, tokens, results, load_before, load_after) -> None:
     lines = [
         "# docscore vs peers (benchmarks/compare_peers.py)",
         "",
-        f"Command: `.venv/bin/python benchmarks/compare_peers.py --docs {args.docs}`, "
+        f"Command: `.venv/bin/python benchmarks/compare_peers.py {' '.join(sys.argv[1:])}`".replace(" `", "`") + ", "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.",
         f"{len(docs)} documents (paragraphs of pydoc_data.topics, <= {MAX_TOKENS} tokens), {tokens} tokens "
         f"({tokens / max(1, len(docs)):.0f} per document). all-MiniLM-L6-v2 embeddings.",
@@ -359,11 +365,12 @@ def write_results(args, docs, tokens, results, load_before, load_after) -> None:
         "",
         "Each system ran in a fresh process, timed from model load to embeddings in hand (imports excluded, load included; docscore's",
         "persistent compilation cache warm); (d) is the whole `docscore run` call (validation, model load, the Beam job, the report).",
+        f"Best of {args.repeats} interleaved rounds per system. Beam job docs/s: (d) timed by its summary.json wall_s (read -> Parquet only).",
         "x(a) f32 = speed relative to (a) float32; x(a) = to (a) of the same dtype;",
         "min cos = lowest cosine between a document's embedding and (a) float32's.",
         "",
-        "| system | dtype | attention | docs/s | tokens/s | x(a) f32 | x(a) | x(b) | x(c) | padding eff. | compiles | min cos | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| system | dtype | attention | docs/s | tokens/s | x(a) f32 | x(a) | x(b) | x(c) | Beam job docs/s | padding eff. | compiles | min cos | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (system, dtype, attention), r in results.items():
         key = (system, dtype, attention)
@@ -372,7 +379,7 @@ def write_results(args, docs, tokens, results, load_before, load_after) -> None:
                  f"{tokens / r['seconds']:.0f}", ratio(results, key, a32), ratio(results, key, ("a", dtype, "-")),
                  ratio(results, key, ("b", dtype, "-")) if system[0] == "d" else "-",
                  ratio(results, key, (system.replace("d", "c"), dtype, attention)) if system[0] == "d" else "-",
-                 f"{pe:.3f}" if pe else "-", str(r.get("compiles", "-")),
+                 f"{len(docs) / r['job_s']:.1f}" if "job_s" in r else "-", f"{pe:.3f}" if pe else "-", str(r.get("compiles", "-")),
                  f"{cos:.5f}" if cos is not None else "-", f"{r['load']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Goals: {GOALS}.", "",
@@ -383,11 +390,14 @@ def write_results(args, docs, tokens, results, load_before, load_after) -> None:
     for dtype in args.dtypes:
         for attention in args.attention:
             d = ("d", dtype, attention)
-            job = ("-" if d not in results or ("c", dtype, attention) not in results else
-                   f"{results[('c', dtype, attention)]['seconds'] / results[d]['job_s']:.2f}")
-            lines.append(f"- {dtype} {attention}: (d)/(a) f32 {ratio(results, d, a32)}, (d)/(a) {ratio(results, d, ('a', dtype, '-'))}, "
-                         f"(d)/(b) {ratio(results, d, ('b', dtype, '-'))}, (d)/(c) {ratio(results, d, ('c', dtype, attention))} "
-                         f"(the Beam job alone, summary wall_s: {job})")
+            if d not in results:
+                continue
+            job = {d: dict(results[d], seconds=results[d]["job_s"])}
+            peers = {"(d)/(a) f32": a32, "(d)/(a)": ("a", dtype, "-"), "(d)/(b)": ("b", dtype, "-"),
+                     "(d)/(c)": ("c", dtype, attention)}
+            lines.append(f"- {dtype} {attention}: whole command " + ", ".join(
+                f"{name} {ratio(results, d, peer)}" for name, peer in peers.items()) + "; Beam job alone " + ", ".join(
+                f"{name} {ratio({**results, **job}, d, peer)}" for name, peer in peers.items()))
     with open(args.results, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
