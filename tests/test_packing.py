@@ -88,6 +88,23 @@ def test_run_packed_maps_each_segment_and_token_back_to_its_window():
     assert [o.tolist() for o in per_token] == [w.astype(np.float32).tolist() for w in windows]
 
 
+def test_run_packed_over_several_row_lengths_maps_every_window_back():
+    rng = np.random.default_rng(2)
+    windows = [rng.integers(1, 1000, size=n).astype(np.int32) for n in rng.integers(2, 257, size=60)]
+    shapes = []
+
+    def per_segment(input_ids, segment_ids):  # [B, slots(row_len), 2]: each segment's id sum and length
+        shapes.append(input_ids.shape)
+        slots = max_segments_for(input_ids.shape[1])
+        member = segment_ids[:, :, None] == np.arange(1, slots + 1)[None, None, :]
+        return np.stack([np.where(member, input_ids[:, :, None], 0).sum(axis=1), member.sum(axis=1)], axis=-1)
+
+    outputs, _, totals = run_packed(windows, per_segment, max_len=256, batch_size=4)
+    assert {n for _, n in shapes} == {64, 128, 256} and set(shapes) <= shapes_for(256, 4)
+    assert [o.tolist() for o in outputs] == [[int(w.sum()), len(w)] for w in windows]
+    assert totals["real_tokens"] == sum(len(w) for w in windows)
+
+
 def test_packed_minilm_embeddings_equal_one_window_per_row(minilm):
     texts = SENTENCES + [LONG_TEXT]
     encoded = minilm.tokenizer.encode_windows(texts, max_len=TEST_MAX_LEN, stride=TEST_STRIDE, max_windows=8)
@@ -105,6 +122,20 @@ def test_packed_minilm_embeddings_equal_one_window_per_row(minilm):
         pooled.append(mean / np.linalg.norm(mean))
         k += len(doc.windows)
     np.testing.assert_allclose(np.stack(pooled), direct_embeddings(minilm, texts), atol=2e-5)
+
+
+def test_packed_minilm_embeddings_over_two_row_lengths_equal_one_window_per_row(minilm):
+    texts = SENTENCES + [LONG_TEXT]  # short sentences go to 64-token rows, LONG_TEXT's windows to 128
+    encoded = minilm.tokenizer.encode_windows(texts, max_len=128, stride=TEST_STRIDE, max_windows=8)
+    windows = [w for doc in encoded for w in doc.windows]
+    assert min(map(len, windows)) <= 64 < max(map(len, windows))
+    outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH)
+    pooled, k = [], 0
+    for doc in encoded:
+        mean = np.mean(outputs[k:k + len(doc.windows)], axis=0, dtype=np.float64)
+        pooled.append(mean / np.linalg.norm(mean))
+        k += len(doc.windows)
+    np.testing.assert_allclose(np.stack(pooled), direct_embeddings(minilm, texts, max_len=128), atol=2e-5)
 
 
 def test_sample_corpus_packs_at_90_percent_or_better(minilm):
