@@ -354,7 +354,7 @@ def write_results(args, docs, tokens, results, load_before, load_after) -> None:
     lines = [
         "# docscore vs peers (benchmarks/compare_peers.py)",
         "",
-        f"Command: `.venv/bin/python benchmarks/compare_peers.py {' '.join(sys.argv[1:])}`".replace(" `", "`") + ", "
+        "Command: `" + " ".join([".venv/bin/python benchmarks/compare_peers.py"] + sys.argv[1:]) + "`, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.",
         f"{len(docs)} documents (paragraphs of pydoc_data.topics, <= {MAX_TOKENS} tokens), {tokens} tokens "
         f"({tokens / max(1, len(docs)):.0f} per document). all-MiniLM-L6-v2 embeddings.",
