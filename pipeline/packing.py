@@ -110,6 +110,22 @@ def shapes_for(max_len: int, batch_size: int, min_rows: int = 1) -> set[tuple[in
     return shapes
 
 
+def plan_calls(
+    rows: Sequence[PackedRow], max_len: int, batch_size: int, min_rows: int = 1
+) -> list[tuple[int, Sequence[PackedRow], int]]:
+    """The model calls that run packed rows, as (row_len, the call's rows, rows in the call): rows of one
+    length per call, call_sizes of rows_per_call for each length (the last call of a length may hold
+    fewer rows than its size: the rest is padding)."""
+    calls = []
+    for row_len in row_lengths(max_len):
+        same_len = [row for row in rows if row.row_len == row_len]
+        start = 0
+        for size in call_sizes(len(same_len), *rows_per_call(row_len, max_len, batch_size, min_rows)):
+            calls.append((row_len, same_len[start : start + size], size))
+            start += size
+    return calls
+
+
 def fill_rows(
     windows: Sequence[np.ndarray], rows: Sequence[PackedRow], row_len: int, n_rows: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int, int]]]:
@@ -150,24 +166,20 @@ def run_packed(
     outputs: list[np.ndarray | None] = [None] * len(windows)
     costs = [WindowCost() for _ in windows]
     totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
-    for row_len in row_lengths(max_len):
-        same_len = [row for row in rows if row.row_len == row_len]
-        start_row = 0
-        for size in call_sizes(len(same_len), *rows_per_call(row_len, max_len, batch_size, min_rows)):
-            input_ids, segment_ids, placed = fill_rows(windows, same_len[start_row : start_row + size], row_len, size)
-            start_row += size
-            t0 = time.perf_counter()
-            result = np.asarray(call(input_ids, segment_ids))  # numpy: the device work is done here
-            ms = (time.perf_counter() - t0) * 1000.0
-            real = max(1, int(np.count_nonzero(segment_ids)))
-            for i, r, slot, at in placed:
-                n = len(windows[i])
-                outputs[i] = result[r, at : at + n] if per_token else result[r, slot]
-                costs[i] = WindowCost(ms * n / real, size * row_len * n / real)
-            totals["calls"] += 1
-            totals["computed_tokens"] += size * row_len
-            totals["real_tokens"] += real
-            totals["ms"] += ms
+    for row_len, call_rows, size in plan_calls(rows, max_len, batch_size, min_rows):
+        input_ids, segment_ids, placed = fill_rows(windows, call_rows, row_len, size)
+        t0 = time.perf_counter()
+        result = np.asarray(call(input_ids, segment_ids))  # numpy: the device work is done here
+        ms = (time.perf_counter() - t0) * 1000.0
+        real = max(1, int(np.count_nonzero(segment_ids)))
+        for i, r, slot, at in placed:
+            n = len(windows[i])
+            outputs[i] = result[r, at : at + n] if per_token else result[r, slot]
+            costs[i] = WindowCost(ms * n / real, size * row_len * n / real)
+        totals["calls"] += 1
+        totals["computed_tokens"] += size * row_len
+        totals["real_tokens"] += real
+        totals["ms"] += ms
     return outputs, costs, totals  # type: ignore[return-value]
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.packing import (call_sizes, max_segments_for, pack_windows, row_lengths, rows_per_call, run_model,
-                              run_packed, shapes_for)
+from pipeline.packing import (call_sizes, max_segments_for, pack_windows, plan_calls, row_lengths, rows_per_call,
+                              run_model, run_packed, shapes_for)
+from pipeline.scoring import pool_windows
 from tests.conftest import LONG_TEXT, SENTENCES, TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, direct_embeddings
 
 
@@ -113,15 +114,8 @@ def test_packed_minilm_embeddings_equal_one_window_per_row(minilm):
     outputs, _, totals = run_model(minilm, windows, max_len=TEST_MAX_LEN, batch_size=TEST_BATCH)
     assert minilm.compile_count - compiles_before <= len(shapes_for(TEST_MAX_LEN, TEST_BATCH))
     rows = pack_windows([len(w) for w in windows], row_lengths(TEST_MAX_LEN))
-    assert totals["computed_tokens"] == sum(
-        row_len * sum(call_sizes(sum(r.row_len == row_len for r in rows), *rows_per_call(row_len, TEST_MAX_LEN, TEST_BATCH)))
-        for row_len in row_lengths(TEST_MAX_LEN))
-    pooled, k = [], 0
-    for doc in encoded:
-        mean = np.mean(outputs[k:k + len(doc.windows)], axis=0, dtype=np.float64)
-        pooled.append(mean / np.linalg.norm(mean))
-        k += len(doc.windows)
-    np.testing.assert_allclose(np.stack(pooled), direct_embeddings(minilm, texts), atol=2e-5)
+    assert totals["computed_tokens"] == computed_tokens(rows, TEST_MAX_LEN, TEST_BATCH)
+    np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts), atol=2e-5)
 
 
 def test_packed_minilm_embeddings_over_two_row_lengths_equal_one_window_per_row(minilm):
@@ -130,12 +124,8 @@ def test_packed_minilm_embeddings_over_two_row_lengths_equal_one_window_per_row(
     windows = [w for doc in encoded for w in doc.windows]
     assert min(map(len, windows)) <= 64 < max(map(len, windows))
     outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH)
-    pooled, k = [], 0
-    for doc in encoded:
-        mean = np.mean(outputs[k:k + len(doc.windows)], axis=0, dtype=np.float64)
-        pooled.append(mean / np.linalg.norm(mean))
-        k += len(doc.windows)
-    np.testing.assert_allclose(np.stack(pooled), direct_embeddings(minilm, texts, max_len=128), atol=2e-5)
+    np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts, max_len=128),
+                               atol=2e-5)
 
 
 def test_sample_corpus_packs_at_90_percent_or_better(minilm):
@@ -145,6 +135,18 @@ def test_sample_corpus_packs_at_90_percent_or_better(minilm):
     encoded = minilm.tokenizer.encode_windows(texts, max_len=256, stride=32, max_windows=8)
     lengths = [len(w) for doc in encoded for w in doc.windows]
     rows = pack_windows(lengths, row_lengths(256))
-    computed = sum(row_len * sum(call_sizes(sum(r.row_len == row_len for r in rows), *rows_per_call(row_len, 256, 16)))
-                   for row_len in row_lengths(256))
-    assert sum(lengths) / computed >= 0.9
+    assert sum(lengths) / computed_tokens(rows, 256, 16) >= 0.9
+
+
+def computed_tokens(rows, max_len: int, batch_size: int) -> int:
+    """Tokens the model computes for a packing plan, padding included."""
+    return sum(row_len * size for row_len, _, size in plan_calls(rows, max_len, batch_size))
+
+
+def pooled_by_doc(encoded, outputs) -> np.ndarray:
+    """Each document's embedding from its windows' outputs (windows in document order)."""
+    pooled, k = [], 0
+    for doc in encoded:
+        pooled.append(pool_windows(outputs[k:k + len(doc.windows)]))
+        k += len(doc.windows)
+    return np.stack(pooled)
