@@ -81,7 +81,7 @@ class RunTotals(beam.CombineFn):
         return result
 
 
-def assemble(_, totals: dict, quantiles: dict, error_counts: dict, shard_errors: int, shadow_totals: dict | None = None,
+def assemble(totals: dict, quantiles: dict, error_counts: dict, shard_errors: int, shadow_totals: dict | None = None,
              duplicates: tuple[int, int] = (0, 0), read_documents: int | None = None) -> str:
     """One JSON document from the pieces the pipeline computed."""
     errors = sum(error_counts.values())
@@ -142,8 +142,78 @@ def error_fraction(scored: int, errors: int) -> float | None:
     return errors / (scored + errors) if scored + errors else None
 
 
-def _error_key(error: ErrorRow) -> tuple[str, int]:
-    return f"{error.stage}/{error.error_type}", 1
+class RunStatsFn(beam.CombineFn):
+    """Every tagged part of the run's statistics -> the run-stats JSON (assemble). Parts, as (tag, value):
+    ("doc", DocStats), ("error", (stage/error_type, whether it is a shard's error)), ("read", 1),
+    ("quantiles", (stage column, 101 quantiles)), ("repeated", times a doc_id was scored, when > 1).
+    One CombineFn for all of them: one global combine in the graph instead of one per statistic."""
+
+    def __init__(self, task: str, shadow_tolerance: float | None = None, counts_reads: bool = True):
+        self._totals = RunTotals(task)
+        self._shadow = shadow.ShadowTotals(shadow_tolerance) if shadow_tolerance is not None else None
+        self._counts_reads = counts_reads
+
+    def create_accumulator(self):
+        return {
+            "totals": self._totals.create_accumulator(),
+            "shadow": self._shadow.create_accumulator() if self._shadow else None,
+            "errors": Counter(),
+            "shard_errors": 0,
+            "read": 0,
+            "quantiles": {},
+            "duplicates": [0, 0],  # doc_ids scored more than once, rows beyond the first of their doc_id
+        }
+
+    def add_input(self, acc, part):
+        tag, value = part
+        if tag == "doc":
+            self._totals.add_input(acc["totals"], value)
+            if self._shadow is not None and value.shadow is not None:
+                self._shadow.add_input(acc["shadow"], value.shadow)
+        elif tag == "error":
+            key, is_shard_error = value
+            acc["errors"][key] += 1
+            acc["shard_errors"] += int(is_shard_error)
+        elif tag == "read":
+            acc["read"] += 1
+        elif tag == "quantiles":
+            column, quantiles = value
+            acc["quantiles"][column] = quantiles
+        elif tag == "repeated":
+            acc["duplicates"][0] += 1
+            acc["duplicates"][1] += value - 1
+        else:
+            raise ValueError(f"unknown run-stats part {tag!r}")
+        return acc
+
+    def merge_accumulators(self, accumulators):
+        accumulators = list(accumulators)
+        merged = self.create_accumulator()
+        merged["totals"] = self._totals.merge_accumulators([a["totals"] for a in accumulators])
+        if self._shadow is not None:
+            merged["shadow"] = self._shadow.merge_accumulators([a["shadow"] for a in accumulators])
+        for acc in accumulators:
+            merged["errors"].update(acc["errors"])
+            merged["shard_errors"] += acc["shard_errors"]
+            merged["read"] += acc["read"]
+            merged["quantiles"].update(acc["quantiles"])
+            merged["duplicates"] = [m + a for m, a in zip(merged["duplicates"], acc["duplicates"])]
+        return merged
+
+    def extract_output(self, acc) -> str:
+        return assemble(
+            self._totals.extract_output(acc["totals"]),
+            acc["quantiles"],
+            dict(acc["errors"]),
+            acc["shard_errors"],
+            self._shadow.extract_output(acc["shadow"]) if self._shadow is not None else None,
+            tuple(acc["duplicates"]),
+            acc["read"] if self._counts_reads else None,
+        )
+
+
+def _error_part(error: ErrorRow) -> tuple[str, tuple[str, bool]]:
+    return "error", (f"{error.stage}/{error.error_type}", error.record_index is None)
 
 
 class ComputeRunStats(beam.PTransform):
@@ -157,48 +227,27 @@ class ComputeRunStats(beam.PTransform):
     def expand(self, pcolls):
         """pcolls: (DocStats, ErrorRows) or (DocStats, ErrorRows, the readers' Documents)."""
         doc_stats, errors, *read_docs = pcolls
-        totals = doc_stats | "Totals" >> beam.CombineGlobally(RunTotals(self._task))
         quantiles = (
             doc_stats
             | "StageValues" >> beam.FlatMap(lambda s: list(s.timings.items()))
             | "StageQuantiles" >> beam.ApproximateQuantiles.PerKey(num_quantiles=101)
-        )
-        error_counts = errors | "ErrorKeys" >> beam.Map(_error_key) | "CountErrors" >> beam.CombinePerKey(sum)
-        shard_errors = (
-            errors
-            | "ShardErrors" >> beam.Filter(lambda e: e.record_index is None)
-            | "CountShardErrors" >> beam.combiners.Count.Globally()
         )
         repeated = (
             doc_stats
             | "DocIds" >> beam.Map(lambda s: (s.doc_id, 1))
             | "CountDocIds" >> beam.CombinePerKey(sum)
             | "Repeated" >> beam.Filter(lambda kv: kv[1] > 1)
-            | "RepeatedCounts" >> beam.Map(lambda kv: (1, kv[1] - 1))
-            | "Duplicates" >> beam.CombineGlobally(beam.combiners.TupleCombineFn(sum, sum))
         )
-        extra = {"duplicates": beam.pvalue.AsSingleton(repeated)}
+        parts = [
+            doc_stats | "TagDocs" >> beam.Map(lambda s: ("doc", s)),
+            errors | "TagErrors" >> beam.Map(_error_part),
+            quantiles | "TagQuantiles" >> beam.Map(lambda kv: ("quantiles", kv)),
+            repeated | "TagRepeated" >> beam.Map(lambda kv: ("repeated", kv[1])),
+        ]
         if read_docs:
-            read_count = read_docs[0] | "CountReadDocuments" >> beam.combiners.Count.Globally()
-            extra["read_documents"] = beam.pvalue.AsSingleton(read_count)
-        if self._shadow_tolerance is not None:
-            shadow_totals = (
-                doc_stats
-                | "Shadowed" >> beam.Filter(lambda s: s.shadow is not None)
-                | "Divergences" >> beam.Map(lambda s: s.shadow)
-                | "ShadowTotals" >> beam.CombineGlobally(shadow.ShadowTotals(self._shadow_tolerance))
-            )
-            extra["shadow_totals"] = beam.pvalue.AsSingleton(shadow_totals)
+            parts.append(read_docs[0] | "TagRead" >> beam.Map(lambda _: ("read", 1)))
         return (
-            doc_stats.pipeline
-            | "StatsSeed" >> beam.Create([None])
-            | "Assemble"
-            >> beam.Map(
-                assemble,
-                beam.pvalue.AsSingleton(totals),
-                beam.pvalue.AsDict(quantiles),
-                beam.pvalue.AsDict(error_counts),
-                beam.pvalue.AsSingleton(shard_errors),
-                **extra,
-            )
+            parts
+            | "StatsParts" >> beam.Flatten()
+            | "Assemble" >> beam.CombineGlobally(RunStatsFn(self._task, self._shadow_tolerance, counts_reads=bool(read_docs)))
         )
