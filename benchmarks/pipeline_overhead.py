@@ -1,0 +1,109 @@
+"""What `docscore run` costs besides the model: each phase of one run, timed, on the compare_peers documents.
+
+Phases: validate (includes the model load), build_pipeline (the Beam graph), the Beam job (read ->
+Parquet), write_derived (history row and HTML report, matplotlib import included), and the model calls.
+With --model stand_in, LoadedModel.embed_packed returns zeros at once instead of running the model, so
+the job's time is Beam and docscore's own per-document work (the outputs are meaningless; this measures
+time only). One fresh process per round; each phase's fastest round is printed. Not a test.
+
+    .venv/bin/python benchmarks/pipeline_overhead.py --model stand_in
+    .venv/bin/python benchmarks/pipeline_overhead.py --model real --dtype bfloat16
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+PHASES = ("validate", "build_pipeline", "run_with_progress", "write_derived")
+
+
+def child(args) -> dict[str, float]:
+    from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
+
+    apply_cpu_tuning(CpuTuning(attention=args.attention))
+    import numpy as np
+
+    import pipeline.progress
+    import pipeline.publish
+    import pipeline.run
+    from models.loader import LoadedModel
+
+    seconds: dict[str, float] = {"model_calls": 0.0}
+    for module, name in ((pipeline.run, "validate"), (pipeline.run, "build_pipeline"),
+                         (pipeline.progress, "run_with_progress"), (pipeline.publish, "write_derived")):
+        def timed(*a, _f=getattr(module, name), _name=name, **k):
+            start = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                seconds[_name] = time.perf_counter() - start
+        setattr(module, name, functools.wraps(getattr(module, name))(timed))
+    real_embed = LoadedModel.embed_packed
+
+    def embed_packed(self, input_ids, segment_ids, max_segments):
+        start = time.perf_counter()
+        if args.model == "stand_in":
+            out = np.zeros((input_ids.shape[0], max_segments, self.config.hidden_size), np.float32)
+        else:
+            out = real_embed(self, input_ids, segment_ids, max_segments)
+        seconds["model_calls"] += time.perf_counter() - start
+        return out
+
+    LoadedModel.embed_packed = embed_packed
+    start = time.perf_counter()
+    code = pipeline.run.main(["--input", args.input, "--output", args.output, "--task", "embed", "--attention", args.attention,
+                              "--dtype", args.dtype, "--max_seq_len", "256", "--batch_size", "16", "--run_id", "overhead",
+                              "--no_progress"])
+    if code:
+        raise SystemExit(f"docscore run exited {code}")
+    return {"command": time.perf_counter() - start, **seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("stand_in", "real"), default="stand_in")
+    parser.add_argument("--docs", type=int, default=2000)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--attention", default="native")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--input", help=argparse.SUPPRESS)
+    parser.add_argument("--output", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args)))
+        return
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from compare_peers import load_documents
+
+    work = tempfile.mkdtemp(prefix="docscore-overhead-")
+    docs = load_documents(args.docs)
+    path = os.path.join(work, "docs.jsonl")
+    with open(path, "w") as f:
+        for d in docs:
+            f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+    best: dict[str, float] = {}
+    for k in range(args.rounds):
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--dtype", args.dtype,
+                               "--attention", args.attention, "--input", path, "--output", os.path.join(work, f"out{k}")],
+                              capture_output=True, text=True, check=True)
+        seconds = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"round {k + 1}: " + ", ".join(f"{name} {s:.2f} s" for name, s in seconds.items()), flush=True)
+        best = {name: min(s, best.get(name, s)) for name, s in seconds.items()}
+    print(f"{len(docs)} documents, model {args.model}, {args.dtype}, {args.attention}; fastest of {args.rounds} rounds:")
+    for name, s in best.items():
+        print(f"  {name:18} {s:6.2f} s")
+    other = best["run_with_progress"] - best["model_calls"]
+    print(f"  Beam job minus model calls: {other:.2f} s ({1000 * other / len(docs):.2f} ms per document)")
+
+
+if __name__ == "__main__":
+    main()
