@@ -1,0 +1,65 @@
+"""pipeline.stats.RunStatsFn: the one combine that assembles the run stats, split over accumulators the
+way a runner splits it (add to several, merge, extract), and through a real DirectRunner."""
+import json
+
+import apache_beam as beam
+from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
+from apache_beam.testing.util import assert_that
+
+from pipeline.postprocess import DocStats
+from pipeline.records import ErrorRow
+from pipeline.stats import ComputeRunStats, RunStatsFn
+from pipeline.timing import stage_column
+
+
+def _doc(doc_id: str, infer_ms: float) -> DocStats:
+    return DocStats(timings={stage_column("infer"): infer_ms}, n_tokens=10, window_tokens=12, computed_tokens=16.0,
+                    model_id="m", attention_impl="xla", fingerprint="f", backend="cpu", doc_id=doc_id)
+
+
+def _error(stage: str, record_index: int | None) -> ErrorRow:
+    return ErrorRow(source="s.jsonl", record_index=record_index, stage=stage, error_type="ValueError", message="bad")
+
+
+def test_parts_added_to_several_accumulators_merge_into_one_summary():
+    fn = RunStatsFn("embed")
+    parts = [("doc", _doc("a", 1.0)), ("doc", _doc("b", 3.0)), ("read", 1), ("read", 1), ("read", 1),
+             ("error", ("parse/ValueError", False)), ("error", ("read/OSError", True)), ("repeated", 3),
+             ("quantiles", (stage_column("infer"), [float(i) for i in range(101)]))]
+    accumulators = [fn.create_accumulator(), fn.create_accumulator()]
+    for i, part in enumerate(parts):
+        fn.add_input(accumulators[i % 2], part)
+    stats = json.loads(fn.extract_output(fn.merge_accumulators(accumulators)))
+    counts = stats["counts"]
+    assert (counts["scored"], counts["errors"], counts["records"], counts["shard_errors"]) == (2, 2, 4, 1)
+    assert counts["errors_by_stage"] == {"parse": 1, "read": 1}
+    assert (counts["duplicate_doc_ids"], counts["duplicate_rows"]) == (1, 2)
+    assert counts["records_read"] == 3 + 2 and counts["accounted"] is False  # 5 read, 4 accounted for
+    assert stats["stages"]["infer"]["total_ms"] == 4.0 and stats["stages"]["infer"]["p50"] == 50.0
+    assert stats["tokens"]["padding_efficiency"] == 24 / 32
+
+
+def test_compute_run_stats_on_the_direct_runner():
+    def check(outputs):
+        assert len(outputs) == 1
+        counts = json.loads(outputs[0])["counts"]
+        assert (counts["scored"], counts["errors"], counts["duplicate_doc_ids"], counts["duplicate_rows"]) == (3, 1, 1, 1)
+        assert counts["records_read"] == 4 and counts["accounted"] is True
+
+    with BeamPipeline() as p:
+        docs = p | "Docs" >> beam.Create([_doc("a", 1.0), _doc("a", 2.0), _doc("b", 3.0)])
+        errors = p | "Errors" >> beam.Create([_error("parse", 3)])
+        read = p | "Read" >> beam.Create(["a", "a", "b"])  # the readers' documents (their count is what matters)
+        assert_that((docs, errors, read) | ComputeRunStats("embed"), check)
+
+
+def test_empty_run_still_yields_its_stats():
+    def check(outputs):
+        counts = json.loads(outputs[0])["counts"]
+        assert (counts["scored"], counts["errors"], counts["records_read"]) == (0, 0, 0)
+
+    with BeamPipeline() as p:
+        docs = p | "Docs" >> beam.Create([]).with_output_types(DocStats)
+        errors = p | "Errors" >> beam.Create([]).with_output_types(ErrorRow)
+        read = p | "Read" >> beam.Create([]).with_output_types(str)
+        assert_that((docs, errors, read) | ComputeRunStats("embed"), check)
