@@ -106,11 +106,6 @@ def tokens_of(doc: TokenizedDoc) -> int:
     return max(1, sum(len(w) for w in doc.windows + doc.query_windows))
 
 
-def rows_of(doc: TokenizedDoc) -> int:
-    """A document's weight for Beam's BatchElements: the model rows it needs."""
-    return max(1, doc.n_rows)
-
-
 @dataclasses.dataclass
 class ScoringModel:
     """What load_model returns: the loaded model plus task state computed once per load."""

@@ -43,10 +43,6 @@ class TokenizedDoc:
     tokenize_ms: float
     query_windows: list[np.ndarray] = dataclasses.field(default_factory=list)  # similarity only
 
-    @property
-    def n_rows(self) -> int:
-        return len(self.windows) + len(self.query_windows)
-
 
 def tokenize_document(doc: Document, tokenizer, spec: WindowSpec, *, with_query: bool) -> TokenizedDoc:
     """Encode the document (and, for similarity, its `query` field) into windows. Raises on bad input."""
