@@ -67,6 +67,13 @@ def load_documents(n: int) -> list[dict]:
     return kept[:n]
 
 
+def write_jsonl(docs: list[dict], path: str) -> None:
+    """The documents as docscore's JSONL input (id, text), one per line."""
+    with open(path, "w") as f:
+        for d in docs:
+            f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+
+
 # ---------------------------------------------------------------- children: one system, one process
 
 
@@ -297,9 +304,7 @@ def main() -> None:
 
     work = tempfile.mkdtemp(prefix="docscore-compare-")
     docs = load_documents(args.docs)
-    with open(os.path.join(work, "docs.jsonl"), "w") as f:
-        for d in docs:
-            f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+    write_jsonl(docs, os.path.join(work, "docs.jsonl"))
     tokens = sum(d["n_tokens"] for d in docs)
     load_before = os.getloadavg()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",) and not k.startswith("MALLOC_")}

@@ -82,14 +82,12 @@ def main() -> None:
         print(json.dumps(child(args)))
         return
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from compare_peers import load_documents
+    from compare_peers import load_documents, write_jsonl
 
     work = tempfile.mkdtemp(prefix="docscore-overhead-")
     docs = load_documents(args.docs)
     path = os.path.join(work, "docs.jsonl")
-    with open(path, "w") as f:
-        for d in docs:
-            f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+    write_jsonl(docs, path)
     best: dict[str, float] = {}
     for k in range(args.rounds):
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--dtype", args.dtype,
