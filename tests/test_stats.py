@@ -8,7 +8,9 @@ from apache_beam.testing.util import assert_that
 
 from pipeline.postprocess import DocStats
 from pipeline.records import ErrorRow
-from pipeline.stats import ComputeRunStats, RunStatsFn
+from apache_beam.transforms.window import GlobalWindow
+
+from pipeline.stats import BundlePartials, ComputeRunStats, RunStatsFn
 from pipeline.timing import stage_column
 
 
@@ -37,6 +39,30 @@ def test_parts_added_to_several_accumulators_merge_into_one_summary():
     assert counts["records_read"] == 3 + 2 and counts["accounted"] is False  # 5 read, 4 accounted for
     assert stats["stages"]["infer"]["total_ms"] == 4.0 and stats["stages"]["infer"]["p50"] == 50.0
     assert stats["tokens"]["padding_efficiency"] == 24 / 32
+
+
+def test_bundle_partials_emit_one_part_per_bundle_that_merges_like_the_parts_themselves():
+    fn = RunStatsFn("embed")
+    docs = [_doc("a", 1.0), _doc("b", 3.0), _doc("b", 5.0)]
+    partials = BundlePartials(fn, "doc")
+    emitted = []
+    for bundle in (docs[:2], [], docs[2:]):  # an empty bundle emits nothing
+        partials.start_bundle()
+        for doc in bundle:
+            assert partials.process(doc) is None  # nothing per document
+        emitted += list(partials.finish_bundle())
+    assert len(emitted) == 2 and all(w.windows == (GlobalWindow(),) for w in emitted)
+    assert [w.value[0] for w in emitted] == ["partial", "partial"]
+
+    def summary(parts):
+        acc = fn.create_accumulator()
+        for part in parts + [("read", "doc")] * 3:
+            acc = fn.add_input(acc, part)
+        return json.loads(fn.extract_output(acc))
+
+    via_partials, direct = summary([w.value for w in emitted]), summary([("doc", d) for d in docs])
+    assert via_partials == direct
+    assert via_partials["counts"]["scored"] == 3 and via_partials["stages"]["infer"]["total_ms"] == 9.0
 
 
 def test_compute_run_stats_on_the_direct_runner():
