@@ -1,5 +1,5 @@
 """Run statistics computed IN the pipeline: counts, per-stage totals and p50/p95/p99 (Beam's
-ApproximateQuantiles), tokens, padding, task metrics; one small JSON element that the job's Publish
+ApproximateQuantilesCombineFn), tokens, padding, task metrics; one small JSON element that the job's Publish
 step (pipeline/publish.py) turns into summary.json. Must not read the output tables back.
 """
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.transforms.stats import ApproximateQuantilesCombineFn
 from apache_beam.transforms.window import GlobalWindows
 
 from pipeline import scoring, shadow, timing
@@ -146,14 +147,16 @@ def error_fraction(scored: int, errors: int) -> float | None:
 class RunStatsFn(beam.CombineFn):
     """Every tagged part of the run's statistics -> the run-stats JSON (assemble). Parts, as (tag, value):
     ("doc", DocStats), ("error", (stage/error_type, whether it is a shard's error)), ("read", anything: one
-    document read), ("quantiles", (stage column, 101 quantiles)), ("repeated", times a doc_id was scored,
-    when > 1), ("partial", an accumulator of this CombineFn: BundlePartials). One CombineFn for all of them:
-    one global combine in the graph instead of one per statistic."""
+    document read), ("repeated", times a doc_id was scored, when > 1), ("partial", an accumulator of this
+    CombineFn: BundlePartials). One CombineFn for all of them: one global combine in the graph instead of one
+    per statistic. Per-stage p50/p95/p99 come from Beam's approximate quantiles of each document's stage
+    times, kept per stage column inside the accumulator (bounded memory)."""
 
     def __init__(self, task: str, shadow_tolerance: float | None = None, counts_reads: bool = True):
         self._totals = RunTotals(task)
         self._shadow = shadow.ShadowTotals(shadow_tolerance) if shadow_tolerance is not None else None
         self._counts_reads = counts_reads
+        self._quantiles = ApproximateQuantilesCombineFn.create(num_quantiles=timing.NUM_QUANTILES)
 
     def create_accumulator(self):
         return {
@@ -162,7 +165,7 @@ class RunStatsFn(beam.CombineFn):
             "errors": Counter(),
             "shard_errors": 0,
             "read": 0,
-            "quantiles": {},
+            "stage_values": {},  # stage column -> approximate quantile state of the documents' times
             "duplicates": [0, 0],  # doc_ids scored more than once, rows beyond the first of their doc_id
         }
 
@@ -170,6 +173,11 @@ class RunStatsFn(beam.CombineFn):
         tag, value = part
         if tag == "doc":
             self._totals.add_input(acc["totals"], value)
+            for column, ms in value.timings.items():
+                state = acc["stage_values"].get(column)
+                if state is None:
+                    state = acc["stage_values"][column] = self._quantiles.create_accumulator()
+                self._quantiles.add_input(state, ms)
             if self._shadow is not None and value.shadow is not None:
                 self._shadow.add_input(acc["shadow"], value.shadow)
         elif tag == "error":
@@ -178,9 +186,6 @@ class RunStatsFn(beam.CombineFn):
             acc["shard_errors"] += int(is_shard_error)
         elif tag == "read":
             acc["read"] += 1
-        elif tag == "quantiles":
-            column, quantiles = value
-            acc["quantiles"][column] = quantiles
         elif tag == "repeated":
             acc["duplicates"][0] += 1
             acc["duplicates"][1] += value - 1
@@ -200,14 +205,16 @@ class RunStatsFn(beam.CombineFn):
             merged["errors"].update(acc["errors"])
             merged["shard_errors"] += acc["shard_errors"]
             merged["read"] += acc["read"]
-            merged["quantiles"].update(acc["quantiles"])
             merged["duplicates"] = [m + a for m, a in zip(merged["duplicates"], acc["duplicates"])]
+        columns = {column for acc in accumulators for column in acc["stage_values"]}
+        merged["stage_values"] = {column: self._quantiles.merge_accumulators(
+            [acc["stage_values"][column] for acc in accumulators if column in acc["stage_values"]]) for column in columns}
         return merged
 
     def extract_output(self, acc) -> str:
         return assemble(
             self._totals.extract_output(acc["totals"]),
-            acc["quantiles"],
+            {column: self._quantiles.extract_output(state) for column, state in acc["stage_values"].items()},
             dict(acc["errors"]),
             acc["shard_errors"],
             self._shadow.extract_output(acc["shadow"]) if self._shadow is not None else None,
@@ -258,11 +265,6 @@ class ComputeRunStats(beam.PTransform):
     def expand(self, pcolls):
         """pcolls: (DocStats, ErrorRows) or (DocStats, ErrorRows, the readers' Documents)."""
         doc_stats, errors, *read_docs = pcolls
-        quantiles = (
-            doc_stats
-            | "StageValues" >> beam.FlatMap(lambda s: list(s.timings.items()))
-            | "StageQuantiles" >> beam.ApproximateQuantiles.PerKey(num_quantiles=101)
-        )
         repeated = (
             doc_stats
             | "DocIds" >> beam.Map(lambda s: (s.doc_id, 1))
@@ -273,7 +275,6 @@ class ComputeRunStats(beam.PTransform):
         parts = [  # one part per document for docs and reads would dominate the combine's cost: BundlePartials
             doc_stats | "TagDocs" >> beam.ParDo(BundlePartials(combine_fn, "doc")),
             errors | "TagErrors" >> beam.Map(_error_part),
-            quantiles | "TagQuantiles" >> beam.Map(lambda kv: ("quantiles", kv)),
             repeated | "TagRepeated" >> beam.Map(lambda kv: ("repeated", kv[1])),
         ]
         if read_docs:

@@ -14,6 +14,7 @@ from pipeline.records import TIMING_COLUMNS
 STAGES = tuple(column[: -len("_ms")] for column in TIMING_COLUMNS)  # read, tokenize, infer, postprocess
 METRICS_NAMESPACE = "docscore_timing"
 PERCENTILES = (50, 95, 99)
+NUM_QUANTILES = 101  # approximate quantiles computed per stage: q[i] = the i-th percentile
 
 
 def stage_column(stage: str) -> str:
@@ -29,7 +30,7 @@ def record_stage_metrics(timings: dict[str, float]) -> None:
 
 
 def percentiles_from_quantiles(quantiles: Sequence[float]) -> dict[str, float]:
-    """Beam ApproximateQuantiles with 101 quantiles (q[i] = i-th percentile) -> {"p50": .., "p95": .., "p99": ..}."""
-    if len(quantiles) != 101:
-        raise ValueError(f"expected 101 quantiles (0..100th percentile), got {len(quantiles)}")
+    """Beam's approximate quantiles, NUM_QUANTILES of them (q[i] = i-th percentile) -> {"p50": .., "p95": .., "p99": ..}."""
+    if len(quantiles) != NUM_QUANTILES:
+        raise ValueError(f"expected {NUM_QUANTILES} quantiles (0..100th percentile), got {len(quantiles)}")
     return {f"p{p}": float(quantiles[p]) for p in PERCENTILES}

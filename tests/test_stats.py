@@ -25,20 +25,21 @@ def _error(stage: str, record_index: int | None) -> ErrorRow:
 
 def test_parts_added_to_several_accumulators_merge_into_one_summary():
     fn = RunStatsFn("embed")
-    parts = [("doc", _doc("a", 1.0)), ("doc", _doc("b", 3.0)), ("read", 1), ("read", 1), ("read", 1),
-             ("error", ("parse/ValueError", False)), ("error", ("read/OSError", True)), ("repeated", 3),
-             ("quantiles", (stage_column("infer"), [float(i) for i in range(101)]))]
+    parts = [("doc", _doc(str(i), float(i))) for i in range(101)]  # infer_ms 0..100: percentile p is p
+    parts += [("read", 1)] * 3 + [("error", ("parse/ValueError", False)), ("error", ("read/OSError", True)), ("repeated", 3)]
     accumulators = [fn.create_accumulator(), fn.create_accumulator()]
     for i, part in enumerate(parts):
         fn.add_input(accumulators[i % 2], part)
     stats = json.loads(fn.extract_output(fn.merge_accumulators(accumulators)))
     counts = stats["counts"]
-    assert (counts["scored"], counts["errors"], counts["records"], counts["shard_errors"]) == (2, 2, 4, 1)
+    assert (counts["scored"], counts["errors"], counts["records"], counts["shard_errors"]) == (101, 2, 103, 1)
     assert counts["errors_by_stage"] == {"parse": 1, "read": 1}
     assert (counts["duplicate_doc_ids"], counts["duplicate_rows"]) == (1, 2)
-    assert counts["records_read"] == 3 + 2 and counts["accounted"] is False  # 5 read, 4 accounted for
-    assert stats["stages"]["infer"]["total_ms"] == 4.0 and stats["stages"]["infer"]["p50"] == 50.0
-    assert stats["tokens"]["padding_efficiency"] == 24 / 32
+    assert counts["records_read"] == 3 + 2 and counts["accounted"] is False  # 5 read, 103 accounted for
+    infer = stats["stages"]["infer"]
+    assert infer["total_ms"] == sum(range(101)) and (infer["p50"], infer["p95"], infer["p99"]) == (50.0, 95.0, 99.0)
+    assert "p50" not in stats["stages"]["read"]  # no document timed that stage
+    assert stats["tokens"]["padding_efficiency"] == 12 / 16
 
 
 def test_bundle_partials_emit_one_part_per_bundle_that_merges_like_the_parts_themselves():
