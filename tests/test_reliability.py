@@ -51,8 +51,9 @@ def retried_run(corpus, tmp_path_factory, minilm):
     root, ids = corpus
     marker = tmp_path_factory.mktemp("fault")
     out = tmp_path_factory.mktemp("reliability_out")
+    # --batch_size 1: Beam batches of CALLS_PER_BEAM_BATCH one-row calls, so the corpus makes several of them
     options, eo = parse_options(["--input", str(root), *common_flags("retried", out), "--attention", "native",
-                                 "--runner", "BundleBasedDirectRunner"])
+                                 "--runner", "BundleBasedDirectRunner", "--batch_size", "1"])
     plan = validate(eo)
     spec = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format)
     p = beam.Pipeline(options=options)
