@@ -28,6 +28,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -323,6 +324,7 @@ def main() -> None:
     timed = [step for step in plan if step[0][0] != "w"]
     plan += timed * (args.repeats - 1)  # later rounds: the compilation cache is warm already
     results = {}
+    rounds: dict[tuple, list[float]] = {}  # every round's seconds per system, in order
     for system, dtype, attention in plan:
         t0 = time.time()
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", system, dtype, attention, work],
@@ -337,12 +339,13 @@ def main() -> None:
         emb = np.load(os.path.join(work, f"emb-{system}-{dtype}-{attention}.npy"))
         ref_file = os.path.join(work, "emb-a-float32--.npy")
         r["min_cos"] = float(np.min(np.sum(emb * np.load(ref_file), axis=1))) if os.path.exists(ref_file) else None
+        rounds.setdefault((system, dtype, attention), []).append(r["seconds"])
         best = results.get((system, dtype, attention))
         if best is None or r["seconds"] < best["seconds"]:
             results[(system, dtype, attention)] = r
         print(f"({system}) {dtype:8} {attention:6} {len(docs) / r['seconds']:7.1f} docs/s {tokens / r['seconds']:8.0f} tok/s "
               f"({r['seconds']:.1f} s; process {time.time() - t0:.0f} s; load {r['load']:.1f})", flush=True)
-    write_results(args, docs, tokens, results, load_before, os.getloadavg())
+    write_results(args, docs, tokens, results, load_before, os.getloadavg(), rounds)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -357,7 +360,12 @@ NAMES = {"a": "(a) sentence-transformers encode, batch 32", "b": "(b) Beam RunIn
          "c-off": "(c) with DOCSCORE_CPU_TUNING=0", "d-off": "(d) with DOCSCORE_CPU_TUNING=0"}
 
 
-def write_results(args, docs, tokens, results, load_before, load_after) -> None:
+def per_round_ratios(rounds: dict[tuple, list[float]], num: tuple, den: tuple) -> list[float]:
+    """den's seconds / num's seconds of the same round: interleaved rounds share the machine's moment."""
+    return [d / n for n, d in zip(rounds.get(num, []), rounds.get(den, []))]
+
+
+def write_results(args, docs, tokens, results, load_before, load_after, rounds) -> None:
     env = environment()
     a32 = ("a", "float32", "-")
     lines = [
@@ -408,6 +416,10 @@ def write_results(args, docs, tokens, results, load_before, load_after) -> None:
             lines.append(f"- {dtype} {attention}: read -> Parquet tables " + ", ".join(
                 f"{name} {ratio(results, d, peer)}" for name, peer in peers.items()) + "; whole command " + ", ".join(
                 f"{name} {ratio({**results, **whole}, d, peer)}" for name, peer in peers.items()))
+            same_round = per_round_ratios(rounds, d, ("c", dtype, attention))
+            if same_round:
+                lines.append(f"  (d)/(c) per round (the same round's (c)): {', '.join(f'{x:.2f}' for x in same_round)}; "
+                             f"median {statistics.median(same_round):.2f}")
     with open(args.results, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
