@@ -234,7 +234,7 @@ class BundlePartials(beam.DoFn):
     def __init__(self, combine_fn: RunStatsFn, tag: str):
         self._fn = combine_fn
         self._tag = tag
-        self._acc = None
+        self._acc = None  # the current bundle's accumulator, created by its first value
 
     def start_bundle(self):
         self._acc = None
@@ -247,7 +247,6 @@ class BundlePartials(beam.DoFn):
     def finish_bundle(self):
         if self._acc is not None:
             yield GlobalWindows.windowed_value(("partial", self._acc))
-            self._acc = None
 
 
 def _error_part(error: ErrorRow) -> tuple[str, tuple[str, bool]]:

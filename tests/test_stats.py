@@ -5,11 +5,10 @@ import json
 import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that
+from apache_beam.transforms.window import GlobalWindow
 
 from pipeline.postprocess import DocStats
 from pipeline.records import ErrorRow
-from apache_beam.transforms.window import GlobalWindow
-
 from pipeline.stats import BundlePartials, ComputeRunStats, RunStatsFn
 from pipeline.timing import stage_column
 
