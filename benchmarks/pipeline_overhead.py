@@ -1,7 +1,9 @@
 """What `docscore run` costs besides the model: each phase of one run, timed, on the compare_peers documents.
 
 Phases: validate (includes the model load), build_pipeline (the Beam graph), the Beam job (read ->
-Parquet), write_derived (history row and HTML report, matplotlib import included), and the model calls.
+Parquet), write_derived (history row and HTML report, matplotlib import included), and the model calls;
+job_gc_s and job_gc_full_s: time in Python's cyclic garbage collector during the Beam job (all collections /
+full ones).
 With --model stand_in, LoadedModel.embed_packed returns zeros at once instead of running the model, so
 the job's time is Beam and docscore's own per-document work (the outputs are meaningless; this measures
 time only). One fresh process per round; each phase's fastest round is printed. Not a test.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import os
 import subprocess
@@ -37,14 +40,17 @@ def child(args) -> dict[str, float]:
     from models.loader import LoadedModel
 
     seconds: dict[str, float] = {"model_calls": 0.0}
+    running: set[str] = set()  # the phases under way
     for module, name in ((pipeline.run, "validate"), (pipeline.run, "build_pipeline"),
                          (pipeline.progress, "run_with_progress"), (pipeline.publish, "write_derived")):
         def timed(*a, _f=getattr(module, name), _name=name, **k):
             start = time.perf_counter()
+            running.add(_name)
             try:
                 return _f(*a, **k)
             finally:
                 seconds[_name] = time.perf_counter() - start
+                running.discard(_name)
         setattr(module, name, functools.wraps(getattr(module, name))(timed))
     real_embed = LoadedModel.embed_packed
 
@@ -58,6 +64,18 @@ def child(args) -> dict[str, float]:
         return out
 
     LoadedModel.embed_packed = embed_packed
+    seconds.update(job_gc_s=0.0, job_gc_full_s=0.0)
+    collection_started = [0.0]
+
+    def time_collections(phase, info):
+        if phase == "start":
+            collection_started[0] = time.perf_counter()
+        elif "run_with_progress" in running:
+            took = time.perf_counter() - collection_started[0]
+            seconds["job_gc_s"] += took
+            seconds["job_gc_full_s"] += took if info["generation"] == 2 else 0.0
+
+    gc.callbacks.append(time_collections)
     start = time.perf_counter()
     code = pipeline.run.main(["--input", args.input, "--output", args.output, "--task", "embed", "--attention", args.attention,
                               "--dtype", args.dtype, "--max_seq_len", "256", "--batch_size", "16", "--run_id", "overhead",

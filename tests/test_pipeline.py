@@ -3,6 +3,7 @@ a scored row or an error row, tables have the documented schemas, scores equal d
 kernels agree, timing adds up, multi-process mode gives the same rows, reruns replace a partition."""
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 
@@ -13,6 +14,7 @@ import pytest
 
 from pipeline.packing import shapes_for
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, TIMING_COLUMNS
+from pipeline.run import launcher_objects_frozen
 from tests.conftest import (LONG_TEXT, SENTENCES, common_flags, direct_embeddings, read_summary, read_table,
                             run_docscore, write_jsonl)
 
@@ -139,6 +141,30 @@ def test_rerun_of_a_run_id_replaces_its_partition(tmp_path):
     assert sorted(p.name for p in (out / "scores" / "run_id=same").iterdir())[0] == "_SUCCESS"
     assert not (out / "_staging").exists()
     assert read_summary(out, "same")["counts"]["records"] == 1
+
+
+def test_the_job_runs_with_the_launchers_objects_frozen_and_leaves_none_frozen(tmp_path, monkeypatch):
+    """The collector skips the launcher's objects while the job runs (pipeline/run.py); a finished run,
+    or a failed one, leaves nothing frozen, so a process that launches runs can still collect them."""
+    from pipeline import progress
+
+    frozen_during_job = []
+    real_run = progress.run_with_progress
+
+    def run_with_progress(*args, **kwargs):
+        frozen_during_job.append(gc.get_freeze_count())
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(progress, "run_with_progress", run_with_progress)
+    shard = write_jsonl(tmp_path / "in" / "x.jsonl", [{"id": "x0", "text": SENTENCES[0]}])
+    assert run_docscore("--input", shard, *common_flags("gc", tmp_path / "out"), "--attention", "native") == 0
+    assert frozen_during_job and frozen_during_job[0] > 10_000  # modules, the model, the Beam graph
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError):
+        with launcher_objects_frozen():
+            assert gc.get_freeze_count() > 0
+            raise RuntimeError("the job failed")
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_batch_the_model_rejects_becomes_error_rows(minilm):
