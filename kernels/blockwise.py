@@ -103,8 +103,8 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 def _single_block(q_blk, k_blk, v_blk, mask, scale):
     """All keys in one block: the online softmax's first step without its rescaling, normalised after the
     weighted sum (as every block is). A finite fill keeps one fused pass over the scores; rows with nothing
-    to attend to (padding) are zeroed at the end. Whole-model bfloat16 MiniLM, flash/native went from
-    0.95-1.01 to 0.98-1.03 with this step (benchmarks/kernel_in_model.py, benchmarks/README.md)."""
+    to attend to (padding) are zeroed at the end. Whole-model bfloat16 MiniLM, flash/native went from 0.97
+    to 1.00 on average over the pipeline's row shapes (benchmarks/kernel_in_model.py, benchmarks/README.md)."""
     mask = mask[:, None, None]  # [B, 1, 1, bq, bk]
     scores = jnp.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
     scores = jnp.where(mask, scores, MASKED_SCORE)
