@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -65,7 +66,7 @@ def main() -> None:
                 np.asarray(m.embed_packed(ids, seg, segments))
                 times[a].append(time.perf_counter() - start)
         best = {a: batch * length / min(t) for a, t in times.items()}
-        median = {a: batch * length / sorted(t)[len(t) // 2] for a, t in times.items()}
+        median = {a: batch * length / statistics.median(t) for a, t in times.items()}
         diff = float(np.abs(first["flash"] - first["native"]).max())
         print(f"| {batch}x{length} | {best['native']:.0f} | {best['flash']:.0f} | {best['flash'] / best['native']:.2f} | "
               f"{median['flash'] / median['native']:.2f} | {diff:.2g} |", flush=True)

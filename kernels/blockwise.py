@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernels.interface import Implementation
+from kernels.masking import MASKED_SCORE
 
 NAME = "blockwise"
-MASKED_SCORE = -1e30  # float32 scores; exp(MASKED_SCORE - row max) is exactly 0 when the row attends to anything
 BACKENDS = ("cpu", "gpu", "tpu")
 BLOCK_Q = 256  # 256x512 was fastest of 128..1024 x 256..1024 at 2k tokens (benchmarks/README.md)
 BLOCK_K = 512
@@ -100,14 +100,19 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     return out[:, :q_len].astype(q.dtype)
 
 
+def _block_scores(q_blk, k_blk, mask, scale, fill):
+    """Scaled q.k scores of one block in float32 (as xla computes them), `fill` where mask is False."""
+    scores = jnp.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
+    return jnp.where(mask, scores, fill)
+
+
 def _single_block(q_blk, k_blk, v_blk, mask, scale):
     """All keys in one block: the online softmax's first step without its rescaling, normalised after the
     weighted sum (as every block is). A finite fill keeps one fused pass over the scores; rows with nothing
     to attend to (padding) are zeroed at the end. Whole-model bfloat16 MiniLM, flash/native went from 0.97
     to 1.00 on average over the pipeline's row shapes (benchmarks/kernel_in_model.py, benchmarks/README.md)."""
     mask = mask[:, None, None]  # [B, 1, 1, bq, bk]
-    scores = jnp.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask, scores, MASKED_SCORE)
+    scores = _block_scores(q_blk, k_blk, mask, scale, MASKED_SCORE)
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     total = jnp.sum(weights, axis=-1)
     acc = jnp.einsum("bhgqk,bhkd->bhgqd", weights.astype(v_blk.dtype), v_blk, preferred_element_type=jnp.float32)
@@ -119,9 +124,7 @@ def _update(carry, q_blk, k_blk, v_blk, mask, scale):
     """One online-softmax step: fold a key/value block into (running max, running sum, acc)."""
     run_max, run_sum, acc = carry
     mask = mask[:, None, None]  # [B, 1, 1, bq, bk]
-    scores = jnp.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk, preferred_element_type=jnp.float32)
-    scores = scores * scale  # in float32, as xla does
-    scores = jnp.where(mask, scores, -jnp.inf)
+    scores = _block_scores(q_blk, k_blk, mask, scale, -jnp.inf)
     new_max = jnp.maximum(run_max, jnp.max(scores, axis=-1))
     safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)  # rows with nothing seen yet
     weights = jnp.where(mask, jnp.exp(scores - safe_max[..., None]), 0.0)

@@ -1,10 +1,15 @@
 """Which (query, key) pairs may attend: the segment/padding/causal mask shared by the plain-JAX
-kernels (xla, blockwise). Pure functions on static shapes; no kernel choice and no softmax here.
+kernels (xla, blockwise), and the finite fill they give masked scores. Pure functions on static shapes;
+no kernel choice and no softmax here.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+# The fill for masked float32 scores where a kernel wants one fused pass (no -inf): exp(MASKED_SCORE - row max)
+# is exactly 0 whenever the row attends to anything; a row that attends to nothing must be zeroed by the kernel.
+MASKED_SCORE = -1e30
 
 
 def allowed(q_segments: jax.Array | None, kv_segments: jax.Array | None,

@@ -9,11 +9,10 @@ import jax
 import jax.numpy as jnp
 
 from kernels.interface import Implementation
-from kernels.masking import allowed
+from kernels.masking import MASKED_SCORE, allowed
 
 NAME = "xla"
 BACKENDS = ("cpu", "gpu", "tpu")
-MASKED_SCORE = -1e30  # float32 scores; exp(MASKED_SCORE - row max) is exactly 0
 LIMITS = ("any shape and dtype; materialises the full [q_len, kv_len] score matrix per head, "
           "so memory grows as batch*heads*q_len*kv_len*4 bytes")
 
