@@ -2,7 +2,8 @@
 
 Phases: validate (includes the model load), build_pipeline (the Beam graph), the Beam job (read ->
 Parquet), write_derived (history row and HTML report, matplotlib import included), and the model calls;
-job_gc_s and job_gc_full_s: time in Python's cyclic garbage collector during the Beam job (all collections /
+compile_s: the part of the model calls spent tracing, lowering and compiling (or loading from JAX's
+compilation cache: every round after the first finds it warm), from the run's summary; job_gc_s and job_gc_full_s: time in Python's cyclic garbage collector during the Beam job (all collections /
 full ones).
 With --model stand_in, LoadedModel.embed_packed returns zeros at once instead of running the model, so
 the job's time is Beam and docscore's own per-document work (the outputs are meaningless; this measures
@@ -82,7 +83,10 @@ def child(args) -> dict[str, float]:
                               "--no_progress"])
     if code:
         raise SystemExit(f"docscore run exited {code}")
-    return {"command": time.perf_counter() - start, **seconds}
+    command = time.perf_counter() - start
+    with open(os.path.join(args.output, "runs", "run_id=overhead", "summary.json")) as f:
+        seconds["compile_s"] = json.load(f)["compile"]["time_ms"] / 1000.0
+    return {"command": command, **seconds}
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.config import ModelConfig
-from models.layers import COMPUTE_DTYPES, FeedForward, SelfAttention, layer_norm, positions_in_segments
+from models.layers import COMPUTE_DTYPES, FeedForward, SelfAttention, layer_norm, positions_in_segments, run_blocks
 
 
 class BertEmbeddings(nnx.Module):
@@ -54,7 +54,4 @@ class BertEncoder(nnx.Module):
                                 for _ in range(config.num_layers)])
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        x = self.embeddings(input_ids, segment_ids)
-        for layer in self.layers:
-            x = layer(x, segment_ids)
-        return x
+        return run_blocks(self.layers, self.embeddings(input_ids, segment_ids), segment_ids)

@@ -11,7 +11,7 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.layers import (COMPUTE_DTYPES, FeedForward, SelfAttention, layer_norm, matmul_precision,
-                           positions_in_segments)
+                           positions_in_segments, run_blocks)
 
 
 class GPT2Block(nnx.Module):
@@ -47,8 +47,7 @@ class GPT2Decoder(nnx.Module):
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
         x = self.token_embedding(input_ids) + self.position_embedding(positions_in_segments(segment_ids))
-        for layer in self.layers:
-            x = layer(x, segment_ids)
+        x = run_blocks(self.layers, x, segment_ids)
         return self.lm_head(self.final_norm(x))
 
     def lm_head(self, hidden: jax.Array) -> jax.Array:

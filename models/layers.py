@@ -1,5 +1,6 @@
 """Transformer building blocks shared by the encoder and the decoder: self-attention through the
-kernels contract, feed-forward, float32 layer norm, position ids of packed segments.
+kernels contract, feed-forward, float32 layer norm, position ids of packed segments, and the stack
+of blocks run as one scanned step.
 
 Must not choose or implement an attention kernel: `SelfAttention` passes the name it was built
 with to `kernels.attention` and knows nothing else about kernels.
@@ -83,3 +84,25 @@ class FeedForward(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(ACTIVATIONS[self.activation](self.up(x)))
+
+
+def run_blocks(blocks: nnx.List, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """x through `blocks` in order. Blocks of one structure (the same graphdef: all of BERT's; GPT-2's
+    unless its attention scale varies by layer) run as one jax.lax.scan over their parameters stacked
+    on a new leading axis, so JAX traces and lowers one block, not every block, and the compiled program
+    holds it once. With a warm compilation cache, a MiniLM run's compile time (its 5 shapes) fell from
+    1.2-1.4 s to 0.7-0.9 s; cold compiles and the time per call did not measurably change
+    (benchmarks/README.md). The parameters stay per block (layers/0/...), as checkpoints and fingerprints
+    hold them; the stacking is one copy inside the program."""
+    graphdef, _ = nnx.split(blocks[0])
+    if any(nnx.graphdef(block) != graphdef for block in blocks[1:]):
+        for block in blocks:
+            x = block(x, segment_ids)
+        return x
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.state(block) for block in blocks))
+
+    def step(x: jax.Array, state: nnx.State) -> tuple[jax.Array, None]:
+        return nnx.merge(graphdef, state)(x, segment_ids), None
+
+    x, _ = jax.lax.scan(step, x, stacked)
+    return x

@@ -26,8 +26,9 @@ TEXTS = ["the quick brown fox", "docscore scores documents in batches over the l
          "zebra! 日本 🙂 quokkas", "a", "kernels kernels kernels are replaceable parts of docscore"]
 
 
-def build_hf_gpt2(out: Path) -> None:
-    """A 2-layer random GPT-2 (initializer_range 0.2, so log-probs are far from uniform) + tokenizer.json."""
+def build_hf_gpt2(out: Path, *, scale_by_layer: bool = False) -> None:
+    """A 2-layer random GPT-2 (initializer_range 0.2, so log-probs are far from uniform) + tokenizer.json.
+    scale_by_layer: scale_attn_by_inverse_layer_idx, so each block's attention scale differs."""
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
@@ -39,7 +40,8 @@ def build_hf_gpt2(out: Path) -> None:
         vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=96, initializer_range=0.2,
-                                     vocab_size=tokenizer.get_vocab_size(), bos_token_id=0, eos_token_id=0)
+                                     vocab_size=tokenizer.get_vocab_size(), bos_token_id=0, eos_token_id=0,
+                                     scale_attn_by_inverse_layer_idx=scale_by_layer)
     transformers.GPT2LMHeadModel(config).eval().save_pretrained(out)
     tokenizer.save(str(out / "tokenizer.json"))
 
@@ -117,6 +119,27 @@ def test_token_logprobs_match_transformers(model_dir, hf_dir, attention):
     assert not packed[0, len(unpacked):].any()
     with pytest.raises(ValueError, match="encoder"):
         loaded.embed(ids, segments)
+
+
+def test_blocks_run_as_one_scan_unless_their_attention_scales_differ(model_dir, tmp_path):
+    """models.layers.run_blocks: identical blocks are one jax.lax.scan in the program; GPT-2 blocks whose
+    attention scale depends on the layer cannot share one body, so they run in turn, still matching
+    transformers."""
+    import jax
+
+    ids, segments = padded([np.arange(1, 40, dtype=np.int32)])
+
+    def scans_in_program(loaded) -> int:
+        return str(jax.make_jaxpr(loaded.model)(ids, segments)).count("scan[")
+
+    assert scans_in_program(models.load(str(model_dir), attention="native")) == 1
+    hf_scaled = tmp_path / "hf_scaled"
+    build_hf_gpt2(hf_scaled, scale_by_layer=True)
+    convert_hf_dir(str(hf_scaled), str(tmp_path / "scaled"))
+    scaled = models.load(str(tmp_path / "scaled"), attention="native")
+    assert scaled.config.scale_attn_by_inverse_layer_idx and scans_in_program(scaled) == 0
+    expected = transformers_logprobs(hf_scaled, ids, segments)
+    assert np.abs(scaled.token_logprobs(ids, segments) - expected).max() <= 1e-4
 
 
 def test_segments_longer_than_the_position_table_are_refused(model_dir):
