@@ -3,8 +3,8 @@
 Phases: validate (includes the model load), build_pipeline (the Beam graph), the Beam job (read ->
 Parquet), write_derived (history row and HTML report, matplotlib import included), and the model calls;
 compile_s: the part of the model calls spent tracing, lowering and compiling (or loading from JAX's
-compilation cache: every round after the first finds it warm), from the run's summary; job_gc_s and job_gc_full_s: time in Python's cyclic garbage collector during the Beam job (all collections /
-full ones).
+compilation cache: every round after the first finds it warm), from the run's summary; job_gc_s and
+job_gc_full_s: time in Python's cyclic garbage collector during the Beam job (all collections / full ones).
 With --model stand_in, LoadedModel.embed_packed returns zeros at once instead of running the model, so
 the job's time is Beam and docscore's own per-document work (the outputs are meaningless; this measures
 time only). One fresh process per round; each phase's fastest round is printed. Not a test.

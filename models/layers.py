@@ -94,12 +94,13 @@ def run_blocks(blocks: nnx.List, x: jax.Array, segment_ids: jax.Array) -> jax.Ar
     1.2-1.4 s to 0.7-0.9 s; cold compiles and the time per call did not measurably change
     (benchmarks/README.md). The parameters stay per block (layers/0/...), as checkpoints and fingerprints
     hold them; the stacking is one copy inside the program."""
-    graphdef = nnx.graphdef(blocks[0]) if len(blocks) else None
-    if len(blocks) < 2 or any(nnx.graphdef(block) != graphdef for block in blocks[1:]):  # nothing to share
+    parts = [nnx.split(block) for block in blocks]  # (graphdef, state) of each block
+    graphdef = parts[0][0] if parts else None
+    if len(parts) < 2 or any(other != graphdef for other, _ in parts[1:]):  # nothing to share
         for block in blocks:
             x = block(x, segment_ids)
         return x
-    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.state(block) for block in blocks))
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(state for _, state in parts))
 
     def step(x: jax.Array, state: nnx.State) -> tuple[jax.Array, None]:
         return nnx.merge(graphdef, state)(x, segment_ids), None
