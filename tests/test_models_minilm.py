@@ -218,6 +218,21 @@ def test_orbax_round_trip_restores_identical_parameters(loaded_models, tmp_path)
         assert np.asarray(b).dtype == a.dtype and np.array_equal(np.asarray(b), a), path
 
 
+def test_gelu_is_pytorchs_exact_gelu():
+    """BERT's "gelu" (models.layers.gelu_erf, written with erf for speed) is PyTorch's exact GELU, not
+    the tanh approximation, over the range activations take and past it."""
+    import torch
+
+    from models.layers import ACTIVATIONS
+
+    x = np.linspace(-12.0, 12.0, 48001, dtype=np.float32)
+    ours = np.asarray(ACTIVATIONS["gelu"](jax.numpy.asarray(x)))
+    exact = torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
+    tanh = torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh").numpy()
+    assert np.abs(ours - exact).max() < 2e-6
+    assert np.abs(ours - tanh).max() > 1e-4  # the test can tell the two apart
+
+
 def test_runtime_dependencies_exclude_torch():
     tree = ast.parse((REPO / "setup.py").read_text())
     runtime = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
