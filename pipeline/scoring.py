@@ -23,7 +23,9 @@ def pool_windows(window_embeddings: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def score_embed(window_embeddings: Sequence[np.ndarray]) -> dict[str, Any]:
-    return {"score": None, "embedding": pool_windows(window_embeddings).tolist()}
+    """The embedding as a float32 array, the table column's type: pyarrow builds a column from 1,891 of
+    them in 1 ms, from lists of Python floats in 0.26 s (benchmarks/README.md)."""
+    return {"score": None, "embedding": pool_windows(window_embeddings)}
 
 
 def score_similarity(window_embeddings: Sequence[np.ndarray], query_embeddings: Sequence[np.ndarray]) -> dict[str, Any]:

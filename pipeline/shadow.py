@@ -73,8 +73,8 @@ def measure(
     if score_a is not None and score_b is not None:
         score_abs = abs(float(score_a) - float(score_b))
     else:  # embed: the final output is the embedding
-        ea = np.asarray(primary_fields.get("embedding") or [], np.float64)
-        eb = np.asarray(shadow_fields.get("embedding") or [], np.float64)
+        ea, eb = (np.asarray([] if f.get("embedding") is None else f["embedding"], np.float64)
+                  for f in (primary_fields, shadow_fields))
         score_abs = float(np.max(np.abs(ea - eb))) if ea.size and ea.shape == eb.shape else float("nan")
     return Divergence(
         output_max_abs=float(diff.max()) if diff.size else 0.0,

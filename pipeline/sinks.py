@@ -13,6 +13,7 @@ from typing import Any
 
 import apache_beam as beam
 import fsspec
+import numpy as np
 
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 
@@ -65,9 +66,16 @@ def write_table(rows: beam.PCollection, table: str, spec: OutputSpec) -> beam.PC
         )
     return (
         rows
-        | f"{table.title()}ToJson" >> beam.Map(json.dumps, ensure_ascii=False)
+        | f"{table.title()}ToJson" >> beam.Map(json.dumps, ensure_ascii=False, default=json_value)
         | f"Write{table.title()}" >> beam.io.WriteToText(prefix, file_name_suffix=spec.suffix)
     )
+
+
+def json_value(value: Any) -> Any:
+    """json.dumps' fallback for the numpy values rows hold (float32 embedding arrays, numpy scalars)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def check_writable(output: str) -> None:

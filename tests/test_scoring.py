@@ -18,7 +18,9 @@ def unit(v):
 def test_pool_windows_is_the_normalised_mean():
     a, b = unit([1, 0, 0]), unit([0, 1, 0])
     np.testing.assert_allclose(scoring.pool_windows([a, b]), unit([1, 1, 0]), atol=1e-7)
-    np.testing.assert_allclose(scoring.score_embed([a])["embedding"], a, atol=1e-7)
+    embedding = scoring.score_embed([a])["embedding"]
+    assert embedding.dtype == np.float32  # the scores.embedding column's type (pyarrow converts it at once)
+    np.testing.assert_allclose(embedding, a, atol=1e-7)
 
 
 def test_similarity_is_the_cosine_of_pooled_document_and_query():
