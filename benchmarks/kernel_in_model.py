@@ -33,6 +33,21 @@ def packed_rows(batch: int, length: int, seed: int = 0):
     return ids, seg
 
 
+def alternated_calls(loaded: dict, ids, seg, segments: int, rounds: int) -> tuple[dict, dict]:
+    """Call each loaded model's embed_packed once (compiling) and then `rounds` times in alternation, so
+    all see the same moments of the machine. Returns ({name: first output}, {name: [seconds per call]})."""
+    import numpy as np
+
+    first = {name: np.asarray(m.embed_packed(ids, seg, segments)) for name, m in loaded.items()}
+    times: dict[str, list[float]] = {name: [] for name in loaded}
+    for _ in range(rounds):
+        for name, m in loaded.items():
+            start = time.perf_counter()
+            np.asarray(m.embed_packed(ids, seg, segments))
+            times[name].append(time.perf_counter() - start)
+    return first, times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
@@ -58,13 +73,7 @@ def main() -> None:
     for batch, length in shapes:
         ids, seg = packed_rows(batch, length)
         segments = max_segments_for(length)
-        first = {a: np.asarray(m.embed_packed(ids, seg, segments)) for a, m in loaded.items()}  # compile
-        times: dict[str, list[float]] = {a: [] for a in loaded}
-        for _ in range(args.rounds):
-            for a, m in loaded.items():
-                start = time.perf_counter()
-                np.asarray(m.embed_packed(ids, seg, segments))
-                times[a].append(time.perf_counter() - start)
+        first, times = alternated_calls(loaded, ids, seg, segments, args.rounds)
         best = {a: batch * length / min(t) for a, t in times.items()}
         median = {a: batch * length / statistics.median(t) for a, t in times.items()}
         diff = float(np.abs(first["flash"] - first["native"]).max())

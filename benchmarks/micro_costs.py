@@ -3,7 +3,7 @@
 1. GELU (models/layers.py gelu_erf): x * 0.5 * (1 + erf(x / sqrt 2)) against jax.nn.gelu(approximate=False),
    which XLA:CPU lowers through erfc. Alone, on the [4096, 1536] float32 activation of a full call; then
    inside MiniLM's whole forward on the pipeline's full-call shapes, the two models loaded in one process
-   and called in alternation (as kernel_in_model.py does), so both see the same moments of the machine.
+   and called in alternation (kernel_in_model.alternated_calls), so both see the same moments of the machine.
 2. The scores.embedding column (pipeline/scoring.py score_embed): rows holding float32 arrays against
    lists of Python floats (tolist), each then converted to list<float32> with pa.array, as Beam's Parquet
    sink converts each batch of rows; --docs rows of 384 values.
@@ -55,7 +55,7 @@ def activation_in_model(dtype: str, rounds: int) -> None:
 
     import models
     import models.layers as layers
-    from kernel_in_model import packed_rows
+    from kernel_in_model import alternated_calls, packed_rows
     from pipeline.packing import max_segments_for, rows_per_call, row_lengths
 
     shapes = [(rows_per_call(length, 256, 16)[0], length) for length in row_lengths(256)]
@@ -75,15 +75,8 @@ def activation_in_model(dtype: str, rounds: int) -> None:
     print("| shape | erfc/erf time, best | erfc/erf time, median | max abs diff |")
     print("|---|---|---|---|")
     for shape in shapes:
-        segments = max_segments_for(shape[1])
-        times = {"ours": [], "erfc": []}
-        outputs = {}
-        for r in range(rounds):
-            order = (("ours", ours), ("erfc", erfc)) if r % 2 == 0 else (("erfc", erfc), ("ours", ours))
-            for name, model in order:
-                start = time.perf_counter()
-                outputs[name] = model.embed_packed(*inputs[shape], segments)
-                times[name].append(time.perf_counter() - start)
+        outputs, times = alternated_calls({"ours": ours, "erfc": erfc}, *inputs[shape],
+                                          max_segments_for(shape[1]), rounds)
         best = min(times["erfc"]) / min(times["ours"])
         median = statistics.median(times["erfc"]) / statistics.median(times["ours"])
         diff = float(np.max(np.abs(outputs["ours"] - outputs["erfc"])))
