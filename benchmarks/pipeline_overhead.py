@@ -32,7 +32,7 @@ PHASES = ("validate", "build_pipeline", "run_with_progress", "write_derived")
 def child(args) -> dict[str, float]:
     from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
 
-    apply_cpu_tuning(CpuTuning(attention=args.attention))
+    apply_cpu_tuning(CpuTuning(attention=args.attention, dtype=args.dtype))
     import numpy as np
 
     import pipeline.progress

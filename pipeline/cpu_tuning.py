@@ -34,19 +34,29 @@ MALLOPT_VALUES = {
     "M_ARENA_MAX": (M_ARENA_MAX, 1, "MALLOC_ARENA_MAX"),
 }
 
-# XLA CPU flags per attention implementation (the kernel the run resolves to on CPU). Measured with
-# benchmarks/pipeline_tuning.py (MiniLM f32, packed [16, 256] rows, best of 2x3 rounds on the shared 2-core
-# EPYC, so +-20%): xla 1367 tok/s untuned -> 1628 with this flag alone -> 2821 with mallopt alone; blockwise
-# 1286 -> 1430 with the flag -> 2321 with flag + mallopt. The flag slows the blockwise kernel by itself at
-# 2k tokens (PERF_NOTES), but at the pipeline's <= 256-token rows the dense layers dominate, so both get it.
+# XLA CPU flags per attention implementation (the kernel the run resolves to on CPU), for a CPU where
+# YNNPACK's dots pay off (ynn_dots_pay_off). Measured with benchmarks/pipeline_tuning.py (MiniLM f32, packed
+# [16, 256] rows, best of 2x3 rounds on the shared 2-core AVX-512 EPYC, so +-20%): xla 1367 tok/s untuned ->
+# 1628 with this flag alone -> 2821 with mallopt alone; blockwise 1286 -> 1430 with the flag -> 2321 with
+# flag + mallopt. The flag slows the blockwise kernel by itself at 2k tokens (PERF_NOTES), but at the
+# pipeline's <= 256-token rows the dense layers dominate, so both get it.
 # End to end on and off: benchmarks/compare_peers.py writes "with DOCSCORE_CPU_TUNING=0" rows to RESULTS.md.
 YNN_INDIVIDUAL_DOT = "--xla_cpu_experimental_ynn_fusion_type=individual_dot"
 CPU_XLA_FLAGS = {
     "xla": (YNN_INDIVIDUAL_DOT,),
     "blockwise": (YNN_INDIVIDUAL_DOT,),
 }
+# Where YNNPACK's dots do not pay off: an empty list of YNN fusion types, so every dot stays in XLA's own
+# code (jaxlib 0.10.2 sends dots to YNNPACK even without a flag). On a 2-core AVX2-only EPYC (Zen 3), best of
+# 4 rounds, benchmarks/bfloat16_cpu.py: MiniLM forward [16, 256] / [32, 128] took 0.78 / 0.78 of the time
+# with individual_dot in float32, and in bfloat16 (no bfloat16 instructions: emulated) 0.57 / 0.61.
+YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
 # --attention value -> the CPU implementation it means for the pipeline's window lengths (<= 512).
 CPU_IMPL_OF = {"native": "xla", "auto": "xla", "flash": "blockwise"}
+
+# CPU feature flags (as Linux lists them in /proc/cpuinfo) of instructions that multiply bfloat16 natively:
+# x86 AVX512-BF16 and AMX-BF16, Arm FEAT_BF16. Without one, bfloat16 matmuls are emulated.
+NATIVE_BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +65,7 @@ class CpuTuning:
     docscore cache dir (the compilation cache goes under it unless JAX_COMPILATION_CACHE_DIR is set)."""
 
     attention: str = "auto"
+    dtype: str = "float32"  # the --dtype value: bfloat16 gets other XLA flags on a CPU without bfloat16 instructions
     cache_dir: str | None = None
     malloc: bool = True
     xla_flags: bool = True
@@ -85,7 +96,7 @@ def apply_cpu_tuning(tuning: CpuTuning | None = None) -> TuningReport:
             report.mallopt, skipped = apply_mallopt()
             report.skipped += skipped
         if tuning.xla_flags:
-            report.xla_flags_added = add_xla_flags(xla_flags_for(tuning.attention))
+            report.xla_flags_added = add_xla_flags(xla_flags_for(tuning.attention, tuning.dtype, cpu_features()))
     else:
         report.skipped.append(f"{ENV_SWITCH}=0: malloc and XLA flag tuning off")
     if tuning.compilation_cache:
@@ -114,10 +125,43 @@ def apply_mallopt(names: tuple[str, ...] = tuple(MALLOPT_VALUES)) -> tuple[dict[
     return applied, skipped
 
 
-def xla_flags_for(attention: str) -> tuple[str, ...]:
-    """The XLA CPU flags chosen for the kernel an --attention value means on CPU."""
+def xla_flags_for(attention: str, dtype: str = "float32", features: frozenset[str] | None = None) -> tuple[str, ...]:
+    """The XLA CPU flags chosen for the kernel an --attention value means on CPU, in `dtype`, on a CPU with
+    these feature flags (cpu_features(); None: unknown)."""
     impl = CPU_IMPL_OF.get(attention, attention)
-    return CPU_XLA_FLAGS.get(impl, ())
+    if impl not in CPU_XLA_FLAGS:
+        return ()
+    return CPU_XLA_FLAGS[impl] if ynn_dots_pay_off(dtype, features) else (YNN_OFF,)
+
+
+def ynn_dots_pay_off(dtype: str, features: frozenset[str] | None) -> bool:
+    """Whether to send dots to YNNPACK, by what was measured (see YNN_OFF): on x86 it needs AVX-512 in float32
+    and bfloat16 instructions in bfloat16 (an AVX2-only CPU was faster without it in both). CPUs not measured
+    (Arm, or no feature list) keep YNNPACK, jaxlib's own choice."""
+    if features is None or "avx2" not in features:  # not x86, or unknown
+        return True
+    if dtype == "bfloat16":
+        return has_native_bfloat16(features) is True
+    return "avx512f" in features
+
+
+def cpu_features(cpuinfo_path: str = "/proc/cpuinfo") -> frozenset[str] | None:
+    """This CPU's feature flags: the "flags" line of /proc/cpuinfo on x86, "Features" on Arm; None where
+    there is no such list (not Linux)."""
+    try:
+        with open(cpuinfo_path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return None
+
+
+def has_native_bfloat16(features: frozenset[str] | None) -> bool | None:
+    """Whether a CPU with these feature flags multiplies bfloat16 natively; None when unknown."""
+    return None if features is None else bool(features & NATIVE_BFLOAT16_FLAGS)
 
 
 def add_xla_flags(flags: tuple[str, ...] | list[str]) -> list[str]:

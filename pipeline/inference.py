@@ -58,7 +58,7 @@ def shared_model(spec: ModelSpec):
         if spec not in _MODELS:
             import models
 
-            apply_cpu_tuning(CpuTuning(attention=spec.attention, cache_dir=spec.cache_dir))  # before jax starts here
+            apply_cpu_tuning(CpuTuning(attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir))  # before jax starts here
             _MODELS[spec] = models.load(spec.name, attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir)
         return _MODELS[spec]
 

@@ -152,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         options, eo = parse_options(argv)
-        apply_cpu_tuning(CpuTuning(attention=eo.attention, cache_dir=eo.cache_dir))  # before validate starts jax
+        apply_cpu_tuning(CpuTuning(attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
         plan = validate(eo)
     except ConfigError as e:
         print(f"docscore run: {e}", file=sys.stderr)
         return 2
+    for notice in plan.notices:
+        print(f"docscore run: note: {notice}", file=sys.stderr)
     staging_root = eo.get_all_options().get("temp_location") if eo.output.startswith(sinks.BQ_PREFIX) else None
     out = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format, staging_root)
     started = time.time()

@@ -61,6 +61,7 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
             "max_seq_len": plan.window_spec.max_len,
         },
         "shadow": plan.shadow.summary() if plan.shadow else None,
+        "notices": list(plan.notices),
     }
 
 
@@ -80,6 +81,7 @@ def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: f
         "backend": {**facts["backend"], "workers": stats.get("worker_backend", [])},
         "kernel": {**facts["kernel"], "in_rows": stats.get("attention_impl", [])},
         "model": facts["model"],
+        "notices": facts.get("notices", []),  # what validation noted about the configuration (pipeline/validate.py)
         "counts": stats["counts"],
         "timing": {"stages": stats["stages"], "wall_s": wall_s},
         "throughput": {

@@ -40,6 +40,7 @@ class RunPlan:
     fingerprint: str
     prefix_len: int  # special tokens before the text in each window
     shadow: shadow.ShadowSpec | None = None  # --shadow_attention: a second kernel on a share of batches
+    notices: tuple[str, ...] = ()  # choices that work but cost: the launcher prints them before the job
 
 
 def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
@@ -208,6 +209,7 @@ def validate(eo: EvalOptions) -> RunPlan:
     if eo.stride >= content:
         raise ConfigError(f"--stride={eo.stride} must be < {content} (window length minus special tokens)")
     shadow_spec = check_shadow(eo, model_spec, backend, kernel)
+    notices = tuple(n for n in (bfloat16_notice(eo, backend),) if n)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     return RunPlan(
         shards=tuple(shards),
@@ -222,6 +224,23 @@ def validate(eo: EvalOptions) -> RunPlan:
         fingerprint=loaded.fingerprint,
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         shadow=shadow_spec,
+        notices=notices,
+    )
+
+
+def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:
+    """--dtype bfloat16 on a local CPU run whose CPU has no bfloat16 instructions: emulated, it is no faster
+    than float32 and less precise (a notice, not an error: bfloat16 still matches what a TPU or GPU run computes)."""
+    from pipeline.cpu_tuning import NATIVE_BFLOAT16_FLAGS, cpu_features, has_native_bfloat16
+    from pipeline.publish import runs_locally
+
+    if eo.dtype != "bfloat16" or backend != "cpu" or not runs_locally(eo) or has_native_bfloat16(cpu_features()) is not False:
+        return None
+    return (
+        f"--dtype=bfloat16: this CPU has no bfloat16 instructions (none of {', '.join(sorted(NATIVE_BFLOAT16_FLAGS))} in "
+        "/proc/cpuinfo), so bfloat16 matmuls are emulated: about as fast as float32 here (MiniLM: 0.94-1.01x float32's "
+        "time, benchmarks/bfloat16_cpu.py) and less precise; use --dtype=float32 unless you need the bfloat16 numbers "
+        "of a TPU or GPU run"
     )
 
 

@@ -106,7 +106,76 @@ def test_compilation_cache_under_the_docscore_cache_dir_serves_a_second_process(
     cache = tmp_path / cpu_tuning.COMPILATION_CACHE_SUBDIR
     assert first["cache_dir"] == str(cache) and any(cache.iterdir())
     assert first["hits"] == 0
-    # the chosen XLA flag reached XLA (an unknown flag would abort the process) and was the one added
-    assert first["added"] == list(cpu_tuning.CPU_XLA_FLAGS["xla"]) and cpu_tuning.YNN_INDIVIDUAL_DOT in first["flags"]
+    # the XLA flag chosen for this CPU reached XLA (an unknown flag would abort the process) and was the one added
+    chosen = list(cpu_tuning.xla_flags_for("native", "float32", cpu_tuning.cpu_features()))
+    assert first["added"] == chosen and chosen[0] in first["flags"].split()
     second = run_python(CACHE_PROBE, env)
     assert second["hits"] >= 1 and second["value"] == first["value"]
+
+
+ZEN3 = "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma\n"  # AVX2 only
+ZEN4 = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n"  # AVX-512 with BF16 (also Cooper Lake)
+ICE_LAKE = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_vnni\n"  # AVX-512 without BF16
+SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: avx2 avx512f amx_tile amx_bf16\n"
+GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+OLD_ARM = "processor\t: 0\nFeatures\t: fp asimd crc32\n"
+
+
+READ_FEATURES = cpu_tuning.cpu_features  # the real reader, whatever a test patches in
+
+
+def features_of(tmp_path, text: str) -> frozenset[str] | None:
+    path = tmp_path / "cpuinfo"
+    path.write_text(text)
+    return READ_FEATURES(str(path))
+
+
+def test_native_bfloat16_is_read_from_the_cpu_feature_flags(tmp_path):
+    cases = {ZEN3: False, ZEN4: True, ICE_LAKE: False, SAPPHIRE_RAPIDS: True, GRAVITON3: True, OLD_ARM: False,
+             "processor\t: 0\nmodel name\t: something\n": None}  # no feature list: unknown
+    for text, expected in cases.items():
+        assert cpu_tuning.has_native_bfloat16(features_of(tmp_path, text)) is expected, text
+    assert cpu_tuning.cpu_features(str(tmp_path / "missing")) is None
+
+
+def test_dots_leave_ynnpack_where_it_was_measured_slower(tmp_path):
+    """individual_dot where YNNPACK paid off (AVX-512; bfloat16 instructions for bfloat16), YNN_OFF on x86
+    without them, jaxlib's own choice (individual_dot) on CPUs not measured."""
+    def flags(text: str | None, dtype: str) -> tuple[str, ...]:
+        return cpu_tuning.xla_flags_for("native", dtype, None if text is None else features_of(tmp_path, text))
+
+    on, off = (cpu_tuning.YNN_INDIVIDUAL_DOT,), (cpu_tuning.YNN_OFF,)
+    assert flags(ZEN3, "float32") == off and flags(ZEN3, "bfloat16") == off
+    assert flags(ZEN4, "float32") == on and flags(ZEN4, "bfloat16") == on
+    assert flags(ICE_LAKE, "float32") == on and flags(ICE_LAKE, "bfloat16") == off
+    assert flags(GRAVITON3, "bfloat16") == on and flags(OLD_ARM, "bfloat16") == on and flags(None, "bfloat16") == on
+    assert cpu_tuning.xla_flags_for("pallas_tpu", "bfloat16", features_of(tmp_path, ZEN3)) == ()
+
+
+@pytest.mark.parametrize("flag", [cpu_tuning.YNN_INDIVIDUAL_DOT, cpu_tuning.YNN_OFF])
+def test_this_jaxlib_accepts_both_ynn_settings(flag):
+    """An XLA flag jaxlib does not know, or a value it rejects, aborts the process at backend start."""
+    done = run_python("""
+        import json, jax.numpy as jnp
+        print(json.dumps({"value": float(jnp.dot(jnp.ones((4, 4), jnp.bfloat16), jnp.ones((4, 4), jnp.bfloat16)).sum())}))
+    """, clean_env(XLA_FLAGS=flag))
+    assert done["value"] == 64.0
+
+
+def test_bfloat16_on_a_cpu_without_it_is_noted_for_local_cpu_runs(monkeypatch, tmp_path):
+    from pipeline.options import parse_options
+    from pipeline.validate import bfloat16_notice
+
+    def notice(*flags: str, cpu: str | None = ZEN3, backend: str = "cpu") -> str | None:
+        features = None if cpu is None else features_of(tmp_path, cpu)
+        monkeypatch.setattr(cpu_tuning, "cpu_features", lambda: features)
+        _, eo = parse_options(["--input", "x.jsonl", "--output", str(tmp_path / "out"), *flags])
+        return bfloat16_notice(eo, backend)
+
+    message = notice("--dtype", "bfloat16")
+    assert "--dtype=bfloat16" in message and "--dtype=float32" in message and "avx512_bf16" in message
+    assert notice("--dtype", "bfloat16", cpu=ZEN4) is None
+    assert notice("--dtype", "bfloat16", cpu=None) is None  # unknown CPU: nothing claimed
+    assert notice("--dtype", "float32") is None
+    assert notice("--dtype", "bfloat16", backend="tpu") is None
+    assert notice("--dtype", "bfloat16", "--runner", "DataflowRunner") is None  # the workers' CPU is not this one
