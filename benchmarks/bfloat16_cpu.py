@@ -21,23 +21,20 @@ import json
 import os
 import subprocess
 import sys
-import time
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-YNN_FLAG = "--xla_cpu_experimental_ynn_fusion_type"
-VARIANTS = {"default": None, "individual_dot": f"{YNN_FLAG}=individual_dot", "ynn_off": f"{YNN_FLAG}="}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from micro_costs import best_and_median  # noqa: E402
+
+from pipeline.cpu_tuning import YNN_INDIVIDUAL_DOT, YNN_OFF  # noqa: E402
+
+VARIANTS = {"default": None, "individual_dot": YNN_INDIVIDUAL_DOT, "ynn_off": YNN_OFF}
 SHAPES = ((16, 256), (32, 128))
 
 
 def best_ms(fn, repeats: int) -> float:
     fn()  # compile
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * min(times)
+    return 1000 * best_and_median(fn, repeats)[0]
 
 
 def child(dtype: str, repeats: int) -> dict[str, float]:
@@ -74,7 +71,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]))))
         return
-    from pipeline.cpu_tuning import NATIVE_BFLOAT16_FLAGS, cpu_features, has_native_bfloat16, xla_flags_for
+    from pipeline.cpu_tuning import cpu_features, describe_cpu_choice
 
     best: dict[tuple[str, str], dict[str, float]] = {}
     for _ in range(args.rounds):
@@ -89,12 +86,7 @@ def main() -> None:
                 times = json.loads(done.stdout.strip().splitlines()[-1])
                 seen = best.setdefault((dtype, name), times)
                 best[(dtype, name)] = {k: min(v, seen[k]) for k, v in times.items()}
-    features = cpu_features()
-    native = has_native_bfloat16(features)
-    print(f"CPU: AVX-512 {'yes' if features and 'avx512f' in features else 'no'}; bfloat16 instructions "
-          f"({', '.join(sorted(NATIVE_BFLOAT16_FLAGS))}) {'yes' if native else 'no' if native is False else 'unknown'}. "
-          f"docscore sets: float32 {xla_flags_for('native', 'float32', features)}, "
-          f"bfloat16 {xla_flags_for('native', 'bfloat16', features)}")
+    print(f"CPU: {describe_cpu_choice(cpu_features())}")
     print(f"Best of {args.rounds} rounds, ms (in brackets: time / float32 individual_dot's):")
     base = best[("float32", "individual_dot")]
     for (dtype, name), times in best.items():

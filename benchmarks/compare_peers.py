@@ -281,16 +281,9 @@ def environment() -> dict[str, str]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
-    from pipeline.cpu_tuning import cpu_features, has_native_bfloat16, xla_flags_for
+    from pipeline.cpu_tuning import cpu_features, describe_cpu_choice
 
-    cpu = f"{cpu}, {os.cpu_count()} cores"
-    features = cpu_features()  # what decides docscore's XLA flags, and whether bfloat16 is native
-    if features is not None:
-        native = has_native_bfloat16(features)
-        cpu += (f", AVX-512 {'yes' if 'avx512f' in features else 'no'}, bfloat16 instructions {'yes' if native else 'no'}; "
-                f"docscore's XLA flags: float32 {' '.join(xla_flags_for('native', 'float32', features)) or '-'}, "
-                f"bfloat16 {' '.join(xla_flags_for('native', 'bfloat16', features)) or '-'}")
-    return {"cpu": cpu, "python": platform.python_version(),
+    return {"cpu": f"{cpu}, {os.cpu_count()} cores, {describe_cpu_choice(cpu_features())}", "python": platform.python_version(),
             "versions": ", ".join(f"{k} {v}" for k, v in versions.items())}
 
 

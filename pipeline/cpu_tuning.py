@@ -164,6 +164,16 @@ def has_native_bfloat16(features: frozenset[str] | None) -> bool | None:
     return None if features is None else bool(features & NATIVE_BFLOAT16_FLAGS)
 
 
+def describe_cpu_choice(features: frozenset[str] | None) -> str:
+    """One line for benchmark reports: the CPU facts that decide the XLA flags, and the flags chosen."""
+    if features is None:
+        return "CPU feature list unknown (no /proc/cpuinfo): jaxlib's default flags"
+    native = has_native_bfloat16(features)
+    return (f"AVX-512 {'yes' if 'avx512f' in features else 'no'}, bfloat16 instructions {'yes' if native else 'no'}; "
+            f"docscore's XLA flags: float32 {' '.join(xla_flags_for('native', 'float32', features)) or '-'}, "
+            f"bfloat16 {' '.join(xla_flags_for('native', 'bfloat16', features)) or '-'}")
+
+
 def add_xla_flags(flags: tuple[str, ...] | list[str]) -> list[str]:
     """Append flags to $XLA_FLAGS unless the flag's name is already there (the user's value wins).
     Returns the flags added."""

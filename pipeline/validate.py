@@ -209,7 +209,7 @@ def validate(eo: EvalOptions) -> RunPlan:
     if eo.stride >= content:
         raise ConfigError(f"--stride={eo.stride} must be < {content} (window length minus special tokens)")
     shadow_spec = check_shadow(eo, model_spec, backend, kernel)
-    notices = tuple(n for n in (bfloat16_notice(eo, backend),) if n)
+    notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     return RunPlan(
         shards=tuple(shards),
@@ -224,7 +224,7 @@ def validate(eo: EvalOptions) -> RunPlan:
         fingerprint=loaded.fingerprint,
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         shadow=shadow_spec,
-        notices=notices,
+        notices=(notice,) if notice else (),
     )
 
 
