@@ -137,6 +137,7 @@ class ScoreDocument(beam.DoFn):
 
     def __init__(self, spec: ScoreSpec):
         self._spec = spec
+        self._stage_metrics = timing.StageMetrics()
 
     def process(self, result):
         tokenized: TokenizedDoc = result.example
@@ -148,7 +149,7 @@ class ScoreDocument(beam.DoFn):
                 ERRORS_TAG, ErrorRow(doc.source, doc.record_index, "score", type(e).__name__, str(e), doc_id=doc.doc_id)
             )
             return
-        timing.record_stage_metrics(stats.timings)
+        self._stage_metrics.record(stats.timings)
         yield row
         yield beam.pvalue.TaggedOutput(STATS_TAG, stats)
 

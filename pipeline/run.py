@@ -38,8 +38,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     Publish, after every table write (`started`: the launch time, for the summary's wall time)."""
     read = (
         p
-        | "Shards" >> beam.Create(list(plan.shards))
-        | "SpreadShards" >> beam.Reshuffle()
+        | "Shards" >> beam.Create(list(plan.shards))  # Create reshuffles 2+ shards over the workers itself
         | "ReadShards" >> beam.ParDo(ReadShard(plan.read_spec)).with_outputs(ERRORS_TAG, main="docs")
     )
     tokenized = read.docs | "Tokenize" >> beam.ParDo(

@@ -268,13 +268,13 @@ class ComputeRunStats(beam.PTransform):
             doc_stats
             | "DocIds" >> beam.Map(lambda s: (s.doc_id, 1))
             | "CountDocIds" >> beam.CombinePerKey(sum)
-            | "Repeated" >> beam.Filter(lambda kv: kv[1] > 1)
+            | "TagRepeated" >> beam.FlatMap(lambda kv: [("repeated", kv[1])] if kv[1] > 1 else [])
         )
         combine_fn = RunStatsFn(self._task, self._shadow_tolerance, counts_reads=bool(read_docs))
         parts = [  # one part per document for docs and reads would dominate the combine's cost: BundlePartials
             doc_stats | "TagDocs" >> beam.ParDo(BundlePartials(combine_fn, "doc")),
             errors | "TagErrors" >> beam.Map(_error_part),
-            repeated | "TagRepeated" >> beam.Map(lambda kv: ("repeated", kv[1])),
+            repeated,
         ]
         if read_docs:
             parts.append(read_docs[0] | "TagRead" >> beam.ParDo(BundlePartials(combine_fn, "read")))
