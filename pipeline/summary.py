@@ -81,7 +81,7 @@ def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: f
         "backend": {**facts["backend"], "workers": stats.get("worker_backend", [])},
         "kernel": {**facts["kernel"], "in_rows": stats.get("attention_impl", [])},
         "model": facts["model"],
-        "notices": facts.get("notices", []),  # what validation noted about the configuration (pipeline/validate.py)
+        "notices": facts["notices"],  # what validation noted about the configuration (pipeline/validate.py)
         "counts": stats["counts"],
         "timing": {"stages": stats["stages"], "wall_s": wall_s},
         "throughput": {

@@ -162,6 +162,7 @@ FACTS = {
     "backend": {"target": "tpu", "launcher": "cpu", "launcher_devices": ["cpu:0"]},
     "kernel": {"requested": "flash", "resolved": "pallas_tpu"}, "model": {"name": "minilm-l6"},
     "shadow": {"attention": "native", "impl": "xla", "fraction": 0.5, "tolerance": 0.01, "dtype": "bfloat16"},
+    "notices": [],
 }
 STATS = {
     "counts": {"records": 5, "scored": 4, "errors": 1}, "stages": {"infer": {"total_ms": 40.0}},
