@@ -15,7 +15,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline import faults, memory, sinks
+from pipeline import faults, memory, sinks, timing
 from pipeline.options import parse_options
 from pipeline.records import TIMING_COLUMNS
 from pipeline.run import build_pipeline
@@ -159,6 +159,17 @@ def test_memory_is_sampled_every_batch_into_metrics_and_summary(two_runs):
     assert mem["batches"] == batches == metrics[f"{memory.NAMESPACE}/rss_mb"]["count"] >= 1
     assert 100 < mem["start_rss_mb"] <= mem["peak_rss_mb"] and 100 < mem["end_rss_mb"] <= mem["peak_rss_mb"]
     assert mem["device"] is None  # CPU devices report no allocator stats
+
+
+def test_every_scored_document_is_in_the_per_stage_timing_distributions(two_runs):
+    """The docscore_timing distributions (live in the Dataflow UI) hold each scored document's stage times,
+    the same ones the summary's stage totals add up (distributions hold whole microseconds)."""
+    summary = two_runs["summaries"][0]
+    scored = summary["counts"]["scored"]
+    for stage in timing.STAGES:
+        distribution = summary["metrics"][f"{timing.METRICS_NAMESPACE}/{stage}_us"]
+        assert distribution["count"] == scored
+        assert abs(distribution["sum"] / 1000 - summary["timing"]["stages"][stage]["total_ms"]) <= 0.001 * scored
 
 
 def test_the_memory_watch_records_start_warm_peak_and_end():
