@@ -253,6 +253,12 @@ def _error_part(error: ErrorRow) -> tuple[str, tuple[str, bool]]:
     return "error", (f"{error.stage}/{error.error_type}", error.record_index is None)
 
 
+def _repeated_part(doc_id_count: tuple[str, int]) -> list[tuple[str, int]]:
+    """("repeated", times scored) for a doc_id scored more than once; nothing for the others."""
+    _, times = doc_id_count
+    return [("repeated", times)] if times > 1 else []
+
+
 class ComputeRunStats(beam.PTransform):
     """(DocStats, ErrorRows) -> a PCollection holding the run-stats JSON string (one element)."""
 
@@ -264,17 +270,14 @@ class ComputeRunStats(beam.PTransform):
     def expand(self, pcolls):
         """pcolls: (DocStats, ErrorRows) or (DocStats, ErrorRows, the readers' Documents)."""
         doc_stats, errors, *read_docs = pcolls
-        repeated = (
-            doc_stats
-            | "DocIds" >> beam.Map(lambda s: (s.doc_id, 1))
-            | "CountDocIds" >> beam.CombinePerKey(sum)
-            | "TagRepeated" >> beam.FlatMap(lambda kv: [("repeated", kv[1])] if kv[1] > 1 else [])
-        )
         combine_fn = RunStatsFn(self._task, self._shadow_tolerance, counts_reads=bool(read_docs))
         parts = [  # one part per document for docs and reads would dominate the combine's cost: BundlePartials
             doc_stats | "TagDocs" >> beam.ParDo(BundlePartials(combine_fn, "doc")),
             errors | "TagErrors" >> beam.Map(_error_part),
-            repeated,
+            doc_stats
+            | "DocIds" >> beam.Map(lambda s: (s.doc_id, 1))
+            | "CountDocIds" >> beam.CombinePerKey(sum)
+            | "TagRepeated" >> beam.FlatMap(_repeated_part),
         ]
         if read_docs:
             parts.append(read_docs[0] | "TagRead" >> beam.ParDo(BundlePartials(combine_fn, "read")))
