@@ -14,6 +14,8 @@ included; docscore's persistent compilation cache warmed by an untimed process f
 run). (d) is timed from the start of the `docscore run` call to its Parquet tables being published
 (validation, model load, the Beam job: read -> Parquet); the whole call, which then also writes the run's
 HTML report and history row, is reported beside it.
+It also times this CPU's rate on the model's largest matmul and reports (c)'s and (d)'s model FLOPs
+utilization against it, and the fastest (d) that rate would allow: how much room the hardware leaves.
 Writes a Markdown table with the environment to benchmarks/RESULTS.md. Not a test.
 
     .venv/bin/python benchmarks/compare_peers.py            # ~2,000 documents
@@ -35,9 +37,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAX_TOKENS = 254  # every document fits one 256-token window (sentence_bert_config max_seq_length)
+MAX_LEN = 256  # sentence_bert_config max_seq_length: docscore's --max_seq_len
+MAX_TOKENS = MAX_LEN - 2  # every document fits one window
 BATCH_PEERS = 32
 BATCH_DOCSCORE = 16  # PERF_NOTES: on 2 cores 8-16 beats 32
+GOAL_X_A32 = {"float32": 1.3, "bfloat16": 2.0}  # (d)'s speed goal relative to (a) float32, per dtype
 GOALS = "(d)/(a) >= 1.3 in float32 and >= 2.0 in bfloat16 (both to (a) float32); (d)/(b) >= 2.0; (d)/(c) >= 0.9"
 
 
@@ -165,8 +169,49 @@ def warm_compilation_cache(dtype: str, attention: str) -> None:
     from pipeline.packing import max_segments_for, shapes_for
 
     loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
-    for shape in shapes_for(256, BATCH_DOCSCORE):
+    for shape in shapes_for(MAX_LEN, BATCH_DOCSCORE):
         loaded.embed_packed(np.zeros(shape, np.int32), np.ones(shape, np.int32), max_segments_for(shape[1]))
+
+
+FFN_DOT = (4096, 384, 1536)  # a full call's FFN up-projection: [16 x 256 tokens, hidden] x [hidden, intermediate]
+
+
+def dot_gflops_per_s(dtype: str) -> float:
+    """This CPU's rate on MiniLM's largest matmul, FFN_DOT (float32 accumulation, docscore's CPU tuning
+    applied by the caller): the rate the model's FLOPs could at best run at. Best of 20 calls."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    m, k, n = FFN_DOT
+    rng = np.random.default_rng(0)
+    x, w = (jnp.asarray(rng.normal(size=shape), dtype) for shape in ((m, k), (k, n)))
+    dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+    dot(x, w).block_until_ready()  # compile
+    best = float("inf")
+    for _ in range(20):
+        start = time.perf_counter()
+        dot(x, w).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * m * k * n / best / 1e9
+
+
+def model_gflop(docs: list[dict]) -> float:
+    """GFLOP of docscore's model calls for the documents, counted the way model FLOPs utilization is
+    (PaLM, appendix B): 2 per weight of each layer's matmuls per computed token (padding included), plus
+    attention's two [row_len x row_len] products per layer; embeddings, norms, activations and pooling
+    are not counted. The calls are (c)'s: every document one window, packed as run_model packs them."""
+    from models.config import config_from_hf
+    from pipeline.packing import pack_windows, plan_calls, row_lengths
+
+    with open(os.path.join(model_path(), "config.json")) as f:
+        config = config_from_hf(json.load(f))
+    h, i = config.hidden_size, config.intermediate_size
+    rows = pack_windows([d["n_tokens"] for d in docs], row_lengths(MAX_LEN))
+    flops = 0
+    for row_len, _, size in plan_calls(rows, MAX_LEN, BATCH_DOCSCORE):
+        flops += size * row_len * config.num_layers * (2 * (4 * h * h + 2 * h * i) + 4 * row_len * h)
+    return flops / 1e9
 
 
 def run_docscore_loop(docs: list[dict], dtype: str, attention: str) -> tuple[list, dict]:
@@ -175,14 +220,14 @@ def run_docscore_loop(docs: list[dict], dtype: str, attention: str) -> tuple[lis
     from pipeline.scoring import pool_windows
 
     loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
-    encoded = loaded.tokenizer.encode_windows([d["text"] for d in docs], max_len=256, stride=32, max_windows=8)
+    encoded = loaded.tokenizer.encode_windows([d["text"] for d in docs], max_len=MAX_LEN, stride=32, max_windows=8)
     windows = [w for doc in encoded for w in doc.windows]
-    outputs, _, totals = run_model(loaded, windows, max_len=256, batch_size=BATCH_DOCSCORE)
+    outputs, _, totals = run_model(loaded, windows, max_len=MAX_LEN, batch_size=BATCH_DOCSCORE)
     result, k = [], 0
     for doc in encoded:
         result.append(pool_windows(outputs[k:k + len(doc.windows)]).tolist())
         k += len(doc.windows)
-    return result, {"attention_impl": loaded.attention, "padding_efficiency": totals["real_tokens"] / totals["computed_tokens"],
+    return result, {"attention_impl": loaded.attention, "model_s": totals["ms"] / 1000.0, "padding_efficiency": totals["real_tokens"] / totals["computed_tokens"],
                     "compiles": loaded.compile_count}
 
 
@@ -195,7 +240,7 @@ def run_docscore_pipeline(docs: list[dict], dtype: str, attention: str, work: st
     start_epoch = time.time()  # the tables' _SUCCESS markers are file times
     start = time.perf_counter()
     code = docscore_run(["--input", os.path.join(work, "docs.jsonl"), "--output", out, "--task", "embed",
-                         "--attention", attention, "--dtype", dtype, "--max_seq_len", "256",
+                         "--attention", attention, "--dtype", dtype, "--max_seq_len", str(MAX_LEN),
                          "--batch_size", str(BATCH_DOCSCORE), "--run_id", "bench"])
     command_s = time.perf_counter() - start
     if code:
@@ -221,7 +266,7 @@ def by_id(docs: list[dict], ids: list[str], embeddings: list) -> list:
 def child(system: str, dtype: str, attention: str, work: str) -> dict:
     with open(os.path.join(work, "docs.jsonl")) as f:
         docs = [json.loads(line) for line in f]
-    if system[0] in "cdw":  # docscore's own process-start tuning, as `docscore run` applies it
+    if system[0] in "cdwp":  # docscore's own process-start tuning, as `docscore run` applies it
         from pipeline.cpu_tuning import ENV_SWITCH, CpuTuning, apply_cpu_tuning
 
         if system.endswith("-off"):  # the same system with malloc and XLA-flag tuning off
@@ -239,6 +284,8 @@ def child(system: str, dtype: str, attention: str, work: str) -> dict:
     elif system[0] == "w":
         warm_compilation_cache(dtype, attention)
         return {"seconds": 0.0}
+    elif system == "p":
+        return {"seconds": 0.0, "gflops_per_s": dot_gflops_per_s(dtype)}
     elif system[0] == "c":
         import models  # noqa: F401
         import pipeline.packing  # noqa: F401
@@ -315,6 +362,8 @@ def main() -> None:
     env["JAX_PLATFORMS"] = "cpu"
     plan = []
     for dtype in args.dtypes:
+        if {"c", "d"} & set(args.systems):
+            plan.append(("p", dtype, "-"))  # the CPU's dot rate: docscore's ceiling
         for system in args.systems:
             for attention in (args.attention if system in ("c", "d") else ["-"]):
                 if system == "c" or (system == "d" and "c" not in args.systems):
@@ -323,9 +372,10 @@ def main() -> None:
         if dtype == "float32" and not args.no_tuning_off:  # tuning measured on and off, end to end
             plan.append(("w-off", dtype, args.attention[0]))
             plan += [(s + "-off", dtype, args.attention[0]) for s in ("c", "d") if s in args.systems]
-    timed = [step for step in plan if step[0][0] != "w"]
+    timed = [step for step in plan if step[0][0] != "w"]  # and "p": its best round counts too
     plan += timed * (args.repeats - 1)  # later rounds: the compilation cache is warm already
     results = {}
+    dot_rates: dict[str, float] = {}  # dtype -> the best dot GFLOP/s of any round
     rounds: dict[tuple, list[float]] = {}  # every round's seconds per system, in order
     for system, dtype, attention in plan:
         t0 = time.time()
@@ -337,6 +387,10 @@ def main() -> None:
         r = json.loads(done.stdout.strip().splitlines()[-1])
         if system[0] == "w":
             continue
+        if system == "p":
+            dot_rates[dtype] = max(r["gflops_per_s"], dot_rates.get(dtype, 0.0))
+            print(f"(p) {dtype:8} dot {FFN_DOT}: {r['gflops_per_s']:.0f} GFLOP/s", flush=True)
+            continue
         r["load"] = os.getloadavg()[0]
         emb = np.load(os.path.join(work, f"emb-{system}-{dtype}-{attention}.npy"))
         ref_file = os.path.join(work, "emb-a-float32--.npy")
@@ -347,7 +401,7 @@ def main() -> None:
             results[(system, dtype, attention)] = r
         print(f"({system}) {dtype:8} {attention:6} {len(docs) / r['seconds']:7.1f} docs/s {tokens / r['seconds']:8.0f} tok/s "
               f"({r['seconds']:.1f} s; process {time.time() - t0:.0f} s; load {r['load']:.1f})", flush=True)
-    write_results(args, docs, tokens, results, load_before, os.getloadavg(), rounds)
+    write_results(args, docs, tokens, results, load_before, os.getloadavg(), rounds, dot_rates)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -367,7 +421,37 @@ def per_round_ratios(rounds: dict[tuple, list[float]], num: tuple, den: tuple) -
     return [d / n for n, d in zip(rounds.get(num, []), rounds.get(den, []))]
 
 
-def write_results(args, docs, tokens, results, load_before, load_after, rounds) -> None:
+def utilization_lines(docs: list[dict], results: dict, dot_rates: dict[str, float]) -> list[str]:
+    """How close (c) and (d) come to this CPU's matmul rate, and the fastest (d) that rate allows."""
+    if not dot_rates:
+        return []
+    gflop = model_gflop(docs)
+    best_rate = max(dot_rates.values())  # a run in either dtype could do its matmuls at the faster rate
+    m, k, n = FFN_DOT
+    lines = ["Model FLOPs utilization: docscore's calls for these documents are "
+             f"{gflop:.0f} GFLOP (matmuls and attention, padding included: the MFU count). This CPU's best rate on the "
+             f"model's largest matmul, [{m}, {k}] x [{k}, {n}] with docscore's CPU tuning, best of the rounds: "
+             + ", ".join(f"{dtype} {rate:.0f} GFLOP/s" for dtype, rate in dot_rates.items())
+             + f". Utilization = GFLOP / seconds / {best_rate:.0f} GFLOP/s (the faster rate), with the seconds of the "
+             "table (load, Beam and all else included) and, for (c), of its model calls alone. Ceiling: every FLOP at "
+             "that rate and nothing else taking time.", ""]
+    a32 = results.get(("a", "float32", "-"))
+    for (system, dtype, attention), r in results.items():
+        if system not in ("c", "d"):
+            continue
+        line = f"- ({system}) {dtype} {attention}: utilization {gflop / r['seconds'] / best_rate:.2f}"
+        if "model_s" in r:
+            line += f" (model calls alone {gflop / r['model_s'] / best_rate:.2f})"
+        if system == "d" and a32:
+            ceiling_s = gflop / best_rate
+            line += (f"; ceiling {len(docs) / ceiling_s:.0f} docs/s = {a32['seconds'] / ceiling_s:.2f} x (a) float32; "
+                     f"{GOAL_X_A32[dtype]} x (a) float32 (the goal) needs utilization "
+                     f"{GOAL_X_A32[dtype] * gflop / a32['seconds'] / best_rate:.2f}")
+        lines.append(line)
+    return lines + [""]
+
+
+def write_results(args, docs, tokens, results, load_before, load_after, rounds, dot_rates) -> None:
     env = environment()
     a32 = ("a", "float32", "-")
     lines = [
@@ -407,6 +491,7 @@ def write_results(args, docs, tokens, results, load_before, load_after, rounds) 
               f"(c) {ratio(results, ('c', 'float32', args.attention[0]), ('c-off', 'float32', args.attention[0]))}x, "
               f"(d) {ratio(results, ('d', 'float32', args.attention[0]), ('d-off', 'float32', args.attention[0]))}x "
               f"({args.attention[0]}, float32).", ""]
+    lines += utilization_lines(docs, results, dot_rates)
     for dtype in args.dtypes:
         for attention in args.attention:
             d = ("d", dtype, attention)
