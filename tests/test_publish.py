@@ -51,6 +51,35 @@ def test_the_job_alone_publishes_its_run(tmp_path):
     assert not (out / "_staging").exists()
 
 
+def test_tables_are_parquet_with_dictionaries_for_strings_only_and_an_empty_table_keeps_its_schema(tmp_path):
+    """No bad record: the errors table is still one Parquet file, of no rows, with the errors schema.
+    The scores file dictionary-encodes its string columns and not the embedding's floats (pyarrow's
+    default would build a dictionary for them only to drop it: benchmarks/README.md)."""
+    import pyarrow.parquet as pq
+
+    from pipeline.options import parse_options
+    from pipeline.records import ERRORS_SCHEMA
+    from pipeline.run import build_pipeline
+    from pipeline.validate import validate
+
+    shard = write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES[:3])])
+    out = tmp_path / "out"
+    options, eo = parse_options(["--input", str(shard), *common_flags("clean", out), "--task", "embed"])
+    p = beam.Pipeline(options=options)
+    build_pipeline(p, eo, validate(eo), sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format))
+    p.run().wait_until_finish()
+
+    errors, error_files = read_table(out, "errors", "clean")
+    assert len(errors) == 0 and len(error_files) == 1
+    assert pq.read_schema(error_files[0]).remove_metadata().equals(ERRORS_SCHEMA.remove_metadata())
+    scores, score_files = read_table(out, "scores", "clean")
+    assert sorted(scores.doc_id) == ["d0", "d1", "d2"] and all(len(e) == 384 for e in scores.embedding)
+    columns = pq.ParquetFile(score_files[0]).metadata.row_group(0)
+    encodings = {columns.column(i).path_in_schema: columns.column(i).encodings for i in range(columns.num_columns)}
+    assert "RLE_DICTIONARY" in encodings["doc_id"]
+    assert "RLE_DICTIONARY" not in encodings["embedding.list.element"], encodings["embedding.list.element"]
+
+
 @pytest.mark.parametrize("runner", ["DirectRunner", "BundleBasedDirectRunner"])
 def test_publish_step_waits_for_every_table_write(tmp_path, runner):
     """Many bundles of scores, few errors: the Publish step must see every write's files (BundleBased-
