@@ -80,33 +80,47 @@ def write_table(rows: beam.PCollection, table: str, spec: OutputSpec) -> beam.PC
 
 
 class ParquetRowsSink(fileio.FileSink):
-    """Dict rows -> one Parquet file of `schema`, written by pyarrow in row groups of `batch_rows`.
-    Dictionary encoding only for the string columns: for the embedding's floats pyarrow would build a
-    dictionary only to drop it, which cost 0.5-0.7 s on 1,891 rows inside a run against 0.02-0.06 s
-    without (benchmarks/README.md), and the files are ~20% smaller. (beam.io.WriteToParquet passes no
-    such option to pyarrow.)"""
+    """Dict rows -> one Parquet file of `schema`: rows become Arrow record batches of `batch_rows`, and a
+    row group is written when the batches reach `row_group_bytes` or the file ends (the layout and the
+    memory bound of beam.io.WriteToParquet's defaults). Dictionary encoding only for the string
+    columns: for the embedding's floats pyarrow would build a dictionary only to drop it, which cost
+    0.5-0.7 s on 1,891 rows inside a run against 0.02-0.06 s without (benchmarks/README.md), and the
+    files are ~20% smaller. (beam.io.WriteToParquet passes no such option to pyarrow.)"""
 
-    def __init__(self, schema: pa.Schema, batch_rows: int = 1000):
+    def __init__(self, schema: pa.Schema, batch_rows: int = 1000, row_group_bytes: int = 64 << 20):
         self._schema = schema
         self._batch_rows = batch_rows
+        self._row_group_bytes = row_group_bytes
 
     def open(self, fh) -> None:
         self._writer = parquet_writer(fh, self._schema)
         self._rows: list[dict[str, Any]] = []
+        self._batches: list[pa.RecordBatch] = []
+        self._buffered_bytes = 0
 
     def write(self, record: dict[str, Any]) -> None:
         self._rows.append(record)
         if len(self._rows) >= self._batch_rows:
-            self._write_rows()
+            self._to_batch()
+            if self._buffered_bytes >= self._row_group_bytes:
+                self._write_row_group()
 
     def flush(self) -> None:
-        self._write_rows()
+        self._to_batch()
+        self._write_row_group()
         self._writer.close()  # the footer; fileio closes the file
 
-    def _write_rows(self) -> None:
+    def _to_batch(self) -> None:
         if self._rows:
-            self._writer.write_table(pa.Table.from_pylist(self._rows, schema=self._schema))
+            batch = pa.RecordBatch.from_pylist(self._rows, schema=self._schema)
+            self._batches.append(batch)
+            self._buffered_bytes += batch.nbytes
             self._rows = []
+
+    def _write_row_group(self) -> None:
+        if self._batches:
+            self._writer.write_table(pa.Table.from_batches(self._batches, schema=self._schema))
+            self._batches, self._buffered_bytes = [], 0
 
 
 def parquet_writer(where, schema: pa.Schema) -> pq.ParquetWriter:
