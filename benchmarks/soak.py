@@ -3,7 +3,7 @@ is watched twice - by the job itself (pipeline/memory.py: RSS per inference batc
 and by an outside sampler of the processes' RSS every --sample_s seconds. Reports the RSS growth after
 warm-up (the goal: < 5%) next to the environment.
 
-    .venv/bin/python benchmarks/soak.py [--docs 20000] [--shards 20] [--workers 1] [--out DIR]
+    .venv/bin/python benchmarks/soak.py [--docs 20000] [--shards 20] [--workers 1] [--batch_size 1] [--out DIR]
     .venv/bin/python benchmarks/soak.py --control [--docs 20000]   # the same documents without Beam
 
 Inference runs in worker processes (--direct_running_mode multi_processing) so that the worker RSS
@@ -83,7 +83,7 @@ def growth_after_warmup(series: list[tuple[float, float]], warmup_fraction: floa
 
 def control_loop(docs: int, batch_docs: int = 200, every: int = 5) -> dict:
     """The control: the same documents through FlaxModelHandler.run_inference in this process, without
-    Beam, in batches as large as Beam's largest; RSS after every batch (every `every`-th shown). Flat
+    Beam, in batches of `batch_docs` documents; RSS after every batch (every `every`-th shown). Flat
     here and growing in the job would point at the runner, not at the model path."""
     sys.path.insert(0, ROOT)
     from pipeline.inference import FlaxModelHandler, ModelSpec
@@ -111,6 +111,9 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=20_000)
     parser.add_argument("--shards", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1, help="--direct_num_workers")
+    parser.add_argument("--batch_size", type=int, default=None,
+                        help="docscore's --batch_size (default: docscore's). A Beam batch holds 32 calls' worth of "
+                             "tokens, so at the default 20,000 short documents are only ~3 batches; 1 gives ~36")
     parser.add_argument("--sample_s", type=float, default=0.5)
     parser.add_argument("--out", default=None, help="where to keep the corpus, tables and soak.json (default: a temporary directory)")
     parser.add_argument("--control", action="store_true", help="only the control loop without Beam (see control_loop)")
@@ -124,7 +127,7 @@ def main() -> None:
     write_corpus(corpus, args.docs, args.shards)
     command = [sys.executable, "-m", "pipeline", "run", "--input", corpus, "--output", output, "--run_id", "soak",
                "--attention", "native", "--no_progress", "--direct_running_mode", "multi_processing",
-               "--direct_num_workers", str(args.workers)]
+               "--direct_num_workers", str(args.workers)] + (["--batch_size", str(args.batch_size)] if args.batch_size else [])
     load_before = os.getloadavg()
     started = time.monotonic()
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
