@@ -54,33 +54,60 @@ class ProgressSample:
 
 
 class CounterFile:
-    """The counts of one DoFn instance, rewritten to DIR/<unique>.json at most every `flush_s`.
+    """The counts of one DoFn instance, rewritten to DIR/<unique>.json every `flush_s` while they change.
 
     Create it in DoFn.setup() (each instance gets its own file name on its first flush), so copies
-    of a pickled DoFn never share a file. Writes are atomic (temporary file + os.replace).
+    of a pickled DoFn never share a file. Writes are atomic (temporary file + os.replace). A daemon
+    thread, started by the first add(), writes the counts: a bundle that reads its records in a burst
+    and then spends seconds on a model batch would otherwise show only the count at its first record
+    until the bundle ends. close() stops the thread and writes the final counts.
     """
 
     def __init__(self, directory: str, flush_s: float = 0.5):
+        if flush_s <= 0:
+            raise ValueError(f"flush_s must be > 0, got {flush_s}")
         self.directory = directory
         self.flush_s = flush_s
         self.counts = {kind: 0 for kind in KINDS}
         self._name: str | None = None
-        self._last_flush = 0.0
+        self._lock = threading.Lock()
+        self._written: dict[str, int] | None = None
+        self._flusher: threading.Thread | None = None
+        self._closed = threading.Event()
 
     def add(self, kind: str, n: int = 1) -> None:
-        self.counts[kind] += n
-        if time.monotonic() - self._last_flush >= self.flush_s:
-            self.flush()
+        with self._lock:
+            self.counts[kind] += n
+        if self._flusher is None:
+            self.flush()  # the first count shows at once
+            self._flusher = threading.Thread(target=self._flush_every, name="docscore-progress-counts", daemon=True)
+            self._flusher.start()
 
     def flush(self) -> None:
-        if self._name is None:
-            self._name = f"{os.getpid()}-{uuid.uuid4().hex}.json"
-        path = os.path.join(self.directory, self._name)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.counts, f)
-        os.replace(tmp, path)
-        self._last_flush = time.monotonic()
+        """Write the counts if they changed since the last write."""
+        with self._lock:
+            counts = dict(self.counts)
+            if counts == self._written:
+                return
+            if self._name is None:
+                self._name = f"{os.getpid()}-{uuid.uuid4().hex}.json"
+            path = os.path.join(self.directory, self._name)
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(counts, f)
+            os.replace(tmp, path)
+            self._written = counts
+
+    def close(self) -> None:
+        self._closed.set()
+        self.flush()
+
+    def _flush_every(self) -> None:
+        while not self._closed.wait(self.flush_s):
+            try:
+                self.flush()
+            except OSError:  # the reporter removed the directory at the end of the run
+                return
 
 
 def read_counter_files(directory: str) -> ProgressCounts:
@@ -128,7 +155,7 @@ class _CountDoFn(beam.DoFn):
 
     def teardown(self):
         if self.file is not None:
-            self.file.flush()
+            self.file.close()
 
 
 class CountProgress(beam.PTransform):

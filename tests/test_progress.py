@@ -40,11 +40,12 @@ def _count_in_child(directory: str, n: int) -> int:
     if pid == 0:
         code = 1
         try:
-            counter = progress.CounterFile(directory, flush_s=0.0)
+            counter = progress.CounterFile(directory)
             for _ in range(n):
                 counter.add("discovered")
             for _ in range(n // 2):
                 counter.add("done")
+            counter.close()
             code = 0
         finally:
             os._exit(code)
@@ -90,6 +91,42 @@ def test_progress_follows_a_running_beam_pipeline():
     assert not os.path.exists(counter_dir)  # cleaned up
     # the same counts also reach Beam metrics, which is what a remote runner is polled through
     assert progress.counts_from_metrics(result) == ProgressCounts(discovered=n, done=n)
+
+
+def test_counts_read_in_a_burst_show_while_the_bundle_works_on():
+    # docscore's shape: a bundle reads its records in a burst, then spends seconds on one model batch
+    # before its first result; the discovered count must show the whole burst in the meantime
+    n, work_s = 20, 1.5
+    counter_dir = progress.local_counter_dir(PipelineOptions([]))
+    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"]))
+    records = pipeline | beam.Create(list(range(n)), reshuffle=False)
+    _ = records | "Discovered" >> progress.CountProgress(counter_dir, "discovered")
+    done = (records | beam.BatchElements(min_batch_size=n, max_batch_size=n)
+            | beam.FlatMap(lambda batch: (time.sleep(work_s), batch)[1]))
+    _ = done | "Done" >> progress.CountProgress(counter_dir, "done")
+    _, reporter = progress.run_with_progress(pipeline, counter_dir, display=False, interval_s=0.05)
+    samples = reporter.samples
+    assert samples[-1] == ProgressSample(samples[-1].t_s, n, n)
+    waiting = [s for s in samples if s.done == 0 and s.discovered > 0]
+    assert waiting and waiting[-1].discovered == n, f"the burst never showed while the batch ran: {samples}"
+
+
+def test_counter_file_writes_only_changed_counts_and_stops_on_close(tmp_path):
+    counter = progress.CounterFile(str(tmp_path), flush_s=0.05)
+    counter.add("discovered", 3)  # the first count is written at once
+    assert progress.read_counter_files(str(tmp_path)) == ProgressCounts(discovered=3)
+    counter.add("done", 2)
+    time.sleep(0.3)  # the flusher thread writes it, no further add() needed
+    assert progress.read_counter_files(str(tmp_path)) == ProgressCounts(discovered=3, done=2)
+    (path,) = tmp_path.glob("*.json")
+    written = path.stat().st_mtime_ns
+    time.sleep(0.2)
+    assert path.stat().st_mtime_ns == written  # unchanged counts are not rewritten
+    counter.add("done")
+    counter.close()  # writes the final counts at once
+    assert progress.read_counter_files(str(tmp_path)) == ProgressCounts(discovered=3, done=3)
+    with pytest.raises(ValueError, match="flush_s"):
+        progress.CounterFile(str(tmp_path), flush_s=0.0)
 
 
 def test_without_counter_files_progress_comes_from_beam_metrics():
