@@ -2,7 +2,7 @@
 windows each (segment ids 1, 2, ...), run in calls of a fixed token budget, outputs mapped back.
 
 Holds the row lengths (max_len and its halves: a window goes to the shortest row that holds it, so short
-documents do not pay for attention over long rows), the packing plan (first-fit decreasing), the call
+documents do not pay for attention over long rows), the packing plan (best-fit decreasing), the call
 sizes (a full call of batch_size * max_len tokens, then small calls for the tail, so each model method
 compiles at most two shapes per row length) and the runner. Must not call Beam, load models or know which
 task is scored (the callers pass the model function).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -45,31 +46,62 @@ def max_segments_for(row_len: int) -> int:
 
 
 def pack_windows(lengths: Sequence[int], row_lens: Sequence[int], max_segments: int | None = None) -> list[PackedRow]:
-    """First-fit decreasing: longest windows first, each into the first open row with room (tokens and
-    segment slots); a window that fits no open row opens one of the shortest of row_lens that holds it.
-    So short windows fill the gaps of long rows before they open short rows of their own. Deterministic.
-    Raises ValueError for a window longer than every row length."""
+    """Best-fit decreasing: longest windows first (ties in index order), each into the open row with the
+    least free room that still holds it (tokens and a segment slot; ties to the row that got that room
+    last); a window that fits no open row opens one of the shortest of row_lens that holds it. So short
+    windows fill the gaps of long rows before they open short rows of their own. Deterministic,
+    O(n log n). Raises ValueError for a window longer than every row length."""
     row_lens = sorted(row_lens)
-    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    sizes_in = [int(n) for n in lengths]
+    order = sorted(range(len(sizes_in)), key=sizes_in.__getitem__, reverse=True)  # stable: equal lengths by index
     rows: list[list[int]] = []
     sizes: list[int] = []
-    free: list[int] = []
+    slots_left: list[int] = []
+    # Open rows with a free slot, by free tokens: free room is at most the longest row length, so the best
+    # fit is one bisect over the distinct free values instead of a scan over every open row.
+    by_free: dict[int, list[int]] = {}
+    free_values: list[int] = []  # the keys of by_free, ascending
     for i in order:
-        n = int(lengths[i])
-        for r, room in enumerate(free):
-            if room >= n and len(rows[r]) < (max_segments or max_segments_for(sizes[r])):
-                rows[r].append(i)
-                free[r] -= n
-                break
+        n = sizes_in[i]
+        k = bisect_left(free_values, n)
+        if k < len(free_values):
+            room = free_values[k]
+            bucket = by_free[room]
+            r = bucket.pop()
+            if not bucket:
+                del by_free[room]
+                del free_values[k]
+            rows[r].append(i)
         else:
-            row_len = next((m for m in row_lens if m >= n), None)
-            if row_len is None:
-                raise ValueError(f"a window of {n} tokens does not fit rows of {row_lens[-1]}; window documents "
-                                 f"to <= {row_lens[-1]} tokens (--max_seq_len)")
+            row_len = _shortest_row(n, row_lens)
+            r = len(rows)
             rows.append([i])
             sizes.append(row_len)
-            free.append(row_len - n)
+            slots_left.append(max_segments or max_segments_for(row_len))
+            room = row_len
+        slots_left[r] -= 1
+        _bucket_row(by_free, free_values, r, room - n, slots_left[r])
     return [PackedRow(tuple(r), size) for r, size in zip(rows, sizes)]
+
+
+def _shortest_row(n: int, row_lens: Sequence[int]) -> int:
+    """The shortest of row_lens (ascending) that holds a window of n tokens."""
+    row_len = next((m for m in row_lens if m >= n), None)
+    if row_len is None:
+        raise ValueError(f"a window of {n} tokens does not fit rows of {row_lens[-1]}; window documents "
+                         f"to <= {row_lens[-1]} tokens (--max_seq_len)")
+    return row_len
+
+
+def _bucket_row(by_free: dict[int, list[int]], free_values: list[int], r: int, room: int, slots: int) -> None:
+    """Put row r back among the open rows under its free room, unless it has no room or no slot left."""
+    if room <= 0 or slots <= 0:
+        return
+    bucket = by_free.get(room)
+    if bucket is None:
+        by_free[room] = bucket = []
+        insort(free_values, room)
+    bucket.append(r)
 
 
 def row_lengths(max_len: int) -> tuple[int, ...]:
