@@ -1,5 +1,6 @@
 """Token-budget batching by packing: the plan (every window once, rows within budget, short windows filling
-long rows' gaps before opening short rows, two call shapes per row length), outputs mapped back to their
+long rows' gaps before opening short rows, at least as tight as first-fit decreasing on random windows,
+two call shapes per row length), outputs mapped back to their
 windows, packed MiniLM embeddings equal to one-window-per-row ones, and >= 90% padding efficiency on the
 sample corpus with the real tokenizer."""
 from __future__ import annotations
@@ -7,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.packing import (call_sizes, max_segments_for, pack_windows, plan_calls, row_lengths, rows_per_call,
-                              run_model, run_packed, shapes_for)
+from pipeline.packing import (PackedRow, call_sizes, max_segments_for, pack_windows, plan_calls, row_lengths,
+                              rows_per_call, run_model, run_packed, shapes_for)
 from pipeline.scoring import pool_windows
 from tests.conftest import LONG_TEXT, SENTENCES, TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, direct_embeddings
 
@@ -35,6 +36,80 @@ def test_short_windows_fill_long_rows_before_opening_short_rows():
         (64, (2,)),  # 60 fits no open row, so it opens the shortest row that holds it
         (64, (4, 6)),  # 30 opens a row, and the last 20 joins it
     ]
+
+
+def first_fit_decreasing(lengths, row_lens, max_segments=None):
+    """The packer pack_windows replaced (each window into the first open row with room), the reference its
+    plans must match or beat."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows, sizes, free = [], [], []
+    for i in order:
+        n = lengths[i]
+        for r, room in enumerate(free):
+            if room >= n and len(rows[r]) < (max_segments or max_segments_for(sizes[r])):
+                rows[r].append(i)
+                free[r] -= n
+                break
+        else:
+            size = min(m for m in row_lens if m >= n)
+            rows.append([i])
+            sizes.append(size)
+            free.append(size - n)
+    return [PackedRow(tuple(r), size) for r, size in zip(rows, sizes)]
+
+
+def random_lengths(rng, mix: str, n: int) -> list[int]:
+    if mix == "short":  # 3-20 tokens: segment slots, not tokens, bound most rows
+        return [int(x) for x in rng.integers(3, 21, size=n)]
+    if mix == "long":
+        return [int(x) for x in rng.integers(3, 257, size=n)]
+    return paragraph_lengths(rng, n)
+
+
+def paragraph_lengths(rng, n: int) -> list[int]:
+    """Short paragraphs of 20-150 tokens and one window in ten a full 256 (a long document's windows)."""
+    return [256 if rng.random() < 0.1 else int(rng.integers(20, 151)) for _ in range(n)]
+
+
+def padding_efficiency(lengths, rows) -> float:
+    return sum(lengths) / sum(row.row_len for row in rows)
+
+
+def assert_valid_plan(lengths, rows, row_lens, max_segments=None):
+    assert sorted(i for row in rows for i in row.windows) == list(range(len(lengths)))
+    for row in rows:
+        assert sum(lengths[i] for i in row.windows) <= row.row_len
+        assert 1 <= len(row.windows) <= (max_segments or max_segments_for(row.row_len))
+        longest = max(lengths[i] for i in row.windows)
+        assert lengths[row.windows[0]] == longest  # a row is opened by its longest window
+        assert row.row_len == min(m for m in row_lens if m >= longest)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("mix", ["short", "long", "paragraphs"])
+@pytest.mark.parametrize("row_lens,max_segments", [(row_lengths(256), None), ((256,), None), (row_lengths(256), 6)])
+def test_pack_windows_is_valid_and_at_least_as_tight_as_first_fit(seed, mix, row_lens, max_segments):
+    lengths = random_lengths(np.random.default_rng(seed), mix, 600)
+    rows = pack_windows(lengths, row_lens, max_segments)
+    assert_valid_plan(lengths, rows, row_lens, max_segments)
+    assert pack_windows(np.array(lengths), row_lens, max_segments) == rows  # deterministic, numpy lengths too
+    reference = first_fit_decreasing(lengths, row_lens, max_segments)
+    assert padding_efficiency(lengths, rows) >= padding_efficiency(lengths, reference)
+
+
+def test_pack_windows_packs_a_paragraph_mix_at_90_percent_or_better():
+    lengths = paragraph_lengths(np.random.default_rng(7), 5000)
+    rows = pack_windows(lengths, row_lengths(256))
+    assert_valid_plan(lengths, rows, row_lengths(256))
+    assert padding_efficiency(lengths, rows) >= 0.9
+
+
+def test_pack_windows_puts_each_window_into_the_tightest_gap():
+    lengths = [206, 98, 30, 25, 25]  # gaps of 50 (256 row) and 30 (128 row) when the 30 comes
+    rows = pack_windows(lengths, (64, 128, 256))
+    assert [(row.row_len, row.windows) for row in rows] == [(256, (0, 3, 4)), (128, (1, 2))]
+    # First fit puts the 30 into the gap of 50, leaving 20 and 30 for the two 25s: a third row.
+    assert len(first_fit_decreasing(lengths, (64, 128, 256))) == 3
 
 
 def test_row_lengths_halve_down_to_64_and_keep_the_token_budget_per_call():
