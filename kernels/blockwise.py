@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernels.interface import Implementation
-from kernels.masking import MASKED_SCORE
+from kernels.masking import MASKED_SCORE, causal_mask, segment_mask
 
 NAME = "blockwise"
 BACKENDS = ("cpu", "gpu", "tpu")
@@ -68,11 +68,9 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     vb = _pad(v, 1, nk * bk).reshape(batch, nk, bk, kv_heads, head_dim).transpose(1, 0, 3, 2, 4)
 
     def kv_mask(q_index, q_seg_blk, kv_index, kv_seg_blk):
-        mask = (q_seg_blk[:, :, None] == kv_seg_blk[:, None, :]) & (q_seg_blk[:, :, None] != 0)
+        mask = segment_mask(q_seg_blk, kv_seg_blk)
         if causal:  # static flag: Python branch on configuration, not on traced values
-            q_pos = q_index * bq + jnp.arange(bq)
-            kv_pos = kv_index * bk + jnp.arange(bk)
-            mask &= (q_pos[:, None] >= kv_pos[None, :])[None]
+            mask &= causal_mask(q_index * bq + jnp.arange(bq), kv_index * bk + jnp.arange(bk))[None]
         return mask
 
     def one_q_block(args):

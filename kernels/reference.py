@@ -1,11 +1,14 @@
 """The float64 NumPy definition of the attention contract, for parity tests and benchmarks.
 
-Written for clarity, not speed: one mask, one softmax, plain float64 matmuls. It is not an
-implementation in the table and must never be called from the model path.
+Written for clarity, not speed: one mask (kernels/masking.py, the contract's one definition of
+which pairs attend), one softmax, plain float64 matmuls. It is not an implementation in the table
+and must never be called from the model path.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from kernels.masking import causal_mask, segment_mask
 
 
 def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
@@ -22,9 +25,9 @@ def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
     mask = np.ones((batch, q_len, kv_len), dtype=bool)
     if segment_ids is not None:
         seg = np.asarray(segment_ids)
-        mask &= (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] != 0)
+        mask &= segment_mask(seg, seg)
     if causal:
-        mask &= np.arange(q_len)[:, None] >= np.arange(kv_len)[None, :]
+        mask &= causal_mask(np.arange(q_len), np.arange(kv_len))
     mask = mask[:, None]
     scores = np.where(mask, scores, -np.inf)
     row_max = scores.max(axis=-1, keepdims=True)
