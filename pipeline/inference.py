@@ -16,7 +16,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
-from pipeline import faults, memory, shadow
+from pipeline import device_time, faults, memory, shadow
 from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
 from pipeline.packing import run_model
 from pipeline.profiling import profile_batch
@@ -110,9 +110,9 @@ def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int) 
     return np.stack(result)
 
 
-def tokens_of(doc: TokenizedDoc) -> int:
-    """A document's weight for Beam's BatchElements: the tokens of its model rows."""
-    return max(1, sum(len(w) for w in doc.windows + doc.query_windows))
+def tokens_of(docs: Sequence[TokenizedDoc]) -> int:
+    """A list of documents' weight for Beam's BatchElements: the tokens of their model rows."""
+    return max(1, sum(len(w) for doc in docs for w in doc.windows + doc.query_windows))
 
 
 @dataclasses.dataclass
@@ -127,8 +127,9 @@ class ScoringModel:
     shadow_label_embeddings: np.ndarray | None = None
 
 
-class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel]):
-    """Beam ModelHandler for docscore models: TokenizedDocs in, PredictionResults of InferenceOutput out."""
+class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, ScoringModel]):
+    """Beam ModelHandler for docscore models. An example is a list of TokenizedDocs (the pipeline moves
+    documents in lists); its PredictionResult's inference is the list of their InferenceOutputs."""
 
     def __init__(
         self,
@@ -178,28 +179,29 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
     def get_metrics_namespace(self) -> str:
         return f"docscore_inference_{self._kernel}"
 
-    def get_num_bytes(self, batch: Sequence[TokenizedDoc]) -> int:
-        return int(sum(w.nbytes for doc in batch for w in doc.windows + doc.query_windows))
+    def get_num_bytes(self, batch: Sequence[list[TokenizedDoc]]) -> int:
+        return int(sum(w.nbytes for docs in batch for doc in docs for w in doc.windows + doc.query_windows))
 
     def run_inference(
-        self, batch: Sequence[TokenizedDoc], model: ScoringModel, inference_args: dict[str, Any] | None = None
+        self, batch: Sequence[list[TokenizedDoc]], model: ScoringModel, inference_args: dict[str, Any] | None = None
     ) -> Iterable[PredictionResult]:
-        faults.maybe_fail_once([doc.doc.doc_id for doc in batch])  # test-only switch; nothing when unset
+        docs = [doc for chunk in batch for doc in chunk]
+        faults.maybe_fail_once([doc.doc.doc_id for doc in docs])  # test-only switch; nothing when unset
         loaded = model.loaded
-        rows = [w for doc in batch for w in doc.windows + doc.query_windows]
+        rows = [w for doc in docs for w in doc.windows + doc.query_windows]
         compiles_before, compile_s_before = compile_state(loaded)
         t0 = time.perf_counter()
-        with profile_batch(self._profile_dir):  # --profile_dir: a trace of this process's first batches
+        with profile_batch(self._profile_dir), device_time.PROCESS_CLOCK.busy():  # --profile_dir: a trace of this process's first batches
             outputs, timings, totals = run_model(
                 loaded, rows, max_len=self._max_len, batch_size=self._batch_size, per_token=self._task == "loglik"
             )
         batch_ms = (time.perf_counter() - t0) * 1000.0
         compiles_after, compile_s_after = compile_state(loaded)
         self._record_metrics(totals, compiles_after - compiles_before, (compile_s_after - compile_s_before) * 1000, batch_ms)
-        shadow_outputs = self._run_shadow(batch, rows, model)
+        shadow_outputs = self._run_shadow(docs, rows, model)
         model_id = f"{loaded.model_id}/{loaded.attention}"  # RunInference's model id names the kernel
-        results, k = [], 0
-        for doc in batch:
+        per_doc, k = [], 0
+        for doc in docs:
             n, q = len(doc.windows), len(doc.query_windows)
             share = timings[k : k + n + q]
             output = InferenceOutput(
@@ -221,8 +223,12 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
                     attention_impl=model.shadow_loaded.attention,
                     label_embeddings=model.shadow_label_embeddings,
                 )
-            results.append(PredictionResult(example=doc, inference=output, model_id=model_id))
+            per_doc.append(output)
             k += n + q
+        results, k = [], 0
+        for chunk in batch:
+            results.append(PredictionResult(example=chunk, inference=per_doc[k : k + len(chunk)], model_id=model_id))
+            k += len(chunk)
         return results
 
     def _run_shadow(self, batch: Sequence[TokenizedDoc], rows: list[np.ndarray], model: ScoringModel) -> list[np.ndarray] | None:
@@ -244,6 +250,7 @@ class FlaxModelHandler(ModelHandler[TokenizedDoc, PredictionResult, ScoringModel
         beam.metrics.Metrics.counter(namespace, "computed_tokens").inc(int(totals["computed_tokens"]))
         beam.metrics.Metrics.counter(namespace, "real_tokens").inc(int(totals["real_tokens"]))
         beam.metrics.Metrics.distribution(namespace, "batch_us").update(int(batch_ms * 1000))
+        beam.metrics.Metrics.counter("docscore", "device_busy_us").inc(int(device_time.PROCESS_CLOCK.take_new_seconds() * 1e6))
         if compiles > 0:
             beam.metrics.Metrics.counter(namespace, "compiles").inc(compiles)
             beam.metrics.Metrics.counter(namespace, "compile_ms").inc(int(round(compile_ms)))

@@ -13,6 +13,7 @@ import dataclasses
 import time
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -181,7 +182,7 @@ def fill_rows(
 
 def run_packed(
     windows: Sequence[np.ndarray],
-    call: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    call: Callable[[np.ndarray, np.ndarray], Any],
     *,
     max_len: int,
     batch_size: int,
@@ -192,26 +193,33 @@ def run_packed(
     row_lengths(max_len), each window in the shortest row length that holds it.
 
     call returns [B, max_segments_for(row_len), D] (slot s = segment s + 1; embeddings) or, with
-    per_token, [B, row_len] (one value per position). Returns each window's output (per_token outputs
-    cut to the window), its cost share, and totals (calls, computed and real tokens, milliseconds)."""
+    per_token, [B, row_len] (one value per position), as a numpy array or an array that np.asarray waits
+    for (a JAX array still being computed): every call is dispatched before the first result is read,
+    so the host fills the next call's rows while the device computes. Returns each window's output
+    (per_token outputs cut to the window), its share of the batch's time and of the computed tokens in
+    proportion to its tokens, and totals (calls, computed and real tokens, milliseconds)."""
     rows = pack_windows([len(w) for w in windows], row_lengths(max_len))
     outputs: list[np.ndarray | None] = [None] * len(windows)
     costs = [WindowCost() for _ in windows]
     totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
+    t0 = time.perf_counter()
+    pending = []
     for row_len, call_rows, size in plan_calls(rows, max_len, batch_size, min_rows):
         input_ids, segment_ids, placed = fill_rows(windows, call_rows, row_len, size)
-        t0 = time.perf_counter()
-        result = np.asarray(call(input_ids, segment_ids))  # numpy: the device work is done here
-        ms = (time.perf_counter() - t0) * 1000.0
         real = max(1, int(np.count_nonzero(segment_ids)))
-        for i, r, slot, at in placed:
-            n = len(windows[i])
-            outputs[i] = result[r, at : at + n] if per_token else result[r, slot]
-            costs[i] = WindowCost(ms * n / real, size * row_len * n / real)
+        pending.append((call(input_ids, segment_ids), placed, size * row_len, real))
         totals["calls"] += 1
         totals["computed_tokens"] += size * row_len
         totals["real_tokens"] += real
-        totals["ms"] += ms
+    for result, placed, computed, real in pending:
+        result = np.asarray(result, dtype=np.float32)  # waits for this call's device work
+        for i, r, slot, at in placed:
+            n = len(windows[i])
+            outputs[i] = result[r, at : at + n] if per_token else result[r, slot]
+            costs[i].computed_tokens_per_row = computed * n / real
+    totals["ms"] = (time.perf_counter() - t0) * 1000.0
+    for i, window in enumerate(windows):
+        costs[i].ms_per_row = totals["ms"] * len(window) / max(1, totals["real_tokens"])
     return outputs, costs, totals  # type: ignore[return-value]
 
 
@@ -219,17 +227,20 @@ def run_model(
     loaded, windows: Sequence[np.ndarray], *, max_len: int, batch_size: int, per_token: bool = False
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
     """run_packed with a models.LoadedModel: embed_packed (one embedding per window) or, per_token,
-    token_logprobs (a decoder's next-token log-probs per window). Rows per call are rounded up to a
-    multiple of the local device count (the model splits each call's rows over the devices)."""
+    token_logprobs (a decoder's next-token log-probs per window), each call dispatched without waiting
+    (LoadedModel.start). Rows per call are rounded up to a multiple of the local device count (the model
+    splits each call's rows over the devices)."""
     import jax
 
     devices = jax.local_device_count()
     batch_size = -(-batch_size // devices) * devices
     if per_token:
-        call = loaded.token_logprobs
+
+        def call(input_ids, segment_ids):
+            return loaded.start("token_logprobs", input_ids, segment_ids)
     else:
 
         def call(input_ids, segment_ids):
-            return loaded.embed_packed(input_ids, segment_ids, max_segments_for(input_ids.shape[1]))
+            return loaded.start("embed_packed", input_ids, segment_ids, max_segments_for(input_ids.shape[1]))
 
     return run_packed(windows, call, max_len=max_len, batch_size=batch_size, per_token=per_token, min_rows=devices)

@@ -1,6 +1,6 @@
-"""After inference: PredictionResult -> one scores-table row (plus the small per-document stats the
-run summary aggregates). A thin Beam DoFn over pipeline/scoring.py; a document that cannot be scored
-becomes an ErrorRow. Must not hold scoring math (scoring.py) or write files (sinks.py).
+"""After inference: a PredictionResult of a list of documents -> their scores-table rows (plus the small
+per-document stats the run summary aggregates). A thin Beam DoFn over pipeline/scoring.py; a document
+that cannot be scored becomes an ErrorRow. Must not hold scoring math (scoring.py) or write files (sinks.py).
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import apache_beam as beam
 from pipeline import scoring, shadow, timing
 from pipeline.inference import InferenceOutput
 from pipeline.preprocess import TokenizedDoc
-from pipeline.records import ErrorRow
+from pipeline.records import ERRORS_TAG, ErrorRow
 
-ERRORS_TAG = "errors"
 STATS_TAG = "stats"
 
 
@@ -132,33 +131,47 @@ def shadow_columns(output: InferenceOutput, divergence: shadow.Divergence | None
     }
 
 
-class ScoreDocument(beam.DoFn):
-    """Beam adapter: PredictionResult in; scores row out, DocStats on 'stats', ErrorRow on 'errors'."""
+def score_documents(spec: ScoreSpec, docs: list[TokenizedDoc], outputs: list[InferenceOutput]
+                    ) -> tuple[list[dict[str, Any]], list[DocStats], list[ErrorRow]]:
+    """score_row of each document: its row and stats, or an ErrorRow when its outputs cannot be scored."""
+    rows, stats, errors = [], [], []
+    for tokenized, output in zip(docs, outputs, strict=True):
+        try:
+            row, doc_stats = score_row(spec, tokenized, output)
+        except Exception as e:  # a document whose outputs cannot be scored is an error row
+            doc = tokenized.doc
+            errors.append(ErrorRow(doc.source, doc.record_index, "score", type(e).__name__, str(e), doc_id=doc.doc_id))
+            continue
+        rows.append(row)
+        stats.append(doc_stats)
+    return rows, stats, errors
+
+
+class ScoreDocuments(beam.DoFn):
+    """Beam adapter: a PredictionResult of a list of documents in; the list of their scores rows out, the
+    list of their DocStats on 'stats', an ErrorRow per unscorable document on 'errors'."""
 
     def __init__(self, spec: ScoreSpec):
         self._spec = spec
         self._stage_metrics = timing.StageMetrics()
 
     def process(self, result):
-        tokenized: TokenizedDoc = result.example
-        try:
-            row, stats = score_row(self._spec, tokenized, result.inference)
-        except Exception as e:  # a document whose outputs cannot be scored is an error row
-            doc = tokenized.doc
-            yield beam.pvalue.TaggedOutput(
-                ERRORS_TAG, ErrorRow(doc.source, doc.record_index, "score", type(e).__name__, str(e), doc_id=doc.doc_id)
-            )
-            return
-        self._stage_metrics.record(stats.timings)
-        yield row
-        yield beam.pvalue.TaggedOutput(STATS_TAG, stats)
+        rows, stats, errors = score_documents(self._spec, result.example, result.inference)
+        for error in errors:
+            yield beam.pvalue.TaggedOutput(ERRORS_TAG, error)
+        for doc_stats in stats:
+            self._stage_metrics.record(doc_stats.timings)
+        if rows:
+            yield rows
+            yield beam.pvalue.TaggedOutput(STATS_TAG, stats)
 
 
 def inference_failures_to_errors(failure) -> list[ErrorRow]:
-    """RunInference's dead letter (batch, (exception type, repr, traceback)) -> one ErrorRow per document."""
+    """RunInference's dead letter (batch of document lists, (exception type, repr, traceback)) -> one
+    ErrorRow per document."""
     batch, (exc_type, exc_repr, *_rest) = failure
     name = getattr(exc_type, "__name__", str(exc_type))
     return [
         ErrorRow(doc.doc.source, doc.doc.record_index, "infer", name, str(exc_repr), doc_id=doc.doc.doc_id)
-        for doc in batch
+        for chunk in batch for doc in chunk
     ]

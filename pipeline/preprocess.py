@@ -1,19 +1,19 @@
 """Tokenisation: Document -> TokenizedDoc (model-input windows of <= --max_seq_len tokens).
 
-Holds the pure tokenise function and its thin DoFn.
-Must not batch, pad rows or call the model (pipeline/inference.py does).
+Holds the pure tokenise functions (a list of documents at a time: one batch encode) and their thin DoFn.
+Must not pad or pack rows, nor load or call the model (pipeline/inference.py does).
 """
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 import apache_beam as beam
 import numpy as np
 
-from pipeline.records import Document, ErrorRow
+from pipeline.records import ERRORS_TAG, Document, ErrorRow
 
-ERRORS_TAG = "errors"
 # A text longer than this is tokenised only as far as --max_chunks windows need (a prefix cut at a space,
 # PREFIX_CHARS_PER_TOKEN characters a needed token, grown x4 until it holds them): a 20 MB document then
 # costs milliseconds instead of a minute and gigabytes. Its n_tokens counts the prefix's tokens.
@@ -44,25 +44,71 @@ class TokenizedDoc:
     query_windows: list[np.ndarray] = dataclasses.field(default_factory=list)  # similarity only
 
 
-def tokenize_document(doc: Document, tokenizer, spec: WindowSpec, *, with_query: bool) -> TokenizedDoc:
-    """Encode the document (and, for similarity, its `query` field) into windows. Raises on bad input."""
+def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
+                       with_query: bool) -> list[TokenizedDoc | ErrorRow]:
+    """Each document (and, for similarity, its `query` field) as windows, in order: one batch encode for
+    every text up to FULL_TOKENIZE_CHARS (the tokenizer's Rust batch path, on its own threads without
+    the GIL), encode_text for longer ones. A document that cannot be tokenised is an ErrorRow in its
+    place. tokenize_ms is the batch's time shared in proportion to characters."""
     start = time.perf_counter()
-    texts = [doc.text]
-    if with_query:
-        query = doc.fields.get("query")
-        if not isinstance(query, str) or not query.strip():
-            raise ValueError("similarity needs a non-empty string `query` field in each record")
-        texts.append(query)
-    encoded = [encode_text(tokenizer, text, spec) for text in texts]
+    texts: list[str] = []  # per document: its text, then its query
+    results: list[TokenizedDoc | ErrorRow | None] = []
+    for doc in docs:
+        query = doc.fields.get("query") if with_query else None
+        if with_query and (not isinstance(query, str) or not query.strip()):
+            results.append(_error(doc, "ValueError", "similarity needs a non-empty string `query` field in each record"))
+            continue
+        texts += [doc.text, query] if with_query else [doc.text]
+        results.append(None)
+    encoded = iter(encode_texts(tokenizer, texts, spec))
     elapsed = (time.perf_counter() - start) * 1000.0
-    return TokenizedDoc(
-        doc=dataclasses.replace(doc, text=""),
-        windows=list(encoded[0].windows),
-        n_tokens=int(encoded[0].n_tokens),
-        truncated=bool(encoded[0].truncated),
-        tokenize_ms=elapsed,
-        query_windows=list(encoded[1].windows) if with_query else [],
-    )
+    chars = max(1, sum(len(t) for t in texts))
+    for k, doc in enumerate(docs):
+        if results[k] is not None:
+            continue
+        text = next(encoded)
+        query = next(encoded) if with_query else None
+        if isinstance(text, Exception) or isinstance(query, Exception):
+            failed = text if isinstance(text, Exception) else query
+            results[k] = _error(doc, type(failed).__name__, str(failed))
+        elif text.n_tokens == 0:
+            results[k] = _error(doc, "empty_text", "the text has no tokens (only whitespace, control, zero-width or "
+                                "combining characters)")
+        else:
+            share = elapsed * (len(doc.text) + (len(doc.fields["query"]) if with_query else 0)) / chars
+            results[k] = TokenizedDoc(
+                doc=dataclasses.replace(doc, text=""),
+                windows=list(text.windows),
+                n_tokens=int(text.n_tokens),
+                truncated=bool(text.truncated),
+                tokenize_ms=share,
+                query_windows=list(query.windows) if with_query else [],
+            )
+    return results  # type: ignore[return-value]
+
+
+def encode_texts(tokenizer, texts: Sequence[str], spec: WindowSpec) -> list:
+    """encode_text of each text, the short ones in one batch; a text the tokenizer fails on gives its
+    exception in its place (the batch is then retried text by text to find it)."""
+    short = [i for i, text in enumerate(texts) if len(text) <= FULL_TOKENIZE_CHARS]
+    out: list = [None] * len(texts)
+    kwargs = {"max_len": spec.max_len, "stride": spec.stride, "max_windows": spec.max_chunks}
+    try:
+        for i, encoded in zip(short, tokenizer.encode_windows([texts[i] for i in short], **kwargs)):
+            out[i] = encoded
+    except Exception:  # one bad text fails the whole batch: find it below
+        pass
+    for i, text in enumerate(texts):
+        if out[i] is None:
+            try:
+                out[i] = encode_text(tokenizer, text, spec)
+            except Exception as e:  # a text the tokenizer cannot handle is an error row, not a crash
+                out[i] = e
+    return out
+
+
+def _error(doc: Document, error_type: str, message: str) -> ErrorRow:
+    return ErrorRow(doc.source, doc.record_index, "tokenize", error_type, message, raw=doc.text, doc_id=doc.doc_id)
 
 
 def encode_text(tokenizer, text: str, spec: WindowSpec):
@@ -95,7 +141,8 @@ def space_before(text: str, end: int, look_back: int = 1024) -> int | None:
 
 
 class Tokenize(beam.DoFn):
-    """Beam adapter: Document in, TokenizedDoc out (ErrorRow on the 'errors' output)."""
+    """Beam adapter: a list of Documents in, the list of their TokenizedDocs out (ErrorRows on the
+    'errors' output). Loads only the tokenizer, not the model."""
 
     def __init__(self, model_spec, window_spec: WindowSpec, *, with_query: bool):
         self._model_spec = model_spec
@@ -104,15 +151,16 @@ class Tokenize(beam.DoFn):
         self._tokenizer = None
 
     def setup(self):
-        from pipeline.inference import shared_model  # the process-wide model: tokenizer and weights load once
+        import models
 
-        self._tokenizer = shared_model(self._model_spec).tokenizer
+        self._tokenizer = models.load_tokenizer(self._model_spec.name, cache_dir=self._model_spec.cache_dir)
 
-    def process(self, doc: Document):
-        try:
-            yield tokenize_document(doc, self._tokenizer, self._window_spec, with_query=self._with_query)
-        except Exception as e:  # a document the tokenizer cannot handle is an error row, not a crash
-            yield beam.pvalue.TaggedOutput(
-                ERRORS_TAG,
-                ErrorRow(doc.source, doc.record_index, "tokenize", type(e).__name__, str(e), raw=doc.text, doc_id=doc.doc_id),
-            )
+    def process(self, docs: list[Document]):
+        tokenized = []
+        for item in tokenize_documents(docs, self._tokenizer, self._window_spec, with_query=self._with_query):
+            if isinstance(item, ErrorRow):
+                yield beam.pvalue.TaggedOutput(ERRORS_TAG, item)
+            else:
+                tokenized.append(item)
+        if tokenized:
+            yield tokenized

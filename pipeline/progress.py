@@ -144,9 +144,10 @@ class _CountDoFn(beam.DoFn):
             self.file = CounterFile(self.directory)
 
     def process(self, element):
-        self.counter.inc()
+        n = len(element) if isinstance(element, list) else 1
+        self.counter.inc(n)
         if self.file is not None:
-            self.file.add(self.kind)
+            self.file.add(self.kind, n)
         return []
 
     def finish_bundle(self):
@@ -159,7 +160,8 @@ class _CountDoFn(beam.DoFn):
 
 
 class CountProgress(beam.PTransform):
-    """`pcoll | CountProgress(directory, "discovered" | "done")` counts elements; it outputs nothing.
+    """`pcoll | CountProgress(directory, "discovered" | "done")` counts records: an element that is a
+    list counts as its length, any other element as one. It outputs nothing.
 
     Apply it as a side branch (the counted PCollection flows on unchanged). `directory` is a local
     directory for counter files (local runners), or None to count into Beam metrics only.

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 RAW_PREVIEW_CHARS = 1000  # errors table keeps at most this much of the raw record
+ERRORS_TAG = "errors"  # the tagged output every stage sends its ErrorRows to
 
 
 @dataclasses.dataclass

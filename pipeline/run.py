@@ -22,9 +22,9 @@ from pipeline import progress, publish, sinks
 from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
 from pipeline.inference import RECORD_ERRORS, FlaxModelHandler
 from pipeline.options import ConfigError, EvalOptions, parse_options
-from pipeline.postprocess import ERRORS_TAG, STATS_TAG, ScoreDocument, ScoreSpec, inference_failures_to_errors
+from pipeline.postprocess import STATS_TAG, ScoreDocuments, ScoreSpec, inference_failures_to_errors
 from pipeline.preprocess import Tokenize
-from pipeline.records import error_to_row
+from pipeline.records import ERRORS_TAG, error_to_row
 from pipeline.sources import ReadShard
 from pipeline.stats import ComputeRunStats
 from pipeline.summary import launch_facts
@@ -34,16 +34,22 @@ from pipeline.validate import RunPlan, validate
 
 def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.OutputSpec,
                    counter_dir: str | None = None, started: float | None = None) -> dict[str, beam.PCollection]:
-    """The whole job: shards -> documents -> windows -> RunInference -> rows -> tables + run stats ->
-    Publish, after every table write (`started`: the launch time, for the summary's wall time)."""
+    """The whole job: shards -> lists of documents -> windows -> RunInference -> rows -> tables + run stats
+    -> Publish, after every table write (`started`: the launch time, for the summary's wall time). The
+    returned "scores" and "errors" PCollections hold lists of table rows."""
+    # documents travel in lists (ReadShard's chunks) so that every stage pays Beam's per-element cost
+    # once per list; the reshuffle lets a runner spread one shard's lists over parallel bundles/threads
     read = (
         p
         | "Shards" >> beam.Create(list(plan.shards))  # Create reshuffles 2+ shards over the workers itself
         | "ReadShards" >> beam.ParDo(ReadShard(plan.read_spec)).with_outputs(ERRORS_TAG, main="docs")
     )
-    tokenized = read.docs | "Tokenize" >> beam.ParDo(
-        Tokenize(plan.model_spec, plan.window_spec, with_query=eo.task == "similarity")
-    ).with_outputs(ERRORS_TAG, main="docs")
+    tokenized = (
+        read.docs
+        | "SpreadDocs" >> beam.Reshuffle()
+        | "Tokenize" >> beam.ParDo(Tokenize(plan.model_spec, plan.window_spec, with_query=eo.task == "similarity"))
+        .with_outputs(ERRORS_TAG, main="docs")
+    )
     handler = FlaxModelHandler(
         plan.model_spec,
         task=eo.task,
@@ -64,9 +70,9 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         stride=plan.window_spec.stride,
         prefix_len=plan.prefix_len,
     )
-    scored = predictions | "Score" >> beam.ParDo(ScoreDocument(score_spec)).with_outputs(ERRORS_TAG, STATS_TAG, main="rows")
+    scored = predictions | "Score" >> beam.ParDo(ScoreDocuments(score_spec)).with_outputs(ERRORS_TAG, STATS_TAG, main="rows")
     errors = (read[ERRORS_TAG], tokenized[ERRORS_TAG], infer_errors, scored[ERRORS_TAG]) | "AllErrors" >> beam.Flatten()
-    error_rows = errors | "ErrorRows" >> beam.Map(error_to_row, eo.run_id)
+    error_rows = errors | "ErrorRows" >> beam.Map(lambda error: [error_to_row(error, eo.run_id)])
     # progress: records read (documents + unreadable records) and finished (scored + error rows)
     _ = read.docs | "CountRead" >> progress.CountProgress(counter_dir, "discovered")
     _ = read[ERRORS_TAG] | "CountUnreadable" >> progress.CountProgress(counter_dir, "discovered")

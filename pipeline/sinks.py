@@ -53,13 +53,15 @@ class OutputSpec:
 
 
 def write_table(rows: beam.PCollection, table: str, spec: OutputSpec) -> beam.PCollection:
-    """Write one table (scores | errors) of dict rows with its explicit schema: the ONE table-write path.
+    """Write one table (scores | errors) from a PCollection of lists of dict rows (one element per list:
+    the file sinks pay Beam's per-element cost per list) with its explicit schema: the ONE table-write path.
     Returns what the write reports when it is complete (file outputs: the staged file names; BigQuery:
     its load/copy jobs), for a later step to wait on as a side input."""
     if spec.output.startswith(BQ_PREFIX):
         from pipeline import bigquery
 
-        result = rows | f"Write{table.title()}ToBigQuery" >> bigquery.write_table(table, TABLES[table], spec)
+        result = (rows | f"{table.title()}Rows" >> beam.FlatMap(lambda rows: rows)
+                  | f"Write{table.title()}ToBigQuery" >> bigquery.write_table(table, TABLES[table], spec))
         jobs = (result.destination_load_jobid_pairs, result.destination_copy_jobid_pairs)
         return jobs | f"{table.title()}BigQueryJobs" >> beam.Flatten() | f"{table.title()}JobNames" >> beam.Map(lambda pair: str(pair[0]))
     if spec.output_format == "parquet":
@@ -74,13 +76,18 @@ def write_table(rows: beam.PCollection, table: str, spec: OutputSpec) -> beam.PC
     prefix = posixpath.join(spec.staging, table, PART_PREFIX)
     return (
         rows
-        | f"{table.title()}ToJson" >> beam.Map(json.dumps, ensure_ascii=False, default=json_value)
+        | f"{table.title()}ToJson" >> beam.FlatMap(json_lines)
         | f"Write{table.title()}" >> beam.io.WriteToText(prefix, file_name_suffix=spec.suffix)
     )
 
 
+def json_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A list of rows as one block of JSON lines (WriteToText ends it with the last newline); none when empty."""
+    return ["\n".join(json.dumps(row, ensure_ascii=False, default=json_value) for row in rows)] if rows else []
+
+
 class ParquetRowsSink(fileio.FileSink):
-    """Dict rows -> one Parquet file of `schema`: rows become Arrow record batches of `batch_rows`, and a
+    """Lists of dict rows -> one Parquet file of `schema`: rows become Arrow record batches of `batch_rows`, and a
     row group is written when the batches reach `row_group_bytes` or the file ends (the layout and the
     memory bound of beam.io.WriteToParquet's defaults). Dictionary encoding only for the string
     columns: for the embedding's floats pyarrow would build a dictionary only to drop it, which cost
@@ -98,8 +105,8 @@ class ParquetRowsSink(fileio.FileSink):
         self._batches: list[pa.RecordBatch] = []
         self._buffered_bytes = 0
 
-    def write(self, record: dict[str, Any]) -> None:
-        self._rows.append(record)
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        self._rows.extend(rows)
         if len(self._rows) >= self._batch_rows:
             self._to_batch()
             if self._buffered_bytes >= self._row_group_bytes:

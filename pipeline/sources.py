@@ -19,7 +19,7 @@ import apache_beam as beam
 import fsspec
 
 from pipeline import tfds_reader
-from pipeline.records import Document, ErrorRow
+from pipeline.records import ERRORS_TAG, Document, ErrorRow
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 PARQUET_SUFFIXES = (".parquet",)
@@ -27,12 +27,14 @@ TEXT_SUFFIXES = (".txt", ".md")
 ARRAY_RECORD_MARK = ".array_record"
 SUPPORTED = ", ".join(JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES) + ", tfds:NAME"
 KEPT_FIELDS = ("query", "label")  # record fields the tasks use, carried on the Document (scalars only)
-ERRORS_TAG = "errors"
 # A record (JSONL line, text file, Parquet text cell) larger than this becomes a `record_too_large` error
 # row; a JSONL reader holds at most this much of one line. 32 MiB: far above real documents (the model
 # reads at most --max_chunks windows of them) yet small enough that a few parallel readers fit a worker.
 DEFAULT_MAX_RECORD_BYTES = 32 * 2**20
 READ_CHUNK_BYTES = 2**20  # JSONL shards are read in chunks of this size, never whole
+# Documents per element after reading: large enough that Beam's per-element work (~10 us a transform) is
+# noise per document, small enough that a shard's chunks spread over parallel bundles and workers.
+READ_CHUNK_DOCS = 256
 RAW_PREVIEW_BYTES = 4000  # what an error row keeps of a record it could not hold (records.truncate_raw cuts further)
 
 
@@ -324,12 +326,15 @@ def _read_array_record(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRo
 
 
 class ReadShard(beam.DoFn):
-    """Beam adapter: a shard path in, Documents out (ErrorRows on the 'errors' output). Counters (namespace
-    docscore): records_read (records the readers saw: Documents + record error rows), shards_read, and
-    empty_shards (shards without a single record, e.g. zero-byte files)."""
+    """Beam adapter: a shard path in, lists of up to `chunk_docs` Documents out (one element per list, so
+    the stages after it pay Beam's per-element cost once per chunk, not per document), ErrorRows on the
+    'errors' output. Counters (namespace docscore): records_read (records the readers saw: Documents +
+    record error rows), shards_read, and empty_shards (shards without a single record, e.g. zero-byte
+    files)."""
 
-    def __init__(self, spec: ReadSpec):
+    def __init__(self, spec: ReadSpec, chunk_docs: int = READ_CHUNK_DOCS):
         self._spec = spec
+        self._chunk_docs = chunk_docs
         self._records = beam.metrics.Metrics.counter("docscore", "records_read")
         self._read_errors = beam.metrics.Metrics.counter("docscore", "read_errors")
         self._shards = beam.metrics.Metrics.counter("docscore", "shards_read")
@@ -337,7 +342,7 @@ class ReadShard(beam.DoFn):
 
     def process(self, path: str):
         self._shards.inc()
-        items = 0
+        items, chunk = 0, []
         for item in read_shard(path, self._spec):
             items += 1
             if isinstance(item, ErrorRow):
@@ -345,8 +350,13 @@ class ReadShard(beam.DoFn):
                     self._records.inc()
                 self._read_errors.inc()
                 yield beam.pvalue.TaggedOutput(ERRORS_TAG, item)
-            else:
-                self._records.inc()
-                yield item
+                continue
+            self._records.inc()
+            chunk.append(item)
+            if len(chunk) >= self._chunk_docs:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
         if items == 0:
             self._empty_shards.inc()

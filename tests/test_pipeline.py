@@ -188,7 +188,7 @@ def test_a_batch_the_model_rejects_becomes_error_rows(minilm):
                                batch_size=8, kernel="xla")
     with beam.Pipeline() as p:
         # one batch (a Beam batch is CALLS_PER_BEAM_BATCH calls' worth of rows); one document has an id past the vocabulary
-        docs = p | beam.Create([doc(0, [101, 2023, 102]), doc(1, [101, 10**7, 102])])
+        docs = p | beam.Create([[doc(0, [101, 2023, 102])], [doc(1, [101, 10**7, 102])]])  # lists of documents
         good, dead = docs | RunInference(handler).with_exception_handling()
         errors = dead.failed_inferences | beam.FlatMap(inference_failures_to_errors)
         assert_that(errors | beam.Map(lambda e: (e.doc_id, e.stage, e.error_type)),

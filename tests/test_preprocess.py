@@ -2,20 +2,46 @@
 windows become fixed-shape model calls)."""
 from __future__ import annotations
 
-import pytest
-
-from pipeline.preprocess import WindowSpec, tokenize_document
-from pipeline.records import Document
+from pipeline.preprocess import WindowSpec, tokenize_documents
+from pipeline.records import Document, ErrorRow
 from tests.conftest import LONG_TEXT
 
 
-def test_tokenize_document_windows_query_and_truncation(minilm):
+def test_tokenize_documents_windows_query_and_truncation(minilm):
     doc = Document("d", LONG_TEXT, "s", 0, fields={"query": "a short query"})
-    full = tokenize_document(doc, minilm.tokenizer, WindowSpec(max_len=32, stride=8, max_chunks=8), with_query=True)
+    [full] = tokenize_documents([doc], minilm.tokenizer, WindowSpec(max_len=32, stride=8, max_chunks=8), with_query=True)
     assert len(full.windows) == 3 and not full.truncated and full.n_tokens > 32
     assert all(len(w) <= 32 for w in full.windows) and len(full.query_windows) == 1
     assert full.doc.text == "" and full.tokenize_ms >= 0
-    cut = tokenize_document(doc, minilm.tokenizer, WindowSpec(max_len=32, stride=8, max_chunks=2), with_query=False)
+    [cut] = tokenize_documents([doc], minilm.tokenizer, WindowSpec(max_len=32, stride=8, max_chunks=2), with_query=False)
     assert len(cut.windows) == 2 and cut.truncated and cut.query_windows == []
-    with pytest.raises(ValueError, match="query"):
-        tokenize_document(Document("e", "text", "s", 1), minilm.tokenizer, WindowSpec(32, 8, 8), with_query=True)
+    [error] = tokenize_documents([Document("e", "text", "s", 1)], minilm.tokenizer, WindowSpec(32, 8, 8), with_query=True)
+    assert isinstance(error, ErrorRow) and "query" in error.message and error.stage == "tokenize"
+
+
+def test_batched_tokenization_gives_the_windows_of_one_by_one(minilm):
+    """One batch encode of many documents (short, long past FULL_TOKENIZE_CHARS, with queries, unusual
+    characters) gives each document exactly the windows, counts and truncation of encoding it alone."""
+    import numpy as np
+
+    from pipeline.preprocess import FULL_TOKENIZE_CHARS
+
+    texts = ["short one", LONG_TEXT, "naïve café – 東京 🙂 " * 40, "word " * (FULL_TOKENIZE_CHARS // 4),
+             "x" * (FULL_TOKENIZE_CHARS + 10), "tabs\tand\nnew lines", LONG_TEXT[:500]]
+    docs = [Document(f"d{i}", t, "s", i, fields={"query": f"query {i}"}) for i, t in enumerate(texts)]
+    spec = WindowSpec(max_len=64, stride=8, max_chunks=4)
+    for with_query in (False, True):
+        batched = tokenize_documents(docs, minilm.tokenizer, spec, with_query=with_query)
+        for doc, together in zip(docs, batched):
+            [alone] = tokenize_documents([doc], minilm.tokenizer, spec, with_query=with_query)
+            assert (together.n_tokens, together.truncated) == (alone.n_tokens, alone.truncated)
+            for a, b in zip(together.windows + together.query_windows, alone.windows + alone.query_windows, strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_text_without_tokens_is_an_empty_text_error_in_its_place(minilm):
+    docs = [Document("a", "fine text", "s", 0), Document("z", "\u200b\u200b \u0301\x07", "s", 1),
+            Document("b", "more text", "s", 2)]
+    out = tokenize_documents(docs, minilm.tokenizer, WindowSpec(32, 8, 8), with_query=False)
+    assert [type(x).__name__ for x in out] == ["TokenizedDoc", "ErrorRow", "TokenizedDoc"]
+    assert (out[1].error_type, out[1].doc_id, out[1].stage) == ("empty_text", "z", "tokenize")

@@ -93,8 +93,8 @@ def test_parquet_sink_writes_a_row_group_per_buffer_of_record_batches(tmp_path):
                                ("many.parquet", sinks.ParquetRowsSink(schema, batch_rows=1000, row_group_bytes=1), 3)):
         with open(tmp_path / name, "wb") as fh:
             sink.open(fh)
-            for row in rows:
-                sink.write(row)
+            for start in range(0, len(rows), 7):  # lists of rows, as the pipeline hands them over
+                sink.write(rows[start:start + 7])
             sink.flush()
         written = pq.ParquetFile(tmp_path / name)
         assert written.metadata.num_row_groups == groups
@@ -109,8 +109,8 @@ def test_publish_step_waits_for_every_table_write(tmp_path, runner):
     DirectRunner handed a Flatten of them over early, publishing a partition without its files)."""
     spec = sinks.OutputSpec.for_run(str(tmp_path / "out"), "w1", "jsonl")
     with beam.Pipeline(options=PipelineOptions(["--runner", runner])) as p:
-        rows = p | "Rows" >> beam.Create([{"doc_id": f"d{i}"} for i in range(3000)]) | beam.Reshuffle()
-        bad = p | "Bad" >> beam.Create([{"doc_id": f"e{i}"} for i in range(3)])
+        rows = p | "Rows" >> beam.Create([[{"doc_id": f"d{i}"}, {"doc_id": f"d{i}b"}] for i in range(1500)]) | beam.Reshuffle()
+        bad = p | "Bad" >> beam.Create([[{"doc_id": f"e{i}"}] for i in range(3)])  # lists of rows, as the pipeline writes
         written = {"scores": sinks.write_table(rows, "scores", spec), "errors": sinks.write_table(bad, "errors", spec)}
         stats = p | "Stats" >> beam.Create([json.dumps(STATS)])
         _ = stats | publish.PublishRun(spec, dict(FACTS, run_id="w1"), written, derived=False)

@@ -58,8 +58,9 @@ def retried_run(corpus, tmp_path_factory, minilm):
     spec = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format)
     p = beam.Pipeline(options=options)
     outputs = build_pipeline(p, eo, plan, spec)
-    assert_that(outputs["scores"] | beam.Map(lambda row: row["doc_id"]), equal_to(ids), label="ScoresOncePerDocument")
-    assert_that(outputs["errors"] | beam.Map(lambda row: (row["record_index"], row["error_type"])),
+    assert_that(outputs["scores"] | beam.FlatMap(lambda rows: [row["doc_id"] for row in rows]), equal_to(ids),
+                label="ScoresOncePerDocument")
+    assert_that(outputs["errors"] | beam.FlatMap(lambda rows: [(row["record_index"], row["error_type"]) for row in rows]),
                 equal_to([(5, "invalid_json")]), label="ErrorsOncePerRecord")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(faults.ENV, str(marker))

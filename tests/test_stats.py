@@ -49,7 +49,7 @@ def test_bundle_partials_emit_one_part_per_bundle_that_merges_like_the_parts_the
     for bundle in (docs[:2], [], docs[2:]):  # an empty bundle emits nothing
         partials.start_bundle()
         for doc in bundle:
-            assert partials.process(doc) is None  # nothing per document
+            assert partials.process([doc]) is None  # nothing per list of documents
         emitted += list(partials.finish_bundle())
     assert len(emitted) == 2 and all(w.windows == (GlobalWindow(),) for w in emitted)
     assert [w.value[0] for w in emitted] == ["partial", "partial"]
@@ -73,9 +73,9 @@ def test_compute_run_stats_on_the_direct_runner():
         assert counts["records_read"] == 4 and counts["accounted"] is True
 
     with BeamPipeline() as p:
-        docs = p | "Docs" >> beam.Create([_doc("a", 1.0), _doc("a", 2.0), _doc("b", 3.0)])
+        docs = p | "Docs" >> beam.Create([[_doc("a", 1.0), _doc("a", 2.0)], [_doc("b", 3.0)]])  # lists of DocStats
         errors = p | "Errors" >> beam.Create([_error("parse", 3)])
-        read = p | "Read" >> beam.Create(["a", "a", "b"])  # the readers' documents (their count is what matters)
+        read = p | "Read" >> beam.Create([["a", "a"], ["b"]])  # the readers' document lists (their sizes are what matters)
         assert_that((docs, errors, read) | ComputeRunStats("embed"), check)
 
 
@@ -85,7 +85,7 @@ def test_empty_run_still_yields_its_stats():
         assert (counts["scored"], counts["errors"], counts["records_read"]) == (0, 0, 0)
 
     with BeamPipeline() as p:
-        docs = p | "Docs" >> beam.Create([]).with_output_types(DocStats)
+        docs = p | "Docs" >> beam.Create([]).with_output_types(list[DocStats])
         errors = p | "Errors" >> beam.Create([]).with_output_types(ErrorRow)
-        read = p | "Read" >> beam.Create([]).with_output_types(str)
+        read = p | "Read" >> beam.Create([]).with_output_types(list[str])
         assert_that((docs, errors, read) | ComputeRunStats("embed"), check)

@@ -1,0 +1,46 @@
+"""Device busy time: the wall time during which at least one model batch is in flight in this process,
+counted once however many threads run batches at the same time (the summary's device busy fraction).
+
+Holds only the clock. Must not run models or talk to Beam (pipeline/inference.py reports it as a metric).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+
+class BusyClock:
+    """Union of the intervals spent inside busy(): overlapping intervals of several threads count once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._since = 0.0
+        self._total = 0.0
+        self._reported = 0.0
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        with self._lock:
+            if self._active == 0:
+                self._since = time.perf_counter()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                if self._active == 0:
+                    self._total += time.perf_counter() - self._since
+
+    def take_new_seconds(self) -> float:
+        """Busy seconds completed since the last call (each second is handed out once: summing what
+        every caller took gives the total)."""
+        with self._lock:
+            new, self._reported = self._total - self._reported, self._total
+            return new
+
+
+PROCESS_CLOCK = BusyClock()  # one device per process: every model batch of the process counts here
