@@ -1,7 +1,8 @@
 """Attention kernels behind one contract (see DESIGN.md, "kernels").
 
-`attention(q, k, v, *, segment_ids=None, causal=False, scale=None, impl="auto")` runs the kernel
-`resolve(impl, backend, **shape_info)` names; `available()` lists the kernels and their limits.
+`attention(q, k, v, *, segment_ids=None, causal=False, scale=None, impl="auto", packed=True)` runs
+the kernel `resolve(impl, backend, **shape_info)` names; `available()` lists the kernels and their
+limits.
 """
 from kernels.dispatch import attention, resolve_for
 from kernels.interface import SHAPE_KEYS, KernelUnsupportedError

@@ -1,8 +1,12 @@
-"""`cudnn`: cuDNN fused flash attention through jax.nn.dot_product_attention ("flash" on GPU).
+"""`cudnn`: cuDNN fused flash attention through jax.nn.dot_product_attention (GPU flash, first choice).
 
-States cuDNN's limits in `is_supported` (dtype, head_dim, segment mask size, causal alignment)
-so auto can fall back and an explicit choice is refused before running. Segment ids are passed
-as a dense boolean mask; padding rows are zeroed afterwards. Must not call cuDNN any other way.
+Never builds a mask: padding travels as per-row sequence lengths (query_seq_lengths /
+key_value_seq_lengths), which only describe rows of one segment followed by padding. Packed segment
+ids (several segments per row) are refused in `is_supported` unless the caller promises
+packed=False (shape info; attention(..., packed=False)); pallas_gpu masks packed segments in its
+kernel. A row that breaks the promise comes back NaN, never silently attending across segments.
+States cuDNN's other limits too, so auto can fall back and an explicit choice is refused before
+running. Must not call cuDNN any other way.
 """
 from __future__ import annotations
 
@@ -15,41 +19,57 @@ NAME = "cudnn"
 BACKENDS = ("gpu",)
 DTYPES = ("float16", "bfloat16")
 MAX_HEAD_DIM = 128  # 256 on Hopper and newer; docscore states the limit every NVIDIA GPU meets
-MAX_SEGMENT_LEN = 8192  # segments travel as a dense [B, 1, L, L] mask: 128 MiB per row at 8k
 LIMITS = ("NVIDIA GPU with cuDNN >= 8.9 (Ampere or newer); float16 or bfloat16; head_dim a "
-          f"multiple of 8 and <= {MAX_HEAD_DIM}; segment_ids (packing/padding) become a dense "
-          f"[batch, 1, L, L] mask, so only up to L = {MAX_SEGMENT_LEN}; causal needs q_len == kv_len")
+          f"multiple of 8 and <= {MAX_HEAD_DIM}; any length, memory linear in it; segment_ids only as "
+          "one segment per row followed by padding (packed=False), passed as sequence lengths; "
+          "causal needs q_len == kv_len")
 
 
 def is_supported(*, dtype: str | None = None, head_dim: int | None = None,
                  q_len: int | None = None, kv_len: int | None = None, causal: bool | None = None,
-                 has_segments: bool | None = None, **_) -> tuple[bool, str]:
+                 has_segments: bool | None = None, packed: bool | None = None,
+                 **_) -> tuple[bool, str]:
     """cuDNN flash attention's limits as reachable through jax.nn.dot_product_attention."""
     if dtype is not None and dtype not in DTYPES:
         return False, f"dtype {dtype} is not supported (cudnn needs float16 or bfloat16)"
     if head_dim is not None and (head_dim % 8 or head_dim > MAX_HEAD_DIM):
         return False, (f"head_dim {head_dim} is not supported (cudnn needs a multiple of 8, "
                        f"<= {MAX_HEAD_DIM})")
-    if has_segments and kv_len is not None and kv_len > MAX_SEGMENT_LEN:
-        return False, (f"segment_ids at length {kv_len} would need a dense {kv_len}x{kv_len} "
-                       f"mask (cudnn takes segments only as a mask; limit {MAX_SEGMENT_LEN})")
+    if has_segments and packed is not False:
+        return False, ("segment_ids that may pack several segments per row are not supported "
+                       "(cudnn takes padding only as sequence lengths; packed=False promises one "
+                       "segment per row followed by padding)")
     if causal and q_len is not None and kv_len is not None and q_len != kv_len:
         return False, f"causal with q_len {q_len} != kv_len {kv_len} is not supported by cudnn here"
     return True, ""
 
 
+def one_segment_lengths(segment_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(lengths [batch] int32, ok [batch] bool) of segment ids [batch, len]: a row is ok when it is one
+    non-zero segment from position 0 followed only by padding, and its length is then its number of
+    non-zero ids (all-padding rows are ok, length 0)."""
+    real = segment_ids != 0
+    lengths = jnp.sum(real, axis=1, dtype=jnp.int32)
+    inside = jnp.arange(segment_ids.shape[1])[None, :] < lengths[:, None]
+    ok = jnp.all(jnp.where(inside, segment_ids == segment_ids[:, :1], ~real), axis=1)
+    return lengths, ok
+
+
 def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                     segment_ids: jax.Array | None = None, causal: bool = False,
-                    scale: float | None = None) -> jax.Array:
-    """Contract attention (BTNH) through jax.nn.dot_product_attention(implementation="cudnn")."""
-    mask = None
+                    scale: float | None = None, implementation: str = "cudnn") -> jax.Array:
+    """Contract attention (BTNH) through jax.nn.dot_product_attention(implementation="cudnn"), rows of
+    one segment then padding. `implementation="xla"` runs the same adapter through jax's XLA path (the
+    CPU tests check the lengths logic that way; the GPU tests check cuDNN itself)."""
+    lengths = ok = None
     if segment_ids is not None:
-        seg = segment_ids
-        mask = ((seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] != 0))[:, None]
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal,
-                                       implementation="cudnn")
-    if segment_ids is not None:  # fully masked (padding) rows come back as an average
+        lengths, ok = one_segment_lengths(segment_ids)
+    out = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
+                                       query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+                                       implementation=implementation)
+    if segment_ids is not None:  # padding rows come back undefined; a broken promise comes back NaN
         out = jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
+        out = jnp.where(ok[:, None, None, None], out, jnp.full((), jnp.nan, out.dtype))
     return out
 
 

@@ -11,15 +11,18 @@ from kernels.policy import resolve
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
-              causal: bool = False, scale: float | None = None, impl: str = "auto") -> jax.Array:
+              causal: bool = False, scale: float | None = None, impl: str = "auto",
+              packed: bool = True) -> jax.Array:
     """Scaled dot-product attention, BTNH: q [B, Lq, H, D], k/v [B, Lkv, KH, D], H % KH == 0.
 
     segment_ids int32 [B, L] (needs Lq == Lkv): 0 = padding, tokens attend only within their own
     non-zero segment, padding rows are 0. causal: query i sees keys <= i. scale: default D**-0.5.
     impl: "auto" | "native" | "flash" | an implementation name (see kernels.available()).
+    packed: False promises every row of segment_ids is one segment followed by padding, which lets
+    kernels that take lengths instead of segments run (cudnn); a row breaking it comes back NaN there.
     """
     check_inputs(q, k, v, segment_ids)
-    name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl)
+    name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     with jax.named_scope(f"attention/{name}"):
         return table.IMPLEMENTATIONS[name].call(q, k, v, segment_ids=segment_ids, causal=causal,
@@ -27,9 +30,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
 
 
 def resolve_for(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = None,
-                causal: bool = False, impl: str = "auto", backend: str | None = None) -> str:
+                causal: bool = False, impl: str = "auto", backend: str | None = None,
+                packed: bool = True) -> str:
     """The implementation name attention() runs for these arrays (for callers to record)."""
-    return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal))
+    return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed))
 
 
 def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> None:

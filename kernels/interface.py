@@ -13,7 +13,11 @@ import jax.numpy as jnp
 
 # Shape-info keys understood by `is_supported` and `resolve` (all optional; a check whose key
 # is missing is skipped, so `resolve(impl, backend=...)` works before any data is read).
-SHAPE_KEYS = ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "has_segments")
+# packed: whether segment ids may hold several segments per row. Segment values are data, not
+# shape, so a kernel cannot see this at trace time: the caller states it. Missing, it follows
+# has_segments (segment ids may be packed); False promises one segment per row followed by padding.
+SHAPE_KEYS = ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "has_segments",
+              "packed")
 
 
 class KernelUnsupportedError(ValueError):
@@ -43,8 +47,9 @@ def dtype_name(dtype: Any) -> str:
     return "" if dtype is None else jnp.dtype(dtype).name
 
 
-def shape_info_of(q: jax.Array, k: jax.Array, segment_ids: jax.Array | None, causal: bool) -> dict:
-    """The shape info of one attention call (static under jit)."""
+def shape_info_of(q: jax.Array, k: jax.Array, segment_ids: jax.Array | None, causal: bool,
+                  packed: bool = True) -> dict:
+    """The shape info of one attention call (static under jit); `packed` as the caller states it."""
     return dict(q_len=q.shape[1], kv_len=k.shape[1], heads=q.shape[2], kv_heads=k.shape[2],
                 head_dim=q.shape[3], dtype=dtype_name(q.dtype), causal=bool(causal),
-                has_segments=segment_ids is not None)
+                has_segments=segment_ids is not None, packed=segment_ids is not None and bool(packed))

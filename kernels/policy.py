@@ -1,10 +1,12 @@
 """How an --attention value becomes one implementation name: the whole selection policy.
 
 - "native"       -> xla, on every backend.
-- "flash"        -> the flash kernel written for the backend (table.FLASH).
+- "flash"        -> the first of the backend's flash kernels (table.FLASH, in order) that supports
+  the inputs (on gpu: cudnn, else pallas_gpu).
 - an exact name  -> that implementation.
   These are explicit choices: honoured, or refused with KernelUnsupportedError naming the reason
-  and the alternatives. An explicit choice is never silently swapped for another kernel.
+  (each flash kernel's, for flash) and the alternatives. An explicit choice is never silently
+  swapped for a kernel outside it (flash never becomes xla or blockwise on gpu).
 - "auto"         -> the first implementation in table.AUTO[backend] that runs on the backend and
   supports the inputs (xla only up to table.AUTO_XLA_MAX_KV_LEN). Never raises for a known
   backend; logs each distinct choice once (logger "kernels.policy", level INFO).
@@ -32,14 +34,14 @@ _logged_choices: set[str] = set()
 def available() -> dict[str, dict]:
     """Each implementation: the backends it runs on, its limits, and where it is the flash kernel."""
     return {name: {"backends": list(impl.backends), "limits": impl.limits,
-                   "flash_on": [b for b, f in table.FLASH.items() if f == name]}
+                   "flash_on": [b for b, names in table.FLASH.items() if name in names]}
             for name, impl in table.IMPLEMENTATIONS.items()}
 
 
 def resolve(impl: str = "auto", backend: str | None = None, **shape_info) -> str:
     """The implementation name `impl` means on `backend` (default: jax.default_backend()) for
-    the given shape info (keys: q_len, kv_len, heads, kv_heads, head_dim, dtype, causal,
-    has_segments; all optional). Raises KernelUnsupportedError for an impossible explicit choice."""
+    the given shape info (keys: interface.SHAPE_KEYS; all optional). Raises KernelUnsupportedError
+    for an impossible explicit choice."""
     backend = _normal_backend(backend)
     info = _normal_shape_info(shape_info)
     if impl == "auto":
@@ -47,11 +49,7 @@ def resolve(impl: str = "auto", backend: str | None = None, **shape_info) -> str
     if impl == "native":
         name = "xla"
     elif impl == "flash":
-        if backend not in table.FLASH:
-            raise KernelUnsupportedError(
-                f"--attention=flash cannot run on {backend}: no flash kernel is registered for "
-                f"{backend}; use --attention=native or auto")
-        name = table.FLASH[backend]
+        return _resolve_flash(backend, info)
     elif impl in table.IMPLEMENTATIONS:
         name = impl
     else:
@@ -65,6 +63,30 @@ def resolve(impl: str = "auto", backend: str | None = None, **shape_info) -> str
             f"--attention={chosen} cannot run on {backend}: {reason}; "
             f"use {_alternatives(name, backend, info)}")
     return name
+
+
+def _resolve_flash(backend: str, info: dict) -> str:
+    """The first of table.FLASH[backend] that supports the inputs; refused with every one's reason."""
+    names = table.FLASH.get(backend, ())
+    if not names:
+        raise KernelUnsupportedError(
+            f"--attention=flash cannot run on {backend}: no flash kernel is registered for "
+            f"{backend}; use --attention=native or auto")
+    reasons = []
+    for name in names:
+        ok, reason = _supported(name, backend, info)
+        if ok:
+            return name
+        reasons.append(reason)
+    why = reasons[0] if len(names) == 1 else "; ".join(f"{n}: {r}" for n, r in zip(names, reasons))
+    raise KernelUnsupportedError(
+        f"--attention=flash ({' or '.join(names)} on {backend}) cannot run on {backend}: {why}; "
+        f"use {_alternatives(names[0], backend, info)}")
+
+
+def _flash_for(backend: str, info: dict) -> str | None:
+    """The kernel flash runs for these inputs on `backend`, or None where it would be refused."""
+    return next((n for n in table.FLASH.get(backend, ()) if _supported(n, backend, info)[0]), None)
 
 
 def _resolve_auto(backend: str, info: dict) -> str:
@@ -92,12 +114,12 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
 
 def _alternatives(name: str, backend: str, info: dict) -> str:
     options = []
-    flash = table.FLASH.get(backend)
-    if flash is not None and flash != name and _supported(flash, backend, info)[0]:
+    flash = _flash_for(backend, info)
+    if flash is not None and flash != name:
         options.append(f"--attention=flash ({flash} on {backend})")
     if name != "xla":
         options.append("native" if options else "--attention=native")
-    if flash == name:
+    if name in table.FLASH.get(backend, ()):
         options.append("auto (picks a kernel that supports these inputs)")
     return " or ".join(options)
 
@@ -119,6 +141,8 @@ def _normal_shape_info(shape_info: dict) -> dict:
     info = {k: v for k, v in shape_info.items() if v is not None}
     if "dtype" in info:
         info["dtype"] = dtype_name(info["dtype"])
+    if "packed" not in info and "has_segments" in info:  # unstated: segment ids may be packed
+        info["packed"] = bool(info["has_segments"])
     return info
 
 

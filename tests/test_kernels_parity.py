@@ -1,7 +1,9 @@
 """Every attention implementation against the float64 NumPy reference (kernels/reference.py),
 under jax.jit, on fresh random unit-normal inputs: padding, packed segments, causal, grouped-query.
-The Pallas TPU kernel runs here in TPU interpret mode; cudnn cannot run without a GPU
-(benchmarks/gpu_kernels.py checks it on one)."""
+The Pallas TPU kernel runs here in TPU interpret mode and the Pallas GPU kernel in Pallas's
+interpreter (mha(interpret=True)). cuDNN itself cannot run without a GPU: its adapter (segment ids
+-> sequence lengths, padding rows, the one-segment promise) runs here through jax's XLA path of
+jax.nn.dot_product_attention, and tests/test_kernels_gpu.py runs cuDNN on a GPU."""
 from __future__ import annotations
 
 import jax
@@ -12,6 +14,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels import attention
 from kernels.blockwise import blockwise_attention
+from kernels.cudnn import cudnn_attention, one_segment_lengths
+from kernels.masking import causal_mask, segment_mask
+from kernels.pallas_gpu import pallas_gpu_attention
 from kernels.pallas_tpu import pallas_tpu_attention
 from kernels.reference import reference_attention
 
@@ -30,6 +35,16 @@ def segment_rows(length: int) -> np.ndarray:
     return seg
 
 
+def one_segment_rows(length: int) -> np.ndarray:
+    """Four rows of one segment then padding (what cudnn takes as lengths): the whole row; segment id
+    3 over the first 2/5 then padding; one real token; all padding."""
+    seg = np.zeros((4, length), np.int32)
+    seg[0] = 1
+    seg[1, :max(1, length * 2 // 5)] = 3
+    seg[2, 0] = 1
+    return seg
+
+
 def make_inputs(seed: int, batch: int, q_len: int, kv_len: int, kv_heads: int, head_dim: int,
                 dtype: str):
     rng = np.random.default_rng(seed)
@@ -41,9 +56,10 @@ def make_inputs(seed: int, batch: int, q_len: int, kv_len: int, kv_heads: int, h
 
 def check_against_reference(call, *, length: int, kv_heads: int, causal: bool, segments: bool,
                             dtype: str = "float32", head_dim: int = 32, kv_len: int | None = None,
-                            scale: float | None = None, seed: int = 0) -> None:
+                            scale: float | None = None, seed: int = 0,
+                            rows=segment_rows) -> None:
     kv_len = length if kv_len is None else kv_len
-    seg = segment_rows(length) if segments else None
+    seg = rows(length) if segments else None
     batch = 2 if seg is None else len(seg)
     q, k, v = make_inputs(seed, batch, length, kv_len, kv_heads, head_dim, dtype)
     seg_arg = None if seg is None else jnp.asarray(seg)
@@ -156,3 +172,81 @@ def test_pallas_tpu_interpreted(length, kv_heads, causal, segments, dtype):
 def test_pallas_tpu_interpreted_long(length, causal):
     check_against_reference(pallas_interpreted, length=length, kv_heads=4, causal=causal,
                             segments=True, seed=length)
+
+
+def test_one_mask_definition():
+    """kernels/masking.py is the contract's only statement of which pairs attend, shared by xla,
+    blockwise and the reference, so it is checked here against pairs written out by hand."""
+    seg = np.array([[1, 1, 2, 0]])
+    assert segment_mask(seg, seg)[0].tolist() == [[True, True, False, False],
+                                                  [True, True, False, False],
+                                                  [False, False, True, False],
+                                                  [False, False, False, False]]
+    assert causal_mask(np.arange(3), np.arange(4)).tolist() == [[True, False, False, False],
+                                                                [True, True, False, False],
+                                                                [True, True, True, False]]
+
+
+def pallas_gpu_interpreted(q, k, v, **kw):
+    return pallas_gpu_attention(q, k, v, interpret=True, **kw)
+
+
+# Lengths below one block (7 -> one 16-token block), one block plus a ragged tail (129 -> 256) and
+# several blocks (300 -> 384); head_dim 48 is padded to 64; kv heads 12/4/1.
+@pytest.mark.parametrize("length,kv_heads,causal,segments,dtype,head_dim", [
+    (7, 4, True, True, "float32", 32),
+    (129, 1, False, False, "float32", 32),
+    (300, 12, True, True, "float32", 48),
+    (129, 4, False, True, "bfloat16", 64),
+    (300, 4, True, False, "bfloat16", 32),
+])
+def test_pallas_gpu_interpreted(length, kv_heads, causal, segments, dtype, head_dim):
+    check_against_reference(pallas_gpu_interpreted, length=length, kv_heads=kv_heads, causal=causal,
+                            segments=segments, dtype=dtype, head_dim=head_dim, seed=length)
+
+
+@pytest.mark.parametrize("block_q,block_k", [(64, 32), (32, 64)])
+def test_pallas_gpu_unequal_blocks(block_q, block_k):
+    """Many blocks of unequal sizes: causal's per-block upper bound and the ragged padded tail."""
+    def call(q, k, v, **kw):
+        return pallas_gpu_attention(q, k, v, block_q=block_q, block_k=block_k, interpret=True, **kw)
+    check_against_reference(call, length=300, kv_heads=4, causal=True, segments=True,
+                            seed=block_q + block_k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
+def test_pallas_gpu_interpreted_long(causal):
+    check_against_reference(pallas_gpu_interpreted, length=1000, kv_heads=4, causal=causal,
+                            segments=True, seed=1000)
+
+
+def cudnn_adapter_on_xla(q, k, v, **kw):
+    return cudnn_attention(q, k, v, implementation="xla", **kw)
+
+
+@pytest.mark.parametrize("length,kv_heads,causal,segments,dtype", [
+    (1, 4, True, True, "float32"),
+    (129, 1, False, True, "float32"),
+    (300, 4, True, True, "float32"),
+    (300, 12, False, False, "float32"),
+    (129, 4, True, True, "bfloat16"),
+])
+def test_cudnn_adapter_one_segment_rows(length, kv_heads, causal, segments, dtype):
+    check_against_reference(cudnn_adapter_on_xla, length=length, kv_heads=kv_heads, causal=causal,
+                            segments=segments, dtype=dtype, seed=length, rows=one_segment_rows)
+
+
+def test_cudnn_rows_that_break_the_one_segment_promise_come_back_nan():
+    """Packed rows (or left padding) cannot travel as lengths: those rows are NaN, never attention
+    across segments; the rows that keep the promise are still right."""
+    seg = np.array([[1, 1, 1, 0], [1, 1, 2, 2], [0, 1, 1, 1], [5, 5, 0, 0], [0, 0, 0, 0],
+                    [1, 0, 1, 0]], np.int32)
+    lengths, ok = one_segment_lengths(jnp.asarray(seg))
+    assert lengths.tolist() == [3, 4, 3, 2, 0, 2] and ok.tolist() == [True, False, False, True, True,
+                                                                       False]
+    q, k, v = make_inputs(9, 6, 4, 4, 2, 16, "float32")
+    out = np.asarray(cudnn_adapter_on_xla(q, k, v, segment_ids=jnp.asarray(seg), causal=False))
+    assert np.isnan(out[[1, 2, 5]]).all() and not np.isnan(out[[0, 3, 4]]).any()
+    ref = reference_attention(q, k, v, segment_ids=seg)
+    assert np.abs(out[[0, 3, 4]] - ref[[0, 3, 4]]).max() <= TOLERANCE["float32"]

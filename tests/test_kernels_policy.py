@@ -26,16 +26,26 @@ def test_native_and_flash_per_backend_without_shape_info(backend, flash):
     assert resolve("blockwise", backend=backend) == "blockwise"
 
 
+# On gpu, segment ids are packed unless the caller says packed=False (one segment per row then
+# padding): cudnn takes only the latter (as lengths), pallas_gpu masks packed segments in its kernel.
 @pytest.mark.parametrize("backend,info,expected", [
     ("cpu", {}, "xla"),
     ("cpu", dict(kv_len=CPU_LIMIT, q_len=CPU_LIMIT), "xla"),
     ("cpu", dict(kv_len=CPU_LIMIT + 1, q_len=CPU_LIMIT + 1), "blockwise"),
-    ("gpu", dict(dtype="bfloat16", head_dim=64, kv_len=512, has_segments=True), "cudnn"),
+    ("gpu", dict(dtype="bfloat16", head_dim=64, kv_len=512, has_segments=True, packed=False), "cudnn"),
+    ("gpu", dict(dtype="bfloat16", head_dim=64, kv_len=512, has_segments=True), "pallas_gpu"),
+    ("gpu", dict(dtype="bfloat16", head_dim=64, kv_len=512, has_segments=True, packed=True),
+     "pallas_gpu"),
     ("gpu", dict(dtype=jnp.float16, head_dim=32), "cudnn"),
     ("gpu", dict(dtype="float32", kv_len=512), "xla"),
     ("gpu", dict(dtype="float32", kv_len=32768), "blockwise"),
     ("gpu", dict(dtype="bfloat16", head_dim=256, kv_len=512), "xla"),
-    ("gpu", dict(dtype="bfloat16", kv_len=16384, has_segments=True), "blockwise"),
+    # was blockwise while cudnn took segments as a dense [L, L] mask (refused from 16k)
+    ("gpu", dict(dtype="bfloat16", kv_len=16384, has_segments=True), "pallas_gpu"),
+    ("gpu", dict(dtype="bfloat16", kv_len=32768, q_len=32768, has_segments=True, packed=False),
+     "cudnn"),
+    ("gpu", dict(dtype="bfloat16", head_dim=100, kv_len=512), "pallas_gpu"),
+    ("gpu", dict(dtype="bfloat16", head_dim=256, kv_len=16384), "blockwise"),
     ("gpu", dict(dtype="bfloat16", q_len=1, kv_len=64, causal=True), "xla"),
     ("tpu", dict(dtype="float32", head_dim=64, kv_len=4096, has_segments=True), "pallas_tpu"),
     ("tpu", dict(dtype="float16", kv_len=512), "xla"),
@@ -61,14 +71,32 @@ def test_auto_picks_first_supported_kernel(backend, info, expected):
     ("cudnn", "gpu", dict(dtype="float32"),
      "--attention=cudnn cannot run on gpu: dtype float32 is not supported (cudnn needs float16 "
      "or bfloat16); use --attention=native or auto (picks a kernel that supports these inputs)"),
-    ("flash", "gpu", dict(dtype="bfloat16", head_dim=96 + 4),
-     "--attention=flash (cudnn on gpu) cannot run on gpu: head_dim 100 is not supported (cudnn "
-     "needs a multiple of 8, <= 128); use --attention=native or auto (picks a kernel that "
+    ("cudnn", "gpu", dict(dtype="bfloat16", head_dim=96 + 4),
+     "--attention=cudnn cannot run on gpu: head_dim 100 is not supported (cudnn needs a multiple "
+     "of 8, <= 128); use --attention=flash (pallas_gpu on gpu) or native or auto (picks a kernel "
+     "that supports these inputs)"),
+    ("flash", "gpu", dict(dtype="bfloat16", head_dim=256),
+     "--attention=flash (cudnn or pallas_gpu on gpu) cannot run on gpu: cudnn: head_dim 256 is not "
+     "supported (cudnn needs a multiple of 8, <= 128); pallas_gpu: head_dim 256 is not supported "
+     "(pallas_gpu needs <= 128); use --attention=native or auto (picks a kernel that supports "
+     "these inputs)"),
+    ("flash", "gpu", dict(dtype="float32", kv_len=16384, has_segments=True),
+     "--attention=flash (cudnn or pallas_gpu on gpu) cannot run on gpu: cudnn: dtype float32 is "
+     "not supported (cudnn needs float16 or bfloat16); pallas_gpu: dtype float32 is not supported "
+     "(pallas_gpu needs float16 or bfloat16); use --attention=native or auto (picks a kernel that "
      "supports these inputs)"),
-    ("flash", "gpu", dict(dtype="bfloat16", kv_len=16384, has_segments=True),
-     "--attention=flash (cudnn on gpu) cannot run on gpu: segment_ids at length 16384 would need "
-     "a dense 16384x16384 mask (cudnn takes segments only as a mask; limit 8192); use "
-     "--attention=native or auto (picks a kernel that supports these inputs)"),
+    ("cudnn", "gpu", dict(dtype="bfloat16", kv_len=16384, has_segments=True),
+     "--attention=cudnn cannot run on gpu: segment_ids that may pack several segments per row are "
+     "not supported (cudnn takes padding only as sequence lengths; packed=False promises one "
+     "segment per row followed by padding); use --attention=flash (pallas_gpu on gpu) or native "
+     "or auto (picks a kernel that supports these inputs)"),
+    ("pallas_gpu", "cpu", {},
+     "--attention=pallas_gpu cannot run on cpu: it needs a GPU; "
+     "use --attention=flash (blockwise on cpu) or native"),
+    ("pallas_gpu", "gpu", dict(dtype="bfloat16", q_len=1, kv_len=64),
+     "--attention=pallas_gpu cannot run on gpu: q_len 1 != kv_len 64 is not supported (pallas_gpu's "
+     "segment ids serve queries and keys alike); use --attention=flash (cudnn on gpu) or native or "
+     "auto (picks a kernel that supports these inputs)"),
     ("flash", "tpu", dict(dtype="float16"),
      "--attention=flash (pallas_tpu on tpu) cannot run on tpu: dtype float16 is not supported "
      "(pallas_tpu needs float32 or bfloat16); use --attention=native or auto (picks a kernel "
@@ -90,12 +118,17 @@ def test_explicit_choice_is_never_swapped():
     assert resolve("xla", backend="cpu", kv_len=100_000, q_len=100_000) == "xla"
     assert resolve("native", backend="gpu", dtype="float32", kv_len=100_000) == "xla"
     assert resolve("cudnn", backend="gpu", dtype="bfloat16", head_dim=64) == "cudnn"
+    # flash on gpu chooses among its own kernels only, never xla or blockwise
+    assert resolve("flash", backend="gpu", dtype="bfloat16", has_segments=True) == "pallas_gpu"
+    assert resolve("flash", backend="gpu", dtype="bfloat16", has_segments=True,
+                   packed=False) == "cudnn"
+    assert resolve("pallas_gpu", backend="gpu", dtype="bfloat16", head_dim=64) == "pallas_gpu"
 
 
 def test_unknown_names_are_refused_with_the_choices():
     with pytest.raises(KernelUnsupportedError, match="--attention=splash is not a known attention "
                        "implementation; use one of auto, native, flash, xla, blockwise, "
-                       "pallas_tpu, cudnn"):
+                       "pallas_tpu, cudnn, pallas_gpu"):
         resolve("splash", backend="cpu")
     with pytest.raises(KernelUnsupportedError, match="backend 'metal' is unknown"):
         resolve("native", backend="metal")
@@ -125,13 +158,15 @@ def test_auto_logs_each_choice_once(caplog, monkeypatch):
 
 def test_available_lists_every_kernel_with_backends_and_limits():
     listing = available()
-    assert set(listing) == {"xla", "blockwise", "pallas_tpu", "cudnn"}
+    assert set(listing) == {"xla", "blockwise", "pallas_tpu", "cudnn", "pallas_gpu"}
     assert listing["pallas_tpu"]["backends"] == ["tpu"] and listing["pallas_tpu"]["flash_on"] == ["tpu"]
     assert listing["cudnn"]["backends"] == ["gpu"] and "bfloat16" in listing["cudnn"]["limits"]
     assert listing["blockwise"]["flash_on"] == ["cpu"]
+    assert listing["cudnn"]["flash_on"] == ["gpu"] and listing["pallas_gpu"]["flash_on"] == ["gpu"]
+    assert listing["pallas_gpu"]["backends"] == ["gpu"] and "packed" in listing["pallas_gpu"]["limits"]
     assert all(entry["limits"] for entry in listing.values())
     assert kernels.SHAPE_KEYS == ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
-                                  "causal", "has_segments")
+                                  "causal", "has_segments", "packed")
 
 
 @pytest.mark.parametrize("impl,length,expected", [
@@ -145,6 +180,21 @@ def test_attention_runs_the_resolved_kernel_inside_its_named_scope(impl, length,
     assert f"attention/{expected}/" in text
     assert {"xla", "blockwise"} - {expected} <= {n for n in ("xla", "blockwise")
                                                if f"attention/{n}/" not in text}
+
+
+def test_attention_states_packed_segments_to_the_policy():
+    """Segment values are data, so attention() passes the caller's `packed` to resolve: by default
+    segment ids may be packed (pallas_gpu on gpu); packed=False lets cudnn take them as lengths."""
+    q = jnp.ones((2, 64, 4, 32), jnp.bfloat16)
+    seg = jnp.ones((2, 64), jnp.int32)
+    assert resolve_for(q, q, impl="flash", backend="gpu") == "cudnn"
+    assert resolve_for(q, q, segment_ids=seg, impl="flash", backend="gpu") == "pallas_gpu"
+    assert resolve_for(q, q, segment_ids=seg, impl="flash", backend="gpu", packed=False) == "cudnn"
+    assert resolve_for(q, q, segment_ids=seg, impl="auto", backend="gpu", packed=False) == "cudnn"
+    with pytest.raises(KernelUnsupportedError, match="may pack several segments"):
+        resolve_for(q, q, segment_ids=seg, impl="cudnn", backend="gpu")
+    out = attention(q, q, q, segment_ids=seg, impl="native", packed=False)  # a promise, not a change
+    assert out.shape == q.shape
 
 
 def test_attention_refuses_an_impossible_choice_at_trace_time():
