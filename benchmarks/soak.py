@@ -87,10 +87,11 @@ def control_loop(docs: int, batch_docs: int = 200, every: int = 5) -> dict:
     here and growing in the job would point at the runner, not at the model path."""
     sys.path.insert(0, ROOT)
     from pipeline.inference import FlaxModelHandler, ModelSpec
-    from pipeline.preprocess import WindowSpec, tokenize_document
+    from pipeline.preprocess import WindowSpec, tokenize_documents
     from pipeline.records import Document
 
-    handler = FlaxModelHandler(ModelSpec("minilm-l6", attention="native"), task="embed", max_len=256, batch_size=16, kernel="xla")
+    handler = FlaxModelHandler(ModelSpec("minilm-l6", attention="native"), task="embed", max_len=256, batch_size=16,
+                               calls_per_beam_batch=32, kernel="xla")
     model = handler.load_model()
     spec = WindowSpec(max_len=256, stride=32, max_chunks=8)
     series, process, start = [], psutil.Process(), time.monotonic()
@@ -99,8 +100,8 @@ def control_loop(docs: int, batch_docs: int = 200, every: int = 5) -> dict:
         for i in range(first, min(docs, first + batch_docs)):
             n = 5 + (i * 7) % 14  # as write_corpus
             text = " ".join(WORDS[(i + 3 * k) % len(WORDS)] for k in range(n)) + f" ({i})"
-            batch.append(tokenize_document(Document(f"d{i}", text, "control", i), model.loaded.tokenizer, spec, with_query=False))
-        handler.run_inference(batch, model)
+            batch.append(Document(f"d{i}", text, "control", i))
+        handler.run_inference([tokenize_documents(batch, model.loaded.tokenizer, spec, with_query=False)], model)
         series.append((time.monotonic() - start, process.memory_info().rss / 2**20))
     return {"docs": docs, "batches": -(-docs // batch_docs), **growth_after_warmup(series),
             "series_mb": [round(mb, 1) for _, mb in series[::every]]}

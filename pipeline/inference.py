@@ -29,15 +29,6 @@ from pipeline.preprocess import TokenizedDoc
 RECORD_ERRORS = (ValueError, TypeError, IndexError, KeyError)
 
 
-# A Beam batch holds this many full model calls' worth of tokens (or what is left when the bundle ends).
-# Each batch is packed on its own (pipeline/packing.py), so each of its row lengths ends in small tail calls
-# and their padding; larger batches make those a smaller share. On the 1,891-document benchmark
-# (benchmarks/README.md), adaptive batches of 4-16 calls' worth ran 68 model calls at padding efficiency
-# 0.971 with 6 compiled shapes; 32 calls' worth ran 29 calls, 0.993, 5 shapes (that corpus fits one batch).
-# The cost: a batch's results arrive together, after 32 calls (about 15-30 s on a 2-core CPU).
-CALLS_PER_BEAM_BATCH = 32
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """Which model a worker loads (hashable: the key of the process-wide cache)."""
@@ -63,9 +54,18 @@ def shared_model(spec: ModelSpec):
         return _MODELS[spec]
 
 
-def compile_state(loaded) -> tuple[int, float]:
-    """The model's XLA compilations so far: (count, seconds)."""
-    return int(loaded.compile_count), float(loaded.compile_seconds)
+_REPORTED_COMPILES: dict[int, np.ndarray] = {}
+_REPORTED_LOCK = threading.Lock()
+
+
+def new_compiles(loaded) -> np.ndarray:
+    """The model's XLA compilations since the last call for it, each handed out once however many threads
+    ask: [count, seconds, of them read from the persistent cache: count, seconds]."""
+    now = np.array([loaded.compile_count, loaded.compile_seconds, loaded.cached_compiles, loaded.cached_compile_seconds])
+    with _REPORTED_LOCK:
+        before = _REPORTED_COMPILES.get(id(loaded), np.zeros(4))
+        _REPORTED_COMPILES[id(loaded)] = now
+    return now - before
 
 
 @dataclasses.dataclass
@@ -138,14 +138,15 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         task: str,
         max_len: int,
         batch_size: int,
+        calls_per_beam_batch: int,
         kernel: str,
         labels: dict[str, str] | None = None,
         shadow_spec: shadow.ShadowSpec | None = None,
         profile_dir: str | None = None,
     ):
-        super().__init__(  # sizes count tokens (element_size_fn)
-            min_batch_size=batch_size * max_len * CALLS_PER_BEAM_BATCH,
-            max_batch_size=batch_size * max_len * CALLS_PER_BEAM_BATCH,
+        super().__init__(  # sizes count tokens (element_size_fn): a Beam batch is calls_per_beam_batch full calls
+            min_batch_size=batch_size * max_len * calls_per_beam_batch,
+            max_batch_size=batch_size * max_len * calls_per_beam_batch,
             element_size_fn=tokens_of,
         )
         self._spec = spec
@@ -189,15 +190,13 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         faults.maybe_fail_once([doc.doc.doc_id for doc in docs])  # test-only switch; nothing when unset
         loaded = model.loaded
         rows = [w for doc in docs for w in doc.windows + doc.query_windows]
-        compiles_before, compile_s_before = compile_state(loaded)
         t0 = time.perf_counter()
         with profile_batch(self._profile_dir), device_time.PROCESS_CLOCK.busy():  # --profile_dir: a trace of this process's first batches
             outputs, timings, totals = run_model(
                 loaded, rows, max_len=self._max_len, batch_size=self._batch_size, per_token=self._task == "loglik"
             )
         batch_ms = (time.perf_counter() - t0) * 1000.0
-        compiles_after, compile_s_after = compile_state(loaded)
-        self._record_metrics(totals, compiles_after - compiles_before, (compile_s_after - compile_s_before) * 1000, batch_ms)
+        self._record_metrics(totals, new_compiles(loaded), batch_ms)
         shadow_outputs = self._run_shadow(docs, rows, model)
         model_id = f"{loaded.model_id}/{loaded.attention}"  # RunInference's model id names the kernel
         per_doc, k = [], 0
@@ -244,15 +243,19 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         beam.metrics.Metrics.distribution(namespace, "shadow_batch_us").update(int((time.perf_counter() - t0) * 1e6))
         return outputs
 
-    def _record_metrics(self, totals: dict[str, float], compiles: int, compile_ms: float, batch_ms: float) -> None:
+    def _record_metrics(self, totals: dict[str, float], compiles: np.ndarray, batch_ms: float) -> None:
+        """compiles: new_compiles of the model."""
         namespace = self.get_metrics_namespace()
         beam.metrics.Metrics.counter(namespace, "model_calls").inc(int(totals["calls"]))
         beam.metrics.Metrics.counter(namespace, "computed_tokens").inc(int(totals["computed_tokens"]))
         beam.metrics.Metrics.counter(namespace, "real_tokens").inc(int(totals["real_tokens"]))
         beam.metrics.Metrics.distribution(namespace, "batch_us").update(int(batch_ms * 1000))
         beam.metrics.Metrics.counter("docscore", "device_busy_us").inc(int(device_time.PROCESS_CLOCK.take_new_seconds() * 1e6))
-        if compiles > 0:
-            beam.metrics.Metrics.counter(namespace, "compiles").inc(compiles)
-            beam.metrics.Metrics.counter(namespace, "compile_ms").inc(int(round(compile_ms)))
+        count, seconds, cached, cached_seconds = compiles
+        if count > 0:
+            beam.metrics.Metrics.counter(namespace, "compiles").inc(int(count))
+            beam.metrics.Metrics.counter(namespace, "compile_ms").inc(int(round(seconds * 1000)))
+            beam.metrics.Metrics.counter(namespace, "compiles_cached").inc(int(cached))
+            beam.metrics.Metrics.counter(namespace, "compile_cached_ms").inc(int(round(cached_seconds * 1000)))
         reading = self._memory.record_batch()  # namespace docscore_memory; rss_mb here too for older summaries
         beam.metrics.Metrics.distribution(namespace, "rss_mb").update(int(reading.rss_mb))

@@ -44,9 +44,13 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--max_seq_len", type=int, default=None, help="tokens per window (default: the model's)")
         parser.add_argument("--stride", type=int, default=32, help="tokens shared by consecutive windows of a long document")
         parser.add_argument("--max_chunks", type=int, default=8, help="windows kept per document; more -> truncated")
-        parser.add_argument("--batch_size", type=int, default=16,
+        parser.add_argument("--batch_size", type=int, default=None,
                             help="rows of --max_seq_len tokens per model call; calls of shorter packed rows "
-                                 "take proportionally more (a fixed token budget)")
+                                 "take proportionally more (a fixed token budget). Default per backend: "
+                                 "cpu 16, gpu 256, tpu 128")
+        parser.add_argument("--calls_per_beam_batch", type=int, default=None,
+                            help="model calls' worth of tokens in one Beam batch (default per backend: cpu 32, "
+                                 "gpu 4, tpu 4)")
         # --labels "name=description;..." (docscore's classify labels) is rewritten to --classify_labels by
         # parse_options, because Beam's GoogleCloudOptions owns --labels (Dataflow job labels: --job_labels).
         parser.add_argument("--classify_labels", default=None, help='classify labels: --labels "name=description;name=description"')
@@ -192,6 +196,11 @@ def take_flag(flags: list[str], name: str) -> tuple[list[str], list[str]]:
             rest.append(flag)
         i += 1
     return rest, values
+
+
+def given_option_names(argv: list[str]) -> set[str]:
+    """Names of the options the command line, --config and --preset set, whatever their values."""
+    return {flag[2:].split("=", 1)[0] for flag in layered_flags(argv) if flag.startswith("--")}
 
 
 def parse_options(argv: list[str]) -> tuple[PipelineOptions, EvalOptions]:

@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from pipeline import sinks
 from pipeline.progress import LOCAL_RUNNERS  # runners that run the job in or beside this process
-from pipeline.summary import add_metrics, summary_from_stats
+from pipeline.summary import add_metrics, summary_from_stats, with_command_wall
 
 _LOG = logging.getLogger(__name__)
 
@@ -111,14 +111,17 @@ def submitted_message(run_id: str, spec: sinks.OutputSpec, why: str) -> str:
     return f"docscore run {run_id}: {why}; when the job runs, its Publish step writes\n{where}"
 
 
-def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any]) -> dict[str, Any] | None:
-    """After a wait: the summary the job published, with the job's Beam metrics added (republished
-    behind its _SUCCESS marker when they add anything). None for BigQuery outputs (their summary is
-    the run's PREFIX_runs row, which is not read back here)."""
+def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any],
+                             command_started: float | None = None) -> dict[str, Any] | None:
+    """After a wait: the summary the job published, with the job's Beam metrics and (given when the command
+    started) the whole command's wall time added, republished behind its _SUCCESS marker when they add
+    anything. None for BigQuery outputs (their summary is the run's PREFIX_runs row, not read back here)."""
     if spec.output.startswith(sinks.BQ_PREFIX):
         return None
     summary = sinks.read_summary(spec)
     enriched = add_metrics(summary, metrics)
+    if command_started is not None:
+        enriched = with_command_wall(enriched, command_started, time.time())
     if enriched is not summary:
         sinks.publish_summary(spec, enriched)
     return enriched

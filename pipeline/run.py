@@ -15,13 +15,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
+import psutil
 from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 from apache_beam.ml.inference.base import RunInference
 
 from pipeline import progress, publish, sinks
 from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
 from pipeline.inference import RECORD_ERRORS, FlaxModelHandler
-from pipeline.options import ConfigError, EvalOptions, parse_options
+from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.postprocess import STATS_TAG, ScoreDocuments, ScoreSpec, inference_failures_to_errors
 from pipeline.preprocess import Tokenize
 from pipeline.records import ERRORS_TAG, error_to_row
@@ -30,6 +32,8 @@ from pipeline.stats import ComputeRunStats
 from pipeline.summary import launch_facts
 from pipeline.timing import STAGES
 from pipeline.validate import RunPlan, validate
+
+DIRECT_FLAGS = {"direct_running_mode", "direct_num_workers"}
 
 
 def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.OutputSpec,
@@ -54,7 +58,8 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         plan.model_spec,
         task=eo.task,
         max_len=plan.window_spec.max_len,
-        batch_size=eo.batch_size,
+        batch_size=plan.batch.batch_size,
+        calls_per_beam_batch=plan.batch.calls_per_beam_batch,
         kernel=plan.kernel,
         labels=plan.labels,
         shadow_spec=plan.shadow,
@@ -86,6 +91,17 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     # has added the Beam metrics and progress samples (publish.write_derived either way)
     published = stats | "Publish" >> publish.PublishRun(out, facts, written, derived=not publish.runs_locally(p.options))
     return {"scores": scored.rows, "errors": error_rows, "stats": stats, "published": published}
+
+
+def use_local_threads(options: beam.options.pipeline_options.PipelineOptions, threads: int, given: set[str]) -> None:
+    """A local DirectRunner run whose flags set neither --direct_running_mode nor --direct_num_workers runs
+    `threads` parallel bundles in this process (threads sharing its one model: while one thread's batch is
+    on the device, others read, tokenize and score)."""
+    standard = options.view_as(StandardOptions)
+    if threads <= 1 or (standard.runner or "DirectRunner") != "DirectRunner" or given & DIRECT_FLAGS:
+        return
+    direct = options.view_as(DirectOptions)
+    direct.direct_running_mode, direct.direct_num_workers = "multi_threading", threads
 
 
 @contextlib.contextmanager
@@ -155,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print_help()
         return 0
+    command_started = psutil.Process().create_time()
     try:
         options, eo = parse_options(argv)
         apply_cpu_tuning(CpuTuning(attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
@@ -162,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"docscore run: {e}", file=sys.stderr)
         return 2
+    use_local_threads(options, plan.batch.local_threads, given_option_names(argv))
     for notice in plan.notices:
         print(f"docscore run: note: {notice}", file=sys.stderr)
     staging_root = eo.get_all_options().get("temp_location") if eo.output.startswith(sinks.BQ_PREFIX) else None
@@ -186,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"docscore run {eo.run_id}: the pipeline ended in state {state}; nothing was published", file=sys.stderr)
         return 1
     # the job published the tables and summary.json; add what only the launcher knows
-    summary = publish.enrich_published_summary(out, metric_values(result, "docscore"))
+    summary = publish.enrich_published_summary(out, metric_values(result, "docscore"), command_started)
     published = sinks.published_paths(out)
     if summary is None:  # BigQuery: the run's summary is its PREFIX_runs row
         print(f"docscore run {eo.run_id}: published " + ", ".join(published.values()))
@@ -219,7 +237,8 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
 def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
     counts = summary["counts"]
     print(f"docscore run {summary['run_id']}: {counts['scored']} scored, {counts['errors']} errors "
-          f"({counts['records']} records) in {summary['wall_s']:.1f}s "
+          f"({counts['records']} records) in {summary.get('command_wall_s', summary['wall_s']):.1f}s "
+          f"({summary['wall_s']:.1f}s pipeline) "
           f"[{summary['model']['name']}, attention={summary['kernel']['resolved']}, task={summary['task']}]")
     for name, path in published.items():
         print(f"  {name:<8} {path}")
@@ -228,6 +247,12 @@ def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
         f"{s}: p50 {stages[s].get('p50', 0):.1f} p95 {stages[s].get('p95', 0):.1f}" for s in STAGES if s in stages))
     print(f"  throughput {summary['throughput']['docs_per_s']:.1f} docs/s, {summary['throughput']['tokens_per_s']:.0f} tokens/s; "
           f"padding efficiency {summary['tokens']['padding_efficiency'] or 0:.2f}; compiles {summary['compile']['count']}")
+    device, batching = summary.get("device") or {}, summary.get("batching") or {}
+    if device.get("busy_fraction") is not None:
+        print(f"  device busy {device['busy_s']:.1f}s ({device['busy_fraction']:.0%} of the pipeline), host "
+              f"{device['host_us_per_doc'] or 0:.0f} us/doc; batch_size {batching.get('batch_size')}, "
+              f"{batching.get('calls_per_beam_batch')} calls per Beam batch; compiles {summary['compile']['cold_count']} "
+              f"cold ({summary['compile']['cold_ms'] / 1000:.1f}s), {summary['compile']['cached_count']} cached")
     memory = summary.get("memory") or {}
     if memory.get("peak_rss_mb") is not None:
         print(f"  memory rss MB start {memory.get('start_rss_mb')} peak {memory['peak_rss_mb']} end {memory.get('end_rss_mb')}"

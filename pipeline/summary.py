@@ -62,6 +62,7 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
         },
         "shadow": plan.shadow.summary() if plan.shadow else None,
         "notices": list(plan.notices),
+        "batching": plan.batch.summary(plan.window_spec.max_len),
     }
 
 
@@ -89,7 +90,10 @@ def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: f
             "tokens_per_s": stats["tokens"]["text_tokens"] / wall_s,
         },
         "tokens": stats["tokens"],
-        "compile": {"count": None, "time_ms": None, "model_calls": None},
+        "batching": facts.get("batching"),
+        "compile": {"count": None, "time_ms": None, "model_calls": None, "cached_count": None, "cached_ms": None,
+                    "cold_count": None, "cold_ms": None},
+        "device": {"busy_s": None, "busy_fraction": None, "host_us_per_doc": None},
         "memory": {"peak_rss_mb": None, "start_rss_mb": None},
         "task_metrics": stats.get("task_metrics", {}),
         "metrics": {},
@@ -109,13 +113,20 @@ def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, A
     infer_ns = f"docscore_inference_{summary['kernel']['resolved']}/"
     counters = {k[len(infer_ns):]: v for k, v in metrics.items() if k.startswith(infer_ns)}
     rss = counters.get("rss_mb") or {}
+    count, time_ms = int(counters.get("compiles", 0)), int(counters.get("compile_ms", 0))
+    cached_count, cached_ms = int(counters.get("compiles_cached", 0)), int(counters.get("compile_cached_ms", 0))
     enriched = {
         **summary,
-        "compile": {
-            "count": int(counters.get("compiles", 0)),
-            "time_ms": int(counters.get("compile_ms", 0)),
+        "compile": {  # cached: read from the persistent compilation cache; cold: compiled by XLA
+            "count": count,
+            "time_ms": time_ms,
             "model_calls": int(counters.get("model_calls", 0)),
+            "cached_count": cached_count,
+            "cached_ms": cached_ms,
+            "cold_count": count - cached_count,
+            "cold_ms": time_ms - cached_ms,
         },
+        "device": device_time(summary, metrics.get("docscore/device_busy_us", 0) / 1e6),
         "memory": memory.summarize(metrics) if f"{memory.NAMESPACE}/rss_mb" in metrics else
                   {"peak_rss_mb": rss.get("max"), "start_rss_mb": rss.get("min")},
         "metrics": metrics,
@@ -128,6 +139,24 @@ def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, A
             "time_ms": (shadow_us.get("sum") or 0) / 1000.0,
         }
     return enriched
+
+
+def device_time(summary: dict[str, Any], busy_s: float) -> dict[str, float | None]:
+    """How busy the model kept its device: busy_s (wall time with a model batch in flight, per process, summed
+    over worker processes), its fraction of the pipeline's wall time, and the host's time per scored document
+    (pipeline wall minus busy time, over documents): what the chip waited on."""
+    wall, scored = summary["wall_s"], summary["counts"]["scored"]
+    return {
+        "busy_s": busy_s,
+        "busy_fraction": busy_s / wall if wall > 0 else None,
+        "host_us_per_doc": max(wall - busy_s, 0.0) / scored * 1e6 if scored else None,
+    }
+
+
+def with_command_wall(summary: dict[str, Any], command_started: float, now: float) -> dict[str, Any]:
+    """The summary with command_wall_s: the whole `docscore run` command (start-up, model load, Beam set-up and
+    the job) until its tables were published; wall_s is the pipeline's part."""
+    return {**summary, "command_wall_s": now - command_started}
 
 
 def build_summary(eo: EvalOptions, plan: RunPlan, stats: dict[str, Any], metrics: dict[str, Any],

@@ -13,7 +13,7 @@ import re
 
 import fsspec
 
-from pipeline import shadow, sinks, sources, tfds_reader
+from pipeline import batching, shadow, sinks, sources, tfds_reader
 from pipeline.inference import ModelSpec, shared_model
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, TASKS, ConfigError, EvalOptions, parse_labels
 from pipeline.preprocess import WindowSpec
@@ -39,6 +39,7 @@ class RunPlan:
     model_id: str
     fingerprint: str
     prefix_len: int  # special tokens before the text in each window
+    batch: batching.BatchSettings  # rows per call, calls per Beam batch, local threads
     shadow: shadow.ShadowSpec | None = None  # --shadow_attention: a second kernel on a share of batches
     notices: tuple[str, ...] = ()  # choices that work but cost: the launcher prints them before the job
 
@@ -141,7 +142,7 @@ def validate(eo: EvalOptions) -> RunPlan:
     check_choice("dtype", eo.dtype, DTYPES)
     check_choice("target_backend", eo.target_backend, TARGET_BACKENDS)
     check_run_id(eo.run_id)
-    for flag, value, low in (("batch_size", eo.batch_size, 1), ("max_chunks", eo.max_chunks, 1), ("stride", eo.stride, 0),
+    for flag, value, low in (("max_chunks", eo.max_chunks, 1), ("stride", eo.stride, 0),
                              ("max_record_bytes", eo.max_record_bytes, 1024)):
         if value < low:
             raise ConfigError(f"--{flag}={value} must be >= {low}")
@@ -163,6 +164,10 @@ def validate(eo: EvalOptions) -> RunPlan:
 
     backend = target_backend(eo.target_backend)
     kernel = resolve_kernel(eo.attention, backend)
+    try:
+        batch = batching.settings_for(backend, batch_size=eo.batch_size, calls_per_beam_batch=eo.calls_per_beam_batch)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
     try:
         tfds = None
@@ -225,6 +230,7 @@ def validate(eo: EvalOptions) -> RunPlan:
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         shadow=shadow_spec,
         notices=(notice,) if notice else (),
+        batch=batch,
     )
 
 

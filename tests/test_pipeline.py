@@ -184,10 +184,10 @@ def test_a_batch_the_model_rejects_becomes_error_rows(minilm):
     def doc(i, ids):
         return TokenizedDoc(Document(f"d{i}", "", "src", i), [np.asarray(ids, np.int32)], len(ids) - 2, False, 0.0)
 
-    handler = FlaxModelHandler(ModelSpec("minilm-l6", attention="native"), task="embed", max_len=32,
+    handler = FlaxModelHandler(ModelSpec("minilm-l6", attention="native"), task="embed", max_len=32, calls_per_beam_batch=32,
                                batch_size=8, kernel="xla")
     with beam.Pipeline() as p:
-        # one batch (a Beam batch is CALLS_PER_BEAM_BATCH calls' worth of rows); one document has an id past the vocabulary
+        # one batch (a Beam batch is --calls_per_beam_batch calls' worth of rows); one document has an id past the vocabulary
         docs = p | beam.Create([[doc(0, [101, 2023, 102])], [doc(1, [101, 10**7, 102])]])  # lists of documents
         good, dead = docs | RunInference(handler).with_exception_handling()
         errors = dead.failed_inferences | beam.FlatMap(inference_failures_to_errors)

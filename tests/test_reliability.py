@@ -51,7 +51,7 @@ def retried_run(corpus, tmp_path_factory, minilm):
     root, ids = corpus
     marker = tmp_path_factory.mktemp("fault")
     out = tmp_path_factory.mktemp("reliability_out")
-    # --batch_size 1: Beam batches of CALLS_PER_BEAM_BATCH one-row calls, so the corpus makes several of them
+    # --batch_size 1: Beam batches of 32 one-row calls (the CPU default --calls_per_beam_batch), so the corpus makes several of them
     options, eo = parse_options(["--input", str(root), *common_flags("retried", out), "--attention", "native",
                                  "--runner", "BundleBasedDirectRunner", "--batch_size", "1"])
     plan = validate(eo)

@@ -1,0 +1,51 @@
+"""How much work each model call and each Beam batch holds, per backend: the defaults that keep each kind
+of device busy, and the settings a run uses (recorded in its summary).
+
+Holds the per-backend defaults and their resolution against the flags. Must not pack rows or call models
+(pipeline/packing.py and pipeline/inference.py use these settings).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+# Measured per backend (benchmarks/RESULTS.md, "Batch settings"): rows of --max_seq_len tokens per model call,
+# and model calls' worth of tokens per Beam batch. An accelerator wants large calls; a Beam batch of a few
+# calls lets the next batch's host work (read, tokenize, score) overlap the device in parallel bundles.
+BATCH_SIZE = {"cpu": 16, "gpu": 256, "tpu": 128}
+CALLS_PER_BEAM_BATCH = {"cpu": 32, "gpu": 4, "tpu": 4}
+# Parallel bundles (threads sharing one model) of a local DirectRunner run when no --direct_* flag is given:
+# on an accelerator, threads tokenize and score while another thread's calls run on the device; on a CPU the
+# model's own threads already use every core.
+LOCAL_THREADS = {"cpu": 1, "gpu": 4, "tpu": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSettings:
+    """A run's batch settings."""
+
+    backend: str
+    batch_size: int  # rows of max_seq_len tokens per model call (shorter packed rows: proportionally more)
+    calls_per_beam_batch: int  # a Beam batch holds this many full calls' worth of tokens
+    local_threads: int  # parallel bundles of a local DirectRunner run (1: Beam's default in-memory runner)
+
+    def beam_batch_tokens(self, max_len: int) -> int:
+        return self.batch_size * max_len * self.calls_per_beam_batch
+
+    def summary(self, max_len: int) -> dict[str, int | str]:
+        return {**dataclasses.asdict(self), "beam_batch_tokens": self.beam_batch_tokens(max_len)}
+
+
+def settings_for(backend: str, *, batch_size: int | None = None, calls_per_beam_batch: int | None = None,
+                 local_threads: int | None = None) -> BatchSettings:
+    """The flags' values where given, else the backend's defaults. Raises ValueError naming the flag."""
+    settings = BatchSettings(
+        backend=backend,
+        batch_size=BATCH_SIZE[backend] if batch_size is None else batch_size,
+        calls_per_beam_batch=CALLS_PER_BEAM_BATCH[backend] if calls_per_beam_batch is None else calls_per_beam_batch,
+        local_threads=LOCAL_THREADS[backend] if local_threads is None else local_threads,
+    )
+    for flag, value in (("batch_size", settings.batch_size), ("calls_per_beam_batch", settings.calls_per_beam_batch),
+                        ("direct_num_workers", settings.local_threads)):
+        if value < 1:
+            raise ValueError(f"--{flag}={value} must be >= 1")
+    return settings
