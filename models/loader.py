@@ -26,6 +26,7 @@ from models.errors import ModelLoadError
 from models.heads import document_embedding, next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES
 from models.model_dir import CONFIG, PARAMS, TOKENIZER, default_cache_dir, fetch_remote, is_remote, read_metadata, read_text
+from models.precision import matmul_precision, with_matmul_precision
 from models.sharding import DataParallel, local_data_parallel
 from models.tokenizer import DocTokenizer
 
@@ -53,15 +54,18 @@ class LoadedModel:
         graphdef, state = nnx.split(self.model)
         self.parallel = local_data_parallel()
         self._state = self.parallel.replicate(state)
+        # Every dot without its own precision traces under this one: float32 means float32 (no TF32).
+        self.matmul_precision = matmul_precision(self.dtype)
+        precise = lambda fn: with_matmul_precision(fn, self.matmul_precision)
 
         def hidden(state, input_ids, segment_ids):
             return nnx.merge(graphdef, state)(input_ids, segment_ids)
 
         self._functions: dict[str, Callable] = {
-            "embed": jax.jit(lambda s, i, g: document_embedding(hidden(s, i, g), g)),
-            "embed_packed": jax.jit(lambda s, i, g, n: segment_embeddings(hidden(s, i, g), g, n),
+            "embed": jax.jit(precise(lambda s, i, g: document_embedding(hidden(s, i, g), g))),
+            "embed_packed": jax.jit(precise(lambda s, i, g, n: segment_embeddings(hidden(s, i, g), g, n)),
                                     static_argnums=3),
-            "token_logprobs": jax.jit(lambda s, i, g: next_token_logprobs(hidden(s, i, g), i, g)),
+            "token_logprobs": jax.jit(precise(lambda s, i, g: next_token_logprobs(hidden(s, i, g), i, g))),
         }
 
     @property
