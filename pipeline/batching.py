@@ -17,6 +17,9 @@ CALLS_PER_BEAM_BATCH = {"cpu": 32, "gpu": 4, "tpu": 4}
 # on an accelerator, threads tokenize and score while another thread's calls run on the device; on a CPU the
 # model's own threads already use every core.
 LOCAL_THREADS = {"cpu": 1, "gpu": 4, "tpu": 4}
+# Shortest packed row (None: rows of max_len only). Short rows save attention work, and each row length costs
+# its own compiled programs: worth it on a CPU (compiles ~1 s), not on an accelerator (tens of seconds each).
+MIN_ROW_LEN = {"cpu": 64, "gpu": None, "tpu": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +30,10 @@ class BatchSettings:
     batch_size: int  # rows of max_seq_len tokens per model call (shorter packed rows: proportionally more)
     calls_per_beam_batch: int  # a Beam batch holds this many full calls' worth of tokens
     local_threads: int  # parallel bundles of a local DirectRunner run (1: Beam's default in-memory runner)
+    min_row_len: int | None  # shortest packed row length (None: max_len only)
+
+    def shortest_row(self, max_len: int) -> int:
+        return self.min_row_len or max_len
 
     def beam_batch_tokens(self, max_len: int) -> int:
         return self.batch_size * max_len * self.calls_per_beam_batch
@@ -43,6 +50,7 @@ def settings_for(backend: str, *, batch_size: int | None = None, calls_per_beam_
         batch_size=BATCH_SIZE[backend] if batch_size is None else batch_size,
         calls_per_beam_batch=CALLS_PER_BEAM_BATCH[backend] if calls_per_beam_batch is None else calls_per_beam_batch,
         local_threads=LOCAL_THREADS[backend] if local_threads is None else local_threads,
+        min_row_len=MIN_ROW_LEN[backend],
     )
     for flag, value in (("batch_size", settings.batch_size), ("calls_per_beam_batch", settings.calls_per_beam_batch),
                         ("direct_num_workers", settings.local_threads)):

@@ -18,7 +18,7 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from pipeline import device_time, faults, memory, shadow
 from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
-from pipeline.packing import run_model
+from pipeline.packing import MIN_ROW_LEN, run_model
 from pipeline.profiling import profile_batch
 from pipeline.preprocess import TokenizedDoc
 
@@ -96,13 +96,13 @@ class InferenceOutput:
     shadow: ShadowOutput | None = None  # set on the documents of shadowed batches
 
 
-def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int) -> np.ndarray:
+def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, min_row_len: int = MIN_ROW_LEN) -> np.ndarray:
     """[len(texts), D] normalised embeddings (mean of windows) through the same fixed shapes."""
     from pipeline.scoring import pool_windows
 
     encoded = loaded.tokenizer.encode_windows(list(texts), max_len=max_len, stride=0, max_windows=8)
     rows = [w for doc in encoded for w in doc.windows]
-    outputs, _, _ = run_model(loaded, rows, max_len=max_len, batch_size=batch_size)
+    outputs, _, _ = run_model(loaded, rows, max_len=max_len, batch_size=batch_size, min_row_len=min_row_len)
     result, k = [], 0
     for doc in encoded:
         result.append(pool_windows(outputs[k : k + len(doc.windows)]))
@@ -140,6 +140,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         batch_size: int,
         calls_per_beam_batch: int,
         kernel: str,
+        min_row_len: int = MIN_ROW_LEN,
         labels: dict[str, str] | None = None,
         shadow_spec: shadow.ShadowSpec | None = None,
         profile_dir: str | None = None,
@@ -153,6 +154,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         self._task = task
         self._max_len = max_len
         self._batch_size = batch_size
+        self._min_row_len = min_row_len
         self._kernel = kernel
         self._labels = dict(labels or {})
         self._shadow = shadow_spec
@@ -170,10 +172,11 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
             names = tuple(self._labels)
             texts = [self._labels[n] for n in names]
             model.label_names = names
-            model.label_embeddings = embed_texts(loaded, texts, max_len=self._max_len, batch_size=self._batch_size)
+            model.label_embeddings = embed_texts(loaded, texts, max_len=self._max_len, batch_size=self._batch_size,
+                                                 min_row_len=self._min_row_len)
             if model.shadow_loaded is not None:  # the labels through the shadow kernel too: scores compare end to end
                 model.shadow_label_embeddings = embed_texts(
-                    model.shadow_loaded, texts, max_len=self._max_len, batch_size=self._batch_size
+                    model.shadow_loaded, texts, max_len=self._max_len, batch_size=self._batch_size, min_row_len=self._min_row_len
                 )
         return model
 
@@ -193,7 +196,8 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         t0 = time.perf_counter()
         with profile_batch(self._profile_dir), device_time.PROCESS_CLOCK.busy():  # --profile_dir: a trace of this process's first batches
             outputs, timings, totals = run_model(
-                loaded, rows, max_len=self._max_len, batch_size=self._batch_size, per_token=self._task == "loglik"
+                loaded, rows, max_len=self._max_len, batch_size=self._batch_size, min_row_len=self._min_row_len,
+                per_token=self._task == "loglik",
             )
         batch_ms = (time.perf_counter() - t0) * 1000.0
         self._record_metrics(totals, new_compiles(loaded), batch_ms)
@@ -237,6 +241,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
             return None
         t0 = time.perf_counter()
         outputs, _, _ = run_model(model.shadow_loaded, rows, max_len=self._max_len, batch_size=self._batch_size,
+                                  min_row_len=self._min_row_len,
                                   per_token=self._task == "loglik")
         namespace = self.get_metrics_namespace()
         beam.metrics.Metrics.counter(namespace, "shadow_batches").inc()

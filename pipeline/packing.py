@@ -105,11 +105,12 @@ def _bucket_row(by_free: dict[int, list[int]], free_values: list[int], r: int, r
     bucket.append(r)
 
 
-def row_lengths(max_len: int) -> tuple[int, ...]:
+def row_lengths(max_len: int, min_row_len: int = MIN_ROW_LEN) -> tuple[int, ...]:
     """The row lengths windows of <= max_len tokens are packed into, ascending: max_len and its halves
-    down to MIN_ROW_LEN (max_len alone when it is odd or below 2 * MIN_ROW_LEN)."""
+    down to min_row_len (max_len alone when it is odd or below 2 * min_row_len). Each length costs its own
+    compiled programs: an accelerator, where compiles are slow and short rows save little, uses one."""
     lengths = [max_len]
-    while lengths[-1] % 2 == 0 and lengths[-1] // 2 >= MIN_ROW_LEN:
+    while lengths[-1] % 2 == 0 and lengths[-1] // 2 >= min_row_len:
         lengths.append(lengths[-1] // 2)
     return tuple(reversed(lengths))
 
@@ -135,22 +136,22 @@ def call_sizes(n_rows: int, full: int, tail: int = 1) -> list[int]:
     return [full] * whole + [tail] * -(-rest // tail)
 
 
-def shapes_for(max_len: int, batch_size: int, min_rows: int = 1) -> set[tuple[int, int]]:
+def shapes_for(max_len: int, batch_size: int, min_rows: int = 1, min_row_len: int = MIN_ROW_LEN) -> set[tuple[int, int]]:
     """Every [rows, row_len] input shape the runner can call with: the compile bound per method."""
     shapes = set()
-    for row_len in row_lengths(max_len):
+    for row_len in row_lengths(max_len, min_row_len):
         shapes |= {(rows, row_len) for rows in rows_per_call(row_len, max_len, batch_size, min_rows)}
     return shapes
 
 
 def plan_calls(
-    rows: Sequence[PackedRow], max_len: int, batch_size: int, min_rows: int = 1
+    rows: Sequence[PackedRow], max_len: int, batch_size: int, min_rows: int = 1, min_row_len: int = MIN_ROW_LEN
 ) -> list[tuple[int, Sequence[PackedRow], int]]:
     """The model calls that run packed rows, as (row_len, the call's rows, rows in the call): rows of one
     length per call, call_sizes of rows_per_call for each length (the last call of a length may hold
     fewer rows than its size: the rest is padding)."""
     calls = []
-    for row_len in row_lengths(max_len):
+    for row_len in row_lengths(max_len, min_row_len):
         same_len = [row for row in rows if row.row_len == row_len]
         start = 0
         for size in call_sizes(len(same_len), *rows_per_call(row_len, max_len, batch_size, min_rows)):
@@ -188,9 +189,10 @@ def run_packed(
     batch_size: int,
     per_token: bool = False,
     min_rows: int = 1,
+    min_row_len: int = MIN_ROW_LEN,
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
     """Run windows of <= max_len tokens through `call(input_ids, segment_ids)` in packed rows of
-    row_lengths(max_len), each window in the shortest row length that holds it.
+    row_lengths(max_len, min_row_len), each window in the shortest row length that holds it.
 
     call returns [B, max_segments_for(row_len), D] (slot s = segment s + 1; embeddings) or, with
     per_token, [B, row_len] (one value per position), as a numpy array or an array that np.asarray waits
@@ -198,13 +200,13 @@ def run_packed(
     so the host fills the next call's rows while the device computes. Returns each window's output
     (per_token outputs cut to the window), its share of the batch's time and of the computed tokens in
     proportion to its tokens, and totals (calls, computed and real tokens, milliseconds)."""
-    rows = pack_windows([len(w) for w in windows], row_lengths(max_len))
+    rows = pack_windows([len(w) for w in windows], row_lengths(max_len, min_row_len))
     outputs: list[np.ndarray | None] = [None] * len(windows)
     costs = [WindowCost() for _ in windows]
     totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
     t0 = time.perf_counter()
     pending = []
-    for row_len, call_rows, size in plan_calls(rows, max_len, batch_size, min_rows):
+    for row_len, call_rows, size in plan_calls(rows, max_len, batch_size, min_rows, min_row_len):
         input_ids, segment_ids, placed = fill_rows(windows, call_rows, row_len, size)
         real = max(1, int(np.count_nonzero(segment_ids)))
         pending.append((call(input_ids, segment_ids), placed, size * row_len, real))
@@ -224,7 +226,8 @@ def run_packed(
 
 
 def run_model(
-    loaded, windows: Sequence[np.ndarray], *, max_len: int, batch_size: int, per_token: bool = False
+    loaded, windows: Sequence[np.ndarray], *, max_len: int, batch_size: int, per_token: bool = False,
+    min_row_len: int = MIN_ROW_LEN,
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
     """run_packed with a models.LoadedModel: embed_packed (one embedding per window) or, per_token,
     token_logprobs (a decoder's next-token log-probs per window), each call dispatched without waiting
@@ -243,4 +246,5 @@ def run_model(
         def call(input_ids, segment_ids):
             return loaded.start("embed_packed", input_ids, segment_ids, max_segments_for(input_ids.shape[1]))
 
-    return run_packed(windows, call, max_len=max_len, batch_size=batch_size, per_token=per_token, min_rows=devices)
+    return run_packed(windows, call, max_len=max_len, batch_size=batch_size, per_token=per_token, min_rows=devices,
+                      min_row_len=min_row_len)

@@ -61,6 +61,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         batch_size=plan.batch.batch_size,
         calls_per_beam_batch=plan.batch.calls_per_beam_batch,
         kernel=plan.kernel,
+        min_row_len=plan.batch.shortest_row(plan.window_spec.max_len),
         labels=plan.labels,
         shadow_spec=plan.shadow,
         profile_dir=eo.profile_dir,
