@@ -20,6 +20,7 @@ Writes a Markdown table with the environment to benchmarks/RESULTS.md. Not a tes
 
     .venv/bin/python benchmarks/compare_peers.py            # ~2,000 documents
     .venv/bin/python benchmarks/compare_peers.py --docs 300 # a quick run
+    python benchmarks/compare_peers.py --gpu ...            # on a GPU machine: see benchmarks/gpu_peers.py
 """
 from __future__ import annotations
 
@@ -335,6 +336,12 @@ def environment() -> dict[str, str]:
 
 
 def main() -> None:
+    if "--gpu" in sys.argv:  # the GPU mode: sentence-transformers on CUDA as the peer (benchmarks/gpu_peers.py)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import gpu_peers
+
+        gpu_peers.main([a for a in sys.argv[1:] if a != "--gpu"])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=2000, help="documents (at most the ~1,900 available)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
