@@ -1,7 +1,8 @@
 """Model parameters on disk (Orbax) and the content fingerprint of a model.
 
-Holds save/restore of the nested parameter dict and the hash over params + config + tokenizer.
-Never pickles; must not know model families or file layout beyond the params/ directory it is given.
+Holds save/restore of the nested parameter dict, the stored shapes (read from Orbax's metadata, no array
+read) and the hash over params + config + tokenizer. Never pickles; must not know model families or file
+layout beyond the params/ directory it is given.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from models.architecture import flat_params
+from models.errors import ModelLoadError
 
 
 # Orbax saves running at once in one process (threads) trip over each other; processes are
@@ -36,8 +38,35 @@ def restore_params(path: str, shapes: dict[str, Any]) -> dict[str, Any]:
     return jax.tree_util.tree_map(np.asarray, restored)
 
 
+def stored_shapes(path: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """{'layers/0/attention/query/kernel': (shape, dtype), ...} of the Orbax checkpoint at `path`, read from
+    its metadata only (no array is read, nothing is allocated). ModelLoadError naming `path` when it holds no
+    readable Orbax checkpoint (a named pipe or other special file in it too: reading one could wait forever)."""
+    special = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names
+               if not os.path.isfile(os.path.join(root, name))]
+    if special:
+        raise ModelLoadError(f"{special[0]}: not a regular file, so {path} is not an Orbax checkpoint `docscore convert` "
+                             "wrote; re-create the directory with `docscore convert`")
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            tree = checkpointer.metadata(os.path.abspath(path)).item_metadata
+        stored = {name: (tuple(int(n) for n in leaf.shape), np.dtype(leaf.dtype))
+                  for name, leaf in flat_params(tree).items()} if tree is not None else {}
+    except Exception as err:  # Orbax/tensorstore raise many types for a damaged checkpoint
+        raise ModelLoadError(f"{path}: corrupt or incomplete Orbax checkpoint ({type(err).__name__}: {str(err)[:300]}); "
+                             "re-create the directory with `docscore convert`") from None
+    if not stored:
+        raise ModelLoadError(f"{path}: corrupt or incomplete Orbax checkpoint (no parameter metadata in it); "
+                             "re-create the directory with `docscore convert`")
+    return stored
+
+
 def fingerprint(params: dict[str, Any], config_bytes: bytes, tokenizer_bytes: bytes) -> str:
-    """sha256 over every parameter (name, dtype, shape, bytes), config.json and tokenizer.json."""
+    """sha256 over every parameter (name, dtype, shape, bytes), config.json and tokenizer.json.
+
+    A checksum against accidental corruption (a truncated copy or upload, a damaged disk, a file swapped
+    by mistake), not against tampering: it is not a signature and needs no secret, so whoever can edit
+    the files can recompute it and write it into metadata.json, and the directory then loads."""
     digest = hashlib.sha256()
     for name, array in sorted(flat_params(params).items()):
         array = np.ascontiguousarray(np.asarray(array))

@@ -18,10 +18,10 @@ import numpy as np
 from flax import nnx
 
 import kernels
-from models.architecture import abstract_model
+from models.architecture import abstract_model, flat_params, param_shapes
 from models.builtin import BUILTINS, builtin_dir
-from models.checkpoint import fingerprint, restore_params
-from models.config import ModelConfig, read_config
+from models.checkpoint import fingerprint, restore_params, stored_shapes
+from models.config import HF_KEYS, ModelConfig, read_config
 from models.errors import ModelLoadError
 from models.heads import document_embedding, next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES
@@ -171,25 +171,35 @@ def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
 
 
 def load_model_dir(path: str, *, attention: str, dtype: str, name: str) -> LoadedModel:
-    """Load and verify the local docscore model directory `path`."""
+    """Load and verify the local docscore model directory `path`. Every file is read and checked before the
+    model is built: metadata.json and config.json are JSON of the right shape, every config size is within
+    bounds and fits the parameter shapes the checkpoint stores (Orbax metadata, no array read), the tokenizer
+    fits the vocabulary. The restored weights, config and tokenizer must then match metadata.json's
+    fingerprint: a checksum against accidental damage, not a signature (models/checkpoint.py, fingerprint)."""
     metadata = read_metadata(path)
+    config_path = os.path.join(path, CONFIG)
     config_text, tokenizer_text = read_text(path, CONFIG), read_text(path, TOKENIZER)
-    config = read_config(os.path.join(path, CONFIG), config_text)
+    config = read_config(config_path, config_text)
     if config.family != metadata.family:
         raise ModelLoadError(f"{path}: metadata.json says {metadata.family} but config.json is "
                              f"{config.family}; re-create the directory with `docscore convert`")
+    if metadata.max_seq_len > config.max_positions:
+        raise ModelLoadError(f"{os.path.join(path, 'metadata.json')}: max_seq_len {metadata.max_seq_len} exceeds the "
+                             f"{config.max_positions} positions of {config_path} "
+                             f"({HF_KEYS[config.family]['max_positions']}); re-create the directory with `docscore convert`")
+    params_dir = os.path.join(path, PARAMS)
+    if not os.path.isdir(params_dir):
+        raise ModelLoadError(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
+                             "`docscore convert`)")
+    check_config_fits_checkpoint(config, stored_shapes(params_dir), config_path, params_dir)
     tokenizer = DocTokenizer.from_str(tokenizer_text, max_seq_len=metadata.max_seq_len,
                                       path=os.path.join(path, TOKENIZER))
-    tokenizer.check_vocab(config.vocab_size, os.path.join(path, CONFIG))
+    tokenizer.check_vocab(config.vocab_size, config_path)
 
     impl = kernels.resolve(attention, heads=config.num_heads, kv_heads=config.num_heads,
                            head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
                            has_segments=True, q_len=metadata.max_seq_len, kv_len=metadata.max_seq_len)
     graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)
-    params_dir = os.path.join(path, PARAMS)
-    if not os.path.isdir(params_dir):
-        raise ModelLoadError(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
-                             "`docscore convert`)")
     try:
         params = restore_params(params_dir, nnx.to_pure_dict(state))
     except Exception as err:  # Orbax/tensorstore raise many types for a damaged checkpoint
@@ -198,9 +208,49 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str) -> Loade
     actual = fingerprint(params, config_text.encode(), tokenizer_text.encode())
     if actual != metadata.fingerprint:
         raise ModelLoadError(f"{path}: content fingerprint {actual[:12]} does not match metadata.json "
-                             f"({metadata.fingerprint[:12]}): the checkpoint, config or tokenizer was changed or "
-                             "damaged; re-create the directory with `docscore convert`")
+                             f"({metadata.fingerprint[:12]}): the checkpoint, config or tokenizer changed after "
+                             "`docscore convert` wrote them (the fingerprint is a checksum that catches accidental "
+                             "damage, such as a truncated copy; it is not a signature and cannot detect deliberate "
+                             "edits); re-create the directory with `docscore convert`")
     nnx.replace_by_pure_dict(state, jax.device_put(params))
     return LoadedModel(model=nnx.merge(graphdef, state), tokenizer=tokenizer, config=config,
                        fingerprint=metadata.fingerprint, model_id=f"{name}@{metadata.fingerprint[:12]}",
                        attention=impl, dtype=dtype, path=os.path.abspath(path))
+
+
+def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tuple[int, ...], Any]],
+                                 config_path: str, params_dir: str) -> None:
+    """Raise ModelLoadError naming config.json's key when its sizes do not fit the parameters the checkpoint
+    stores (`stored`: name -> (shape, dtype), checkpoint.stored_shapes). Compares the layer count first and
+    then a one-layer shape of the model, so even a config that asks for millions of layers costs nothing."""
+    keys = HF_KEYS[config.family]
+    fix = "(the config that belongs to these weights), or re-create the directory with `docscore convert`"
+    layers = {name.split("/")[1] for name in stored if name.startswith("layers/")}
+    if layers != {str(i) for i in range(config.num_layers)}:
+        held = len(layers) if layers == {str(i) for i in range(len(layers))} else f"{len(layers)} (not numbered 0..n-1)"
+        raise ModelLoadError(f"{config_path}: {keys['num_layers']} is {config.num_layers} but the checkpoint "
+                             f"{params_dir} holds {held} layers; set {keys['num_layers']} to {len(layers)} {fix}")
+    expected = {}
+    for name, spec in flat_params(param_shapes(dataclasses.replace(config, num_layers=1))).items():
+        if name.startswith("layers/0/"):
+            expected.update({f"layers/{i}/{name[len('layers/0/'):]}": spec for i in range(config.num_layers)})
+        else:
+            expected[name] = spec
+    missing, extra = sorted(set(expected) - set(stored)), sorted(set(stored) - set(expected))
+    if missing or extra:
+        raise ModelLoadError(f"{params_dir}: the checkpoint's parameters are not those of the {config.family} model "
+                             f"{config_path} describes (missing {missing[:3]}, unexpected {extra[:3]}); re-create the "
+                             "directory with `docscore convert`")
+    for name, spec in expected.items():
+        shape, dtype = stored[name]
+        want = tuple(int(n) for n in spec.shape)
+        if shape == want and np.dtype(dtype) == np.dtype(spec.dtype):
+            continue
+        differing = [w for w, got in zip(want, shape) if w != got] if len(want) == len(shape) else []
+        culprits = [key for field, key in keys.items() if field != "num_layers" and getattr(config, field) in differing]
+        if not culprits:
+            raise ModelLoadError(f"{params_dir}: parameter {name} is {np.dtype(dtype)}{list(shape)} but {config_path} "
+                                 f"needs {np.dtype(spec.dtype)}{list(want)}; re-create the directory with `docscore convert`")
+        raise ModelLoadError(f"{config_path}: {' / '.join(culprits)} does not fit the checkpoint: {params_dir} stores "
+                             f"{name} as {list(shape)}, this config needs {list(want)}; set {' / '.join(culprits)} to the "
+                             f"weights' value {fix}")

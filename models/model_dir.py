@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from models.errors import ModelLoadError
 
 CONFIG, TOKENIZER, PARAMS, METADATA = "config.json", "tokenizer.json", "params", "metadata.json"
 FORMAT = "docscore-model/1"
+MAX_SEQ_LEN = 1_048_576  # metadata.json's max_seq_len bound (config.MAX_SIZES' max_positions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,34 +70,81 @@ def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, token
 
 def read_metadata(path: str) -> ModelMetadata:
     """metadata.json of the model directory `path`; ModelLoadError naming the file when absent or bad."""
-    file = os.path.join(path, METADATA)
     if not os.path.isdir(path):
         raise ModelLoadError(f"{path}: no such model directory; pass --model minilm-l6 or a directory made by "
                              "`docscore convert --hf SRC --out DIR`")
+    file = os.path.join(path, METADATA)
+    return parse_metadata(read_text(path, METADATA), file)
+
+
+def parse_metadata(text: str | bytes, file: str) -> ModelMetadata:
+    """The ModelMetadata of metadata.json's text; ModelLoadError naming `file` when it is not JSON, not
+    this format, or a field has the wrong type (the fingerprint also names a cache directory: hex only)."""
     try:
-        with open(file) as f:
-            raw = json.load(f)
+        raw = json.loads(text)
+    except UnicodeDecodeError:
+        raise ModelLoadError(f"{file}: not UTF-8 text, so not a docscore metadata.json; re-create the directory "
+                             "with `docscore convert`") from None
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, a number too long to convert, deep nesting
+        raise ModelLoadError(f"{file}: corrupt metadata, not valid JSON ({str(err)[:200] or type(err).__name__}); "
+                             "re-create the directory with `docscore convert`") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{file}: corrupt metadata: a JSON {type(raw).__name__}, not an object with "
+                             f"{', '.join(f.name for f in dataclasses.fields(ModelMetadata))}; re-create the directory "
+                             "with `docscore convert`")
+    if raw.get("format", FORMAT) != FORMAT:
+        raise ModelLoadError(f"{file}: format {raw['format']!r} is not {FORMAT!r}; re-convert the model "
+                             "with this version's `docscore convert`")
+    try:
         metadata = ModelMetadata(**raw)
-    except FileNotFoundError:
-        raise ModelLoadError(f"{file}: missing; {path} is not a complete docscore model directory "
-                             "(re-create it with `docscore convert`)") from None
-    except (json.JSONDecodeError, TypeError) as err:
+    except TypeError as err:
         raise ModelLoadError(f"{file}: corrupt metadata ({err}); re-create the directory with "
                              "`docscore convert`") from None
-    if metadata.format != FORMAT:
-        raise ModelLoadError(f"{file}: format {metadata.format!r} is not {FORMAT!r}; re-convert the model "
-                             "with this version's `docscore convert`")
+    problem = _metadata_problem(metadata)
+    if problem:
+        raise ModelLoadError(f"{file}: corrupt metadata: {problem}; re-create the directory with `docscore convert`")
     return metadata
 
 
+def _metadata_problem(metadata: ModelMetadata) -> str | None:
+    for name in ("family", "fingerprint", "source", "format"):
+        if not isinstance(getattr(metadata, name), str):
+            return f"{name} is a {type(getattr(metadata, name)).__name__}, not a string"
+    if len(metadata.fingerprint) != 64 or any(c not in "0123456789abcdef" for c in metadata.fingerprint):
+        return "fingerprint is not 64 lowercase hex digits (a sha256)"
+    size = metadata.max_seq_len
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_SEQ_LEN:
+        return f"max_seq_len must be a whole number from 1 to {MAX_SEQ_LEN:,}"
+    return None
+
+
 def read_text(path: str, name: str) -> str:
+    """The UTF-8 text of the file `name` in the model directory `path`; ModelLoadError naming the file when
+    it is missing, cannot be read (a directory, no permission, an I/O error) or is not UTF-8."""
     file = os.path.join(path, name)
     try:
+        if not stat.S_ISREG(os.stat(file).st_mode):  # opening a named pipe would wait for a writer forever
+            raise ModelLoadError(f"{file}: not a regular file ({file_kind(file)}); put the file `docscore convert` "
+                                 "wrote there, or re-create the directory with `docscore convert`")
         with open(file, encoding="utf-8") as f:
             return f.read()
     except FileNotFoundError:
         raise ModelLoadError(f"{file}: missing; {path} is not a complete docscore model directory "
                              "(re-create it with `docscore convert`)") from None
+    except UnicodeDecodeError as err:
+        raise ModelLoadError(f"{file}: not UTF-8 text ({err}); the file is damaged: re-create the directory with "
+                             "`docscore convert`") from None
+    except OSError as err:  # a directory in its place, no permission, an I/O error
+        raise ModelLoadError(f"{file}: cannot be read ({err.strerror or err}); make it a readable file, or "
+                             "re-create the directory with `docscore convert`") from None
+
+
+def file_kind(file: str) -> str:
+    """What the path is, in words: 'a directory', 'a named pipe (FIFO)', ..."""
+    mode = os.stat(file).st_mode
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def fetch_remote(url: str, cache_dir: str) -> str:
@@ -106,13 +155,11 @@ def fetch_remote(url: str, cache_dir: str) -> str:
     url = url.rstrip("/")
     try:
         fs, root = fsspec.core.url_to_fs(url)
-        raw = json.loads(fs.cat_file(f"{root}/{METADATA}"))
-        metadata = ModelMetadata(**raw)
+        text = fs.cat_file(f"{root}/{METADATA}")
     except FileNotFoundError:
         raise ModelLoadError(f"{url}/{METADATA}: missing; {url} is not a docscore model directory "
                              "(upload the output of `docscore convert` there)") from None
-    except (json.JSONDecodeError, TypeError) as err:
-        raise ModelLoadError(f"{url}/{METADATA}: corrupt metadata ({err})") from None
+    metadata = parse_metadata(text, f"{url}/{METADATA}")
     local = Path(cache_dir) / "remote" / metadata.fingerprint
     if (local / METADATA).exists():
         return str(local)
