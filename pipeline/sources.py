@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import os
+import stat
 import sys
 import time
 import zlib
@@ -17,6 +19,7 @@ from typing import Any
 
 import apache_beam as beam
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from pipeline import tfds_reader
 from pipeline.records import ERRORS_TAG, Document, ErrorRow
@@ -63,9 +66,13 @@ def shard_format(path: str) -> str | None:
 
 
 def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: str = "test") -> list[str]:
-    """Expand --input to a sorted list of shard paths/URLs (a directory means every readable file in it).
+    """Expand --input to a sorted list of shard paths/URLs. A directory means every regular file of a
+    readable format under it; a glob every regular file it matches. Named pipes, sockets and devices are
+    skipped (opening a named pipe waits for a writer forever); symlinked directories are followed, each
+    real directory once, never into a directory that holds the link (a loop) (local_regular_files).
 
-    Raises FileNotFoundError when nothing matches and ValueError for files of an unknown format.
+    Raises FileNotFoundError when nothing matches and ValueError for files of an unknown format, or when
+    --input names one file that is not a regular file.
     """
     if pattern.startswith(tfds_reader.TFDS_PREFIX):
         if not tfds_data_dir:
@@ -73,11 +80,21 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
         dataset = tfds_reader.locate_dataset(pattern, tfds_data_dir)
         return dataset.shard_paths(split)
     fs, _, paths = fsspec.get_fs_token_paths(pattern)
+    local = isinstance(fs, LocalFileSystem)
     hidden = lambda p: p.rsplit("/", 1)[-1].startswith(("_", "."))  # noqa: E731 - _SUCCESS, .crc, ...
-    if not fsspec.core.has_magic(pattern) and len(paths) == 1 and fs.isdir(paths[0]):
-        found = [p for p in fs.find(paths[0]) if not hidden(p) and shard_format(p)]
+    one_path = not fsspec.core.has_magic(pattern) and len(paths) == 1
+    if one_path and fs.isdir(paths[0]):
+        files = (local_regular_files(paths[0]) if local
+                 else [p for p, info in fs.find(paths[0], detail=True).items() if info.get("type") == "file"])
+        found = [p for p in files if not hidden(p) and shard_format(p)]
     else:
-        found = [p for p in paths if not hidden(p) and fs.isfile(p)]
+        if one_path and local and os.path.lexists(paths[0]) and not _is_regular(paths[0]):
+            raise ValueError(
+                f"--input {pattern}: {_printable(paths[0])} is {_special_kind(paths[0])}, not a regular file; docscore "
+                "reads regular files only (a named pipe would keep the job waiting for a writer forever); pass a "
+                "regular file, a directory or a glob"
+            )
+        found = [p for p in paths if not hidden(p) and (_is_regular(p) if local else fs.isfile(p))]
         unknown = [p for p in found if shard_format(p) is None]
         if unknown:
             raise ValueError(
@@ -92,6 +109,64 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
         raise ValueError(f"--input {pattern}: the file name {_printable(undecodable[0])!r} is not valid UTF-8; rename it")
     protocol = fsspec.core.split_protocol(pattern)[0]
     return sorted(fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in found)
+
+
+def local_regular_files(root: str) -> list[str]:
+    """Every regular file under the local directory `root` (symlinks to regular files included), as
+    root/relative/path. Named pipes, sockets, devices, broken links and unreadable directories are skipped.
+    Symlinked directories are followed after the real tree, each real directory once (so a link to a
+    directory already listed adds nothing), and never one that holds the link itself (a loop such as
+    `a -> ..` or `a -> /`): the listing always ends."""
+    found: list[str] = []
+    visited: set[str] = set()
+    real_dirs, linked_dirs = [root.rstrip("/") or "/"], []
+    while real_dirs or linked_dirs:
+        directory = real_dirs.pop() if real_dirs else linked_dirs.pop()
+        real = os.path.realpath(directory)
+        if real in visited:
+            continue
+        visited.add(real)
+        try:
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError:  # unreadable or vanished: nothing to read there
+            continue
+        for entry in entries:
+            path = f"{directory.rstrip('/')}/{entry.name}"
+            try:
+                mode = os.stat(entry.path).st_mode  # follows symlinks
+            except OSError:  # a broken link, or gone since the listing
+                continue
+            if stat.S_ISREG(mode):
+                found.append(path)
+            elif stat.S_ISDIR(mode) and not entry.is_symlink():
+                real_dirs.append(path)
+            elif stat.S_ISDIR(mode) and not _holds(os.path.realpath(path), real):
+                linked_dirs.append(path)
+    return found
+
+
+def _holds(directory: str, path: str) -> bool:
+    """`path` is `directory` or lies under it (both real, absolute paths)."""
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _is_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _special_kind(path: str) -> str:
+    """What a local path that is not a regular file is, in words."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a broken symbolic link"
+    kinds = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def make_document(

@@ -1,0 +1,100 @@
+"""--input reads regular files only: named pipes (which would keep a reader waiting forever), sockets,
+devices and broken links in an input directory or glob are skipped, one named explicitly is a
+configuration error (exit 2), and a symlinked directory is followed once but never into a loop.
+Checked on real files and with real `docscore run` processes."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.sources import discover_shards
+from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, read_table, write_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def special_files(directory: Path) -> None:
+    """A named pipe, a socket, a link to the pipe and a broken link, all with shard names."""
+    os.mkfifo(directory / "pipe.jsonl")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(directory / "socket.jsonl"))
+    server.close()
+    (directory / "to_pipe.jsonl").symlink_to(directory / "pipe.jsonl")
+    (directory / "broken.jsonl").symlink_to(directory / "gone.jsonl")
+
+
+def test_a_directory_or_glob_yields_only_its_regular_files(tmp_path):
+    d = tmp_path / "d"
+    write_jsonl(d / "a.jsonl", [{"text": "a"}])
+    (d / "to_a.jsonl").symlink_to(d / "a.jsonl")  # a link to a regular file is a regular file to read
+    (d / "sub").mkdir()
+    special_files(d)
+    special_files(d / "sub")
+    expected = [str(d / "a.jsonl"), str(d / "to_a.jsonl")]
+    assert discover_shards(str(d)) == expected
+    assert discover_shards(str(d / "*.jsonl")) == expected
+    assert discover_shards(str(d / "**" / "*.jsonl")) == expected
+
+
+@pytest.mark.parametrize("name, kind", [("pipe.jsonl", "a named pipe (FIFO)"), ("socket.jsonl", "a socket"),
+                                        ("to_pipe.jsonl", "a named pipe (FIFO)"), ("broken.jsonl", "a broken symbolic link")])
+def test_an_input_naming_a_file_that_is_not_regular_is_a_configuration_error(name, kind, tmp_path):
+    special_files(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / name} is {kind}, not a regular file")):
+        discover_shards(str(tmp_path / name))
+    with pytest.raises(ValueError, match="is a character device, not a regular file"):
+        discover_shards("/dev/null")
+
+
+def test_symlinked_directories_are_followed_once_and_never_into_a_loop(tmp_path):
+    d, other = tmp_path / "d", tmp_path / "other"
+    write_jsonl(d / "real" / "x.jsonl", [{"text": "x"}])
+    write_jsonl(other / "y.jsonl", [{"text": "y"}])
+    write_jsonl(tmp_path / "beside.jsonl", [{"text": "outside the input, reachable only through a loop"}])
+    (d / "again").symlink_to(d / "real")         # the same directory twice: listed once, under its real name
+    (d / "elsewhere").symlink_to(other)          # a data directory linked in: followed
+    (d / "real" / "loop").symlink_to(d)          # a loop back to the input: never followed
+    (d / "real" / "up").symlink_to(tmp_path)     # a link to a directory above the input: a loop too
+    (d / "root").symlink_to("/")                 # the whole file system: a loop (it holds the link)
+    (other / "back").symlink_to(d)               # a loop through the followed link
+    started = time.monotonic()
+    assert discover_shards(str(d)) == [str(d / "elsewhere" / "y.jsonl"), str(d / "real" / "x.jsonl")]
+    assert time.monotonic() - started < 5
+    assert discover_shards(str(d / "**" / "*.jsonl")) == [str(d / "real" / "x.jsonl")]  # fsspec's ** follows no link
+
+
+def docscore_run(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", "run", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_docscore_run_scores_an_input_directory_holding_a_named_pipe_instead_of_hanging(tmp_path):
+    """Before: the reader opened the pipe and waited for a writer forever."""
+    d = tmp_path / "in"
+    write_jsonl(d / "docs.jsonl", [{"id": f"d{i}", "text": f"document number {i}"} for i in range(3)])
+    special_files(d)
+    out = tmp_path / "out"
+    done = docscore_run("--input", str(d), "--output", str(out), "--run_id", "r1", "--attention", "native",
+                        "--max_seq_len", str(TEST_MAX_LEN), "--batch_size", str(TEST_BATCH), "--stride", str(TEST_STRIDE),
+                        "--no_progress", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    scores, _ = read_table(out, "scores", "r1")
+    assert sorted(scores["doc_id"]) == ["d0", "d1", "d2"]
+    errors, _ = read_table(out, "errors", "r1")
+    assert len(errors) == 0
+
+
+def test_docscore_run_naming_a_named_pipe_exits_2_with_its_path(tmp_path):
+    os.mkfifo(tmp_path / "docs.jsonl")
+    done = docscore_run("--input", str(tmp_path / "docs.jsonl"), "--output", str(tmp_path / "out"), "--run_id", "r1",
+                        timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"--input {tmp_path / 'docs.jsonl'}: " in done.stderr and "is a named pipe (FIFO), not a regular file" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out" / "scores").exists()
