@@ -1,12 +1,16 @@
-"""Memory watch: host RSS (psutil) and accelerator memory (jax Device.memory_stats(), on backends that
-have them) sampled once per inference batch into Beam metrics, and the summary's memory section.
+"""Memory: before a run, whether one model call of --batch_size rows fits the memory there is (a pure
+estimate from the model's sizes, and the room: available RAM or the accelerator's allocator limit); during
+it, host RSS (psutil) and accelerator memory (jax Device.memory_stats(), on backends that have them)
+sampled once per inference batch into Beam metrics, and the summary's memory section.
 
-Holds the sampling, the per-batch recorder a DoFn calls, and the pure summary of the metrics. Must not
-keep samples itself (Beam aggregates them) nor act on what it sees.
+Holds the estimate and the room (validate.py turns a call that cannot fit into a configuration error),
+the sampling, the per-batch recorder a DoFn calls, and the pure summary of the metrics. Must not keep
+samples itself (Beam aggregates them) nor act on what it sees during a run.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from typing import Any
 
@@ -109,3 +113,171 @@ def summarize(metrics: dict[str, Any]) -> dict[str, Any]:
         "growth_after_warmup_pct": growth,
         "device": device,
     }
+
+
+# ---- before the run: does one model call of --batch_size rows fit? ------------------------------------
+
+ACTIVATION_BYTES = 4  # the layers compute and return float32 whatever --dtype (bfloat16 only casts matmul inputs)
+# Kernels that never hold a [rows, heads, L, L] score tensor in device memory (tiles live on chip); any other
+# name is estimated like xla, whose scores and probabilities are both materialised.
+FLASH_KERNELS = ("cudnn", "pallas_gpu", "pallas_tpu")
+HEADROOM = 2  # a suggested --batch_size leaves half the room to everything else (Beam, tokenizer, outputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallEstimate:
+    """Bytes one model call needs: the parameters (float32, resident while the model is loaded) and the
+    call's activations at their peak (the largest of one layer's intermediates and the output head's)."""
+
+    parameters: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.activations
+
+
+def parameter_count(config) -> int:
+    """Parameters of a models.ModelConfig: embedding tables, per layer attention (q, k, v, output), the
+    feed-forward pair and two layer norms, and GPT-2's final norm."""
+    h, i = config.hidden_size, config.intermediate_size
+    tables = (config.vocab_size + config.max_positions + config.type_vocab_size) * h
+    layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h
+    return tables + config.num_layers * layer + 2 * h  # + GPT-2's final norm or BERT's embedding norm
+
+
+def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attention: str) -> CallEstimate:
+    """The memory one model call of batch_size rows x seq_len tokens needs (a models.ModelConfig; the
+    resolved kernel name). Activations are one layer's at a time, since inference keeps none across layers:
+    four [rows, L, hidden] float32 tensors (the stream, q/k/v, attention output), one [rows, L,
+    intermediate], and the attention scores and probabilities, [rows, heads, L, L] float32 each for xla,
+    one block's for blockwise, none for the flash kernels; bfloat16 adds a copy of the layer's weights.
+    Or the output head's when larger: GPT-2's [rows, L, vocab] logits twice (log-softmax), the encoder's
+    segment one-hot. Within 0.9-1.3x of what XLA's compiled programs report for MiniLM and GPT-2 on CPU
+    (tests/test_batch_memory.py); calls of shorter packed rows hold the same tokens and fewer scores."""
+    from kernels.blockwise import BLOCK_K, BLOCK_Q
+
+    rows, length = int(batch_size), int(seq_len)
+    tokens = rows * length
+    h, i = config.hidden_size, config.intermediate_size
+    if attention == "blockwise":
+        scores = 2 * rows * config.num_heads * min(length, BLOCK_Q) * min(length, BLOCK_K)
+    elif attention in FLASH_KERNELS:
+        scores = 0
+    else:
+        scores = 2 * rows * config.num_heads * length * length
+    layer = (4 * tokens * h + tokens * i + scores) * ACTIVATION_BYTES
+    if dtype == "bfloat16":
+        layer += 2 * (4 * h * h + 2 * h * i)
+    if config.is_encoder:
+        head = (tokens * h + tokens * max(1, length // 8)) * ACTIVATION_BYTES
+    else:
+        head = (tokens * h + 2 * tokens * config.vocab_size) * ACTIVATION_BYTES
+    inputs = 2 * tokens * 4  # int32 ids and segment ids
+    return CallEstimate(parameters=parameter_count(config) * 4, activations=max(layer, head) + inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRoom:
+    """Bytes one model call may use on the backend that runs it, and where that number comes from."""
+
+    bytes: int
+    source: str
+    per_device: bool = False  # an accelerator's: each device holds its share of a call's rows
+
+
+def host_memory_room(cgroup_root: str = "/sys/fs/cgroup") -> MemoryRoom:
+    """psutil's available RAM, or what is left under this container's cgroup memory limit when that is less
+    (psutil reports the host's memory inside a container)."""
+    import psutil
+
+    room = MemoryRoom(int(psutil.virtual_memory().available), "available RAM (psutil)")
+    cgroup = cgroup_memory_room(cgroup_root)
+    return cgroup if cgroup is not None and cgroup.bytes < room.bytes else room
+
+
+def cgroup_memory_room(root: str = "/sys/fs/cgroup") -> MemoryRoom | None:
+    """limit - usage of the cgroup this process runs in (v2 memory.max/memory.current, or v1
+    memory/memory.limit_in_bytes/memory.usage_in_bytes); None without a limit or a cgroup to read."""
+    for limit_name, usage_name in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            with open(os.path.join(root, limit_name)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(root, usage_name)) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 2**60:  # v1 writes ~2**63 for "no limit"
+            return None
+        return MemoryRoom(max(0, int(limit) - usage), f"left under the cgroup memory limit ({os.path.join(root, limit_name)})")
+    return None
+
+
+def device_memory_room(devices) -> MemoryRoom | None:
+    """The smallest bytes_limit - bytes_in_use of the devices' memory_stats() (the loaded model's parameters
+    are already in use there); None when a device reports no limit (CPU, some backends)."""
+    rooms = []
+    for device in devices:
+        try:
+            stats = device.memory_stats()
+        except Exception:  # a backend without an allocator to ask
+            stats = None
+        if not stats or not stats.get("bytes_limit"):
+            return None
+        rooms.append((int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), device))
+    if not rooms:
+        return None
+    room, device = min(rooms, key=lambda r: r[0])
+    return MemoryRoom(max(0, room), f"free on {device.platform}:{device.id} (memory_stats bytes_limit - bytes_in_use)",
+                      per_device=True)
+
+
+def local_memory_room(backend: str) -> MemoryRoom | None:
+    """The room on this process's `backend`: the host's for cpu, the devices' allocator for gpu/tpu (None
+    when they report no limit: nothing is checked then)."""
+    if backend == "cpu":
+        return host_memory_room()
+    import jax
+
+    return device_memory_room(jax.local_devices(backend=backend))
+
+
+def batch_size_problem(config, *, batch_size: int, seq_len: int, dtype: str, attention: str, room: MemoryRoom,
+                       devices: int = 1, concurrent_calls: int = 1, model_copies: int = 0) -> str | None:
+    """Why one model call of batch_size rows x seq_len tokens cannot fit `room`, naming --batch_size, the
+    estimate, the limit and a value that fits (with room to spare); None when it fits. On an accelerator
+    (room.per_device) each of `devices` holds its share of the rows. `concurrent_calls` calls may run at
+    once (worker threads or processes) and `model_copies` more copies of the parameters are loaded
+    (worker processes) beside the one already in memory."""
+    share = -(-batch_size // devices) if room.per_device else batch_size
+
+    def needed(rows: int) -> int:
+        estimate = call_estimate(config, batch_size=rows, seq_len=seq_len, dtype=dtype, attention=attention)
+        return concurrent_calls * estimate.activations + model_copies * estimate.parameters
+
+    if needed(share) <= room.bytes:
+        return None
+    per_row = needed(1) - model_copies * call_estimate(config, batch_size=1, seq_len=seq_len, dtype=dtype,
+                                                         attention=attention).parameters
+    fits = 0
+    while needed((2 * fits or 1)) <= room.bytes // HEADROOM:  # the largest power of two with room to spare
+        fits = 2 * fits or 1
+    where = f" per device ({devices} devices share a call's rows)" if room.per_device and devices > 1 else ""
+    workers = f" for {concurrent_calls} calls at once (--direct_num_workers)" if concurrent_calls > 1 else ""
+    if fits:
+        fix = f"use --batch_size={fits * (devices if room.per_device else 1)} or less"
+    else:
+        fix = (f"even --batch_size={devices if room.per_device else 1} does not fit: use a shorter --max_seq_len"
+               + (" or --attention=flash (no [L, L] scores)" if attention not in FLASH_KERNELS + ("blockwise",) else ""))
+    return (f"--batch_size={batch_size}: a model call of {batch_size} rows x {seq_len} tokens needs about "
+            f"{_size(needed(share))}{where}{workers} ({attention} attention, {dtype}: {_size(per_row)} per row), more "
+            f"than the {_size(room.bytes)} {room.source}; {fix}")
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"

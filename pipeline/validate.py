@@ -13,7 +13,7 @@ import re
 
 import fsspec
 
-from pipeline import batching, shadow, sinks, sources, tfds_reader
+from pipeline import batching, memory, shadow, sinks, sources, tfds_reader
 from pipeline.inference import ModelSpec, shared_model
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, TASKS, ConfigError, EvalOptions, parse_labels
 from pipeline.preprocess import WindowSpec
@@ -213,6 +213,8 @@ def validate(eo: EvalOptions) -> RunPlan:
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
     if eo.stride >= content:
         raise ConfigError(f"--stride={eo.stride} must be < {content} (window length minus special tokens)")
+    if same_backend:
+        check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend)
     shadow_spec = check_shadow(eo, model_spec, backend, kernel)
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
@@ -277,6 +279,33 @@ def check_shadow(eo: EvalOptions, model_spec: ModelSpec, backend: str, kernel: s
             f"already runs, so there is nothing to compare; shadow with another kernel, e.g. --shadow_attention={other}"
         )
     return shadow.ShadowSpec(eo.shadow_attention, shadow_kernel, eo.shadow_fraction, tolerance, eo.dtype)
+
+
+def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, max_len: int, kernel: str,
+                       backend: str) -> None:
+    """One model call of the run's batch size (rows of max_len tokens) must fit the memory of this machine's
+    backend (memory.batch_size_problem: available RAM, or the device allocator's free bytes) before any data
+    is read; --batch_size 10**6 used to fail out of memory after reading. Checked for local runs only: the
+    workers of a remote runner are other machines."""
+    import jax
+
+    from pipeline.publish import runs_locally
+
+    if not runs_locally(eo):
+        return
+    room = memory.local_memory_room(backend)
+    if room is None:  # the backend reports no limit to compare with
+        return
+    direct = eo.get_all_options()
+    workers = max(int(direct.get("direct_num_workers") or 1), batch.local_threads)
+    processes = direct.get("direct_running_mode") == "multi_processing"
+    concurrent = workers if backend == "cpu" or processes else 1  # an accelerator runs one process's calls in turn
+    problem = memory.batch_size_problem(
+        config, batch_size=batch.batch_size, seq_len=max_len, dtype=eo.dtype, attention=kernel, room=room,
+        devices=len(jax.local_devices(backend=backend)), concurrent_calls=concurrent,
+        model_copies=workers if processes and backend == "cpu" else 0)
+    if problem:
+        raise ConfigError(problem)
 
 
 def load_for_checks(spec: ModelSpec, backend: str):

@@ -1,0 +1,132 @@
+"""--batch_size checked against the memory there is before any data is read: the estimate of one model
+call (pipeline/memory.py) against what XLA's compiled programs report, the room (available RAM, a cgroup
+limit, an accelerator's allocator), and `docscore run` exiting 2 naming --batch_size, the estimate, the
+limit and a value that fits."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from models.architecture import abstract_model
+from models.config import config_from_hf
+from models.heads import next_token_logprobs, segment_embeddings
+from pipeline import memory
+from tests.conftest import TEST_BATCH, TEST_MAX_LEN, run_docscore
+
+MINILM = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+          "intermediate_size": 1536, "max_position_embeddings": 512}
+LONG_BERT = {**MINILM, "num_hidden_layers": 2, "max_position_embeddings": 2048}
+GPT2 = {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 2, "n_head": 12, "n_positions": 1024}
+
+
+def compiled_bytes(config, attention: str, dtype: str, rows: int, length: int) -> int:
+    """Arguments + outputs + temporaries of the model call's program as XLA compiles it (no weights needed)."""
+    graphdef, state = abstract_model(config, attention_impl=attention, dtype=dtype)
+    if config.is_encoder:
+        call = jax.jit(lambda s, i, g: segment_embeddings(nnx.merge(graphdef, s)(i, g), g, max(1, length // 8)))
+    else:
+        call = jax.jit(lambda s, i, g: next_token_logprobs(nnx.merge(graphdef, s)(i, g), i, g))
+    ids = jax.ShapeDtypeStruct((rows, length), jnp.int32)
+    stats = call.lower(state, ids, ids).compile().memory_analysis()
+    return stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+
+
+@pytest.mark.parametrize("hf, attention, dtype, rows, length", [
+    (MINILM, "xla", "float32", 16, 256),      # the CPU default
+    (MINILM, "xla", "bfloat16", 128, 256),    # scores dominate
+    (MINILM, "xla", "float32", 256, 64),      # short packed rows
+    (LONG_BERT, "xla", "float32", 4, 2048),   # [L, L] scores of long rows
+    (LONG_BERT, "blockwise", "float32", 4, 2048),  # one block of scores at a time
+    (GPT2, "xla", "float32", 4, 256),         # the [rows, L, vocab] logits dominate
+], ids=["minilm-16x256", "minilm-bf16-128x256", "minilm-256x64", "long-xla", "long-blockwise", "gpt2-4x256"])
+def test_the_estimate_is_close_to_what_xla_compiles(hf, attention, dtype, rows, length):
+    if jax.default_backend() != "cpu":
+        pytest.skip("calibrated against XLA:CPU's buffer assignment")
+    config = config_from_hf(hf)
+    estimate = memory.call_estimate(config, batch_size=rows, seq_len=length, dtype=dtype, attention=attention)
+    ratio = estimate.total / compiled_bytes(config, attention, dtype, rows, length)
+    assert 0.8 <= ratio <= 1.5, ratio
+
+
+def test_the_estimate_grows_with_rows_and_is_smaller_without_score_tensors():
+    config = config_from_hf(LONG_BERT)
+    one, many = (memory.call_estimate(config, batch_size=b, seq_len=2048, dtype="float32", attention="xla") for b in (1, 64))
+    assert many.parameters == one.parameters and many.activations > 60 * one.activations
+    flash = [memory.call_estimate(config, batch_size=64, seq_len=2048, dtype="float32", attention=k).activations
+             for k in ("blockwise", "cudnn")]
+    assert many.activations > 5 * flash[0] > 5 * flash[1]
+
+
+def test_todays_defaults_and_test_settings_fit_this_machine():
+    config, room = config_from_hf(MINILM), memory.host_memory_room()
+    for dtype in ("float32", "bfloat16"):
+        for attention in ("xla", "blockwise"):
+            assert memory.batch_size_problem(config, batch_size=16, seq_len=256, dtype=dtype, attention=attention,
+                                             room=room) is None
+    assert memory.batch_size_problem(config, batch_size=TEST_BATCH, seq_len=TEST_MAX_LEN, dtype="float32",
+                                     attention="xla", room=room, concurrent_calls=2, model_copies=2) is None
+
+
+def test_a_call_larger_than_the_room_names_the_flag_the_estimate_the_limit_and_a_value_that_fits():
+    config, gib = config_from_hf(MINILM), 2**30
+    room = memory.MemoryRoom(gib, "of the test's room")
+    message = memory.batch_size_problem(config, batch_size=4096, seq_len=256, dtype="float32", attention="xla", room=room)
+    assert message.startswith("--batch_size=4096: a model call of 4096 rows x 256 tokens needs about 36.0 GiB"), message
+    assert "more than the 1.0 GiB of the test's room; use --batch_size=32 or less" in message, message
+    fits = memory.call_estimate(config, batch_size=32, seq_len=256, dtype="float32", attention="xla").activations
+    assert fits <= gib // 2 < memory.call_estimate(config, batch_size=64, seq_len=256, dtype="float32", attention="xla").activations
+    # an accelerator: each of 8 devices holds an eighth of the rows, and the suggestion counts all of them
+    device = memory.MemoryRoom(gib, "free on gpu:0", per_device=True)
+    assert memory.batch_size_problem(config, batch_size=128, seq_len=256, dtype="float32", attention="xla", room=device,
+                                     devices=8) is None
+    message = memory.batch_size_problem(config, batch_size=4096, seq_len=256, dtype="float32", attention="xla",
+                                        room=device, devices=8)
+    assert "per device (8 devices share a call's rows)" in message and "use --batch_size=256 or less" in message, message
+    # nothing fits: say what else to change
+    message = memory.batch_size_problem(config, batch_size=8, seq_len=256, dtype="float32", attention="xla",
+                                        room=memory.MemoryRoom(2**20, "left"))
+    assert "even --batch_size=1 does not fit: use a shorter --max_seq_len or --attention=flash" in message, message
+
+
+def test_the_room_is_the_cgroup_limit_when_that_is_smaller_than_available_ram(tmp_path):
+    v2, v1, unlimited = tmp_path / "v2", tmp_path / "v1", tmp_path / "unlimited"
+    for d in (v2, v1 / "memory", unlimited):
+        d.mkdir(parents=True)
+    (v2 / "memory.max").write_text(f"{3 * 2**30}\n")
+    (v2 / "memory.current").write_text(f"{2**30}\n")
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{2**30}\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{2**28}\n")
+    (unlimited / "memory.max").write_text("max\n")
+    (unlimited / "memory.current").write_text("12345\n")
+    assert memory.cgroup_memory_room(str(v2)).bytes == 2 * 2**30
+    assert memory.cgroup_memory_room(str(v1)).bytes == 3 * 2**28
+    assert memory.cgroup_memory_room(str(unlimited)) is None
+    assert memory.cgroup_memory_room(str(tmp_path / "none")) is None
+    room = memory.host_memory_room(str(v1))
+    assert room.bytes == 3 * 2**28 and "cgroup memory limit" in room.source
+    assert "available RAM" in memory.host_memory_room(str(unlimited)).source
+
+
+def test_the_device_room_comes_from_the_allocator_where_jax_reports_one():
+    room = memory.local_memory_room(jax.default_backend())
+    if jax.default_backend() == "cpu":
+        assert memory.device_memory_room(jax.local_devices()) is None  # XLA:CPU reports no memory stats
+        assert room is not None and "available RAM" in room.source
+    else:
+        stats = jax.local_devices()[0].memory_stats()
+        assert room.per_device and 0 < room.bytes <= stats["bytes_limit"]
+
+
+@pytest.mark.parametrize("batch_size", [10**6, 10**9])
+def test_docscore_run_refuses_a_batch_size_beyond_memory_before_reading_data(batch_size, corpus, tmp_path, capsys,
+                                                                              no_data_read):
+    """Before: the run read its data and failed out of memory in the first model call."""
+    rc = run_docscore("--input", corpus, "--output", tmp_path / "out", "--run_id", "r1", "--attention", "native",
+                      "--batch_size", batch_size)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"--batch_size={batch_size}: a model call of {batch_size} rows x 256 tokens needs about" in err, err
+    assert "more than the" in err and "use --batch_size=" in err, err
+    assert no_data_read == [] and not (tmp_path / "out" / "scores").exists()
