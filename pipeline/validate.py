@@ -155,6 +155,7 @@ def validate(eo: EvalOptions) -> RunPlan:
         raise ConfigError(f"--max_seq_len={eo.max_seq_len} is too short; use at least 8 (default: the model's)")
     if not eo.temperature > 0:
         raise ConfigError(f"--temperature={eo.temperature} must be > 0 (e.g. 0.05)")
+    check_shadow_flags(eo)
     labels = parse_labels(eo.classify_labels)
     if eo.task == "classify" and len(labels) < 2:
         raise ConfigError(
@@ -253,17 +254,10 @@ def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:
 
 
 def check_shadow(eo: EvalOptions, model_spec: ModelSpec, backend: str, kernel: str) -> shadow.ShadowSpec | None:
-    """--shadow_*: the second kernel resolves and loads on the target backend and is not the primary
-    kernel; the fraction and tolerance make sense."""
+    """--shadow_attention: the second kernel resolves and loads on the target backend and is not the primary
+    kernel (check_shadow_flags has checked the fraction and tolerance)."""
     if not eo.shadow_attention:
         return None
-    if not 0.0 < eo.shadow_fraction <= 1.0:
-        raise ConfigError(
-            f"--shadow_fraction={eo.shadow_fraction} must be in (0, 1]; e.g. 0.1 also runs a tenth of the batches "
-            "through --shadow_attention"
-        )
-    if eo.shadow_tolerance is not None and not eo.shadow_tolerance > 0:
-        raise ConfigError(f"--shadow_tolerance={eo.shadow_tolerance} must be > 0 (or left out for the --dtype default)")
     try:
         tolerance = shadow.tolerance_for(eo.dtype, eo.shadow_tolerance)
     except ValueError as e:
@@ -279,6 +273,30 @@ def check_shadow(eo: EvalOptions, model_spec: ModelSpec, backend: str, kernel: s
             f"already runs, so there is nothing to compare; shadow with another kernel, e.g. --shadow_attention={other}"
         )
     return shadow.ShadowSpec(eo.shadow_attention, shadow_kernel, eo.shadow_fraction, tolerance, eo.dtype)
+
+
+def check_shadow_flags(eo: EvalOptions) -> None:
+    """--shadow_fraction in (0, 1] and --shadow_tolerance > 0 whether or not --shadow_attention is given, and
+    neither given without it (they would be ignored: `--shadow_fraction 2` ran as if it were not there). "Given"
+    means different from the flag's default: a --shadow_fraction 0.1 (the default) without --shadow_attention
+    passes unnoticed."""
+    if not 0.0 < eo.shadow_fraction <= 1.0:
+        raise ConfigError(
+            f"--shadow_fraction={eo.shadow_fraction} must be in (0, 1]; e.g. 0.1 also runs a tenth of the batches "
+            "through --shadow_attention"
+        )
+    if eo.shadow_tolerance is not None and not eo.shadow_tolerance > 0:
+        raise ConfigError(f"--shadow_tolerance={eo.shadow_tolerance} must be > 0 (or left out for the --dtype default)")
+    if eo.shadow_attention:
+        return
+    given = eo.get_all_options(drop_default=True)
+    for flag, meaning in (("shadow_fraction", "the share of batches the shadow kernel also runs"),
+                          ("shadow_tolerance", "the divergence the shadow kernel may show")):
+        if flag in given:
+            raise ConfigError(
+                f"--{flag}={given[flag]} has no effect without --shadow_attention ({meaning}); add "
+                f"--shadow_attention=KERNEL (e.g. --shadow_attention=flash) to shadow the run, or drop --{flag}"
+            )
 
 
 def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, max_len: int, kernel: str,

@@ -1,7 +1,8 @@
 """--batch_size checked against the memory there is before any data is read: the estimate of one model
 call (pipeline/memory.py) against what XLA's compiled programs report, the room (available RAM, a cgroup
 limit, an accelerator's allocator), and `docscore run` exiting 2 naming --batch_size, the estimate, the
-limit and a value that fits."""
+limit and a value that fits. Also the other run flags that were silently ignored: --shadow_fraction and
+--shadow_tolerance out of range or without --shadow_attention."""
 from __future__ import annotations
 
 import jax
@@ -129,4 +130,31 @@ def test_docscore_run_refuses_a_batch_size_beyond_memory_before_reading_data(bat
     assert rc == 2, err
     assert f"--batch_size={batch_size}: a model call of {batch_size} rows x 256 tokens needs about" in err, err
     assert "more than the" in err and "use --batch_size=" in err, err
+    assert no_data_read == [] and not (tmp_path / "out" / "scores").exists()
+
+
+# ---- --shadow_fraction / --shadow_tolerance: never silently ignored -----------------------------------
+
+SHADOW_CASES = {
+    "fraction_out_of_range_without_shadow": (["--shadow_fraction", "2"], "--shadow_fraction=2.0 must be in (0, 1]"),
+    "fraction_zero_without_shadow": (["--shadow_fraction", "0"], "--shadow_fraction=0.0 must be in (0, 1]"),
+    "fraction_nan": (["--shadow_fraction", "nan"], "--shadow_fraction=nan must be in (0, 1]"),
+    "fraction_without_shadow": (["--shadow_fraction", "0.5"],
+                                "--shadow_fraction=0.5 has no effect without --shadow_attention"),
+    "tolerance_without_shadow": (["--shadow_tolerance", "0.001"],
+                                 "--shadow_tolerance=0.001 has no effect without --shadow_attention"),
+    "tolerance_negative_without_shadow": (["--shadow_tolerance", "-1"], "--shadow_tolerance=-1.0 must be > 0"),
+    "fraction_out_of_range_with_shadow": (["--shadow_attention", "flash", "--shadow_fraction", "1.5"],
+                                          "--shadow_fraction=1.5 must be in (0, 1]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHADOW_CASES))
+def test_shadow_flags_out_of_range_or_without_shadow_attention_exit_2(case, corpus, tmp_path, capsys, no_data_read):
+    flags, says = SHADOW_CASES[case]
+    rc = run_docscore("--input", corpus, "--output", tmp_path / "out", "--run_id", "r1", "--attention", "native", *flags)
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err, err
+    if "no effect" in says:
+        assert "add --shadow_attention=KERNEL" in err, err
     assert no_data_read == [] and not (tmp_path / "out" / "scores").exists()
