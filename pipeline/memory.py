@@ -258,8 +258,7 @@ def batch_size_problem(config, *, batch_size: int, seq_len: int, dtype: str, att
 
     if needed(share) <= room.bytes:
         return None
-    per_row = needed(1) - model_copies * call_estimate(config, batch_size=1, seq_len=seq_len, dtype=dtype,
-                                                         attention=attention).parameters
+    per_row = needed(2) - needed(1)  # the estimate grows linearly in rows
     fits = 0
     while needed((2 * fits or 1)) <= room.bytes // HEADROOM:  # the largest power of two with room to spare
         fits = 2 * fits or 1
