@@ -129,13 +129,15 @@ def _bert(hf: dict[str, Any]) -> ModelConfig:
 
 def _gpt2(hf: dict[str, Any]) -> ModelConfig:
     hidden, inner = hf["n_embd"], hf.get("n_inner")
+    if inner is None:  # as transformers: n_inner null means 4 x n_embd (0 is a size, and out of bounds)
+        inner = 4 * hidden if type(hidden) is int else hidden
     if hf.get("add_cross_attention"):
         raise ModelLoadError("GPT-2 with add_cross_attention is not supported (decoder-only models only)")
     if not hf.get("scale_attn_weights", True):
         raise ModelLoadError("GPT-2 with scale_attn_weights=false is not supported")
     return ModelConfig(
         family="gpt2", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=hf["n_layer"],
-        num_heads=hf["n_head"], intermediate_size=inner if inner is not None else 4 * hidden if type(hidden) is int else hidden,  # as transformers
+        num_heads=hf["n_head"], intermediate_size=inner,
         max_positions=hf["n_positions"], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         activation=_activation(hf.get("activation_function", "gelu_new")),
         scale_attn_by_inverse_layer_idx=bool(hf.get("scale_attn_by_inverse_layer_idx", False)))
