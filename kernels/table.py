@@ -26,6 +26,10 @@ FLASH: dict[str, tuple[str, ...]] = {
 
 # "auto": tried in this order; the first that runs on the backend and supports the inputs wins.
 # blockwise supports everything, so every row ends in a kernel that always runs.
+# gpu: the flash kernels first at every length (cudnn, then pallas_gpu; no length limit), xla only
+#   as the fallback for inputs both refuse (float32, head_dim > 128, causal with q_len != kv_len),
+#   then blockwise. Measured on an H200: flash beat xla at every length from 1k (see
+#   AUTO_XLA_MAX_KV_LEN below).
 AUTO: dict[str, tuple[str, ...]] = {
     "cpu": ("xla", "blockwise"),
     "gpu": ("cudnn", "pallas_gpu", "xla", "blockwise"),
@@ -40,12 +44,15 @@ AUTO: dict[str, tuple[str, ...]] = {
 #   other work, so noisy): 1.23 / 0.66 / 0.58 / 0.38 at batch 1, 1.02 / 0.98 / 0.28 / 0.34 at
 #   batch 8. Inside the whole model flash/native averaged 1.00 in bfloat16 over the pipeline's row
 #   shapes (benchmarks/kernel_in_model.py), so a lower limit would change little; left at 1024.
-# gpu: cudnn or pallas_gpu come before xla for every supported input, so this only bounds xla for
-#   float32 (and other inputs no flash kernel takes). Measured on an H200 (2026-12-04, the shared
-#   GPU notes outside this repository; batch 1, 12 heads, head_dim 64, bf16, before this change): xla 0.21 / 0.42 / 1.26 / 4.24 / 18.3 ms at
-#   1k / 2k / 4k / 8k / 16k tokens, cudnn 0.27 / 0.27 / 1.03 / 1.17 ms to 8k; xla's float32 scores
-#   take batch*heads*L*L*4 bytes (805 MB per row at 4096 tokens and 12 heads).
-#   4096 is a memory guard, not that crossover (~2k). benchmarks/gpu_kernels.py measures cudnn,
-#   pallas_gpu, xla and blockwise per length; pallas_gpu's own speed is not measured yet.
+# gpu: only the fallback above reaches xla (flash is tried first at every length), so this bounds
+#   xla for inputs no flash kernel takes (float32 and the like); it is a memory guard, not a speed
+#   crossover. Measured on an H200 (2026-12-04, benchmarks/RESULTS.md "GPU kernels";
+#   benchmarks/gpu_kernels.py; batch 1, 12 heads, head_dim 64, bf16, not causal, median of 5):
+#   xla 0.39 / 0.37 / 1.27 / 4.31 ms at 1k / 2k / 4k / 8k tokens, cudnn (padded rows, lengths)
+#   0.24 / 0.29 / 0.48 / 0.71, pallas_gpu (packed rows) 0.24 / 0.26 / 0.51 ms to 4k: flash is
+#   1.6x xla at 1k, 1.3-1.5x at 2k, 2.5-2.7x at 4k, 6.1x at 8k. xla's compiled temp memory grows
+#   ~4x per 2x length (80 MiB at 1k, 1.1 GiB at 4k, 4.6 GiB at 8k for one row), cudnn's and
+#   pallas_gpu's stay under 10 KB. Not measured yet: 16k/32k and causal timings, blockwise's time
+#   on gpu (so no measured xla/blockwise crossover for float32), float32 xla; left at 4096.
 # tpu: not measured (no TPU here); the same memory guard as gpu.
 AUTO_XLA_MAX_KV_LEN: dict[str, int] = {"cpu": 1024, "gpu": 4096, "tpu": 4096}

@@ -55,6 +55,27 @@ def test_auto_picks_first_supported_kernel(backend, info, expected):
     assert resolve("auto", backend=backend, **info) == expected
 
 
+# table.py's gpu rows: flash before xla at every length (on the H200 it beat xla from 1k; see
+# benchmarks/RESULTS.md, "GPU kernels"); xla only where both flash kernels refuse the inputs.
+@pytest.mark.parametrize("length", [256, 1024, 2048, 4096, 8192, 16384, 32768])
+@pytest.mark.parametrize("rows,expected", [
+    (dict(), "cudnn"), (dict(has_segments=True, packed=False), "cudnn"),
+    (dict(has_segments=True), "pallas_gpu"), (dict(has_segments=True, causal=True), "pallas_gpu")])
+def test_auto_on_gpu_tries_flash_first_at_every_length(length, rows, expected):
+    info = dict(dtype="bfloat16", heads=12, head_dim=64, q_len=length, kv_len=length, **rows)
+    assert resolve("auto", backend="gpu", **info) == expected
+    assert resolve("auto", backend="gpu", **info) == resolve("flash", backend="gpu", **info)
+
+
+def test_auto_on_gpu_reaches_xla_only_for_what_flash_refuses():
+    gpu = table.AUTO["gpu"]
+    assert set(gpu[:gpu.index("xla")]) == set(table.FLASH["gpu"])
+    assert resolve("auto", backend="gpu", dtype="float32", kv_len=1024) == "xla"
+    assert resolve("auto", backend="gpu", dtype="bfloat16", head_dim=256, kv_len=1024) == "xla"
+    limit = table.AUTO_XLA_MAX_KV_LEN["gpu"]
+    assert resolve("auto", backend="gpu", dtype="float32", kv_len=limit + 1) == "blockwise"
+
+
 @pytest.mark.parametrize("impl,backend,info,message", [
     ("pallas_tpu", "cpu", {},
      "--attention=pallas_tpu cannot run on cpu: it needs a TPU; "
