@@ -3,7 +3,7 @@
 Holds the run loading (published partitions only: a partition without _SUCCESS is refused), the pure
 comparison (score drift, label flips, embedding drift, count and timing changes), the threshold
 check and the report. Must not change either run (it only reads them); exit status 1 means a limit
-was exceeded.
+was exceeded, 2 that the runs cannot be compared (missing run, different tasks, no document in common).
 """
 from __future__ import annotations
 
@@ -88,6 +88,18 @@ def published(partition: str) -> Partition | None:
     return Partition(fs, names)
 
 
+def missing_directory(ref: RunRef) -> str | None:
+    """Why `ref` names nothing (its output directory or its scores partition does not exist), or None."""
+    fs, path = fsspec.core.url_to_fs(ref.output_dir or ".")
+    if not fs.exists(path):
+        return f"{ref.output_dir or '.'} does not exist; pass a run partition that `docscore run` printed"
+    fs, path = fsspec.core.url_to_fs(ref.partition("scores"))
+    if not fs.exists(path):
+        return (f"{ref.partition('scores')} does not exist (no run {ref.run_id!r} under {ref.output_dir}); "
+                "check the run_id")
+    return None
+
+
 def read_parts(partition: Partition, columns: tuple[str, ...]) -> pa.Table:
     """Parquet or JSONL part files -> one table with the columns that exist."""
     tables = []
@@ -110,6 +122,9 @@ def load_run(ref: RunRef) -> LoadedRun:
     notes = []
     scores = published(ref.partition("scores"))
     if scores is None:
+        missing = missing_directory(ref)
+        if missing:
+            raise CompareError(missing)
         raise CompareError(
             f"{ref.partition('scores')} has no {SUCCESS}: the run did not finish publishing (or is being "
             f"rewritten) and is ignored; compare runs whose partitions carry {SUCCESS}")
@@ -239,6 +254,23 @@ class Limits:
     max_stage_slowdown: float | None = None  # B/A of each stage's p50
 
 
+def not_comparable(result: dict[str, Any]) -> str | None:
+    """Why the two runs cannot be compared at all (then no limit means anything), or None."""
+    d, tasks = result["documents"], result["tasks"]
+    for side in ("a", "b"):
+        if not d[side]:
+            return f"run {side.upper()} has no scored documents: nothing to compare"
+    if tasks["a"] != tasks["b"]:
+        return (f"the runs scored different tasks (A: {', '.join(tasks['a'])}; B: {', '.join(tasks['b'])}); "
+                "compare runs of the same --task")
+    if not d["matched"]:
+        hint = ("; if the runs read the same data from different paths, match on --key doc_id"
+                if result["key"] == "source_record" else "")
+        return (f"no document of run A ({d['a']}) matches one of run B ({d['b']}) on {result['key']}: "
+                f"nothing could be compared{hint}")
+    return None
+
+
 def violations(result: dict[str, Any], limits: Limits) -> list[str]:
     """Every limit the comparison exceeds, as a sentence naming the flag."""
     found = []
@@ -247,8 +279,6 @@ def violations(result: dict[str, Any], limits: Limits) -> list[str]:
         if limit is not None and value is not None and (value > limit or (isinstance(value, float) and math.isnan(value))):
             found.append(f"{what} {value:.6g} > --{flag}={limit:g}")
 
-    if result["tasks"]["a"] != result["tasks"]["b"]:
-        found.append(f"the runs scored different tasks ({result['tasks']['a']} vs {result['tasks']['b']})")
     if result["key"] == "source_record":
         for side in ("a", "b"):
             if result["documents"][f"duplicate_keys_{side}"]:
@@ -276,7 +306,7 @@ def _num(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def format_report(result: dict[str, Any], problems: list[str]) -> str:
+def format_report(result: dict[str, Any], problems: list[str], reason: str | None = None) -> str:
     d, s, f, e = result["documents"], result["score_drift"], result["label_flips"], result["embedding_drift"]
     lines = [
         f"docscore compare  A = {result['run_a']}",
@@ -299,7 +329,10 @@ def format_report(result: dict[str, Any], problems: list[str]) -> str:
         wall = timing["wall_s"]
         lines.append(f"            {'wall s':<12} {_num(wall['a']) + ' -> ' + _num(wall['b']):>24} {_num(wall['ratio'], 3):>7}")
     lines += [f"note: {n}" for n in result["notes"]]
-    lines += [f"LIMIT EXCEEDED: {p}" for p in problems] or ["within every limit"]
+    if reason:
+        lines.append(f"NOT COMPARED: {reason}")
+    else:
+        lines += [f"LIMIT EXCEEDED: {p}" for p in problems] or ["within every limit"]
     return "\n".join(lines)
 
 
@@ -335,16 +368,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"docscore compare: {e}", file=sys.stderr)
         return EXIT_USAGE
     result = compare_runs(a, b, args.key)
-    problems = violations(result, limits)
+    reason = not_comparable(result)
+    problems = [] if reason else violations(result, limits)
     result["limits"] = dataclasses.asdict(limits)
     result["violations"] = problems
+    result["not_comparable"] = reason
     if args.json == "-":
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
-        print(format_report(result, problems))
+        print(format_report(result, problems, reason))
         if args.json:
             with fsspec.open(args.json, "w") as f:
                 f.write(json.dumps(result, indent=2, sort_keys=True))
+    if reason:
+        print(f"docscore compare: cannot compare: {reason}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_THRESHOLD if problems else EXIT_OK
 
 

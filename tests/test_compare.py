@@ -174,15 +174,42 @@ def test_errors_without_success_are_noted(tmp_path, capsys):
     assert any("errors/run_id=b has no _SUCCESS" in n for n in result["notes"])
 
 
-def test_duplicates_and_task_mismatch_are_violations(tmp_path, capsys):
+def test_duplicates_are_violations_and_a_task_mismatch_cannot_be_compared(tmp_path, capsys):
     rows = score_rows("a", "classify", 5, scores=np.ones(5), labels=["tech"] * 5)
     a = write_run(str(tmp_path), "a", rows)
     b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows + rows[:2]])
     code, result = run_compare(capsys, a, b)
     assert code == 1 and result["documents"]["duplicate_keys_b"] == 2
     c = write_run(str(tmp_path), "c", score_rows("c", "similarity", 5, scores=np.ones(5)))
-    code, result = run_compare(capsys, a, c)
-    assert code == 1 and any("different tasks" in v for v in result["violations"])
+    code = compare([a, c, "--json", "-"])
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    # was exit 1 with "different tasks" as one exceeded limit; the help says 2 means "cannot be compared"
+    assert code == 2 and result["violations"] == [] and "different tasks" in result["not_comparable"]
+    assert "classify" in captured.err and "similarity" in captured.err and "same --task" in captured.err
+
+
+def test_no_matched_document_is_not_within_every_limit(tmp_path, capsys):
+    """Runs over different data (or the same data under another path) share no key: nothing was compared,
+    so the report must not say "within every limit" and the exit status is 2, not 0."""
+    a = write_run(str(tmp_path), "a", score_rows("a", "embed", 4, embeddings=np.eye(4, 8)))
+    b = write_run(str(tmp_path), "b", score_rows("b", "embed", 4, embeddings=np.eye(4, 8), start=100))
+    code = compare([a, b])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "within every limit" not in captured.out
+    assert "NOT COMPARED" in captured.out and "nothing could be compared" in captured.err
+    assert "--key doc_id" in captured.err
+
+
+def test_a_run_directory_that_does_not_exist_is_named_as_such(tmp_path, capsys):
+    a = write_run(str(tmp_path), "a", score_rows("a", "embed", 4, embeddings=np.eye(4, 8)))
+    assert compare([a, str(tmp_path / "scores" / "run_id=nope")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "run_id=nope" in err and "_SUCCESS" not in err
+    assert compare([str(tmp_path / "elsewhere" / "scores" / "run_id=a"), a]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'elsewhere'} does not exist" in err
 
 
 def test_readable_report_through_the_docscore_command(tmp_path, capsys):
