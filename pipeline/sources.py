@@ -255,7 +255,20 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
         for item in readers[fmt](path, spec):
             yield _printable_error(item) if isinstance(item, ErrorRow) else item
     except Exception as e:  # a shard that cannot be opened or breaks mid-way
-        yield _printable_error(ErrorRow(path, None, "read", type(e).__name__, f"{fmt} shard could not be read: {e}"))
+        yield _printable_error(ErrorRow(path, None, "read", read_error_type(e),
+                                        f"{fmt} shard could not be read ({type(e).__name__}: {e})"))
+
+
+def read_error_type(error: BaseException) -> str:
+    """The error_type of a whole shard that could not be read (the exception's name stays in the message):
+    corrupt_file - its bytes are not a valid file of its format (a truncated or damaged .gz, a file that is
+    not Parquet, a zero-byte Parquet file); unreadable_shard - it could not be opened or read at all
+    (permission denied, vanished since discovery, an I/O error)."""
+    if isinstance(error, (EOFError, zlib.error, gzip.BadGzipFile, ValueError)):
+        return "corrupt_file"
+    if not isinstance(error, OSError) and type(error).__module__.startswith("pyarrow"):
+        return "corrupt_file"  # ArrowInvalid is a ValueError; the rest of pyarrow's errors about file contents
+    return "unreadable_shard"
 
 
 def _printable_error(error: ErrorRow) -> ErrorRow:
@@ -342,7 +355,8 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                     except ValueError as e:  # JSONDecodeError, or a number too long to convert
                         yield index, ErrorRow(path, index, "parse", "invalid_json", str(e)[:300], raw=line), None
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as e:
-                yield 0, ErrorRow(path, None, "read", type(e).__name__, f"shard ends early or is corrupt: {e}"), None
+                yield 0, ErrorRow(path, None, "read", read_error_type(e),
+                                  f"shard ends early or is corrupt ({type(e).__name__}: {e})"), None
 
     yield from _timed(records(), path, spec)
 

@@ -105,3 +105,23 @@ def test_memory_filesystem_through_fsspec():
     docs, _ = split(list(read_shard(shards[0], SPEC)))
     assert [(d.doc_id, d.source) for d in docs] == [("m1", shards[0])]
     fs.rm("/docscore-test", recursive=True)
+
+
+def test_whole_shard_errors_have_documented_types_and_keep_the_exception_in_the_message(tmp_path):
+    """A shard that cannot be read is read/corrupt_file (its bytes are not its format) or
+    read/unreadable_shard (it cannot be opened); the library's exception name (was the error_type:
+    read/EOFError, read/ArrowInvalid) stays in the message."""
+    body = b"".join(json.dumps({"id": i, "text": f"document number {i} " * 20}).encode() + b"\n" for i in range(200))
+    full = gzip.compress(body)
+    (tmp_path / "cut.jsonl.gz").write_bytes(full[: len(full) // 2])
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not a parquet file")
+    (tmp_path / "zero.parquet").write_bytes(b"")
+    (tmp_path / "garbage.jsonl.gz").write_bytes(b"not gzip at all\n" * 4)
+    expected = {"cut.jsonl.gz": ("corrupt_file", "EOFError"), "bad.parquet": ("corrupt_file", "ArrowInvalid"),
+                "zero.parquet": ("corrupt_file", "ArrowInvalid"), "garbage.jsonl.gz": ("corrupt_file", "BadGzipFile"),
+                "gone.jsonl": ("unreadable_shard", "FileNotFoundError")}
+    for name, (error_type, exception) in expected.items():
+        _, errors = split(list(read_shard(str(tmp_path / name), SPEC)))
+        shard_errors = [e for e in errors if e.record_index is None]
+        assert [(e.stage, e.error_type) for e in shard_errors] == [("read", error_type)], name
+        assert exception in shard_errors[0].message, (name, shard_errors[0].message)
