@@ -21,6 +21,7 @@ from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
 from pipeline.packing import MIN_ROW_LEN, run_model
 from pipeline.profiling import profile_batch
 from pipeline.preprocess import TokenizedDoc
+from pipeline.records import Batch
 
 # What RunInference turns into dead letters (one infer error row per document of the batch): the model
 # rejected the batch's data, and a retry would fail again. Anything else (device or runtime errors, out
@@ -230,7 +231,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
             k += n + q
         results, k = [], 0
         for chunk in batch:
-            results.append(PredictionResult(example=chunk, inference=per_doc[k : k + len(chunk)], model_id=model_id))
+            results.append(PredictionResult(example=chunk, inference=Batch(per_doc[k : k + len(chunk)]), model_id=model_id))
             k += len(chunk)
         return results
 

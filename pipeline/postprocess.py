@@ -13,7 +13,7 @@ import apache_beam as beam
 from pipeline import scoring, shadow, timing
 from pipeline.inference import InferenceOutput
 from pipeline.preprocess import TokenizedDoc
-from pipeline.records import ERRORS_TAG, ErrorRow
+from pipeline.records import ERRORS_TAG, Batch, ErrorRow
 
 STATS_TAG = "stats"
 
@@ -162,8 +162,8 @@ class ScoreDocuments(beam.DoFn):
         for doc_stats in stats:
             self._stage_metrics.record(doc_stats.timings)
         if rows:
-            yield rows
-            yield beam.pvalue.TaggedOutput(STATS_TAG, stats)
+            yield Batch(rows)
+            yield beam.pvalue.TaggedOutput(STATS_TAG, Batch(stats))
 
 
 def inference_failures_to_errors(failure) -> list[ErrorRow]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import apache_beam as beam
 import numpy as np
 
-from pipeline.records import ERRORS_TAG, Document, ErrorRow
+from pipeline.records import ERRORS_TAG, Batch, Document, ErrorRow
 
 # A text longer than this is tokenised only as far as --max_chunks windows need (a prefix cut at a space,
 # PREFIX_CHARS_PER_TOKEN characters a needed token, grown x4 until it holds them): a 20 MB document then
@@ -156,7 +156,7 @@ class Tokenize(beam.DoFn):
         self._tokenizer = models.load_tokenizer(self._model_spec.name, cache_dir=self._model_spec.cache_dir)
 
     def process(self, docs: list[Document]):
-        tokenized = []
+        tokenized = Batch()
         for item in tokenize_documents(docs, self._tokenizer, self._window_spec, with_query=self._with_query):
             if isinstance(item, ErrorRow):
                 yield beam.pvalue.TaggedOutput(ERRORS_TAG, item)

@@ -51,6 +51,15 @@ def truncate_raw(raw: Any) -> str:
     return raw[:RAW_PREVIEW_CHARS]
 
 
+class Batch(list):
+    """Records that travel between pipeline stages as ONE Beam element (documents, tokenized documents,
+    model outputs, table rows). Beam's default coder encodes a plain list item by item (one pickle per
+    record); a list of this type is pickled whole, in one call."""
+
+    def __reduce__(self):
+        return Batch, (list(self),)
+
+
 TIMING_COLUMNS = ("read_ms", "tokenize_ms", "infer_ms", "postprocess_ms")
 
 SCORES_SCHEMA = pa.schema(

@@ -26,7 +26,7 @@ from pipeline.inference import RECORD_ERRORS, FlaxModelHandler
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.postprocess import STATS_TAG, ScoreDocuments, ScoreSpec, inference_failures_to_errors
 from pipeline.preprocess import Tokenize
-from pipeline.records import ERRORS_TAG, error_to_row
+from pipeline.records import ERRORS_TAG, Batch, error_to_row
 from pipeline.sources import ReadShard
 from pipeline.stats import ComputeRunStats
 from pipeline.summary import launch_facts
@@ -78,7 +78,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     )
     scored = predictions | "Score" >> beam.ParDo(ScoreDocuments(score_spec)).with_outputs(ERRORS_TAG, STATS_TAG, main="rows")
     errors = (read[ERRORS_TAG], tokenized[ERRORS_TAG], infer_errors, scored[ERRORS_TAG]) | "AllErrors" >> beam.Flatten()
-    error_rows = errors | "ErrorRows" >> beam.Map(lambda error: [error_to_row(error, eo.run_id)])
+    error_rows = errors | "ErrorRows" >> beam.Map(lambda error: Batch([error_to_row(error, eo.run_id)]))
     # progress: records read (documents + unreadable records) and finished (scored + error rows)
     _ = read.docs | "CountRead" >> progress.CountProgress(counter_dir, "discovered")
     _ = read[ERRORS_TAG] | "CountUnreadable" >> progress.CountProgress(counter_dir, "discovered")

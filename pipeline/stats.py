@@ -5,6 +5,7 @@ step (pipeline/publish.py) turns into summary.json. Must not read the output tab
 from __future__ import annotations
 
 import json
+import zlib
 from collections import Counter
 from typing import Any
 
@@ -254,10 +255,42 @@ def _error_part(error: ErrorRow) -> tuple[str, tuple[str, bool]]:
     return "error", (f"{error.stage}/{error.error_type}", error.record_index is None)
 
 
-def _repeated_part(doc_id_count: tuple[str, int]) -> list[tuple[str, int]]:
-    """("repeated", times scored) for a doc_id scored more than once; nothing for the others."""
-    _, times = doc_id_count
-    return [("repeated", times)] if times > 1 else []
+DOC_ID_BUCKETS = 16  # doc_ids are counted in this many keyed groups: per list of documents, a few elements
+
+
+def doc_id_buckets(stats: list[DocStats]) -> list[tuple[int, list[str]]]:
+    """A list of documents' doc_ids grouped by a stable hash bucket, so counting them costs Beam a few
+    elements per list instead of one per document."""
+    buckets: dict[int, list[str]] = {}
+    for doc in stats:
+        buckets.setdefault(zlib.crc32(doc.doc_id.encode("utf-8", "surrogatepass")) % DOC_ID_BUCKETS, []).append(doc.doc_id)
+    return list(buckets.items())
+
+
+class RepeatedDocIds(beam.CombineFn):
+    """One bucket's doc_ids -> how many times each doc_id scored more than once was scored."""
+
+    def create_accumulator(self) -> Counter:
+        return Counter()
+
+    def add_input(self, acc: Counter, doc_ids: list[str]) -> Counter:
+        acc.update(doc_ids)
+        return acc
+
+    def merge_accumulators(self, accumulators) -> Counter:
+        merged = Counter()
+        for acc in accumulators:
+            merged.update(acc)
+        return merged
+
+    def extract_output(self, acc: Counter) -> list[int]:
+        return [times for times in acc.values() if times > 1]
+
+
+def _repeated_parts(bucket_repeats: tuple[int, list[int]]) -> list[tuple[str, int]]:
+    """("repeated", times scored) for each doc_id of the bucket scored more than once."""
+    _, repeats = bucket_repeats
+    return [("repeated", times) for times in repeats]
 
 
 class ComputeRunStats(beam.PTransform):
@@ -276,9 +309,9 @@ class ComputeRunStats(beam.PTransform):
             doc_stats | "TagDocs" >> beam.ParDo(BundlePartials(combine_fn, "doc")),
             errors | "TagErrors" >> beam.Map(_error_part),
             doc_stats
-            | "DocIds" >> beam.FlatMap(lambda stats: [(s.doc_id, 1) for s in stats])
-            | "CountDocIds" >> beam.CombinePerKey(sum)
-            | "TagRepeated" >> beam.FlatMap(_repeated_part),
+            | "DocIds" >> beam.FlatMap(doc_id_buckets)
+            | "CountDocIds" >> beam.CombinePerKey(RepeatedDocIds())
+            | "TagRepeated" >> beam.FlatMap(_repeated_parts),
         ]
         if read_docs:
             parts.append(read_docs[0] | "TagRead" >> beam.ParDo(BundlePartials(combine_fn, "read")))

@@ -227,14 +227,20 @@ def test_summary_leaves_metric_parts_null_until_the_launcher_adds_them():
     summary = summary_from_stats(FACTS, STATS, finished=110.0)
     assert summary["wall_s"] == 10.0 and summary["throughput"]["docs_per_s"] == 0.4
     assert summary["backend"]["workers"] == ["tpu"] and summary["kernel"]["in_rows"] == ["pallas_tpu"]
-    assert summary["compile"] == {"count": None, "time_ms": None, "model_calls": None}
+    assert summary["compile"] == {"count": None, "time_ms": None, "model_calls": None, "cached_count": None,
+                                  "cached_ms": None, "cold_count": None, "cold_ms": None}
+    assert summary["device"] == {"busy_s": None, "busy_fraction": None, "host_us_per_doc": None}
     assert summary["shadow"]["passed"] and summary["shadow"]["batches"] is None
     assert add_metrics(summary, {}) is summary  # nothing to add: nothing to republish
     ns = "docscore_inference_pallas_tpu"
     metrics = {f"{ns}/compiles": 2, f"{ns}/compile_ms": 900, f"{ns}/model_calls": 7, f"{ns}/shadow_batches": 3,
-               f"{ns}/shadow_batch_us": {"sum": 4500.0, "count": 3, "min": 1000.0, "max": 2000.0}}
+               f"{ns}/shadow_batch_us": {"sum": 4500.0, "count": 3, "min": 1000.0, "max": 2000.0},
+               f"{ns}/compiles_cached": 1, f"{ns}/compile_cached_ms": 100, "docscore/device_busy_us": 4_000_000}
     enriched = add_metrics(summary, metrics)
-    assert enriched["compile"] == {"count": 2, "time_ms": 900, "model_calls": 7}
+    assert enriched["compile"] == {"count": 2, "time_ms": 900, "model_calls": 7, "cached_count": 1, "cached_ms": 100,
+                                   "cold_count": 1, "cold_ms": 800}
+    # 4 of the pipeline's 10 s with a model batch in flight; 6 s of host time over 4 scored documents
+    assert enriched["device"] == {"busy_s": 4.0, "busy_fraction": 0.4, "host_us_per_doc": 1.5e6}
     assert enriched["shadow"]["batches"] == 3 and enriched["shadow"]["time_ms"] == 4.5
     assert enriched["counts"] == summary["counts"] and enriched["metrics"] == metrics
 
