@@ -31,6 +31,24 @@ from models.sharding import DataParallel, local_data_parallel
 from models.tokenizer import DocTokenizer
 
 
+class CacheHits:
+    """Persistent compilation cache hits in this process, counted from jax.monitoring's event (the one
+    public signal of a hit); compiles under LoadedModel's lock read it before and after."""
+
+    EVENT = "/jax/compilation_cache/cache_hits"
+
+    def __init__(self) -> None:
+        self.count = 0
+        jax.monitoring.register_event_listener(self._on_event)
+
+    def _on_event(self, event: str, **_: Any) -> None:
+        if event == self.EVENT:
+            self.count += 1
+
+
+PERSISTENT_CACHE_HITS = CacheHits()
+
+
 @dataclasses.dataclass
 class LoadedModel:
     """A loaded model and what it runs with. `attention` is the kernel that runs (resolved once at
@@ -48,6 +66,8 @@ class LoadedModel:
     _compiled: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     _compile_seconds: float = dataclasses.field(default=0.0, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
+    cached_compiles: int = dataclasses.field(default=0, init=False)  # of compile_count: from the persistent cache
+    cached_compile_seconds: float = dataclasses.field(default=0.0, init=False)
     parallel: DataParallel = dataclasses.field(init=False, repr=False)  # rows split over all local devices
 
     def __post_init__(self) -> None:
@@ -80,20 +100,15 @@ class LoadedModel:
     def embed(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
         """[B, L] ids + segment ids -> [B, D] float32: one document per row (all tokens with segment
         id > 0), mean pooled over its tokens and L2-normalised (sentence-transformers)."""
-        self._require("embed", encoder=True)
         return self._run("embed", input_ids, segment_ids)
 
     def embed_packed(self, input_ids: np.ndarray, segment_ids: np.ndarray, max_segments: int) -> np.ndarray:
         """[B, L] packed rows -> [B, max_segments, D] float32: slot s = segment s + 1, zeros when absent."""
-        self._require("embed_packed", encoder=True)
-        if int(max_segments) < 1:
-            raise ValueError(f"max_segments={max_segments} must be >= 1")
         return self._run("embed_packed", input_ids, segment_ids, int(max_segments))
 
     def token_logprobs(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
         """[B, L] -> [B, L] float32: at t, log p(input_ids[t+1] | tokens <= t of its segment); 0 where
         t+1 is padding or another segment."""
-        self._require("token_logprobs", encoder=False)
         return self._run("token_logprobs", input_ids, segment_ids)
 
     def _require(self, method: str, *, encoder: bool) -> None:
@@ -103,17 +118,33 @@ class LoadedModel:
             raise ValueError(f"{method}() needs {'an encoder' if encoder else 'a decoder'} model, but "
                              f"{self.model_id} ({self.config.family}) is {kind}; use {use}")
 
-    def _run(self, method: str, input_ids: np.ndarray, segment_ids: np.ndarray, *static: int) -> np.ndarray:
-        (input_ids, segment_ids), n_rows = self.parallel.shard_rows(*self._checked(input_ids, segment_ids))
+    def start(self, method: str, input_ids: np.ndarray, segment_ids: np.ndarray, *static: int) -> jax.Array:
+        """Dispatch `method` (embed | embed_packed | token_logprobs) on the device and return at once
+        (JAX runs it asynchronously; np.asarray of the result waits for it). The result may have extra
+        padding rows past the input's (rows are padded to a multiple of the local device count), and
+        its copy to the host starts as soon as it is computed."""
+        self._require(method, encoder=method != "token_logprobs")
+        if method == "embed_packed" and int(static[0]) < 1:
+            raise ValueError(f"max_segments={static[0]} must be >= 1")
+        (input_ids, segment_ids), _ = self.parallel.shard_rows(*self._checked(input_ids, segment_ids))
         key = (method, input_ids.shape, static)
         with self._lock:
             compiled = self._compiled.get(key)
             if compiled is None:
-                start = time.perf_counter()
+                start, hits = time.perf_counter(), PERSISTENT_CACHE_HITS.count
                 compiled = self._functions[method].lower(self._state, input_ids, segment_ids, *static).compile()
-                self._compile_seconds += time.perf_counter() - start
+                seconds = time.perf_counter() - start
+                self._compile_seconds += seconds
+                if PERSISTENT_CACHE_HITS.count > hits:  # read from the persistent compilation cache
+                    self.cached_compiles += 1
+                    self.cached_compile_seconds += seconds
                 self._compiled[key] = compiled
-        return np.asarray(compiled(self._state, input_ids, segment_ids), dtype=np.float32)[:n_rows]
+        result = compiled(self._state, input_ids, segment_ids)
+        result.copy_to_host_async()
+        return result
+
+    def _run(self, method: str, input_ids: np.ndarray, segment_ids: np.ndarray, *static: int) -> np.ndarray:
+        return np.asarray(self.start(method, input_ids, segment_ids, *static), dtype=np.float32)[:len(input_ids)]
 
     def _checked(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         input_ids, segment_ids = np.asarray(input_ids), np.asarray(segment_ids)
@@ -151,23 +182,37 @@ def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
     `attention` cannot run here."""
     if dtype not in COMPUTE_DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; use one of {sorted(COMPUTE_DTYPES)}")
-    cache_dir = cache_dir or default_cache_dir()
-    if name_or_path in BUILTINS:
-        path, name = builtin_dir(name_or_path, cache_dir), name_or_path
-    elif is_remote(name_or_path):
-        path, name = fetch_remote(name_or_path, cache_dir), os.path.basename(name_or_path.rstrip("/"))
+    path, name = local_model_dir(name_or_path, cache_dir)
+    if is_remote(name_or_path):
         try:
             return load_model_dir(path, attention=attention, dtype=dtype, name=name)
         except ModelLoadError as err:  # drop the bad copy so a fixed upload is fetched next time
             shutil.rmtree(path, ignore_errors=True)
             raise ModelLoadError(f"{name_or_path} (copied to {path}): {err}") from None
-    else:
-        path = name_or_path.removeprefix("file://")
-        name = os.path.basename(os.path.abspath(path))
-        if not os.path.exists(path) and os.sep not in path:
-            raise ModelLoadError(f"{name_or_path}: neither a built-in model ({', '.join(BUILTINS)}) nor an "
-                                 "existing model directory; make one with `docscore convert --hf SRC --out DIR`")
     return load_model_dir(path, attention=attention, dtype=dtype, name=name)
+
+
+def local_model_dir(name_or_path: str, cache_dir: str | None = None) -> tuple[str, str]:
+    """(local directory, model name) of a built-in name, a local model directory or a remote one (copied
+    into cache_dir once)."""
+    cache_dir = cache_dir or default_cache_dir()
+    if name_or_path in BUILTINS:
+        return builtin_dir(name_or_path, cache_dir), name_or_path
+    if is_remote(name_or_path):
+        return fetch_remote(name_or_path, cache_dir), os.path.basename(name_or_path.rstrip("/"))
+    path = name_or_path.removeprefix("file://")
+    if not os.path.exists(path) and os.sep not in path:
+        raise ModelLoadError(f"{name_or_path}: neither a built-in model ({', '.join(BUILTINS)}) nor an "
+                             "existing model directory; make one with `docscore convert --hf SRC --out DIR`")
+    return path, os.path.basename(os.path.abspath(path))
+
+
+def load_tokenizer(name_or_path: str, *, cache_dir: str | None = None) -> DocTokenizer:
+    """The model's tokenizer alone, without reading the weights: what a tokenizing worker needs."""
+    path, _ = local_model_dir(name_or_path, cache_dir)
+    metadata = read_metadata(path)
+    return DocTokenizer.from_str(read_text(path, TOKENIZER), max_seq_len=metadata.max_seq_len,
+                                 path=os.path.join(path, TOKENIZER))
 
 
 def load_model_dir(path: str, *, attention: str, dtype: str, name: str) -> LoadedModel:

@@ -36,6 +36,8 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
     """What the launcher knows before the job starts (plain JSON values: it travels inside the job)."""
     import jax
 
+    from models.precision import matmul_precision
+
     config = {k: v for k, v in eo.get_all_options(current_only=True).items() if k not in ("config",)}
     config["labels"] = plan.labels
     config.pop("classify_labels", None)
@@ -58,6 +60,7 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
             "model_id": plan.model_id,
             "fingerprint": plan.fingerprint,
             "dtype": eo.dtype,
+            "matmul_precision": matmul_precision(eo.dtype),  # float32 means float32 matmuls (models/precision.py)
             "max_seq_len": plan.window_spec.max_len,
         },
         "shadow": plan.shadow.summary() if plan.shadow else None,
