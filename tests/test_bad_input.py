@@ -62,13 +62,14 @@ def test_every_record_ends_as_exactly_one_row_of_the_expected_kind(bad_run):
         doc_id = e["doc_id"]
         if e["outcome"] == "scored" and doc_id is None:
             doc_id = f"{root}/{e['shard']}#{e['record_index']}"  # documented: no id -> source#record_index
-        expected.append(outcome_key(e["shard"], e["record_index"], e["outcome"], e["error_type"], doc_id))
+        # a whole-shard error's type is checked in test_error_rows_carry_stage_type_message_and_a_truncated_raw_record
+        error_type = e["error_type"] if e["record_index"] is not None else None
+        expected.append(outcome_key(e["shard"], e["record_index"], e["outcome"], error_type, doc_id))
     got = [outcome_key(os.path.basename(r.source), r.record_index, "scored", None, r.doc_id)
            for r in bad_run["scores"].itertuples()]
     for r in bad_run["errors"].itertuples():
         index = None if r.record_index is None or np.isnan(r.record_index) else r.record_index
-        # a whole-shard error's type comes from the library that failed (ArrowInvalid, EOFError, ...)
-        shown_type = r.error_type if index is not None or os.path.basename(r.source).endswith(".gz") else None
+        shown_type = r.error_type if index is not None else None
         got.append(outcome_key(os.path.basename(r.source), index, "error", shown_type, r.doc_id))
     assert sorted(got, key=repr) == sorted(expected, key=repr)
     assert all(r.source.startswith(root) for r in bad_run["scores"].itertuples())
@@ -89,6 +90,11 @@ def test_error_rows_carry_stage_type_message_and_a_truncated_raw_record(bad_run)
     shard_rows = errors[errors.record_index.isna()]
     assert sorted(os.path.basename(s) for s in shard_rows.source) == ["corrupt.parquet", "truncated.jsonl.gz", "zero.parquet"]
     assert set(shard_rows.stage) == {"read"}
+    # documented snake_case types, not the library's exception name (was read/EOFError, read/ArrowInvalid),
+    # which stays in the message
+    assert set(shard_rows.error_type) == {"corrupt_file"}
+    messages = {os.path.basename(r.source): r.message for r in shard_rows.itertuples()}
+    assert "EOFError" in messages["truncated.jsonl.gz"] and "ArrowInvalid" in messages["zero.parquet"]
 
 
 def test_the_summary_accounts_for_every_record_the_readers_saw(bad_run):
