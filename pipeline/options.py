@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import difflib
+import logging
 from typing import Any
 
 import yaml
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipeline.sources import DEFAULT_MAX_RECORD_BYTES
 
@@ -53,7 +55,8 @@ class EvalOptions(PipelineOptions):
                                  "gpu 4, tpu 4)")
         # --labels "name=description;..." (docscore's classify labels) is rewritten to --classify_labels by
         # parse_options, because Beam's GoogleCloudOptions owns --labels (Dataflow job labels: --job_labels).
-        parser.add_argument("--classify_labels", default=None, help='classify labels: --labels "name=description;name=description"')
+        parser.add_argument("--classify_labels", default=None,
+                            help='classify labels: --labels "name=description;name=description" (--task classify only)')
         parser.add_argument("--job_labels", action="append", default=None, help="Dataflow job label KEY=VALUE (repeatable)")
         parser.add_argument("--temperature", type=float, default=0.05, help="classify softmax temperature")
         parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 compute dtype")
@@ -163,8 +166,10 @@ def layered_flags(argv: list[str]) -> list[str]:
     for origin, values in (("--preset " + str(preset_name), preset), ("--config " + str(first.config), config)):
         unknown = sorted(set(values) - known)
         if unknown:
+            named = [f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, sorted(known), n=1))
+                     else key for key in unknown]
             raise ConfigError(
-                f"{origin}: unknown key(s) {', '.join(unknown)}; use the flag names without dashes "
+                f"{origin}: unknown key(s) {', '.join(named)}; use the flag names without dashes "
                 f"(e.g. task, model, labels), see `docscore run --help`"
             )
     if "labels" in config and not isinstance(config["labels"], (dict, str)):
@@ -174,11 +179,77 @@ def layered_flags(argv: list[str]) -> list[str]:
 
 
 def unknown_flags(flags: list[str]) -> list[str]:
-    """Flags no PipelineOptions class defines (Beam would silently drop them)."""
-    options = PipelineOptions(flags)
-    known = set(options.get_all_options().keys())
-    every = set(options.get_all_options(retain_unknown_options=True).keys())
-    return sorted(every - known)
+    """Flags no PipelineOptions class defines (Beam would silently drop them). Asked with
+    retain_unknown_options, so Beam does not log its own "Discarding unparseable args" about them."""
+    every = set(PipelineOptions(flags).get_all_options(retain_unknown_options=True).keys())
+    return sorted(every - known_option_names())
+
+
+def unknown_flags_message(unknown: list[str]) -> str:
+    """"unknown option --taks (did you mean --task?)": the closest known option name for each typo."""
+    known = sorted(known_option_names() | {"labels"})
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        parts.append(f"--{name} (did you mean --{close[0]}?)" if close else f"--{name}")
+    return (f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(parts)}; check the spelling "
+            f"(`docscore run --help` lists docscore's flags; Beam's are in its PipelineOptions)")
+
+
+# Runner names Beam resolves (case-insensitively, with or without the "Runner" suffix); anything with a
+# dot is a PipelineRunner class path, which Beam imports itself.
+KNOWN_RUNNERS = tuple(path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KNOWN_RUNNERS)
+
+
+def check_runner(runner: str | None) -> None:
+    """--runner must name a runner Beam knows; otherwise ConfigError with the closest name (Beam itself
+    raises a ValueError traceback only when the pipeline is built, after the model has been loaded)."""
+    if not runner or "." in runner:
+        return
+    lowered = {name.lower(): name for name in KNOWN_RUNNERS}
+    if runner.lower() in lowered or runner.lower() + "runner" in lowered:
+        return
+    close = difflib.get_close_matches(runner.lower(), list(lowered), n=1, cutoff=0.6)
+    hint = f"did you mean --runner={lowered[close[0]]}? " if close else ""
+    raise ConfigError(
+        f"--runner={runner} is not a Beam runner; {hint}known runners: {', '.join(KNOWN_RUNNERS)} "
+        "(or the full module.ClassName of a PipelineRunner subclass)")
+
+
+class DropMessages(logging.Filter):
+    """Drops the log records of one logger whose message contains one of `fragments`."""
+
+    def __init__(self, *fragments: str):
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a record whose arguments do not fit its format: let the handler report it
+            return True
+        return not any(fragment in message for fragment in self.fragments)
+
+
+BEAM_NOISE = (
+    # Beam's options parser in a process that has not imported EvalOptions (the SDK workers of
+    # --direct_running_mode multi_processing, a portable runner's workers): it lists docscore's own
+    # flags as "discarded" although they were parsed here and reach the job inside its transforms.
+    ("apache_beam.options.pipeline_options", "Discarding unparseable args"),
+    ("apache_beam.runners.portability.local_job_service", "Discarding unparseable args"),
+    # apache_beam.ml.inference.base sets `resource = None` whenever its optional model_manager import
+    # (torch, scipy) fails, not only where the platform lacks `resource`, and then warns at every model
+    # load; docscore does not use the memory figure it would have measured.
+    ("", "Resource module is not available"),
+)
+
+
+def quiet_beam_noise() -> None:
+    """Install (once) the filters that drop BEAM_NOISE: warnings that say something untrue about a docscore run."""
+    for name, prefix in BEAM_NOISE:  # a filter on the logger that emits: records pass loggers' filters once
+        logger = logging.getLogger(name or None)
+        if not any(isinstance(f, DropMessages) and prefix in f.fragments for f in logger.filters):
+            logger.addFilter(DropMessages(prefix))
 
 
 def take_flag(flags: list[str], name: str) -> tuple[list[str], list[str]]:
@@ -211,14 +282,13 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, EvalOptions]:
     flags, label_specs = take_flag(layered_flags(argv), "labels")
     if label_specs:
         flags.append(f"--classify_labels={label_specs[-1]}")
+    quiet_beam_noise()
     unknown = unknown_flags(flags)
     if unknown:
-        raise ConfigError(
-            f"unknown option(s) {', '.join('--' + u for u in unknown)}; check the spelling "
-            f"(`docscore run --help` lists docscore's flags; Beam's are in its PipelineOptions)"
-        )
+        raise ConfigError(unknown_flags_message(unknown))
     job_labels = PipelineOptions(flags).view_as(EvalOptions).job_labels or []
     options = PipelineOptions(flags + [f"--labels={label}" for label in job_labels])
+    check_runner(options.view_as(StandardOptions).runner)
     eval_options = options.view_as(EvalOptions)
     if not eval_options.run_id:
         eval_options.run_id = default_run_id()

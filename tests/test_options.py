@@ -49,8 +49,11 @@ def not_writable(tmp_path):
 CASES = {
     # name: (extra flags as a function of tmp_path, flag the message must name, schema peek allowed)
     "unknown_task": (lambda t: ["--task", "summarize"], "--task=summarize", False),
-    "unknown_option": (lambda t: ["--tsak", "embed"], "--tsak", False),
-    "unknown_config_key": (lambda t: ["--config", bad_config_file(t)], "tsak", False),
+    "unknown_option": (lambda t: ["--tsak", "embed"], "--tsak (did you mean --task?)", False),
+    "misspelled_runner": (lambda t: ["--runner", "DirectRuner"], "did you mean --runner=DirectRunner?", False),
+    "labels_with_embed": (lambda t: ["--labels", "a=first;b=second"], "--labels is only for --task=classify", False),
+    "labels_with_similarity": (lambda t: ["--task", "similarity", "--labels", "a=x;b=y"], "--task=similarity", False),
+    "unknown_config_key": (lambda t: ["--config", bad_config_file(t)], "tsak (did you mean task?)", False),
     "unknown_field": (lambda t: ["--text_field", "body"], "--text_field=body", True),
     "unknown_id_field": (lambda t: ["--id_field", "key"], "--id_field=key", True),
     "kernel_unsupported_on_backend": (lambda t: ["--attention", "pallas_tpu"], "--attention=pallas_tpu", False),
