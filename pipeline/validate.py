@@ -162,6 +162,12 @@ def validate(eo: EvalOptions) -> RunPlan:
             "--task=classify needs at least two labels: --labels \"name=description;name=description\" "
             "or a `labels:` mapping (label: description) in --config"
         )
+    if labels and eo.task != "classify":
+        raise ConfigError(
+            f"--labels is only for --task=classify (the classes documents are scored against); --task={eo.task} "
+            "would ignore it: drop --labels (or the `labels:` key of --config), or pass --task=classify"
+        )
+
 
     backend = target_backend(eo.target_backend)
     kernel = resolve_kernel(eo.attention, backend)
@@ -219,6 +225,7 @@ def validate(eo: EvalOptions) -> RunPlan:
     shadow_spec = check_shadow(eo, model_spec, backend, kernel)
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
+    gold_notice = text_gold_notice(shards[0], read_spec) if eo.task == "similarity" else None
     return RunPlan(
         shards=tuple(shards),
         read_spec=read_spec,
@@ -232,9 +239,53 @@ def validate(eo: EvalOptions) -> RunPlan:
         fingerprint=loaded.fingerprint,
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         shadow=shadow_spec,
-        notices=(notice,) if notice else (),
+        notices=tuple(n for n in (notice, gold_notice) if n),
         batch=batch,
     )
+
+
+def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) -> str | None:
+    """--task=similarity takes a record's `label` as a numeric gold score; text labels in the first `peek`
+    records (JSONL or Parquet) -> a notice that no spearman/pearson comes from them. A notice, not an
+    error: the scores do not depend on labels, and the field name is fixed, so a corpus whose `label`
+    means a class must still be scorable."""
+    from pipeline.scoring import as_number
+
+    fmt = sources.shard_format(shard)
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            with fsspec.open(shard, "rb") as f:
+                parquet = pq.ParquetFile(f)
+                if "label" not in parquet.schema_arrow.names:
+                    return None
+                batch = next(parquet.iter_batches(batch_size=peek, columns=["label"]), None)
+                values = batch.column(0).to_pylist() if batch is not None else []
+        elif fmt == "jsonl":
+            compression = "gzip" if shard.lower().endswith(".gz") else None
+            values = []
+            with fsspec.open(shard, "rb", compression=compression) as f:
+                lines = (line for line, size in sources.bounded_lines(f, read_spec.max_record_bytes)
+                         if size <= read_spec.max_record_bytes and line.strip())
+                for line in itertools.islice(lines, peek):
+                    try:
+                        record = json.loads(line.decode("utf-8-sig"))
+                    except (ValueError, RecursionError):
+                        continue
+                    if isinstance(record, dict):
+                        values.append(record.get("label"))
+        else:
+            return None
+    except Exception:  # an unreadable shard is the reader's to report as an error row
+        return None
+    text = sorted({str(v) for v in values if v is not None and as_number(v) is None})
+    if not text:
+        return None
+    shown = ", ".join(repr(v) for v in text[:5])
+    return (f"--task=similarity takes a record's `label` as a numeric gold score, but {shard} has text labels "
+            f"({shown}): records with them are scored, but give no spearman/pearson (the summary's n_gold counts "
+            "only numeric labels); use numbers for the gold scores, or --task=classify for named classes")
 
 
 def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:
