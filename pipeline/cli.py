@@ -5,6 +5,7 @@ Must not parse the subcommands' own flags (their modules do).
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -31,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"docscore: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(name, list(SUBCOMMANDS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        print(f"docscore: unknown command {name!r}{hint}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)

@@ -116,3 +116,9 @@ def test_compare_of_runs_with_no_document_in_common_exits_2(docs, tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "within every limit" not in done.stdout
     assert "nothing could be compared" in done.stderr
+
+
+def test_a_mistyped_command_names_the_likely_one():
+    done = docscore("compre", "a", "b")
+    assert done.returncode == 2
+    assert "unknown command 'compre' (did you mean compare?)" in done.stderr
