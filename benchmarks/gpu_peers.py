@@ -32,6 +32,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LEN = 256  # sentence_bert_config max_seq_length
 ST_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
             "modules.json", "1_Pooling", "sentence_bert_config.json", "config_sentence_transformers.json")
+# label -> (model, attention, dtype, extra flags, compilation cache: the first run of a cache is cold)
+RUNS = {
+    "bf16_flash": ("minilm", "flash", "bfloat16", [], "c1"),
+    "bf16_flash_1thread": ("minilm", "flash", "bfloat16", ["--direct_num_workers", "1"], "c1"),
+    "bf16_flash_2threads": ("minilm", "flash", "bfloat16",
+                            ["--direct_running_mode", "multi_threading", "--direct_num_workers", "2"], "c1"),
+    "bf16_flash_8threads": ("minilm", "flash", "bfloat16",
+                            ["--direct_running_mode", "multi_threading", "--direct_num_workers", "8"], "c1"),
+    "bf16_native": ("minilm", "native", "bfloat16", [], "c3"),
+    "f32_native": ("minilm", "native", "float32", [], "c4"),
+    "bert12_bf16_flash": ("bert12", "flash", "bfloat16", [], "c6"),
+}
+# most telling first: a run cut short by a time limit keeps what it measured
+DEFAULT_RUNS = ["bf16_flash", "bf16_flash", "f32_native", "f32_native", "bert12_bf16_flash", "bert12_bf16_flash",
+                "bf16_flash_1thread", "bf16_native", "bf16_native"]
 BERT_BASE = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072, "num_hidden_layers": 12}
 
 
@@ -57,9 +72,10 @@ def environment(device: str) -> dict:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    # jax's version only: starting its GPU backend here would take most of the GPU's memory from the runs
     return {"gpu": torch.cuda.get_device_name(0) if device == "cuda" else "none", "cpu": cpu,
             "cores": os.cpu_count(), "torch": torch.__version__, "jax": jax.__version__,
-            "jax_devices": [str(d) for d in jax.devices()], "python": platform.python_version()}
+            "python": platform.python_version()}
 
 
 def random_hf_model(config_dir: str, dest: str, overrides: dict | None = None) -> str:
@@ -146,6 +162,26 @@ def run_docscore(corpus: str, model_dir: str, out: str, attention: str, dtype: s
     return record
 
 
+def tokenizer_rates(config_dir: str, texts: list[str]) -> dict:
+    """The MiniLM tokenizer's documents per second on this host: one batch encode of everything, batches of
+    256 in a row, and batches of 256 from 4 threads (docscore's parallel bundles)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(os.path.join(config_dir, "tokenizer.json"))
+    chunks = [texts[i:i + 256] for i in range(0, len(texts), 256)]
+    rates = {}
+    for name, work in (("one_batch", lambda: tokenizer.encode_batch_fast(texts, add_special_tokens=False)),
+                       ("batches_256", lambda: [tokenizer.encode_batch_fast(c, add_special_tokens=False) for c in chunks]),
+                       ("batches_256_4_threads", lambda: list(ThreadPoolExecutor(4).map(
+                           lambda c: tokenizer.encode_batch_fast(c, add_special_tokens=False), chunks)))):
+        start = time.perf_counter()
+        work()
+        rates[name] = round(len(texts) / (time.perf_counter() - start))
+    return rates
+
+
 def cosines(a, b):
     import numpy as np
 
@@ -159,6 +195,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--docs", type=int, default=40_000)
     parser.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp())
     parser.add_argument("--quick", action="store_true", help="one docscore setting and one peer: try the script")
+    parser.add_argument("--runs", nargs="+", default=DEFAULT_RUNS, choices=sorted(RUNS),
+                        help="docscore settings to run, in order (repeat one for a warm run)")
+    parser.add_argument("--peers", nargs="+", default=["float32:256", "bfloat16:256", "float32:32", "bfloat16:32"],
+                        help="sentence-transformers dtype:batch settings (the first float32 one is the parity reference)")
     args = parser.parse_args(argv)
     device = os.environ.get("DEVICE", "cuda")
     work = tempfile.mkdtemp(prefix="gpu_peers_")
@@ -174,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), ROOT])),
                PYTHONUNBUFFERED="1")
     models = {"minilm": random_hf_model(args.hf_config, os.path.join(work, "hf_minilm"))}
-    if not args.quick:
+    if not args.quick and any(RUNS[label][0] == "bert12" for label in args.runs):
         models["bert12"] = random_hf_model(args.hf_config, os.path.join(work, "hf_bert12"), BERT_BASE)
     converted = {}
     for name, hf_dir in models.items():
@@ -183,35 +223,19 @@ def main(argv: list[str] | None = None) -> None:
                            cwd=ROOT, env=env, capture_output=True, text=True)
         log(results, args.out, f"convert_{name}", {"rc": p.returncode, "stderr": p.stderr[-1500:] if p.returncode else ""})
 
-    peers = [("float32", 256)] if args.quick else [("float32", 256), ("bfloat16", 256), ("float32", 32), ("bfloat16", 32)]
+    peers = [(d, int(b)) for d, b in (p.split(":") for p in (["float32:256"] if args.quick else args.peers))]
+    log(results, args.out, "tokenizer", tokenizer_rates(args.hf_config, texts))
     reference, best_peer = None, 0
-    for dtype, batch in peers:
+    for dtype, batch in [p for p in peers if p[1] >= 256]:
         embeddings, record = run_peer(models["minilm"], texts, dtype, batch, device)
         if dtype == "float32" and reference is None:
             reference = embeddings
         best_peer = max(best_peer, record["docs_per_s"])
         log(results, args.out, f"st_{dtype}_bs{batch}", record)
 
-    # (label, model, attention, dtype, extra flags, compilation cache: a fresh one makes the first run cold)
-    runs = [("bf16_flash", "minilm", "flash", "bfloat16", [], "c1"), ("bf16_flash", "minilm", "flash", "bfloat16", [], "c1")]
-    if not args.quick:
-        runs += [
-            ("bf16_flash", "minilm", "flash", "bfloat16", [], "c1"),
-            ("bf16_flash_1thread", "minilm", "flash", "bfloat16", ["--direct_num_workers", "1"], "c1"),
-            ("bf16_flash_8threads", "minilm", "flash", "bfloat16",
-             ["--direct_running_mode", "multi_threading", "--direct_num_workers", "8"], "c1"),
-            ("bf16_flash_bs512", "minilm", "flash", "bfloat16", ["--batch_size", "512"], "c2"),
-            ("bf16_flash_bs512", "minilm", "flash", "bfloat16", ["--batch_size", "512"], "c2"),
-            ("bf16_native", "minilm", "native", "bfloat16", [], "c3"),
-            ("bf16_native", "minilm", "native", "bfloat16", [], "c3"),
-            ("f32_native", "minilm", "native", "float32", [], "c4"),
-            ("f32_native", "minilm", "native", "float32", [], "c4"),
-            ("f32_flash", "minilm", "flash", "float32", [], "c5"),
-            ("bert12_bf16_flash", "bert12", "flash", "bfloat16", [], "c6"),
-            ("bert12_bf16_flash", "bert12", "flash", "bfloat16", [], "c6"),
-        ]
     seen: dict[str, int] = {}
-    for label, model, attention, dtype, flags, cache in runs:
+    for label in (["bf16_flash", "bf16_flash"] if args.quick else args.runs):
+        model, attention, dtype, flags, cache = RUNS[label]
         cache_dir = os.path.join(work, f"jcc_{cache}")
         state = "warm" if os.path.exists(cache_dir) else "cold"
         os.makedirs(cache_dir, exist_ok=True)
@@ -227,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
         if record.get("docs_per_s"):
             record["x_best_peer"] = round(record["docs_per_s"] / best_peer, 3)
         log(results, args.out, f"ds_{label}_{state}_{seen[label]}", record)
+    for dtype, batch in [p for p in peers if p[1] < 256]:  # small batches (its default 32) last
+        log(results, args.out, f"st_{dtype}_bs{batch}", run_peer(models["minilm"], texts, dtype, batch, device)[1])
     write_markdown(results, os.path.join(args.out, "gpu_peers.md"))
 
 
