@@ -514,8 +514,9 @@ def write_results(args, docs, tokens, results, load_before, load_after, rounds, 
             if same_round:
                 lines.append(f"  (d)/(c) per round (the same round's (c)): {', '.join(f'{x:.2f}' for x in same_round)}; "
                              f"median {statistics.median(same_round):.2f}")
-    with open(args.results, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    from results_file import replace_section  # benchmarks/: its other sections (GPU) stay as they are
+
+    replace_section(args.results, "\n".join(lines))
     print("\n".join(lines))
 
 
