@@ -1,0 +1,146 @@
+"""The host side of the model loop: calls dispatched before results are read, parallel bundles giving the
+same outputs as one thread, the device busy clock, and the per-backend batch settings."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pipeline import batching
+from pipeline.device_time import BusyClock
+from pipeline.packing import max_segments_for, run_packed
+from pipeline.records import Batch
+from tests.conftest import SENTENCES, TEST_MAX_LEN, common_flags, read_summary, read_table, run_docscore, write_jsonl
+
+
+class PendingResult:
+    """Stands for a device array still being computed: np.asarray is the moment the host waits for it."""
+
+    def __init__(self, value: np.ndarray, events: list[str], name: str):
+        self._value, self._events, self._name = value, events, name
+
+    def __array__(self, dtype=None, copy=None):
+        self._events.append(f"read {self._name}")
+        return self._value if dtype is None else self._value.astype(dtype)
+
+
+def test_run_packed_dispatches_every_call_before_reading_any_result():
+    """The host fills and dispatches the next call while the device computes: no call's result is read
+    before the last call is dispatched, and the outputs are those of the plain (synchronous) loop."""
+    rng = np.random.default_rng(0)
+    windows = [rng.integers(1, 1000, size=int(n)).astype(np.int32) for n in rng.integers(3, 64, size=40)]
+    events: list[str] = []
+
+    def per_segment(ids, seg):  # slot s of each row: [sum of segment s+1's ids, its length]
+        out = np.zeros((ids.shape[0], max_segments_for(ids.shape[1]), 2), np.float32)
+        for r in range(ids.shape[0]):
+            for s in range(out.shape[1]):
+                mask = seg[r] == s + 1
+                out[r, s] = [ids[r][mask].sum(), mask.sum()]
+        return out
+
+    def pending(ids, seg):
+        name = f"call {sum(e.startswith('dispatch') for e in events)}"
+        events.append(f"dispatch {name}")
+        return PendingResult(per_segment(ids, seg), events, name)
+
+    outputs, costs, totals = run_packed(windows, pending, max_len=64, batch_size=4)
+    dispatches = [i for i, e in enumerate(events) if e.startswith("dispatch")]
+    reads = [i for i, e in enumerate(events) if e.startswith("read")]
+    assert totals["calls"] == len(dispatches) == len(reads) > 1
+    assert max(dispatches) < min(reads)
+    plain, plain_costs, plain_totals = run_packed(windows, per_segment, max_len=64, batch_size=4)
+    for got, want, window in zip(outputs, plain, windows):
+        np.testing.assert_array_equal(got, want)
+        assert got.tolist() == [float(window.sum()), float(len(window))]
+    assert [c.computed_tokens_per_row for c in costs] == [c.computed_tokens_per_row for c in plain_costs]
+    assert sum(c.ms_per_row for c in costs) == pytest.approx(totals["ms"], rel=1e-6)
+
+
+def test_busy_clock_counts_overlapping_batches_once():
+    clock = BusyClock()
+    start = threading.Barrier(3)
+
+    def batch(seconds):
+        start.wait()
+        with clock.busy():
+            time.sleep(seconds)
+
+    threads = [threading.Thread(target=batch, args=(s,)) for s in (0.2, 0.3, 0.1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = clock.take_new_seconds()
+    assert 0.29 <= total < 0.5  # the longest batch, not the 0.6 s sum
+    assert clock.take_new_seconds() == 0.0  # each second is handed out once
+    with clock.busy():
+        time.sleep(0.05)
+    assert 0.04 <= clock.take_new_seconds() < 0.2
+
+
+def test_batch_settings_per_backend_and_the_flags_that_override_them():
+    cpu, gpu = batching.settings_for("cpu"), batching.settings_for("gpu")
+    assert (cpu.batch_size, cpu.calls_per_beam_batch, cpu.local_threads, cpu.shortest_row(256)) == (16, 32, 1, 64)
+    assert (gpu.batch_size, gpu.local_threads, gpu.shortest_row(256)) == (256, 4, 256)  # one row length
+    assert gpu.summary(256)["beam_batch_tokens"] == 256 * 256 * gpu.calls_per_beam_batch
+    mine = batching.settings_for("gpu", batch_size=64, calls_per_beam_batch=2)
+    assert (mine.batch_size, mine.calls_per_beam_batch) == (64, 2)
+    with pytest.raises(ValueError, match="--calls_per_beam_batch=0"):
+        batching.settings_for("tpu", calls_per_beam_batch=0)
+
+
+def test_local_threads_apply_only_when_no_direct_flag_was_given():
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from pipeline.options import given_option_names, parse_options
+    from pipeline.run import use_local_threads
+
+    argv = ["--input", "x.jsonl", "--output", "out"]
+    options, _ = parse_options(argv)
+    use_local_threads(options, 4, given_option_names(argv))
+    direct = options.view_as(DirectOptions)
+    assert (direct.direct_running_mode, direct.direct_num_workers) == ("multi_threading", 4)
+    chosen = argv + ["--direct_num_workers", "1"]
+    options, _ = parse_options(chosen)
+    use_local_threads(options, 4, given_option_names(chosen))
+    assert options.view_as(DirectOptions).direct_num_workers == 1  # the user's choice stands
+    remote = argv + ["--runner", "DataflowRunner"]
+    options, _ = parse_options(remote)
+    use_local_threads(options, 4, given_option_names(remote))
+    assert options.view_as(DirectOptions).direct_running_mode == "in_memory"
+
+
+def test_a_batch_pickles_whole_and_comes_back_as_a_batch():
+    from apache_beam.coders import registry
+    from apache_beam.typehints import Any
+
+    batch = Batch([{"doc_id": "a", "x": np.arange(3, dtype=np.float32)}, {"doc_id": "b"}])
+    coder = registry.get_coder(Any)
+    back = coder.decode(coder.encode(batch))
+    assert type(back) is Batch and back[0]["doc_id"] == "a" and back[1] == {"doc_id": "b"}
+    np.testing.assert_array_equal(back[0]["x"], batch[0]["x"])
+
+
+def test_parallel_bundles_and_small_beam_batches_give_the_outputs_of_one_thread(tmp_path, minilm):
+    """The same corpus through one bundle with large Beam batches and through 3 parallel bundles (threads
+    sharing the model) with one-call Beam batches: the same rows, the same embeddings."""
+    texts = [f"{s} ({i})" for i, s in enumerate(SENTENCES * 40)]  # 480 documents: 2 read lists
+    corpus = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)])
+    out = tmp_path / "out"
+    assert run_docscore("--input", corpus, *common_flags("one", out), "--direct_num_workers", "1") == 0
+    assert run_docscore("--input", corpus, *common_flags("par", out), "--direct_running_mode", "multi_threading",
+                        "--direct_num_workers", "3", "--calls_per_beam_batch", "1") == 0
+    one, _ = read_table(out, "scores", "one")
+    par, _ = read_table(out, "scores", "par")
+    one, par = one.sort_values("doc_id").reset_index(), par.sort_values("doc_id").reset_index()
+    assert list(one.doc_id) == list(par.doc_id) and len(one) == len(texts)
+    np.testing.assert_allclose(np.stack(par.embedding), np.stack(one.embedding), atol=1e-6)
+    summary = read_summary(out, "par")
+    assert summary["runner"]["direct_num_workers"] == 3 and summary["batching"]["calls_per_beam_batch"] == 1
+    assert summary["batching"]["beam_batch_tokens"] == 8 * TEST_MAX_LEN
+    assert summary["device"]["busy_s"] > 0 and 0 < summary["device"]["busy_fraction"] <= 1.0
+    assert summary["command_wall_s"] > summary["wall_s"] > 0
+    assert summary["compile"]["cold_count"] + summary["compile"]["cached_count"] == summary["compile"]["count"]
