@@ -168,7 +168,6 @@ def validate(eo: EvalOptions) -> RunPlan:
             "would ignore it: drop --labels (or the `labels:` key of --config), or pass --task=classify"
         )
 
-
     backend = target_backend(eo.target_backend)
     kernel = resolve_kernel(eo.attention, backend)
     try:
