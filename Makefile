@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 OUTPUT ?= out/sample
-# CPU tuning measured in ../shared/PERF_NOTES.md and benchmarks/: glibc keeps big
+# CPU tuning measured in benchmarks/PERF_NOTES.md and benchmarks/: glibc keeps big
 # temporaries instead of mapping/unmapping them on every XLA call.
 export MALLOC_MMAP_THRESHOLD_ ?= 4294967296
 export MALLOC_TRIM_THRESHOLD_ ?= 4294967296

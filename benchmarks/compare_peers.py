@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LEN = 256  # sentence_bert_config max_seq_length: docscore's --max_seq_len
 MAX_TOKENS = MAX_LEN - 2  # every document fits one window
 BATCH_PEERS = 32
-BATCH_DOCSCORE = 16  # PERF_NOTES: on 2 cores 8-16 beats 32
+BATCH_DOCSCORE = 16  # benchmarks/PERF_NOTES.md: on 2 cores 8-16 beats 32
 GOAL_X_A32 = {"float32": 1.3, "bfloat16": 2.0}  # (d)'s speed goal relative to (a) float32, per dtype
 GOALS = "(d)/(a) >= 1.3 in float32 and >= 2.0 in bfloat16 (both to (a) float32); (d)/(b) >= 2.0; (d)/(c) >= 0.9"
 

@@ -1,4 +1,4 @@
-"""Attention kernels behind one contract (see DESIGN.md, "kernels").
+"""Attention kernels behind one contract (see docs/DESIGN.md, "kernels").
 
 `attention(q, k, v, *, segment_ids=None, causal=False, scale=None, impl="auto", packed=True)` runs
 the kernel `resolve(impl, backend, **shape_info)` names; `available()` lists the kernels and their

@@ -1,5 +1,5 @@
 """Process-start tuning docscore applies itself: glibc malloc settings (mallopt), XLA CPU flags chosen
-per kernel (measured: ../shared/PERF_NOTES.md, benchmarks/pipeline_tuning.py) and JAX's persistent
+per kernel (measured: benchmarks/PERF_NOTES.md, benchmarks/pipeline_tuning.py) and JAX's persistent
 compilation cache. Must not import jax at module import, nor override what the user set explicitly.
 
 XLA flags only take effect for a JAX backend created after apply_cpu_tuning(), so the launcher calls
@@ -38,7 +38,7 @@ MALLOPT_VALUES = {
 # YNNPACK's dots pay off (ynn_dots_pay_off). Measured with benchmarks/pipeline_tuning.py (MiniLM f32, packed
 # [16, 256] rows, best of 2x3 rounds on the shared 2-core AVX-512 EPYC, so +-20%): xla 1367 tok/s untuned ->
 # 1628 with this flag alone -> 2821 with mallopt alone; blockwise 1286 -> 1430 with the flag -> 2321 with
-# flag + mallopt. The flag slows the blockwise kernel by itself at 2k tokens (PERF_NOTES), but at the
+# flag + mallopt. The flag slows the blockwise kernel by itself at 2k tokens (benchmarks/PERF_NOTES.md), but at the
 # pipeline's <= 256-token rows the dense layers dominate, so both get it.
 # End to end on and off: benchmarks/compare_peers.py writes "with DOCSCORE_CPU_TUNING=0" rows to RESULTS.md.
 YNN_INDIVIDUAL_DOT = "--xla_cpu_experimental_ynn_fusion_type=individual_dot"
