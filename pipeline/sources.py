@@ -22,7 +22,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from pipeline import tfds_reader
-from pipeline.records import ERRORS_TAG, Document, ErrorRow
+from pipeline.records import ERRORS_TAG, Batch, Document, ErrorRow
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 PARQUET_SUFFIXES = (".parquet",)
@@ -431,7 +431,7 @@ class ReadShard(beam.DoFn):
 
     def process(self, path: str):
         self._shards.inc()
-        items, chunk = 0, []
+        items, chunk = 0, Batch()
         for item in read_shard(path, self._spec):
             items += 1
             if isinstance(item, ErrorRow):
@@ -444,7 +444,7 @@ class ReadShard(beam.DoFn):
             chunk.append(item)
             if len(chunk) >= self._chunk_docs:
                 yield chunk
-                chunk = []
+                chunk = Batch()
         if chunk:
             yield chunk
         if items == 0:
