@@ -66,11 +66,12 @@ def target_backend(choice: str) -> str:
     return jax.default_backend()
 
 
-def resolve_kernel(attention: str, backend: str, flag: str = "--attention") -> str:
+def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtype: str | None = None) -> str:
+    """The kernel `attention` means on `backend` for the pipeline's rows (packed segment ids, `dtype`)."""
     from kernels import KernelUnsupportedError, resolve
 
     try:
-        return resolve(attention, backend=backend)
+        return resolve(attention, backend=backend, has_segments=True, dtype=dtype)
     except KernelUnsupportedError as e:
         message = str(e).replace("--attention", flag)
         if flag not in message:
@@ -169,7 +170,7 @@ def validate(eo: EvalOptions) -> RunPlan:
         )
 
     backend = target_backend(eo.target_backend)
-    kernel = resolve_kernel(eo.attention, backend)
+    kernel = resolve_kernel(eo.attention, backend, dtype=eo.dtype)
     try:
         batch = batching.settings_for(backend, batch_size=eo.batch_size, calls_per_beam_batch=eo.calls_per_beam_batch)
     except ValueError as e:
@@ -312,7 +313,7 @@ def check_shadow(eo: EvalOptions, model_spec: ModelSpec, backend: str, kernel: s
         tolerance = shadow.tolerance_for(eo.dtype, eo.shadow_tolerance)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    shadow_kernel = resolve_kernel(eo.shadow_attention, backend, flag="--shadow_attention")
+    shadow_kernel = resolve_kernel(eo.shadow_attention, backend, flag="--shadow_attention", dtype=eo.dtype)
     loaded, same_backend = load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend)
     if same_backend:
         shadow_kernel = loaded.attention
