@@ -68,6 +68,7 @@ class LoadedModel:
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
     cached_compiles: int = dataclasses.field(default=0, init=False)  # of compile_count: from the persistent cache
     cached_compile_seconds: float = dataclasses.field(default=0.0, init=False)
+    _by_thread: Any = dataclasses.field(default_factory=threading.local, init=False, repr=False)
     parallel: DataParallel = dataclasses.field(init=False, repr=False)  # rows split over all local devices
 
     def __post_init__(self) -> None:
@@ -96,6 +97,11 @@ class LoadedModel:
     @property
     def compile_seconds(self) -> float:
         return self._compile_seconds
+
+    def compiles_by_this_thread(self) -> np.ndarray:
+        """[count, seconds, of them read from the persistent cache: count, seconds] of the compiles the calling
+        thread did (a caller's before/after difference is its own, however many threads share the model)."""
+        return getattr(self._by_thread, "stats", np.zeros(4))
 
     def embed(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
         """[B, L] ids + segment ids -> [B, D] float32: one document per row (all tokens with segment
@@ -135,9 +141,11 @@ class LoadedModel:
                 compiled = self._functions[method].lower(self._state, input_ids, segment_ids, *static).compile()
                 seconds = time.perf_counter() - start
                 self._compile_seconds += seconds
-                if PERSISTENT_CACHE_HITS.count > hits:  # read from the persistent compilation cache
+                cached = PERSISTENT_CACHE_HITS.count > hits  # read from the persistent compilation cache
+                if cached:
                     self.cached_compiles += 1
                     self.cached_compile_seconds += seconds
+                self._by_thread.stats = self.compiles_by_this_thread() + (1, seconds, int(cached), seconds * cached)
                 self._compiled[key] = compiled
         result = compiled(self._state, input_ids, segment_ids)
         result.copy_to_host_async()

@@ -55,20 +55,6 @@ def shared_model(spec: ModelSpec):
         return _MODELS[spec]
 
 
-_REPORTED_COMPILES: dict[int, np.ndarray] = {}
-_REPORTED_LOCK = threading.Lock()
-
-
-def new_compiles(loaded) -> np.ndarray:
-    """The model's XLA compilations since the last call for it, each handed out once however many threads
-    ask: [count, seconds, of them read from the persistent cache: count, seconds]."""
-    now = np.array([loaded.compile_count, loaded.compile_seconds, loaded.cached_compiles, loaded.cached_compile_seconds])
-    with _REPORTED_LOCK:
-        before = _REPORTED_COMPILES.get(id(loaded), np.zeros(4))
-        _REPORTED_COMPILES[id(loaded)] = now
-    return now - before
-
-
 @dataclasses.dataclass
 class ShadowOutput:
     """The same document's outputs from the shadow kernel (--shadow_attention)."""
@@ -194,6 +180,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         faults.maybe_fail_once([doc.doc.doc_id for doc in docs])  # test-only switch; nothing when unset
         loaded = model.loaded
         rows = [w for doc in docs for w in doc.windows + doc.query_windows]
+        compiles_before = loaded.compiles_by_this_thread()
         t0 = time.perf_counter()
         with profile_batch(self._profile_dir), device_time.PROCESS_CLOCK.busy():  # --profile_dir: a trace of this process's first batches
             outputs, timings, totals = run_model(
@@ -201,7 +188,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
                 per_token=self._task == "loglik",
             )
         batch_ms = (time.perf_counter() - t0) * 1000.0
-        self._record_metrics(totals, new_compiles(loaded), batch_ms)
+        self._record_metrics(totals, loaded.compiles_by_this_thread() - compiles_before, batch_ms)
         shadow_outputs = self._run_shadow(docs, rows, model)
         model_id = f"{loaded.model_id}/{loaded.attention}"  # RunInference's model id names the kernel
         per_doc, k = [], 0
@@ -250,7 +237,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         return outputs
 
     def _record_metrics(self, totals: dict[str, float], compiles: np.ndarray, batch_ms: float) -> None:
-        """compiles: new_compiles of the model."""
+        """compiles: the batch's difference of LoadedModel.compiles_by_this_thread."""
         namespace = self.get_metrics_namespace()
         beam.metrics.Metrics.counter(namespace, "model_calls").inc(int(totals["calls"]))
         beam.metrics.Metrics.counter(namespace, "computed_tokens").inc(int(totals["computed_tokens"]))
