@@ -1,6 +1,6 @@
 """The cost of a packing plan (pipeline/packing.py pack_windows, best-fit decreasing with open rows bucketed
-by free room) against the first-fit decreasing it replaced (copied here as the peer, whose cost grows as
-windows x open rows), on --windows seeded window lengths in two mixes: paragraphs (20-150 tokens, one in
+by free room) against the first-fit decreasing it replaced (the tests' reference copy, tests/test_packing.py, whose
+cost grows as windows x open rows), on --windows seeded window lengths in two mixes: paragraphs (20-150 tokens, one in
 ten a full 256) and short windows (3-20 tokens, where segment slots fill rows before tokens do). Rows of
 row_lengths(256). Best of --rounds each; also rows and padding efficiency (window tokens / row tokens).
 Not a test. Goal: < 0.3 s for 40,000 windows.
@@ -21,27 +21,8 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from pipeline.packing import PackedRow, max_segments_for, pack_windows, row_lengths  # noqa: E402
-
-
-def first_fit_decreasing(lengths, row_lens, max_segments=None) -> list[PackedRow]:
-    """pack_windows before best fit: each window into the first open row with room."""
-    row_lens = sorted(row_lens)
-    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
-    rows, sizes, free = [], [], []
-    for i in order:
-        n = int(lengths[i])
-        for r, room in enumerate(free):
-            if room >= n and len(rows[r]) < (max_segments or max_segments_for(sizes[r])):
-                rows[r].append(i)
-                free[r] -= n
-                break
-        else:
-            size = next(m for m in row_lens if m >= n)
-            rows.append([i])
-            sizes.append(size)
-            free.append(size - n)
-    return [PackedRow(tuple(r), size) for r, size in zip(rows, sizes)]
+from pipeline.packing import pack_windows, row_lengths  # noqa: E402
+from tests.test_packing import first_fit_decreasing  # noqa: E402  the packer it replaced, kept as the tests' reference
 
 
 def mixes(n: int, seed: int) -> dict[str, list[int]]:

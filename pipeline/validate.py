@@ -92,22 +92,28 @@ def first_record_fields(shard: str, read_spec: sources.ReadSpec, peek: int = 20)
         if fmt == "array_record" and read_spec.tfds is not None:
             return set(read_spec.tfds.feature_kinds)
         if fmt == "jsonl":
-            compression = "gzip" if shard.lower().endswith(".gz") else None
-            fields: set[str] = set()
-            with fsspec.open(shard, "rb", compression=compression) as f:
-                records = (line for line, size in sources.bounded_lines(f, read_spec.max_record_bytes)
-                           if size <= read_spec.max_record_bytes and line.strip())
-                for line in itertools.islice(records, peek):
-                    try:
-                        record = json.loads(line.decode("utf-8-sig"))
-                    except (ValueError, RecursionError):  # the reader reports it as an error row
-                        continue
-                    if isinstance(record, dict):
-                        fields |= set(record)
-            return fields or None
+            return set().union(*first_jsonl_records(shard, read_spec, peek)) or None
     except Exception:  # an unreadable shard is the reader's to report as an error row
         return None
     return None
+
+
+def first_jsonl_records(shard: str, read_spec: sources.ReadSpec, peek: int) -> list[dict]:
+    """The JSON objects among the first `peek` non-empty lines of a JSONL shard (lines that are too large or
+    not JSON objects are skipped: the reader reports them as error rows)."""
+    compression = "gzip" if shard.lower().endswith(".gz") else None
+    records = []
+    with fsspec.open(shard, "rb", compression=compression) as f:
+        lines = (line for line, size in sources.bounded_lines(f, read_spec.max_record_bytes)
+                 if size <= read_spec.max_record_bytes and line.strip())
+        for line in itertools.islice(lines, peek):
+            try:
+                record = json.loads(line.decode("utf-8-sig"))
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+    return records
 
 
 def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec) -> None:
@@ -263,18 +269,7 @@ def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) ->
                 batch = next(parquet.iter_batches(batch_size=peek, columns=["label"]), None)
                 values = batch.column(0).to_pylist() if batch is not None else []
         elif fmt == "jsonl":
-            compression = "gzip" if shard.lower().endswith(".gz") else None
-            values = []
-            with fsspec.open(shard, "rb", compression=compression) as f:
-                lines = (line for line, size in sources.bounded_lines(f, read_spec.max_record_bytes)
-                         if size <= read_spec.max_record_bytes and line.strip())
-                for line in itertools.islice(lines, peek):
-                    try:
-                        record = json.loads(line.decode("utf-8-sig"))
-                    except (ValueError, RecursionError):
-                        continue
-                    if isinstance(record, dict):
-                        values.append(record.get("label"))
+            values = [record.get("label") for record in first_jsonl_records(shard, read_spec, peek)]
         else:
             return None
     except Exception:  # an unreadable shard is the reader's to report as an error row
