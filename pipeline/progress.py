@@ -338,11 +338,17 @@ class ProgressReporter:
 LOCAL_RUNNERS = (None, "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner", "PrismRunner", "FnApiRunner")
 
 
-def local_counter_dir(options: PipelineOptions) -> str | None:
-    """A fresh temporary directory for counter files when the runner runs on this machine, else None."""
+def runs_locally(options: PipelineOptions) -> bool:
+    """The job runs in or beside this process (DirectRunner and friends), so the launcher waits for it.
+    Lives here, beside LOCAL_RUNNERS, so that validate.py and publish.py both import it downwards."""
     runner = options.view_as(StandardOptions).runner
     name = runner if isinstance(runner, str) or runner is None else type(runner).__name__
-    if name not in LOCAL_RUNNERS:
+    return name in LOCAL_RUNNERS
+
+
+def local_counter_dir(options: PipelineOptions) -> str | None:
+    """A fresh temporary directory for counter files when the runner runs on this machine, else None."""
+    if not runs_locally(options):
         return None
     return tempfile.mkdtemp(prefix="docscore-progress-")
 

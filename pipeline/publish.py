@@ -13,10 +13,10 @@ import time
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
 from pipeline import sinks
-from pipeline.progress import LOCAL_RUNNERS  # runners that run the job in or beside this process
+from pipeline.progress import runs_locally  # noqa: F401  (pipeline/run.py and tests call publish.runs_locally)
 from pipeline.summary import add_metrics, summary_from_stats, with_command_wall
 
 _LOG = logging.getLogger(__name__)
@@ -85,13 +85,6 @@ class PublishRun(beam.PTransform):
 
 
 # ---- the launcher's side ----------------------------------------------------------------------
-
-
-def runs_locally(options: PipelineOptions) -> bool:
-    """The job runs in or beside this process (DirectRunner and friends), so the launcher waits for it."""
-    runner = options.view_as(StandardOptions).runner
-    name = runner if isinstance(runner, str) or runner is None else type(runner).__name__
-    return name in LOCAL_RUNNERS
 
 
 def submit_only(options: PipelineOptions) -> str | None:

@@ -17,6 +17,7 @@ from pipeline import batching, memory, shadow, sinks, sources, tfds_reader
 from pipeline.inference import ModelSpec, shared_model
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, TASKS, ConfigError, EvalOptions, parse_labels
 from pipeline.preprocess import WindowSpec
+from pipeline.progress import runs_locally
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ENCODER_TASKS = ("embed", "similarity", "classify")
@@ -287,7 +288,6 @@ def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:
     """--dtype bfloat16 on a local CPU run whose CPU has no bfloat16 instructions: emulated, it is no faster
     than float32 and less precise (a notice, not an error: bfloat16 still matches what a TPU or GPU run computes)."""
     from pipeline.cpu_tuning import NATIVE_BFLOAT16_FLAGS, cpu_features, has_native_bfloat16
-    from pipeline.publish import runs_locally
 
     if eo.dtype != "bfloat16" or backend != "cpu" or not runs_locally(eo) or has_native_bfloat16(cpu_features()) is not False:
         return None
@@ -352,8 +352,6 @@ def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, m
     is read; --batch_size 10**6 used to fail out of memory after reading. Checked for local runs only: the
     workers of a remote runner are other machines."""
     import jax
-
-    from pipeline.publish import runs_locally
 
     if not runs_locally(eo):
         return
