@@ -9,14 +9,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
-from pipeline import device_time, faults, memory, shadow
+from pipeline import device_time, faults, memory, progress, shadow
 from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
 from pipeline.packing import MIN_ROW_LEN, run_model
 from pipeline.profiling import profile_batch
@@ -131,6 +131,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         labels: dict[str, str] | None = None,
         shadow_spec: shadow.ShadowSpec | None = None,
         profile_dir: str | None = None,
+        progress_dir: str | None = None,
     ):
         super().__init__(  # sizes count tokens (element_size_fn): a Beam batch is calls_per_beam_batch full calls
             min_batch_size=batch_size * max_len * calls_per_beam_batch,
@@ -146,6 +147,8 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         self._labels = dict(labels or {})
         self._shadow = shadow_spec
         self._profile_dir = profile_dir
+        self._progress_dir = progress_dir
+        self._done: progress.RecordCounter | None = None  # made where it counts: one per worker copy of the handler
         self._memory = memory.MemoryWatch()
 
     def load_model(self) -> ScoringModel:
@@ -185,9 +188,10 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         with profile_batch(self._profile_dir), device_time.PROCESS_CLOCK.busy():  # --profile_dir: a trace of this process's first batches
             outputs, timings, totals = run_model(
                 loaded, rows, max_len=self._max_len, batch_size=self._batch_size, min_row_len=self._min_row_len,
-                per_token=self._task == "loglik",
+                per_token=self._task == "loglik", on_call_read=self._count_finished(docs),
             )
         batch_ms = (time.perf_counter() - t0) * 1000.0
+        self._done.flush()  # the batch's last counts show now, not at the next flush tick
         self._record_metrics(totals, loaded.compiles_by_this_thread() - compiles_before, batch_ms)
         shadow_outputs = self._run_shadow(docs, rows, model)
         model_id = f"{loaded.model_id}/{loaded.attention}"  # RunInference's model id names the kernel
@@ -221,6 +225,23 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
             results.append(PredictionResult(example=chunk, inference=Batch(per_doc[k : k + len(chunk)]), model_id=model_id))
             k += len(chunk)
         return results
+
+    def _count_finished(self, docs: Sequence[TokenizedDoc]) -> Callable[[list[int]], None]:
+        """A run_model callback: each call's windows -> the documents whose last window it was, counted as
+        done for the progress bar (so progress moves per model call, not per Beam batch)."""
+        if self._done is None:
+            self._done = progress.RecordCounter(self._progress_dir, "done")
+        owner = [d for d, doc in enumerate(docs) for _ in range(len(doc.windows) + len(doc.query_windows))]
+        left = [len(doc.windows) + len(doc.query_windows) for doc in docs]
+
+        def call_read(windows: list[int]) -> None:
+            finished = 0
+            for w in windows:
+                left[owner[w]] -= 1
+                finished += left[owner[w]] == 0
+            self._done.add(finished)
+
+        return call_read
 
     def _run_shadow(self, batch: Sequence[TokenizedDoc], rows: list[np.ndarray], model: ScoringModel) -> list[np.ndarray] | None:
         """The batch's rows through the shadow kernel as well, when --shadow_fraction chooses this batch.

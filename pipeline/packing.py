@@ -190,6 +190,7 @@ def run_packed(
     per_token: bool = False,
     min_rows: int = 1,
     min_row_len: int = MIN_ROW_LEN,
+    on_call_read: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
     """Run windows of <= max_len tokens through `call(input_ids, segment_ids)` in packed rows of
     row_lengths(max_len, min_row_len), each window in the shortest row length that holds it.
@@ -199,7 +200,8 @@ def run_packed(
     for (a JAX array still being computed): every call is dispatched before the first result is read,
     so the host fills the next call's rows while the device computes. Returns each window's output
     (per_token outputs cut to the window), its share of the batch's time and of the computed tokens in
-    proportion to its tokens, and totals (calls, computed and real tokens, milliseconds)."""
+    proportion to its tokens, and totals (calls, computed and real tokens, milliseconds). on_call_read gets
+    the indices of each call's windows as soon as its result is read (progress per model call)."""
     rows = pack_windows([len(w) for w in windows], row_lengths(max_len, min_row_len))
     outputs: list[np.ndarray | None] = [None] * len(windows)
     costs = [WindowCost() for _ in windows]
@@ -219,6 +221,8 @@ def run_packed(
             n = len(windows[i])
             outputs[i] = result[r, at : at + n] if per_token else result[r, slot]
             costs[i].computed_tokens_per_row = computed * n / real
+        if on_call_read is not None:
+            on_call_read([i for i, *_ in placed])
     totals["ms"] = (time.perf_counter() - t0) * 1000.0
     for i, window in enumerate(windows):
         costs[i].ms_per_row = totals["ms"] * len(window) / max(1, totals["real_tokens"])
@@ -227,7 +231,7 @@ def run_packed(
 
 def run_model(
     loaded, windows: Sequence[np.ndarray], *, max_len: int, batch_size: int, per_token: bool = False,
-    min_row_len: int = MIN_ROW_LEN,
+    min_row_len: int = MIN_ROW_LEN, on_call_read: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
     """run_packed with a models.LoadedModel: embed_packed (one embedding per window) or, per_token,
     token_logprobs (a decoder's next-token log-probs per window), each call dispatched without waiting
@@ -247,4 +251,4 @@ def run_model(
             return loaded.start("embed_packed", input_ids, segment_ids, max_segments_for(input_ids.shape[1]))
 
     return run_packed(windows, call, max_len=max_len, batch_size=batch_size, per_token=per_token, min_rows=devices,
-                      min_row_len=min_row_len)
+                      min_row_len=min_row_len, on_call_read=on_call_read)

@@ -40,7 +40,7 @@ SAMPLES_FILE = "progress.json"
 @dataclasses.dataclass(frozen=True)
 class ProgressCounts:
     discovered: int = 0  # input records read so far (documents + unreadable records)
-    done: int = 0  # records finished: scored rows + error rows
+    done: int = 0  # records finished: documents through the model (per model call) + error rows before it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,33 +130,53 @@ def read_counter_files(directory: str) -> ProgressCounts:
     return ProgressCounts(**totals)
 
 
+class RecordCounter:
+    """Counts records of one kind into a Beam counter and, for a local run, this worker's counter file. Made
+    where it counts (a DoFn's setup, a model handler's load) so that copies never share a file; CountProgress
+    counts elements with it, the model handler the documents each model call finishes."""
+
+    def __init__(self, directory: str | None, kind: str):
+        if kind not in KINDS:
+            raise ValueError(f"progress kind must be one of {KINDS}, got {kind!r}")
+        self.kind = kind
+        self.metric = Metrics.counter(METRICS_NAMESPACE, kind)
+        self.file = CounterFile(directory) if directory else None
+
+    def add(self, n: int) -> None:
+        if n:
+            self.metric.inc(n)
+            if self.file is not None:
+                self.file.add(self.kind, n)
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
 class _CountDoFn(beam.DoFn):
     def __init__(self, directory: str | None, kind: str):
         if kind not in KINDS:
             raise ValueError(f"CountProgress kind must be one of {KINDS}, got {kind!r}")
         self.directory = directory
         self.kind = kind
-        self.counter = Metrics.counter(METRICS_NAMESPACE, kind)
-        self.file: CounterFile | None = None
+        self.counter: RecordCounter | None = None
 
     def setup(self):
-        if self.directory:
-            self.file = CounterFile(self.directory)
+        self.counter = RecordCounter(self.directory, self.kind)
 
     def process(self, element):
-        n = len(element) if isinstance(element, list) else 1
-        self.counter.inc(n)
-        if self.file is not None:
-            self.file.add(self.kind, n)
+        self.counter.add(len(element) if isinstance(element, list) else 1)
         return []
 
     def finish_bundle(self):
-        if self.file is not None:
-            self.file.flush()
+        self.counter.flush()
 
     def teardown(self):
-        if self.file is not None:
-            self.file.close()
+        self.counter.close()
 
 
 class CountProgress(beam.PTransform):

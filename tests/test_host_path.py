@@ -144,3 +144,28 @@ def test_parallel_bundles_and_small_beam_batches_give_the_outputs_of_one_thread(
     assert summary["device"]["busy_s"] > 0 and 0 < summary["device"]["busy_fraction"] <= 1.0
     assert summary["command_wall_s"] > summary["wall_s"] > 0
     assert summary["compile"]["cold_count"] + summary["compile"]["cached_count"] == summary["compile"]["count"]
+
+
+def test_progress_counts_documents_as_each_model_call_finishes(tmp_path, minilm):
+    """One Beam batch of many calls: the handler counts a document done when the call holding its last
+    window is read, so the progress file moves call by call, and ends at every document exactly once."""
+    from pipeline import progress
+    from pipeline.inference import FlaxModelHandler, ModelSpec
+    from pipeline.preprocess import WindowSpec, tokenize_documents
+    from pipeline.records import Document
+
+    docs = [Document(f"d{i}", f"{s} ({i})", "src", i) for i, s in enumerate(SENTENCES * 5)]
+    tokenized = tokenize_documents(docs, minilm.tokenizer, WindowSpec(TEST_MAX_LEN, 8, 8), with_query=False)
+    handler = FlaxModelHandler(ModelSpec("minilm-l6", attention="native"), task="embed", max_len=TEST_MAX_LEN,
+                               batch_size=2, calls_per_beam_batch=32, kernel="xla", progress_dir=str(tmp_path))
+    model = handler.load_model()
+    seen = []
+    real_add = progress.RecordCounter.add
+    progress.RecordCounter.add = lambda self, n: (seen.append(n), real_add(self, n))[1]
+    try:
+        results = handler.run_inference([Batch(tokenized[:30]), Batch(tokenized[30:])], model)
+    finally:
+        progress.RecordCounter.add = real_add
+    assert sum(len(r.inference) for r in results) == len(docs)
+    assert len(seen) > 3 and sum(seen) == len(docs)  # call by call, each document once
+    assert progress.read_counter_files(str(tmp_path)).done == len(docs)
