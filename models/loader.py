@@ -25,7 +25,7 @@ from models.config import HF_KEYS, ModelConfig, read_config
 from models.errors import ModelLoadError
 from models.heads import document_embedding, next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES
-from models.model_dir import CONFIG, PARAMS, TOKENIZER, default_cache_dir, fetch_remote, is_remote, read_metadata, read_text
+from models.model_dir import CONFIG, PARAMS, TOKENIZER, fetch_remote, is_remote, local_cache_dir, read_metadata, read_text
 from models.precision import matmul_precision, with_matmul_precision
 from models.sharding import DataParallel, local_data_parallel
 from models.tokenizer import DocTokenizer
@@ -202,8 +202,8 @@ def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
 
 def local_model_dir(name_or_path: str, cache_dir: str | None = None) -> tuple[str, str]:
     """(local directory, model name) of a built-in name, a local model directory or a remote one (copied
-    into cache_dir once)."""
-    cache_dir = cache_dir or default_cache_dir()
+    into the local cache directory once)."""
+    cache_dir = local_cache_dir(cache_dir)
     if name_or_path in BUILTINS:
         return builtin_dir(name_or_path, cache_dir), name_or_path
     if is_remote(name_or_path):

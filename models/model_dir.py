@@ -39,6 +39,12 @@ def default_cache_dir() -> str:
     return os.environ.get("DOCSCORE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "docscore")
 
 
+def local_cache_dir(cache_dir: str | None) -> str:
+    """Where models are converted and copied: cache_dir, or the default when it is None or remote (a gs://
+    --cache_dir holds the compilation cache that a job's workers share; models are cached on each machine)."""
+    return cache_dir if cache_dir and not is_remote(cache_dir) else default_cache_dir()
+
+
 def is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 

@@ -64,7 +64,10 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--tfds_data_dir", default=None, help="data_dir of a prepared TFDS dataset (tfds: input)")
         parser.add_argument("--split", default="test", help="TFDS split to read (tfds: input)")
         parser.add_argument("--target_backend", default="auto", help="auto | cpu | gpu | tpu: where inference runs")
-        parser.add_argument("--cache_dir", default=None, help="where converted built-in models are cached")
+        parser.add_argument("--cache_dir", default=None,
+                            help="where converted models and JAX's compilation cache are kept (default "
+                                 "~/.cache/docscore); a gs:// directory holds the compilation cache only, shared "
+                                 "by a job's workers (models are then cached on each machine)")
         parser.add_argument("--profile_dir", default=None, help="write a JAX profiler trace of each worker's first batches here")
         parser.add_argument("--no_progress", action="store_true", help="no progress bar or progress log lines while the pipeline runs")
         parser.add_argument("--shadow_attention", default=None,
