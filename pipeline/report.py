@@ -19,6 +19,7 @@ from typing import Any
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.json as pa_json
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -36,6 +37,9 @@ SCORE_COLUMNS = ("task", "score", "label", "gold_label", "perplexity", "n_tokens
 ERROR_COLUMNS = ("source", "record_index", "stage", "error_type", "message")
 TABLE_SCHEMAS = {"scores": SCORES_SCHEMA, "errors": ERRORS_SCHEMA}
 ERRORS_LISTED = 20  # the report lists this many error rows; the table has them all
+LEAST_CONFIDENT_LISTED = 10  # classify: the report lists this many documents with the lowest top probability
+LEAST_CONFIDENT_COLUMNS = ("doc_id", "label", "score", "gold_label")
+READ_BATCH_ROWS = 65_536  # rows per record batch when a table is scanned rather than loaded (bounded memory)
 STAGE_COLORS = {"read": "#4c72b0", "tokenize": "#55a868", "infer": "#c44e52", "postprocess": "#8172b2"}
 
 
@@ -53,6 +57,7 @@ class RunData:
     scores: pa.Table | None  # SCORE_COLUMNS only (no embeddings); None when the table is not readable here
     errors: pa.Table | None  # ERROR_COLUMNS only
     samples: list[progress.ProgressSample]
+    least_confident: pa.Table | None = None  # classify: LEAST_CONFIDENT_COLUMNS of the lowest-score rows, lowest first
 
 
 # ---- finding and loading a run ------------------------------------------------------------------
@@ -104,6 +109,7 @@ def load_run(output_dir: str, run_id: str) -> RunData:
     with fs.open(fs_path, "r") as f:
         summary = json.load(f)
     output_format = summary_value(summary, "config.output_format") or "parquet"
+    classify = summary_value(summary, history.DESCRIPTION["task"]) == "classify"
     return RunData(
         output_dir=output_dir,
         run_id=run_id,
@@ -111,6 +117,7 @@ def load_run(output_dir: str, run_id: str) -> RunData:
         scores=read_table(output_dir, "scores", run_id, SCORE_COLUMNS, output_format),
         errors=read_table(output_dir, "errors", run_id, ERROR_COLUMNS, output_format),
         samples=progress.read_samples(progress.samples_path(output_dir, run_id)),
+        least_confident=lowest_scores(output_dir, run_id, output_format, LEAST_CONFIDENT_LISTED) if classify else None,
     )
 
 
@@ -121,9 +128,7 @@ def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...
     if output_dir.startswith("bq:"):
         return None
     schema = TABLE_SCHEMAS[table]
-    fs, partition = fsspec.core.url_to_fs(posixpath.join(output_dir.rstrip("/"), table, f"run_id={run_id}"))
-    suffix = ".parquet" if output_format == "parquet" else ".jsonl"
-    parts = sorted(p for p in fs.glob(posixpath.join(partition, f"*{suffix}")) if not posixpath.basename(p).startswith("_"))
+    fs, parts = _table_parts(output_dir, table, run_id, output_format)
     if output_format == "parquet":
         dataset = ds.dataset(parts, format="parquet", filesystem=fs) if parts else None
         tables = [dataset.to_table(columns=[c for c in columns if c in dataset.schema.names])] if dataset else []
@@ -135,6 +140,46 @@ def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...
     if not tables:
         return typed.empty_table()
     return pa.concat_tables([_conform(t, typed) for t in tables])
+
+
+def _table_parts(output_dir: str, table: str, run_id: str, output_format: str) -> tuple[Any, list[str]]:
+    """The filesystem and the part files of DIR/<table>/run_id=ID, in name order."""
+    fs, partition = fsspec.core.url_to_fs(posixpath.join(output_dir.rstrip("/"), table, f"run_id={run_id}"))
+    suffix = ".parquet" if output_format == "parquet" else ".jsonl"
+    return fs, sorted(p for p in fs.glob(posixpath.join(partition, f"*{suffix}")) if not posixpath.basename(p).startswith("_"))
+
+
+def lowest_scores(output_dir: str, run_id: str, output_format: str, k: int) -> pa.Table | None:
+    """The k scored rows with the lowest score (classify: the predicted label's probability; ties by doc_id),
+    LEAST_CONFIDENT_COLUMNS only, lowest first. The scores table is scanned a record batch at a time keeping
+    only the k lowest so far, so memory stays bounded by one batch whatever the table's size. None for
+    tables kept elsewhere (bq:)."""
+    if output_dir.startswith("bq:"):
+        return None
+    typed = pa.schema([SCORES_SCHEMA.field(c).with_nullable(True) for c in LEAST_CONFIDENT_COLUMNS])
+    fs, parts = _table_parts(output_dir, "scores", run_id, output_format)
+    order = [("score", "ascending"), ("doc_id", "ascending")]
+    kept = typed.empty_table()
+    for batch in _record_batches(fs, parts, output_format, typed):
+        rows = _conform(pa.Table.from_batches([batch]), typed)
+        rows = rows.filter(pc.is_valid(rows["score"]))
+        candidates = pa.concat_tables([kept, rows])
+        kept = candidates.take(pc.sort_indices(candidates, sort_keys=order)[:k])
+    return kept
+
+
+def _record_batches(fs, parts: list[str], output_format: str, schema: pa.Schema):
+    """The parts' rows, one record batch at a time: the columns of `schema` each part has (jsonl: all of them,
+    typed as `schema`, other fields skipped)."""
+    for part in parts:
+        if output_format == "parquet":
+            dataset = ds.dataset(part, format="parquet", filesystem=fs)
+            present = [c for c in schema.names if c in dataset.schema.names]
+            yield from dataset.to_batches(columns=present, batch_size=READ_BATCH_ROWS)
+        elif fs.size(part) > 0:
+            parse = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+            with fs.open(part, "rb") as f:
+                yield from pa_json.open_json(f, parse_options=parse)
 
 
 def _read_jsonl_part(fs, part: str) -> pa.Table:
@@ -334,10 +379,11 @@ def shadow_section(run: RunData) -> str:
     section = summary_value(run.summary, history.SHADOW)
     if not isinstance(section, dict):
         return ""
-    verdict = "PASSED" if section.get("passed") else "FAILED"
+    verdict = {True: "PASSED", False: "FAILED"}.get(section.get("passed"), "NOT RUN")
+    outcome = (f"{_fmt(section.get('documents_over_tolerance'))} of {_fmt(section.get('documents'))} shadowed documents "
+               "over tolerance") if section.get("documents") else "no document was shadowed, so nothing was compared"
     facts = [
-        ("verdict", f"{verdict}: {_fmt(section.get('documents_over_tolerance'))} of {_fmt(section.get('documents'))} "
-                    f"shadowed documents over tolerance"),
+        ("verdict", f"{verdict}: {outcome}"),
         ("kernels", f"{_fmt(summary_value(run.summary, 'kernel.resolved'))} (primary) vs {_fmt(section.get('impl'))} (shadow)"),
         ("fraction of batches", section.get("fraction")),
         ("tolerance", f"{_fmt(section.get('tolerance'))} ({_fmt(section.get('dtype'))}; relative to max(1, |output|))"),
@@ -349,7 +395,90 @@ def shadow_section(run: RunData) -> str:
     ]
     chart = _figure_html(shadow_chart(run.scores, section.get("tolerance")), "Shadow kernel divergence",
                          "no shadowed document in the scores table")
-    return f"<h2 class='{verdict.lower()}'>Shadow kernel: {verdict}</h2>{_table(facts)}<div class='wide'>{chart}</div>"
+    css = verdict.lower().replace(" ", "")
+    return f"<h2 class='{css}'>Shadow kernel: {verdict}</h2>{_table(facts)}<div class='wide'>{chart}</div>"
+
+
+# ---- classify: how the predictions meet the gold labels ------------------------------------------
+
+
+def confusion_counts(scores: pa.Table | None) -> tuple[list[str], dict[tuple[str, str], int]]:
+    """(labels, {(gold, predicted): documents}) over the scored rows that carry a gold label; labels are every
+    gold or predicted label among them, sorted. Empty when no row has a gold label."""
+    if scores is None or not {"label", "gold_label"} <= set(scores.schema.names):
+        return [], {}
+    pairs = scores.select(["gold_label", "label"]).filter(pc.is_valid(scores["gold_label"]))
+    grouped = pairs.group_by(["gold_label", "label"]).aggregate([([], "count_all")])
+    counts = {(row["gold_label"], row["label"]): row["count_all"] for row in grouped.to_pylist()}
+    labels = sorted({label for pair in counts for label in pair if label is not None})
+    return labels, counts
+
+
+def per_class_rates(labels: list[str], counts: dict[tuple[str, str], int]) -> list[dict[str, Any]]:
+    """Per label: precision (of the documents predicted as it, how many are it), recall (of the documents that
+    are it, how many were predicted as it) and support (documents whose gold label it is); None where the
+    denominator is 0."""
+    rows = []
+    for label in labels:
+        hits = counts.get((label, label), 0)
+        predicted = sum(n for (_, p), n in counts.items() if p == label)
+        support = sum(n for (g, _), n in counts.items() if g == label)
+        rows.append({"label": label, "precision": hits / predicted if predicted else None,
+                     "recall": hits / support if support else None, "support": support, "predicted": predicted})
+    return rows
+
+
+def classification_section(run: RunData) -> str:
+    """classify with gold labels: the confusion matrix and per-class precision / recall."""
+    if summary_value(run.summary, history.DESCRIPTION["task"]) != "classify":
+        return ""
+    labels, counts = confusion_counts(run.scores)
+    if not labels:
+        return "<h2>Confusion matrix</h2><p class='note'>no scored document has a gold label</p>"
+    head = "<tr><th>gold \\ predicted</th>" + "".join(f"<th>{html.escape(p)}</th>" for p in labels) + "</tr>"
+    body = "".join(
+        f"<tr><th>{html.escape(g)}</th>" + "".join(
+            f"<td class='{'hit' if g == p else 'miss' if counts.get((g, p)) else ''}'>{counts.get((g, p), 0)}</td>"
+            for p in labels) + "</tr>"
+        for g in labels)
+    rates = per_class_rates(labels, counts)
+    rate_head = "<tr><th>label</th><th>precision</th><th>recall</th><th>support (gold)</th><th>predicted</th></tr>"
+    rate_body = "".join(
+        f"<tr><th>{html.escape(r['label'])}</th>" + "".join(
+            f"<td>{html.escape(_fmt(r[k]))}</td>" for k in ("precision", "recall", "support", "predicted")) + "</tr>"
+        for r in rates)
+    n = sum(counts.values())
+    return (f"<h2>Confusion matrix</h2><p class='note'>{n} scored documents with a gold label; rows: gold label, "
+            f"columns: predicted label</p><table class='grid confusion'>{head}{body}</table>"
+            f"<h2>Per-class precision and recall</h2><table class='grid per-class'>{rate_head}{rate_body}</table>")
+
+
+def least_confident_section(run: RunData) -> str:
+    """classify: the documents whose predicted label had the lowest probability."""
+    rows = run.least_confident
+    if rows is None or rows.num_rows == 0:
+        return ""
+    columns = {"doc_id": "doc_id", "label": "predicted label", "score": "score (probability)", "gold_label": "gold label"}
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in columns.values())
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(row[c]))}</td>" for c in columns) + "</tr>"
+                   for row in rows.to_pylist())
+    return (f"<h2>Lowest-confidence documents</h2><p class='note'>the {rows.num_rows} scored documents whose predicted "
+            f"label had the lowest probability</p><table class='grid least-confident'><tr>{head}</tr>{body}</table>")
+
+
+# ---- gates ---------------------------------------------------------------------------------------
+
+
+def gate_banner(summary: dict[str, Any]) -> str:
+    """At the top of the page: each gate that failed (the run exited non-zero), then each that did not run."""
+    gates = summary_value(summary, "gates") or {}
+    banners = []
+    for passed, css, verdict in ((False, "failed", "FAILED"), (None, "notrun", "NOT RUN")):
+        for name, gate in gates.items():
+            if isinstance(gate, dict) and "passed" in gate and gate["passed"] is passed and gate.get("message"):
+                banners.append(f"<div class='banner {css}' role='alert'><strong>{html.escape(name)} gate {verdict}</strong>"
+                               f": {html.escape(gate['message'])}</div>")
+    return "".join(banners)
 
 
 # ---- the page ------------------------------------------------------------------------------------
@@ -445,7 +574,11 @@ figure { margin: 0; border: 1px solid #eee; padding: 8px; }
 figure img { width: 100%; height: auto; display: block; }
 .note { color: #777; font-style: italic; }
 .versions { color: #555; font-size: 13px; }
-h2.passed { color: #2e7d32; } h2.failed { color: #c62828; }
+h2.passed { color: #2e7d32; } h2.failed { color: #c62828; } h2.notrun { color: #9a6700; }
+.banner { padding: 10px 14px; margin: 12px 0; border-radius: 4px; border: 1px solid; }
+.banner.failed { background: #fdecea; border-color: #c62828; color: #8e1b1b; }
+.banner.notrun { background: #fff8e1; border-color: #d4a72c; color: #6b4e00; }
+.confusion td { text-align: right; } .confusion td.hit { background: #e8f5e9; } .confusion td.miss { background: #fdecea; }
 .wide { max-width: 1000px; margin-top: 12px; }
 """
 
@@ -480,10 +613,13 @@ def render_html(run: RunData) -> str:
 </head>
 <body>
 <h1>{html.escape(title)}</h1>
+{gate_banner(summary)}
 <p class="versions">{versions_html}</p>
 {_table(header_facts(summary))}
 <h2>Task metrics</h2>
 {metrics_html}
+{classification_section(run)}
+{least_confident_section(run)}
 <h2>Stages</h2>
 {stage_table(summary)}
 <h2>Charts</h2>

@@ -143,9 +143,9 @@ def metric_values(result, namespace_prefix: str) -> dict[str, Any]:
 
 
 def shadow_gate_failure(summary: dict[str, Any]) -> str | None:
-    """The message of a failed shadow gate, or None (no shadow kernel, or within tolerance)."""
+    """The message of a failed shadow gate, or None (no shadow kernel, within tolerance, or nothing shadowed)."""
     gate = summary.get("shadow")
-    if gate is None or gate.get("passed", True):
+    if gate is None or gate.get("passed") is not False:
         return None
     return (
         f"shadow gate FAILED: {gate['documents_over_tolerance']} of {gate['documents']} shadowed documents differ by "
@@ -154,6 +154,58 @@ def shadow_gate_failure(summary: dict[str, Any]) -> str | None:
         f"{gate['impl']}; the outputs are published for inspection (scores columns shadow_*); fix the kernel, or pass "
         f"--shadow_tolerance only if this difference is expected"
     )
+
+
+def shadow_gate_not_run(summary: dict[str, Any]) -> str | None:
+    """Why a run with a shadow kernel compared no document (its gate neither passed nor failed), or None."""
+    gate = summary.get("shadow")
+    if gate is None or gate.get("documents"):
+        return None
+    if not summary["counts"]["scored"]:
+        why = "no document was scored, so none was run through it"
+    else:
+        why = (f"--shadow_fraction={gate['fraction']:g} chose none of this run's batches (a hash of each batch's "
+               f"documents picks about that share of them; {summary['counts']['scored']} documents were scored)")
+    return (f"shadow gate NOT RUN: the shadow kernel {gate['impl']} compared 0 documents: {why}; raise "
+            f"--shadow_fraction (1 shadows every batch) to check {summary['kernel']['resolved']} against it")
+
+
+GATE_EXIT_CODES = {"shadow": 3, "error_fraction": 4}  # the first failed gate, in this order, is the exit code
+
+
+def run_gates(summary: dict[str, Any], max_error_fraction: float) -> dict[str, dict[str, Any]]:
+    """The summary's "gates" section, from fields the summary already has: each gate's limit, its value, whether
+    it passed (True, False, or None when it did not run) and, unless it passed, the message saying what to do."""
+    counts = summary["counts"]
+    value = counts["errors"] / counts["records"] if counts["records"] else None
+    gates = {"error_fraction": {
+        "limit": max_error_fraction, "value": value, "errors": counts["errors"], "records": counts["records"],
+        "passed": None if value is None else value <= max_error_fraction,
+        "message": error_fraction_failure(summary, max_error_fraction),
+    }}
+    shadow = summary.get("shadow")
+    if shadow is not None:
+        gates = {"shadow": {
+            "limit": shadow["tolerance"], "value": shadow["output_max_abs_diff"] if shadow["documents"] else None,
+            "documents": shadow["documents"], "documents_over_tolerance": shadow["documents_over_tolerance"],
+            "passed": shadow["passed"], "message": shadow_gate_failure(summary) or shadow_gate_not_run(summary),
+        }, **gates}
+    return gates
+
+
+def with_gates(summary: dict[str, Any], max_error_fraction: float) -> dict[str, Any]:
+    """The summary with its "gates" section, and a gate that did not run among its notices."""
+    gates = run_gates(summary, max_error_fraction)
+    not_run = [gate["message"] for gate in gates.values() if gate["passed"] is None and gate["message"]]
+    notices = list(summary.get("notices") or [])
+    return {**summary, "gates": gates, "notices": notices + [m for m in not_run if m not in notices]}
+
+
+def failed_gates(summary: dict[str, Any]) -> list[tuple[int, str]]:
+    """(exit code, message) of each failed gate of a summary with gates (with_gates), in exit code order."""
+    gates = summary["gates"]
+    return [(code, gates[name]["message"]) for name, code in GATE_EXIT_CODES.items()
+            if name in gates and gates[name]["passed"] is False]
 
 
 def print_help() -> None:
@@ -210,13 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     if summary is None:  # BigQuery: the run's summary is its PREFIX_runs row
         print(f"docscore run {eo.run_id}: published " + ", ".join(published.values()))
         return 0
+    # the gates' outcomes go into the published summary before the history row and report are derived from it
+    summary = with_gates(summary, eo.max_error_fraction)
+    sinks.publish_summary(out, summary)
     reporter.write_samples(progress.samples_path(eo.output, eo.run_id))
     derived = publish.write_derived(out, summary)  # history row and report
     if "report" in derived:
         published["report"] = derived["report"]
     print_report(summary, published)
-    failures = [(code, message) for code, message in (
-        (3, shadow_gate_failure(summary)), (4, error_fraction_failure(summary, eo.max_error_fraction))) if message]
+    for gate in summary["gates"].values():
+        if gate["passed"] is None and gate["message"]:
+            print(f"docscore run {eo.run_id}: note: {gate['message']}", file=sys.stderr)
+    failures = failed_gates(summary)
     for _, message in failures:
         print(f"docscore run {eo.run_id}: {message}", file=sys.stderr)
     return failures[0][0] if failures else 0
@@ -262,7 +319,7 @@ def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
     if gate:
         print(f"  shadow {gate['impl']} on {gate['documents']} documents ({gate['batches']} batches): max |output diff| "
               f"{gate['output_max_abs_diff']:.3g}, max |score diff| {gate['score_max_abs_diff']:.3g}, tolerance "
-              f"{gate['tolerance']:g} -> {'passed' if gate['passed'] else 'FAILED'}")
+              f"{gate['tolerance']:g} -> {({True: 'passed', False: 'FAILED'}).get(gate['passed'], 'NOT RUN')}")
     metrics = {k: v for k, v in summary["task_metrics"].items() if v is not None}
     if metrics:
         print("  task metrics " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))

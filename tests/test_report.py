@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
 
 import duckdb
@@ -67,6 +68,54 @@ def finished_run(tmp_path_factory):
     history.write_history_row(output, summary)  # what run.py is to call at the end of a run (see below)
     assert report.main([f"{output}/runs/run_id=r1"]) == 0
     return output, summary, run_files
+
+
+class PageOutline(HTMLParser):
+    """A report page parsed: `outline`, its headings, gate banners and images in page order, as (kind, text),
+    kind "h1", "h2", "banner failed" / "banner notrun" or "img" (text: the alt); `tables`, each table's
+    classes and rows of cell texts."""
+
+    def __init__(self, page: str):
+        super().__init__()
+        self.outline: list[tuple[str, str]] = []
+        self.tables: list[tuple[list[str], list[list[str]]]] = []
+        self._open: tuple[str, list[str]] | None = None  # the heading or banner whose text is being read
+        self._cell: list[str] | None = None
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        classes = (attrs.get("class") or "").split()
+        if tag in ("h1", "h2"):
+            self._open = (tag, [])
+        elif tag == "div" and "banner" in classes:
+            self._open = (" ".join(classes), [])
+        elif tag == "img":
+            self.outline.append(("img", attrs.get("alt", "")))
+        elif tag == "table":
+            self.tables.append((classes, []))
+        elif tag == "tr" and self.tables:
+            self.tables[-1][1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][1][-1].append("".join(self._cell).strip())
+            self._cell = None
+        elif self._open and (tag in ("h1", "h2") and self._open[0] == tag or tag == "div"):
+            self.outline.append((self._open[0], "".join(self._open[1]).strip()))
+            self._open = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._open:
+            self._open[1].append(data)
+
+    def table(self, css_class: str) -> list[list[str]]:
+        (rows,) = [rows for classes, rows in self.tables if css_class in classes]
+        return rows
 
 
 def test_the_run_itself_writes_report_history_and_progress(finished_run):
@@ -249,3 +298,78 @@ def test_report_of_a_jsonl_run_without_errors(tmp_path):
     assert run.scores.num_rows == 3 and run.scores.schema.field("n_tokens").type == pa.int64()
     page = (out / "runs" / "run_id=clean" / "report.html").read_text()
     assert "data:image/png;base64," in page and "<h2>Error rows</h2>" not in page
+
+
+# ---- for the analyst: how the classifier did, document by document --------------------------------
+
+
+def test_classify_report_shows_the_confusion_matrix_and_per_class_rates_before_the_label_chart(finished_run):
+    output, summary, _ = finished_run
+    page = PageOutline(Path(report.report_path(output, "r1")).read_text())
+    scores = [r for r in _scores(output) if r["gold_label"] is not None]
+    labels = sorted({r["gold_label"] for r in scores} | {r["label"] for r in scores})
+    matrix = page.table("confusion")
+    assert matrix[0] == ["gold \\ predicted", *labels]
+    for gold, *cells in matrix[1:]:
+        assert [int(c) for c in cells] == [sum(r["gold_label"] == gold and r["label"] == p for r in scores) for p in labels]
+    assert [row[0] for row in matrix[1:]] == labels
+    assert sum(int(c) for row in matrix[1:] for c in row[1:]) == len(scores) == summary["task_metrics"]["n_gold"]
+    rates = {row[0]: row[1:] for row in page.table("per-class")[1:]}
+    assert set(rates) == set(labels)
+    for label in labels:
+        hits = sum(r["gold_label"] == label == r["label"] for r in scores)
+        predicted = sum(r["label"] == label for r in scores)
+        support = sum(r["gold_label"] == label for r in scores)
+        precision, recall, shown_support, shown_predicted = rates[label]
+        assert precision == (report._fmt(hits / predicted) if predicted else "-")
+        assert recall == (report._fmt(hits / support) if support else "-")
+        assert (int(shown_support), int(shown_predicted)) == (support, predicted)
+    # macro-F1 from the shown rates agrees with the pipeline's own metric
+    f1 = [2 * p * r / (p + r) if p and r else 0.0 for p, r in (
+        (float(rates[l][0]) if rates[l][0] != "-" else 0.0, float(rates[l][1]) if rates[l][1] != "-" else 0.0) for l in labels)]
+    assert sum(f1) / len(f1) == pytest.approx(summary["task_metrics"]["macro_f1"], abs=1e-3)
+    kinds = [text for kind, text in page.outline if kind in ("h2", "img")]
+    assert kinds.index("Confusion matrix") < kinds.index("Per-class precision and recall") < kinds.index("Label distribution")
+    # a run whose gates passed has no banner
+    assert not [kind for kind, _ in page.outline if kind.startswith("banner")]
+    assert summary["gates"]["error_fraction"]["passed"] is True and summary["gates"]["shadow"]["passed"] is True
+
+
+def test_classify_report_lists_the_lowest_confidence_documents(finished_run):
+    output, _, _ = finished_run
+    page = PageOutline(Path(report.report_path(output, "r1")).read_text())
+    listed = page.table("least-confident")
+    assert listed[0] == ["doc_id", "predicted label", "score (probability)", "gold label"]
+    expected = sorted(_scores(output), key=lambda r: (r["score"], r["doc_id"]))[:report.LEAST_CONFIDENT_LISTED]
+    assert len(listed) - 1 == len(expected) == min(report.LEAST_CONFIDENT_LISTED, len(_scores(output)))
+    assert listed[1:] == [[r["doc_id"], r["label"], report._fmt(r["score"]), report._fmt(r["gold_label"])] for r in expected]
+
+
+@pytest.mark.parametrize("output_format", ["parquet", "jsonl"])
+def test_lowest_scores_scans_the_table_in_batches(tmp_path, monkeypatch, output_format):
+    """Many parts and many record batches each: the k lowest of the whole table, though no more than one
+    batch (plus k rows) is held at a time; nulls and missing columns are skipped / read as null."""
+    monkeypatch.setattr(report, "READ_BATCH_ROWS", 7)
+    import random
+
+    rng = random.Random(0)
+    rows = [{"doc_id": f"d{i:03d}", "label": rng.choice("abc"), "score": round(rng.random(), 2),
+             "gold_label": rng.choice(["a", "b", None])} for i in range(300)]
+    rows[5]["score"] = None
+    part_dir = tmp_path / "scores" / "run_id=x"
+    part_dir.mkdir(parents=True)
+    held = []
+    real_concat = pa.concat_tables
+    monkeypatch.setattr(report.pa, "concat_tables", lambda tables: held.append(sum(t.num_rows for t in tables)) or real_concat(tables))
+    for n, start in enumerate(range(0, 300, 40)):
+        chunk = rows[start:start + 40]
+        if output_format == "parquet":
+            pq.write_table(pa.Table.from_pylist(chunk), part_dir / f"part-{n:05d}.parquet", row_group_size=9)
+        else:
+            (part_dir / f"part-{n:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chunk))
+    lowest = report.lowest_scores(str(tmp_path), "x", output_format, 10)
+    expected = sorted((r for r in rows if r["score"] is not None), key=lambda r: (r["score"], r["doc_id"]))[:10]
+    assert lowest.to_pylist() == [{k: r[k] for k in report.LEAST_CONFIDENT_COLUMNS} for r in expected]
+    assert len(held) > 300 // 40 and max(held) <= 10 + 40  # never more than k rows + one batch (jsonl: <= a part)
+    if output_format == "parquet":
+        assert max(held) <= 10 + 7

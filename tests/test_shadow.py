@@ -54,7 +54,8 @@ def test_tolerances_and_totals():
     assert totals["output_mean_abs_diff"] == pytest.approx((1e-8 + 1e-6 + 1e-8) / 3)
     assert totals["score_max_abs_diff"] == 2e-3 and not totals["passed"]
     empty = combine.extract_output(combine.create_accumulator())
-    assert empty["documents"] == 0 and empty["passed"] and empty["output_mean_abs_diff"] is None
+    # nothing shadowed: the gate did not run, so it neither passed nor failed
+    assert empty["documents"] == 0 and empty["passed"] is None and empty["output_mean_abs_diff"] is None
     assert math.isnan(shadow.measure([np.zeros(2)], [np.zeros(2)], {}, {"embedding": [1.0]}).score_abs)
 
 
@@ -90,8 +91,12 @@ def test_a_perturbed_shadow_kernel_fails_the_gate(tmp_path, perturbed_kernel, ca
                         "--shadow_attention", perturbed_kernel, "--shadow_fraction", "1")
     assert code == 3
     assert "shadow gate FAILED: 6 of 6 shadowed documents" in capsys.readouterr().err
-    gate = read_summary(out, "bad")["shadow"]
+    summary = read_summary(out, "bad")
+    gate = summary["shadow"]
     assert (gate["impl"], gate["passed"], gate["documents"], gate["documents_over_tolerance"]) == ("perturbed", False, 6, 6)
+    assert summary["gates"]["shadow"]["passed"] is False and "shadow gate FAILED" in summary["gates"]["shadow"]["message"]
+    page = (out / "runs" / "run_id=bad" / "report.html").read_text()
+    assert "class='banner failed'" in page and "shadow gate FAILED" in page
     scores, _ = read_table(out, "scores", "bad")
     assert set(scores.shadow_attention_impl) == {"perturbed"} and set(scores.attention_impl) == {"xla"}
     assert (scores.shadow_output_max_abs_diff > gate["tolerance"]).all()

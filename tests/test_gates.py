@@ -1,0 +1,91 @@
+"""The run's gates, as the user sees them: a real `docscore run` (DirectRunner, MiniLM) whose error rows are
+past --max_error_fraction exits 4 AND says so in its summary ("gates") and at the top of its report; a
+shadow kernel that compared no document says it did not run (and how to make it run), never that it passed.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import SENTENCES, common_flags, read_summary, run_docscore, write_jsonl
+from pipeline import history
+from pipeline import run as pipeline_run
+from test_report import PageOutline
+
+
+def _page(out, run_id) -> tuple[str, PageOutline]:
+    page = (out / "runs" / f"run_id={run_id}" / "report.html").read_text()
+    return page, PageOutline(page)
+
+
+def test_a_run_past_the_error_fraction_says_so_in_its_summary_and_at_the_top_of_its_report(tmp_path, capsys):
+    records = [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:4])] + ['{"id": "broken", "text": ', {"id": "no-text"}]
+    shard = write_jsonl(tmp_path / "docs.jsonl", records)
+    out = tmp_path / "out"
+    code = run_docscore("--input", shard, *common_flags("err", out), "--attention", "native", "--no_progress",
+                        "--max_error_fraction", "0.1")  # the last --max_error_fraction wins over common_flags' 1
+    assert code == 4
+    err = capsys.readouterr().err
+    summary = read_summary(out, "err")
+    gate = summary["gates"]["error_fraction"]
+    assert (gate["limit"], gate["passed"], gate["errors"], gate["records"]) == (0.1, False, 2, 6)
+    assert gate["value"] == pytest.approx(2 / 6) == summary["counts"]["error_fraction"]
+    assert gate["message"] in err and "--max_error_fraction=0.1" in gate["message"]
+    assert "shadow" not in summary["gates"]  # no shadow kernel, no shadow gate
+    page, outline = _page(out, "err")
+    # the banner comes right after the title, before anything else the page shows
+    (kind, text), = [item for item in outline.outline if item[0].startswith("banner")]
+    assert kind == "banner failed" and text.startswith("error_fraction gate FAILED") and "2 of 6 records" in text
+    assert outline.outline[0][0] == "h1" and outline.outline[1] == (kind, text)
+    assert page.index("class='banner failed'") < page.index("class='facts'")
+    # the history row derived from the same summary
+    assert history.history_row(summary)["errors"] == 2
+
+
+def test_a_shadow_kernel_that_compared_nothing_did_not_pass(tmp_path, capsys):
+    shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:6])])
+    out = tmp_path / "out"
+    # a fraction so small that the hash picks none of the run's batches
+    code = run_docscore("--input", shard, *common_flags("none", out), "--attention", "native", "--no_progress",
+                        "--shadow_attention", "flash", "--shadow_fraction", "1e-12")
+    assert code == 0  # nothing failed; but nothing was checked either, and the run says so
+    err = capsys.readouterr().err
+    summary = read_summary(out, "none")
+    shadow = summary["shadow"]
+    assert (shadow["documents"], shadow["batches"], shadow["passed"]) == (0, 0, None)
+    gate = summary["gates"]["shadow"]
+    assert gate["passed"] is None and gate["documents"] == 0 and gate["value"] is None
+    assert "NOT RUN" in gate["message"] and "raise --shadow_fraction" in gate["message"]
+    assert gate["message"] in summary["notices"] and f"note: {gate['message']}" in err
+    assert summary["gates"]["error_fraction"]["passed"] is True
+    assert "shadow gate FAILED" not in err
+    page, outline = _page(out, "none")
+    headings = [text for kind, text in outline.outline if kind == "h2"]
+    assert "Shadow kernel: NOT RUN" in headings and "Shadow kernel: PASSED" not in page
+    assert [kind for kind, _ in outline.outline if kind.startswith("banner")] == ["banner notrun"]
+    assert history.history_row(summary)["shadow_passed"] is None
+
+
+def test_gates_from_a_summary():
+    """The gate logic on its own: every outcome of both gates, and the exit code order (shadow first)."""
+    base = {"counts": {"records": 10, "errors": 3, "scored": 7, "errors_by_type": {"read/invalid_json": 3}},
+            "kernel": {"resolved": "xla"}, "notices": ["earlier"]}
+    shadow = {"impl": "blockwise", "fraction": 0.5, "tolerance": 1e-5, "documents": 4, "documents_over_tolerance": 1,
+              "output_max_abs_diff": 3e-5, "worst_ratio_to_tolerance": 3.0, "passed": False}
+    failed = pipeline_run.with_gates({**base, "shadow": shadow}, 0.2)
+    assert [code for code, _ in pipeline_run.failed_gates(failed)] == [3, 4]
+    assert failed["gates"]["shadow"]["value"] == 3e-5 and failed["notices"] == ["earlier"]
+    passing = pipeline_run.with_gates({**base, "shadow": {**shadow, "documents_over_tolerance": 0, "passed": True}}, 0.3)
+    assert pipeline_run.failed_gates(passing) == []
+    assert all(g["passed"] is True and g["message"] is None for g in passing["gates"].values())
+    empty = {**shadow, "documents": 0, "documents_over_tolerance": 0, "output_max_abs_diff": 0.0, "passed": None}
+    not_run = pipeline_run.with_gates({**base, "shadow": empty}, 0.3)
+    assert pipeline_run.failed_gates(not_run) == [] and pipeline_run.shadow_gate_failure(not_run) is None
+    assert not_run["notices"][1:] == [not_run["gates"]["shadow"]["message"]]
+    assert pipeline_run.with_gates(not_run, 0.3)["notices"] == not_run["notices"]  # not repeated when redone
+    nothing_scored = pipeline_run.with_gates({**base, "counts": {**base["counts"], "scored": 0}, "shadow": empty}, 1)
+    assert "no document was scored" in nothing_scored["gates"]["shadow"]["message"]
+    no_records = pipeline_run.with_gates({**base, "counts": {**base["counts"], "records": 0, "errors": 0}}, 0.1)
+    assert no_records["gates"]["error_fraction"]["passed"] is None
+    json.dumps(failed)  # the summary stays JSON
