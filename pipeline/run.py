@@ -62,6 +62,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         calls_per_beam_batch=plan.batch.calls_per_beam_batch,
         kernel=plan.kernel,
         min_row_len=plan.batch.shortest_row(plan.window_spec.max_len),
+        progress_dir=counter_dir,
         labels=plan.labels,
         shadow_spec=plan.shadow,
         profile_dir=eo.profile_dir,
@@ -79,11 +80,13 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     scored = predictions | "Score" >> beam.ParDo(ScoreDocuments(score_spec)).with_outputs(ERRORS_TAG, STATS_TAG, main="rows")
     errors = (read[ERRORS_TAG], tokenized[ERRORS_TAG], infer_errors, scored[ERRORS_TAG]) | "AllErrors" >> beam.Flatten()
     error_rows = errors | "ErrorRows" >> beam.Map(lambda error: Batch([error_to_row(error, eo.run_id)]))
-    # progress: records read (documents + unreadable records) and finished (scored + error rows)
+    # progress: records read (documents + unreadable records) and finished: documents as their model call
+    # finishes (the handler counts them) and the error rows of the stages before (a document whose outputs
+    # cannot be scored was counted by its model call)
     _ = read.docs | "CountRead" >> progress.CountProgress(counter_dir, "discovered")
     _ = read[ERRORS_TAG] | "CountUnreadable" >> progress.CountProgress(counter_dir, "discovered")
-    _ = scored.rows | "CountScored" >> progress.CountProgress(counter_dir, "done")
-    _ = errors | "CountErrors" >> progress.CountProgress(counter_dir, "done")
+    _ = ((read[ERRORS_TAG], tokenized[ERRORS_TAG], infer_errors) | "ErrorsBeforeScoring" >> beam.Flatten()
+         | "CountErrors" >> progress.CountProgress(counter_dir, "done"))
     written = {"scores": sinks.write_table(scored.rows, "scores", out), "errors": sinks.write_table(error_rows, "errors", out)}
     shadow_tolerance = plan.shadow.tolerance if plan.shadow else None
     stats = (scored[STATS_TAG], errors, read.docs) | "RunStats" >> ComputeRunStats(eo.task, shadow_tolerance)
