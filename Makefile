@@ -11,7 +11,7 @@ export MALLOC_MMAP_THRESHOLD_ ?= 4294967296
 export MALLOC_TRIM_THRESHOLD_ ?= 4294967296
 export MALLOC_TOP_PAD_ ?= 268435456
 
-.PHONY: run test install sample bench clean browser
+.PHONY: run test test-fast test-integration install sample bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,15 @@ run: sample
 
 test: $(VENV)/.test-installed browser
 	$(BIN)/python -m pytest -q tests
+
+# The unit loop for someone changing one module (under a minute): no whole jobs, subprocesses, emulator,
+# browser or parity checks (pytest.ini lists the markers; README.md, "Development").
+test-fast: $(VENV)/.test-installed
+	$(BIN)/python -m pytest -q -m "not slow and not integration" tests
+
+# What test-fast leaves out of the full suite.
+test-integration: $(VENV)/.test-installed browser
+	$(BIN)/python -m pytest -q -m "integration and not slow" tests
 
 bench: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q -m slow tests

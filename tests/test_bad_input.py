@@ -48,6 +48,7 @@ def outcome_key(shard: str, index, outcome: str, error_type, doc_id) -> tuple:
     return shard, -1 if index is None else int(index), outcome, error_type, doc_id if isinstance(doc_id, str) else None
 
 
+@pytest.mark.integration
 def test_past_the_error_fraction_the_run_exits_4_after_publishing(bad_run):
     counts = bad_run["summary"]["counts"]
     assert counts["error_fraction"] == pytest.approx(counts["errors"] / counts["records"]) and counts["error_fraction"] > 0.1
@@ -55,6 +56,7 @@ def test_past_the_error_fraction_the_run_exits_4_after_publishing(bad_run):
     assert (bad_run["out"] / "runs" / f"run_id={RUN_ID}" / "_SUCCESS").exists()
 
 
+@pytest.mark.integration
 def test_every_record_ends_as_exactly_one_row_of_the_expected_kind(bad_run):
     root = str(bad_run["in"])
     expected = []
@@ -75,6 +77,7 @@ def test_every_record_ends_as_exactly_one_row_of_the_expected_kind(bad_run):
     assert all(r.source.startswith(root) for r in bad_run["scores"].itertuples())
 
 
+@pytest.mark.integration
 def test_error_rows_carry_stage_type_message_and_a_truncated_raw_record(bad_run):
     errors = bad_run["errors"]
     assert set(errors.stage) <= {"read", "parse", "tokenize", "infer", "score"}
@@ -97,6 +100,7 @@ def test_error_rows_carry_stage_type_message_and_a_truncated_raw_record(bad_run)
     assert "EOFError" in messages["truncated.jsonl.gz"] and "ArrowInvalid" in messages["zero.parquet"]
 
 
+@pytest.mark.integration
 def test_the_summary_accounts_for_every_record_the_readers_saw(bad_run):
     counts, metrics = bad_run["summary"]["counts"], bad_run["summary"]["metrics"]
     scores, errors, expected = bad_run["scores"], bad_run["errors"], bad_run["expected"]
@@ -110,6 +114,7 @@ def test_the_summary_accounts_for_every_record_the_readers_saw(bad_run):
     assert metrics["docscore/shards_read"] == 11 and metrics["docscore/empty_shards"] == 1  # zero.jsonl
 
 
+@pytest.mark.integration
 def test_duplicate_doc_ids_keep_every_row_and_are_counted(bad_run):
     dup = bad_run["scores"][bad_run["scores"].doc_id == "dup"]
     assert sorted((os.path.basename(s), i) for s, i in zip(dup.source, dup.record_index)) == [
@@ -118,6 +123,7 @@ def test_duplicate_doc_ids_keep_every_row_and_are_counted(bad_run):
     assert (counts["duplicate_doc_ids"], counts["duplicate_rows"]) == (1, 2)
 
 
+@pytest.mark.integration
 def test_the_20mb_document_is_scored_from_its_first_windows(bad_run, minilm):
     row = bad_run["scores"][bad_run["scores"].doc_id == "big-20mb"].iloc[0]
     assert row.truncated and row.n_chunks == MAX_CHUNKS

@@ -34,6 +34,7 @@ def compiled_bytes(config, attention: str, dtype: str, rows: int, length: int) -
     return stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("hf, attention, dtype, rows, length", [
     (MINILM, "xla", "float32", 16, 256),      # the CPU default
     (MINILM, "xla", "bfloat16", 128, 256),    # scores dominate

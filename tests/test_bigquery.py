@@ -146,6 +146,7 @@ def test_run_row_from_a_summary():
     assert table.num_rows == 1
 
 
+@pytest.mark.integration
 def test_docscore_graph_with_bigquery_output_builds_a_dataflow_job(monkeypatch, tmp_path):
     """--output bq:... goes through sinks.write_table into WriteToBigQuery (file loads) in the real
     graph; built with DataflowRunner --dry_run, nothing reaches Google."""

@@ -228,6 +228,7 @@ def test_readable_report_through_the_docscore_command(tmp_path, capsys):
     assert "is not a run partition" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_compare_runs_on_gcs(gcs, capsys):
     rng = np.random.default_rng(3)
     emb = rng.normal(size=(6, 8))

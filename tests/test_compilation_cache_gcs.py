@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 pytest_plugins = ["gcs_support"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,6 +26,7 @@ print(json.dumps({"hits": PERSISTENT_CACHE_HITS.count, "dir": report.compilation
 """
 
 
+@pytest.mark.integration
 def test_a_gs_cache_dir_shares_compiled_programs_between_processes(gcs):
     cache_dir = gcs.url("shared-cache")
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}  # the session's own cache is local

@@ -59,6 +59,7 @@ def convert(src: Path, out: Path, capsys) -> tuple[int, str]:
     return code, captured.err + captured.out
 
 
+@pytest.mark.integration
 def test_bert_with_task_head_converts_and_matches_transformers(hf_bert, tmp_path, capsys):
     import torch
     import transformers

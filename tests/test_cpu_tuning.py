@@ -70,6 +70,7 @@ MALLOC_PROBE = """
 """
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(sys.platform != "linux", reason="mallopt is glibc's")
 def test_mallopt_keeps_big_temporaries_in_the_heap():
     def probe(mode: str, **env: str) -> dict:
@@ -100,6 +101,7 @@ CACHE_PROBE = """
 """
 
 
+@pytest.mark.integration
 def test_compilation_cache_under_the_docscore_cache_dir_serves_a_second_process(tmp_path):
     env = clean_env(DOCSCORE_CACHE_DIR=str(tmp_path))  # the probe's program compiles in milliseconds: cached anyway
     first = run_python(CACHE_PROBE, env)
@@ -152,6 +154,7 @@ def test_dots_leave_ynnpack_where_it_was_measured_slower(tmp_path):
     assert cpu_tuning.xla_flags_for("pallas_tpu", "bfloat16", features_of(tmp_path, ZEN3)) == ()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("flag", [cpu_tuning.YNN_INDIVIDUAL_DOT, cpu_tuning.YNN_OFF])
 def test_this_jaxlib_accepts_both_ynn_settings(flag):
     """An XLA flag jaxlib does not know, or a value it rejects, aborts the process at backend start."""

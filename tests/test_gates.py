@@ -19,6 +19,7 @@ def _page(out, run_id) -> tuple[str, PageOutline]:
     return page, PageOutline(page)
 
 
+@pytest.mark.integration
 def test_a_run_past_the_error_fraction_says_so_in_its_summary_and_at_the_top_of_its_report(tmp_path, capsys):
     records = [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:4])] + ['{"id": "broken", "text": ', {"id": "no-text"}]
     shard = write_jsonl(tmp_path / "docs.jsonl", records)
@@ -43,6 +44,7 @@ def test_a_run_past_the_error_fraction_says_so_in_its_summary_and_at_the_top_of_
     assert history.history_row(summary)["errors"] == 2
 
 
+@pytest.mark.integration
 def test_a_shadow_kernel_that_compared_nothing_did_not_pass(tmp_path, capsys):
     shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:6])])
     out = tmp_path / "out"

@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 
 import fsspec
+import pytest
+
+pytestmark = pytest.mark.integration  # README.md, "Development"
 
 pytest_plugins = ["gcs_support"]
 

@@ -9,9 +9,12 @@ import json
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline.records import TIMING_COLUMNS
 from tests.conftest import SENTENCES, common_flags, direct_embeddings, run_docscore
+
+pytestmark = pytest.mark.integration  # README.md, "Development"
 
 pytest_plugins = ["gcs_support"]
 RUN_ID = "nightly-2026-01-01"

@@ -124,6 +124,7 @@ def test_a_batch_pickles_whole_and_comes_back_as_a_batch():
     np.testing.assert_array_equal(back[0]["x"], batch[0]["x"])
 
 
+@pytest.mark.integration
 def test_parallel_bundles_and_small_beam_batches_give_the_outputs_of_one_thread(tmp_path, minilm):
     """The same corpus through one bundle with large Beam batches and through 3 parallel bundles (threads
     sharing the model) with one-call Beam batches: the same rows, the same embeddings."""

@@ -75,6 +75,7 @@ def docscore_run(*args: str, timeout: float) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.integration
 def test_docscore_run_scores_an_input_directory_holding_a_named_pipe_instead_of_hanging(tmp_path):
     """Before: the reader opened the pipe and waited for a writer forever."""
     d = tmp_path / "in"
@@ -91,6 +92,7 @@ def test_docscore_run_scores_an_input_directory_holding_a_named_pipe_instead_of_
     assert len(errors) == 0
 
 
+@pytest.mark.integration
 def test_docscore_run_naming_a_named_pipe_exits_2_with_its_path(tmp_path):
     os.mkfifo(tmp_path / "docs.jsonl")
     done = docscore_run("--input", str(tmp_path / "docs.jsonl"), "--output", str(tmp_path / "out"), "--run_id", "r1",

@@ -20,6 +20,8 @@ from kernels.pallas_gpu import pallas_gpu_attention
 from kernels.pallas_tpu import pallas_tpu_attention
 from kernels.reference import reference_attention
 
+pytestmark = pytest.mark.integration  # README.md, "Development"
+
 HEADS = 12
 TOLERANCE = {"float32": 2e-5, "bfloat16": 2e-2}
 LENGTHS = (1, 7, 128, 129, 300, 1000)

@@ -85,6 +85,7 @@ def test_sizes_at_their_bounds_and_real_models_are_accepted(minilm):
     assert minilm.config.num_layers == 6
 
 
+@pytest.mark.integration
 def test_a_config_asking_for_ten_million_layers_exits_2_within_seconds(minilm, tmp_path):
     """Before: the model's shape was built with 10**7 layers, 300+ s before any check."""
     model = copy_model(minilm, tmp_path / "huge")
@@ -191,6 +192,7 @@ def test_an_unreadable_or_non_json_file_exits_2_naming_its_path(case, minilm, co
     assert no_data_read == [] and not (tmp_path / "out" / "scores").exists()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["config.json", "params/_METADATA"])  # read_text reads every JSON file
 def test_a_named_pipe_in_the_model_directory_exits_2_instead_of_waiting(name, minilm, tmp_path):
     """Opening a FIFO waits for a writer forever: a real `docscore run` process must refuse it."""

@@ -20,6 +20,8 @@ import pytest
 import models
 from models.hf_import import convert_hf_dir
 
+pytestmark = pytest.mark.integration  # README.md, "Development"
+
 CORPUS = ["the quick brown fox jumps over the lazy dog", "docscore scores documents in batches",
           "attention kernels are replaceable parts", "zebras, yaks & 42 quokkas!"] * 8
 TEXTS = ["the quick brown fox", "docscore scores documents in batches over the lazy dog and the fox",

@@ -143,6 +143,7 @@ def pack(windows: list[np.ndarray], row_len: int, max_segments: int) -> tuple[li
     return rows, ids, segments
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("attention,dtype,min_cosine", [
     ("native", "float32", 0.99999), ("flash", "float32", 0.99999), ("native", "bfloat16", 0.9999),
     pytest.param("flash", "bfloat16", 0.9999, marks=pytest.mark.slow),
@@ -162,6 +163,7 @@ def test_embeddings_match_sentence_transformers(loaded_models, first_window_embe
     assert long_doc.n_tokens > 256 and len(long_doc.windows) > 1  # the reference saw its first window only
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("attention", ["native", "flash"])
 def test_packed_rows_equal_unpacked_rows(loaded_models, first_window_embeddings, attention):
     loaded = loaded_models(attention)

@@ -181,6 +181,7 @@ def test_run_packed_over_several_row_lengths_maps_every_window_back():
     assert totals["real_tokens"] == sum(len(w) for w in windows)
 
 
+@pytest.mark.integration
 def test_packed_minilm_embeddings_equal_one_window_per_row(minilm):
     texts = SENTENCES + [LONG_TEXT]
     encoded = minilm.tokenizer.encode_windows(texts, max_len=TEST_MAX_LEN, stride=TEST_STRIDE, max_windows=8)
@@ -193,6 +194,7 @@ def test_packed_minilm_embeddings_equal_one_window_per_row(minilm):
     np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts), atol=2e-5)
 
 
+@pytest.mark.integration
 def test_packed_minilm_embeddings_over_two_row_lengths_equal_one_window_per_row(minilm):
     texts = SENTENCES + [LONG_TEXT]  # short sentences go to 64-token rows, LONG_TEXT's windows to 128
     encoded = minilm.tokenizer.encode_windows(texts, max_len=128, stride=TEST_STRIDE, max_windows=8)

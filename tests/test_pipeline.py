@@ -18,6 +18,8 @@ from pipeline.run import launcher_objects_frozen
 from tests.conftest import (LONG_TEXT, SENTENCES, common_flags, direct_embeddings, read_summary, read_table,
                             run_docscore, write_jsonl)
 
+pytestmark = pytest.mark.integration  # README.md, "Development"
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):

@@ -15,6 +15,8 @@ from tokenizers import Tokenizer
 
 from tests.conftest import SENTENCES, common_flags, direct_embeddings, read_summary, read_table, run_docscore, write_jsonl
 
+pytestmark = pytest.mark.integration  # README.md, "Development"
+
 SIMILARITY = [
     (SENTENCES[0], "conditional execution with if", 0.9),
     (SENTENCES[1], "looping over the items of a sequence", 1.0),

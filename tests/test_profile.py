@@ -4,10 +4,13 @@ kernel shows under its own scope the same way."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from jax.profiler import ProfileData
 
 from pipeline.profiling import profile_batch, trace_files
 from tests.conftest import SENTENCES, common_flags, run_docscore, write_jsonl
+
+pytestmark = pytest.mark.integration  # README.md, "Development"
 
 
 def executed_modules(xplane: str) -> set[str]:

@@ -71,6 +71,7 @@ def retried_run(corpus, tmp_path_factory, minilm):
     return {"out": out, "failed": failed, "seen": seen, "ids": ids}
 
 
+@pytest.mark.integration
 def test_a_failed_inference_batch_is_retried_and_every_document_has_one_row(retried_run):
     """The fixture's job asserted one row per document; here: the failure happened, after a batch of the
     same bundle had already produced its rows, and the retry recomputed that whole bundle."""
@@ -82,6 +83,7 @@ def test_a_failed_inference_batch_is_retried_and_every_document_has_one_row(retr
     assert set(seen[0]) <= redone  # rows the failed attempt had emitted were dropped, not duplicated
 
 
+@pytest.mark.integration
 def test_the_retried_run_publishes_one_row_per_document(retried_run):
     scores, _ = read_table(retried_run["out"], "scores", "retried")
     errors, _ = read_table(retried_run["out"], "errors", "retried")
@@ -90,6 +92,7 @@ def test_the_retried_run_publishes_one_row_per_document(retried_run):
     assert counts["accounted"] and counts["records"] == len(retried_run["ids"]) + 1
 
 
+@pytest.mark.integration
 def test_on_a_runner_without_retries_a_failure_fails_the_job_and_publishes_nothing(corpus, tmp_path, monkeypatch, capsys):
     """The default DirectRunner does not retry bundles: the transient failure must not become error
     rows (they would silently stand for good documents); the job fails and nothing is published."""
@@ -144,6 +147,7 @@ def rows(frame, key: list[str]) -> list[dict]:
     return json.loads(frame.to_json(orient="records"))
 
 
+@pytest.mark.integration
 def test_a_rerun_of_a_run_id_gives_the_same_rows_with_the_same_values(two_runs):
     first, second = two_runs["first"], two_runs["second"]
     assert len(first["scores"]) == DOCS_PER_SHARD and len(first["errors"]) == 1
@@ -153,6 +157,7 @@ def test_a_rerun_of_a_run_id_gives_the_same_rows_with_the_same_values(two_runs):
     assert a["counts"] == b["counts"] and a["counts"]["accounted"] and a["finished_at"] != b["finished_at"]
 
 
+@pytest.mark.integration
 def test_memory_is_sampled_every_batch_into_metrics_and_summary(two_runs):
     summary = two_runs["summaries"][0]
     mem, metrics = summary["memory"], summary["metrics"]
@@ -162,6 +167,7 @@ def test_memory_is_sampled_every_batch_into_metrics_and_summary(two_runs):
     assert mem["device"] is None  # CPU devices report no allocator stats
 
 
+@pytest.mark.integration
 def test_every_scored_document_is_in_the_per_stage_timing_distributions(two_runs):
     """The docscore_timing distributions (live in the Dataflow UI) hold each scored document's stage times,
     the same ones the summary's stage totals add up (distributions hold whole microseconds)."""
@@ -194,6 +200,7 @@ def test_the_memory_watch_records_start_warm_peak_and_end():
     assert memory.summarize({})["growth_after_warmup_pct"] is None
 
 
+@pytest.mark.integration
 def test_logs_hold_neither_document_text_nor_credentials(two_runs):
     logs = "\n".join(two_runs["logs"])
     assert len(two_runs["logs"]) >= 3, "nothing was logged at INFO: the check below would be empty"

@@ -22,6 +22,8 @@ from conftest import common_flags
 from pipeline import history, report
 from pipeline import run as pipeline_run
 
+pytestmark = pytest.mark.integration  # README.md, "Development"
+
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -21,6 +21,8 @@ from apache_beam.portability.api import beam_runner_api_pb2
 
 from pipeline.options import EvalOptions, parse_options
 
+pytestmark = pytest.mark.integration  # README.md, "Development"
+
 pytest_plugins = ["gcs_support"]
 
 IMAGE = "us-docker.pkg.dev/docscore-test/docscore/worker:tpu-2.77.0"

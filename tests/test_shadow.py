@@ -84,6 +84,7 @@ def perturbed_kernel(monkeypatch):
     return "perturbed"
 
 
+@pytest.mark.integration
 def test_a_perturbed_shadow_kernel_fails_the_gate(tmp_path, perturbed_kernel, capsys):
     shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:6])])
     out = tmp_path / "out"

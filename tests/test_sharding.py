@@ -10,9 +10,12 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from models.sharding import local_data_parallel
 from tests.conftest import SENTENCES, TEST_BATCH, TEST_MAX_LEN
+
+pytestmark = pytest.mark.integration  # README.md, "Development"
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -51,6 +51,7 @@ def test_tfds_reader_decodes_records_without_tensorflow(tfds_dir):
     assert "tensorflow" not in sys.modules
 
 
+@pytest.mark.integration
 def test_pipeline_reads_a_tfds_split(tfds_dir, tmp_path, minilm):
     out = tmp_path / "out"
     assert run_docscore("--input", "tfds:docscore_tiny_docs:1.0.0", "--tfds_data_dir", tfds_dir, "--split", "test",

@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, write_jsonl
 
+pytestmark = pytest.mark.integration  # README.md, "Development"
+
 DOCSCORE = os.path.join(os.path.dirname(sys.executable), "docscore")
 
 
