@@ -44,7 +44,7 @@ setup(
     version="0.1.0",
     description="Batch evaluation pipeline: Beam + Flax with replaceable attention kernels",
     python_requires=">=3.11,<3.12",
-    packages=["pipeline", "models", "kernels", "runners"],
+    packages=["pipeline", "pipeline.io", "pipeline.stages", "pipeline.telemetry", "pipeline.runs", "models", "kernels", "runners"],
     package_data={"runners": ["presets/*.yaml", "schedules/*.yaml", "Dockerfile", "*.json", "*.md"]},
     install_requires=RUNTIME,
     extras_require={"test": TEST, "bench": TEST},

@@ -167,7 +167,7 @@ def warm_compilation_cache(dtype: str, attention: str) -> None:
     import numpy as np
 
     import models
-    from pipeline.packing import max_segments_for, shapes_for
+    from pipeline.stages.packing import max_segments_for, shapes_for
 
     loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
     for shape in shapes_for(MAX_LEN, BATCH_DOCSCORE):
@@ -203,7 +203,7 @@ def model_gflop(docs: list[dict]) -> float:
     attention's two [row_len x row_len] products per layer; embeddings, norms, activations and pooling
     are not counted. The calls are (c)'s: every document one window, packed as run_model packs them."""
     from models.config import config_from_hf
-    from pipeline.packing import pack_windows, plan_calls, row_lengths
+    from pipeline.stages.packing import pack_windows, plan_calls, row_lengths
 
     with open(os.path.join(model_path(), "config.json")) as f:
         config = config_from_hf(json.load(f))
@@ -217,8 +217,8 @@ def model_gflop(docs: list[dict]) -> float:
 
 def run_docscore_loop(docs: list[dict], dtype: str, attention: str) -> tuple[list, dict]:
     import models
-    from pipeline.packing import run_model
-    from pipeline.scoring import pool_windows
+    from pipeline.stages.packing import run_model
+    from pipeline.stages.scoring import pool_windows
 
     loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
     encoded = loaded.tokenizer.encode_windows([d["text"] for d in docs], max_len=MAX_LEN, stride=32, max_windows=8)
@@ -235,7 +235,7 @@ def run_docscore_loop(docs: list[dict], dtype: str, attention: str) -> tuple[lis
 def run_docscore_pipeline(docs: list[dict], dtype: str, attention: str, work: str) -> tuple[list, dict]:
     import pyarrow.parquet as pq
 
-    from pipeline.run import main as docscore_run
+    from pipeline.launch import main as docscore_run
 
     out = os.path.join(work, "docscore_out")
     start_epoch = time.time()  # the tables' _SUCCESS markers are file times
@@ -249,7 +249,7 @@ def run_docscore_pipeline(docs: list[dict], dtype: str, attention: str, work: st
     with open(os.path.join(out, "runs", "run_id=bench", "summary.json")) as f:
         summary = json.load(f)
     table = pq.read_table(os.path.join(out, "scores", "run_id=bench"))
-    # the tables are published when the later of their _SUCCESS markers is written (pipeline/sinks.py)
+    # the tables are published when the later of their _SUCCESS markers is written (pipeline/io/sinks.py)
     tables_s = max(os.path.getmtime(os.path.join(out, t, "run_id=bench", "_SUCCESS")) for t in ("scores", "errors")) - start_epoch
     info = {"tables_s": tables_s, "command_s": command_s, "attention_impl": summary["kernel"]["resolved"],
             "padding_efficiency": summary["tokens"]["padding_efficiency"], "compiles": summary["compile"]["count"]}
@@ -268,7 +268,7 @@ def child(system: str, dtype: str, attention: str, work: str) -> dict:
     with open(os.path.join(work, "docs.jsonl")) as f:
         docs = [json.loads(line) for line in f]
     if system[0] in "cdwp":  # docscore's own process-start tuning, as `docscore run` applies it
-        from pipeline.cpu_tuning import ENV_SWITCH, CpuTuning, apply_cpu_tuning
+        from pipeline.telemetry.cpu_tuning import ENV_SWITCH, CpuTuning, apply_cpu_tuning
 
         if system.endswith("-off"):  # the same system with malloc and XLA-flag tuning off
             os.environ[ENV_SWITCH] = "0"
@@ -289,12 +289,12 @@ def child(system: str, dtype: str, attention: str, work: str) -> dict:
         return {"seconds": 0.0, "gflops_per_s": dot_gflops_per_s(dtype)}
     elif system[0] == "c":
         import models  # noqa: F401
-        import pipeline.packing  # noqa: F401
+        import pipeline.stages.packing  # noqa: F401
     else:
         import pyarrow.parquet  # noqa: F401
 
         import models  # noqa: F401
-        import pipeline.run  # noqa: F401
+        import pipeline.launch  # noqa: F401
     start = time.perf_counter()
     if system == "a":
         embeddings, info = run_sentence_transformers(docs, dtype)
@@ -329,7 +329,7 @@ def environment() -> dict[str, str]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
-    from pipeline.cpu_tuning import cpu_features, describe_cpu_choice
+    from pipeline.telemetry.cpu_tuning import cpu_features, describe_cpu_choice
 
     return {"cpu": f"{cpu}, {os.cpu_count()} cores, {describe_cpu_choice(cpu_features())}", "python": platform.python_version(),
             "versions": ", ".join(f"{k} {v}" for k, v in versions.items())}

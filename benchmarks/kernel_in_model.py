@@ -1,5 +1,5 @@
 """The flash kernel against native inside the whole model: MiniLM forward on the packed row shapes the
-pipeline runs (pipeline/packing.py shapes_for), both kernels loaded in one process (on CPU they get the
+pipeline runs (pipeline/stages/packing.py shapes_for), both kernels loaded in one process (on CPU they get the
 same XLA flags) and called in alternation, so both see the same moments of a shared machine. Prints
 tokens/s per kernel (best and median of --rounds calls) and flash/native. Not a test.
 
@@ -55,13 +55,13 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="*", help="BATCHxLENGTH; default: the pipeline's shapes at batch 16")
     args = parser.parse_args()
 
-    from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
 
     apply_cpu_tuning(CpuTuning(attention="flash"))  # the same flags as native (cpu_tuning.CPU_XLA_FLAGS)
     import numpy as np
 
     import models
-    from pipeline.packing import max_segments_for, shapes_for
+    from pipeline.stages.packing import max_segments_for, shapes_for
 
     shapes = ([tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes
               else sorted(shapes_for(256, 16), key=lambda s: (s[1], s[0])))

@@ -4,7 +4,7 @@
    which XLA:CPU lowers through erfc. Alone, on the [4096, 1536] float32 activation of a full call; then
    inside MiniLM's whole forward on the pipeline's full-call shapes, the two models loaded in one process
    and called in alternation (kernel_in_model.alternated_calls), so both see the same moments of the machine.
-2. The scores.embedding column (pipeline/scoring.py score_embed): rows holding float32 arrays against
+2. The scores.embedding column (pipeline/stages/scoring.py score_embed): rows holding float32 arrays against
    lists of Python floats (tolist), each then converted to list<float32> with pa.array, as Beam's Parquet
    sink converts each batch of rows; --docs rows of 384 values.
 
@@ -56,7 +56,7 @@ def activation_in_model(dtype: str, rounds: int) -> None:
     import models
     import models.layers as layers
     from kernel_in_model import alternated_calls, packed_rows
-    from pipeline.packing import max_segments_for, rows_per_call, row_lengths
+    from pipeline.stages.packing import max_segments_for, rows_per_call, row_lengths
 
     shapes = [(rows_per_call(length, 256, 16)[0], length) for length in row_lengths(256)]
     inputs = {shape: packed_rows(*shape) for shape in shapes}
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=1891)
     args = parser.parse_args()
 
-    from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
 
     apply_cpu_tuning(CpuTuning(attention="native", dtype=args.dtype))
     activation_alone(args.rounds)

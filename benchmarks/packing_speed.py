@@ -1,4 +1,4 @@
-"""The cost of a packing plan (pipeline/packing.py pack_windows, best-fit decreasing with open rows bucketed
+"""The cost of a packing plan (pipeline/stages/packing.py pack_windows, best-fit decreasing with open rows bucketed
 by free room) against the first-fit decreasing it replaced (the tests' reference copy, tests/test_packing.py, whose
 cost grows as windows x open rows), on --windows seeded window lengths in two mixes: paragraphs (20-150 tokens, one in
 ten a full 256) and short windows (3-20 tokens, where segment slots fill rows before tokens do). Rows of
@@ -21,7 +21,7 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from pipeline.packing import pack_windows, row_lengths  # noqa: E402
+from pipeline.stages.packing import pack_windows, row_lengths  # noqa: E402
 from tests.test_packing import first_fit_decreasing  # noqa: E402  the packer it replaced, kept as the tests' reference
 
 

@@ -30,20 +30,20 @@ PHASES = ("validate", "build_pipeline", "run_with_progress", "write_derived")
 
 
 def child(args) -> dict[str, float]:
-    from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
 
     apply_cpu_tuning(CpuTuning(attention=args.attention, dtype=args.dtype))
     import numpy as np
 
-    import pipeline.progress
-    import pipeline.publish
-    import pipeline.run
+    import pipeline.launch
+    import pipeline.runs.publish
+    import pipeline.telemetry.progress
     from models.loader import LoadedModel
 
     seconds: dict[str, float] = {"model_calls": 0.0}
     running: set[str] = set()  # the phases under way
-    for module, name in ((pipeline.run, "validate"), (pipeline.run, "build_pipeline"),
-                         (pipeline.progress, "run_with_progress"), (pipeline.publish, "write_derived")):
+    for module, name in ((pipeline.launch, "validate"), (pipeline.launch, "build_pipeline"),
+                         (pipeline.telemetry.progress, "run_with_progress"), (pipeline.runs.publish, "write_derived")):
         def timed(*a, _f=getattr(module, name), _name=name, **k):
             start = time.perf_counter()
             running.add(_name)
@@ -78,7 +78,7 @@ def child(args) -> dict[str, float]:
 
     gc.callbacks.append(time_collections)
     start = time.perf_counter()
-    code = pipeline.run.main(["--input", args.input, "--output", args.output, "--task", "embed", "--attention", args.attention,
+    code = pipeline.launch.main(["--input", args.input, "--output", args.output, "--task", "embed", "--attention", args.attention,
                               "--dtype", args.dtype, "--max_seq_len", "256", "--batch_size", "16", "--run_id", "overhead",
                               "--no_progress"])
     if code:

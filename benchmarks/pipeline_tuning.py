@@ -27,7 +27,7 @@ SETTINGS = {  # name -> (mallopt parameters, XLA flags on)
 
 
 def child(setting: str, attention: str, dtype: str, calls: int, rounds: int, batch: int, row_len: int) -> dict:
-    from pipeline import cpu_tuning
+    from pipeline.telemetry import cpu_tuning
 
     names, flags = SETTINGS[setting]
     cpu_tuning.apply_mallopt(names)
@@ -36,8 +36,8 @@ def child(setting: str, attention: str, dtype: str, calls: int, rounds: int, bat
     import numpy as np
 
     import models
-    from pipeline.packing import fill_rows, max_segments_for, pack_windows
     from pipeline.sample_data import sample_records
+    from pipeline.stages.packing import fill_rows, max_segments_for, pack_windows
 
     loaded = models.load("minilm-l6", attention=attention, dtype=dtype)
     texts = [r["text"] for r in sample_records()]

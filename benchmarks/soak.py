@@ -1,5 +1,5 @@
 """Soak benchmark (not CI): many short documents through `docscore run` on the DirectRunner while memory
-is watched twice - by the job itself (pipeline/memory.py: RSS per inference batch -> summary.json memory)
+is watched twice - by the job itself (pipeline/telemetry/memory.py: RSS per inference batch -> summary.json memory)
 and by an outside sampler of the processes' RSS every --sample_s seconds. Reports the RSS growth after
 warm-up (the goal: < 5%) next to the environment.
 
@@ -86,9 +86,9 @@ def control_loop(docs: int, batch_docs: int = 200, every: int = 5) -> dict:
     Beam, in batches of `batch_docs` documents; RSS after every batch (every `every`-th shown). Flat
     here and growing in the job would point at the runner, not at the model path."""
     sys.path.insert(0, ROOT)
-    from pipeline.inference import FlaxModelHandler, ModelSpec
-    from pipeline.preprocess import WindowSpec, tokenize_documents
     from pipeline.records import Document
+    from pipeline.stages.inference import FlaxModelHandler, ModelSpec
+    from pipeline.stages.preprocess import WindowSpec, tokenize_documents
 
     handler = FlaxModelHandler(ModelSpec("minilm-l6", attention="native"), task="embed", max_len=256, batch_size=16,
                                calls_per_beam_batch=32, kernel="xla")

@@ -11,10 +11,10 @@ import sys
 
 # subcommand -> (module with main(argv) -> int, one-line help)
 SUBCOMMANDS = {
-    "run": ("pipeline.run", "run the evaluation pipeline (Beam) over document shards"),
+    "run": ("pipeline.launch", "run the evaluation pipeline (Beam) over document shards"),
     "convert": ("models.hf_import", "convert a Hugging Face model directory to a docscore model directory"),
-    "compare": ("pipeline.compare", "compare two runs: score drift, label flips, timing change"),
-    "report": ("pipeline.report", "write the HTML report of a finished run"),
+    "compare": ("pipeline.runs.compare", "compare two runs: score drift, label flips, timing change"),
+    "report": ("pipeline.runs.report", "write the HTML report of a finished run"),
 }
 
 

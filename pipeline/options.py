@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipeline.sources import DEFAULT_MAX_RECORD_BYTES
+from pipeline.io.sources import DEFAULT_MAX_RECORD_BYTES
 
 TASKS = ("embed", "similarity", "classify", "loglik")
 OUTPUT_FORMATS = ("parquet", "jsonl")

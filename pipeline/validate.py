@@ -13,11 +13,13 @@ import re
 
 import fsspec
 
-from pipeline import batching, memory, shadow, sinks, sources, tfds_reader
-from pipeline.inference import ModelSpec, shared_model
+from pipeline.io import sinks, sources, tfds_reader
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, TASKS, ConfigError, EvalOptions, parse_labels
-from pipeline.preprocess import WindowSpec
-from pipeline.progress import runs_locally
+from pipeline.stages import batching, shadow
+from pipeline.stages.inference import ModelSpec, shared_model
+from pipeline.stages.preprocess import WindowSpec
+from pipeline.telemetry import memory
+from pipeline.telemetry.progress import runs_locally
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ENCODER_TASKS = ("embed", "similarity", "classify")
@@ -256,7 +258,7 @@ def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) ->
     records (JSONL or Parquet) -> a notice that no spearman/pearson comes from them. A notice, not an
     error: the scores do not depend on labels, and the field name is fixed, so a corpus whose `label`
     means a class must still be scorable."""
-    from pipeline.scoring import as_number
+    from pipeline.stages.scoring import as_number
 
     fmt = sources.shard_format(shard)
     try:
@@ -287,7 +289,7 @@ def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) ->
 def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:
     """--dtype bfloat16 on a local CPU run whose CPU has no bfloat16 instructions: emulated, it is no faster
     than float32 and less precise (a notice, not an error: bfloat16 still matches what a TPU or GPU run computes)."""
-    from pipeline.cpu_tuning import NATIVE_BFLOAT16_FLAGS, cpu_features, has_native_bfloat16
+    from pipeline.telemetry.cpu_tuning import NATIVE_BFLOAT16_FLAGS, cpu_features, has_native_bfloat16
 
     if eo.dtype != "bfloat16" or backend != "cpu" or not runs_locally(eo) or has_native_bfloat16(cpu_features()) is not False:
         return None

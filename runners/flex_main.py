@@ -6,7 +6,7 @@ lists the parameters, and they are `docscore run` flags).
 """
 import sys
 
-from pipeline.run import main
+from pipeline.launch import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

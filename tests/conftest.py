@@ -59,7 +59,7 @@ TEST_STRIDE = 8
 @pytest.fixture(scope="session")
 def minilm():
     """all-MiniLM-L6-v2 with the native kernel, from the pipeline's own process-wide cache."""
-    from pipeline.inference import ModelSpec, shared_model
+    from pipeline.stages.inference import ModelSpec, shared_model
 
     return shared_model(ModelSpec("minilm-l6", attention="native"))
 
@@ -115,7 +115,7 @@ def read_summary(out: Path, run_id: str) -> dict:
 
 def run_docscore(*args: str) -> int:
     """`docscore run ARGS` in this process (the way the console script calls it)."""
-    from pipeline.run import main
+    from pipeline.launch import main
 
     return main([str(a) for a in args])
 
@@ -175,7 +175,8 @@ def corpus(tmp_path):
 @pytest.fixture
 def no_data_read(monkeypatch):
     """Fail the test if any shard is read by the pipeline; record schema peeks by validation."""
-    from pipeline import sources, validate
+    from pipeline import validate
+    from pipeline.io import sources
 
     peeks = []
 

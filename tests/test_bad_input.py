@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from make_bad_corpus import BIG_DOC_BYTES, make_corpus
-from pipeline import preprocess, sources
+from pipeline.io import sources
 from pipeline.records import RAW_PREVIEW_CHARS, Document, ErrorRow
+from pipeline.stages import preprocess
 from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, direct_embeddings, read_summary, read_table, run_docscore
 
 RUN_ID = "bad"

@@ -1,5 +1,5 @@
 """--batch_size checked against the memory there is before any data is read: the estimate of one model
-call (pipeline/memory.py) against what XLA's compiled programs report, the room (available RAM, a cgroup
+call (pipeline/telemetry/memory.py) against what XLA's compiled programs report, the room (available RAM, a cgroup
 limit, an accelerator's allocator), and `docscore run` exiting 2 naming --batch_size, the estimate, the
 limit and a value that fits. Also the other run flags that were silently ignored: --shadow_fraction and
 --shadow_tolerance out of range or without --shadow_attention."""
@@ -13,7 +13,7 @@ from flax import nnx
 from models.architecture import abstract_model
 from models.config import config_from_hf
 from models.heads import next_token_logprobs, segment_embeddings
-from pipeline import memory
+from pipeline.telemetry import memory
 from tests.conftest import TEST_BATCH, TEST_MAX_LEN, run_docscore
 
 MINILM = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,

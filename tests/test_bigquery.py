@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.bigquery import (
+from pipeline.io.bigquery import (
     RUNS_SCHEMA,
     TABLE_SCHEMAS,
     BigQueryOutput,
@@ -152,9 +152,9 @@ def test_docscore_graph_with_bigquery_output_builds_a_dataflow_job(monkeypatch, 
     graph; built with DataflowRunner --dry_run, nothing reaches Google."""
     import apache_beam as beam
 
-    from pipeline import sinks
+    from pipeline.graph import build_pipeline
+    from pipeline.io import sinks
     from pipeline.options import parse_options
-    from pipeline.run import build_pipeline
     from pipeline.validate import validate
 
     monkeypatch.setenv("DOCSCORE_PROJECT", "docscore-test")

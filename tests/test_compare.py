@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.cli import main as docscore
-from pipeline.compare import main as compare
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, TIMING_COLUMNS
+from pipeline.runs.compare import main as compare
 
 pytest_plugins = ["gcs_support"]
 LABELS = ("sports", "tech", "politics")

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from pipeline import cpu_tuning
+from pipeline.telemetry import cpu_tuning
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,7 +59,7 @@ MALLOC_PROBE = """
     libc.malloc.restype = ctypes.c_void_p
     report = {}
     if sys.argv[-1] == "tuned":
-        from pipeline.cpu_tuning import apply_mallopt
+        from pipeline.telemetry.cpu_tuning import apply_mallopt
         report["applied"], report["skipped"] = apply_mallopt()
     before = libc.mallinfo2()
     block = libc.malloc(96 << 20)  # a big XLA temporary
@@ -89,7 +89,7 @@ def test_mallopt_keeps_big_temporaries_in_the_heap():
 
 CACHE_PROBE = """
     import json, os
-    from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
     report = apply_cpu_tuning(CpuTuning(attention="native"))
     import jax, jax.numpy as jnp
     hits = []

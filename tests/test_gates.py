@@ -9,8 +9,8 @@ import json
 import pytest
 
 from conftest import SENTENCES, common_flags, read_summary, run_docscore, write_jsonl
-from pipeline import history
-from pipeline import run as pipeline_run
+from pipeline import launch
+from pipeline.runs import history
 from test_report import PageOutline
 
 
@@ -75,19 +75,19 @@ def test_gates_from_a_summary():
             "kernel": {"resolved": "xla"}, "notices": ["earlier"]}
     shadow = {"impl": "blockwise", "fraction": 0.5, "tolerance": 1e-5, "documents": 4, "documents_over_tolerance": 1,
               "output_max_abs_diff": 3e-5, "worst_ratio_to_tolerance": 3.0, "passed": False}
-    failed = pipeline_run.with_gates({**base, "shadow": shadow}, 0.2)
-    assert [code for code, _ in pipeline_run.failed_gates(failed)] == [3, 4]
+    failed = launch.with_gates({**base, "shadow": shadow}, 0.2)
+    assert [code for code, _ in launch.failed_gates(failed)] == [3, 4]
     assert failed["gates"]["shadow"]["value"] == 3e-5 and failed["notices"] == ["earlier"]
-    passing = pipeline_run.with_gates({**base, "shadow": {**shadow, "documents_over_tolerance": 0, "passed": True}}, 0.3)
-    assert pipeline_run.failed_gates(passing) == []
+    passing = launch.with_gates({**base, "shadow": {**shadow, "documents_over_tolerance": 0, "passed": True}}, 0.3)
+    assert launch.failed_gates(passing) == []
     assert all(g["passed"] is True and g["message"] is None for g in passing["gates"].values())
     empty = {**shadow, "documents": 0, "documents_over_tolerance": 0, "output_max_abs_diff": 0.0, "passed": None}
-    not_run = pipeline_run.with_gates({**base, "shadow": empty}, 0.3)
-    assert pipeline_run.failed_gates(not_run) == [] and pipeline_run.shadow_gate_failure(not_run) is None
+    not_run = launch.with_gates({**base, "shadow": empty}, 0.3)
+    assert launch.failed_gates(not_run) == [] and launch.shadow_gate_failure(not_run) is None
     assert not_run["notices"][1:] == [not_run["gates"]["shadow"]["message"]]
-    assert pipeline_run.with_gates(not_run, 0.3)["notices"] == not_run["notices"]  # not repeated when redone
-    nothing_scored = pipeline_run.with_gates({**base, "counts": {**base["counts"], "scored": 0}, "shadow": empty}, 1)
+    assert launch.with_gates(not_run, 0.3)["notices"] == not_run["notices"]  # not repeated when redone
+    nothing_scored = launch.with_gates({**base, "counts": {**base["counts"], "scored": 0}, "shadow": empty}, 1)
     assert "no document was scored" in nothing_scored["gates"]["shadow"]["message"]
-    no_records = pipeline_run.with_gates({**base, "counts": {**base["counts"], "records": 0, "errors": 0}}, 0.1)
+    no_records = launch.with_gates({**base, "counts": {**base["counts"], "records": 0, "errors": 0}}, 0.1)
     assert no_records["gates"]["error_fraction"]["passed"] is None
     json.dumps(failed)  # the summary stays JSON

@@ -9,11 +9,11 @@ import fsspec
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import history
+from pipeline.runs import history
 
 
 def summary_like_run_py(run_id: str, *, scored: int, errors: int, docs_per_s: float, accuracy: float | None) -> dict:
-    """A summary in the layout pipeline/run.py build_summary writes (only the keys history reads)."""
+    """A summary in the layout pipeline/runs/summary.py build_summary writes (only the keys history reads)."""
     return {
         "run_id": run_id,
         "task": "classify",

@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from pipeline import batching
-from pipeline.device_time import BusyClock
-from pipeline.packing import max_segments_for, run_packed
 from pipeline.records import Batch
+from pipeline.stages import batching
+from pipeline.stages.packing import max_segments_for, run_packed
+from pipeline.telemetry.device_time import BusyClock
 from tests.conftest import SENTENCES, TEST_MAX_LEN, common_flags, read_summary, read_table, run_docscore, write_jsonl
 
 
@@ -95,8 +95,8 @@ def test_batch_settings_per_backend_and_the_flags_that_override_them():
 def test_local_threads_apply_only_when_no_direct_flag_was_given():
     from apache_beam.options.pipeline_options import DirectOptions
 
+    from pipeline.launch import use_local_threads
     from pipeline.options import given_option_names, parse_options
-    from pipeline.run import use_local_threads
 
     argv = ["--input", "x.jsonl", "--output", "out"]
     options, _ = parse_options(argv)
@@ -150,10 +150,10 @@ def test_parallel_bundles_and_small_beam_batches_give_the_outputs_of_one_thread(
 def test_progress_counts_documents_as_each_model_call_finishes(tmp_path, minilm):
     """One Beam batch of many calls: the handler counts a document done when the call holding its last
     window is read, so the progress file moves call by call, and ends at every document exactly once."""
-    from pipeline import progress
-    from pipeline.inference import FlaxModelHandler, ModelSpec
-    from pipeline.preprocess import WindowSpec, tokenize_documents
     from pipeline.records import Document
+    from pipeline.stages.inference import FlaxModelHandler, ModelSpec
+    from pipeline.stages.preprocess import WindowSpec, tokenize_documents
+    from pipeline.telemetry import progress
 
     docs = [Document(f"d{i}", f"{s} ({i})", "src", i) for i, s in enumerate(SENTENCES * 5)]
     tokenized = tokenize_documents(docs, minilm.tokenizer, WindowSpec(TEST_MAX_LEN, 8, 8), with_query=False)

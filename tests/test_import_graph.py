@@ -3,8 +3,8 @@
 The graph is read from the source with `ast`, not by importing anything: every `import X` and
 `from X import y` of a project module counts, wherever it stands (module level, inside a function,
 under `if TYPE_CHECKING:`), since a function-level import only hides a cycle until that function runs,
-and a type-only one is still a dependency in the wrong direction. `from pipeline import sinks` is an
-edge to pipeline.sinks; `from pipeline.sinks import X` an edge to pipeline.sinks.
+and a type-only one is still a dependency in the wrong direction. `from pipeline.io import sinks` is an
+edge to pipeline.io.sinks; `from pipeline.io.sinks import X` an edge to pipeline.io.sinks.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def imported_modules(module: str, path: Path, modules: dict[str, Path]) -> dict[
             if node.level:  # relative: from . import x, from ..models import y
                 parent = package[: len(package) - (node.level - 1)]
                 base = ".".join(parent + ([node.module] if node.module else []))
-            # `from pipeline import sinks` names a submodule; `from pipeline.sinks import X` a name in one
+            # `from pipeline.io import sinks` names a submodule; `from pipeline.io.sinks import X` a name in one
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         for name in names:
             target = _project_module(name, modules)
@@ -104,10 +104,10 @@ def test_the_graph_sees_function_level_type_only_and_from_package_imports():
     """Guards the scanner itself: a scanner that missed these kinds of import would pass the test above vacuously."""
     graph = import_graph()
     assert len(graph) > 40 and all(p in graph for p in PACKAGES)
-    assert "pipeline.sinks" in graph["pipeline.publish"]  # from pipeline import sinks (module level)
-    assert "pipeline.report" in graph["pipeline.publish"]  # from pipeline import history, report (in a function)
-    assert "pipeline.options" in graph["pipeline.summary"]  # under `if TYPE_CHECKING:`
-    assert "pipeline.cpu_tuning" in graph["pipeline.validate"]  # from pipeline.cpu_tuning import ... (in a function)
+    assert "pipeline.io.sinks" in graph["pipeline.runs.publish"]  # from pipeline.io import sinks (module level)
+    assert "pipeline.runs.report" in graph["pipeline.runs.publish"]  # from pipeline.runs import history, report (in a function)
+    assert "pipeline.options" in graph["pipeline.runs.summary"]  # under `if TYPE_CHECKING:`
+    assert "pipeline.telemetry.cpu_tuning" in graph["pipeline.validate"]  # from pipeline.telemetry.cpu_tuning import ... (in a function)
 
 
 def test_find_cycle_names_the_cycle_and_where_each_import_is():

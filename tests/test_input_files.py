@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.sources import discover_shards
+from pipeline.io.sources import discover_shards
 from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, read_table, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent

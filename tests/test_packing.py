@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.packing import (PackedRow, call_sizes, max_segments_for, pack_windows, plan_calls, row_lengths,
+from pipeline.stages.packing import (PackedRow, call_sizes, max_segments_for, pack_windows, plan_calls, row_lengths,
                               rows_per_call, run_model, run_packed, shapes_for)
-from pipeline.scoring import pool_windows
+from pipeline.stages.scoring import pool_windows
 from tests.conftest import LONG_TEXT, SENTENCES, TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, direct_embeddings
 
 

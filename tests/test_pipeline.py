@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.packing import shapes_for
+from pipeline.launch import launcher_objects_frozen
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, TIMING_COLUMNS
-from pipeline.run import launcher_objects_frozen
+from pipeline.stages.packing import shapes_for
 from tests.conftest import (LONG_TEXT, SENTENCES, common_flags, direct_embeddings, read_summary, read_table,
                             run_docscore, write_jsonl)
 
@@ -140,7 +140,7 @@ def test_rerun_of_a_run_id_replaces_its_partition(tmp_path):
                         "--output_format", "jsonl") == 0
     scores, files = read_table(out, "scores", "same")
     assert list(scores.doc_id) == ["y0"] and all(f.suffix == ".jsonl" for f in files)
-    embedding = scores.embedding[0]  # written from the row's float32 array (pipeline/sinks.py json_value)
+    embedding = scores.embedding[0]  # written from the row's float32 array (pipeline/io/sinks.py json_value)
     assert len(embedding) == 384 and all(isinstance(x, float) for x in embedding)
     assert abs(np.linalg.norm(embedding) - 1.0) < 1e-5
     assert sorted(p.name for p in (out / "scores" / "run_id=same").iterdir())[0] == "_SUCCESS"
@@ -149,9 +149,9 @@ def test_rerun_of_a_run_id_replaces_its_partition(tmp_path):
 
 
 def test_the_job_runs_with_the_launchers_objects_frozen_and_leaves_none_frozen(tmp_path, monkeypatch):
-    """The collector skips the launcher's objects while the job runs (pipeline/run.py); a finished run,
+    """The collector skips the launcher's objects while the job runs (pipeline/launch.py); a finished run,
     or a failed one, leaves nothing frozen, so a process that launches runs can still collect them."""
-    from pipeline import progress
+    from pipeline.telemetry import progress
 
     frozen_during_job = []
     real_run = progress.run_with_progress
@@ -178,10 +178,10 @@ def test_a_batch_the_model_rejects_becomes_error_rows(minilm):
     from apache_beam.ml.inference.base import RunInference
     from apache_beam.testing.util import assert_that, equal_to
 
-    from pipeline.inference import FlaxModelHandler, ModelSpec
-    from pipeline.postprocess import inference_failures_to_errors
-    from pipeline.preprocess import TokenizedDoc
     from pipeline.records import Document
+    from pipeline.stages.inference import FlaxModelHandler, ModelSpec
+    from pipeline.stages.postprocess import inference_failures_to_errors
+    from pipeline.stages.preprocess import TokenizedDoc
 
     def doc(i, ids):
         return TokenizedDoc(Document(f"d{i}", "", "src", i), [np.asarray(ids, np.int32)], len(ids) - 2, False, 0.0)

@@ -2,8 +2,8 @@
 windows become fixed-shape model calls)."""
 from __future__ import annotations
 
-from pipeline.preprocess import WindowSpec, tokenize_documents
 from pipeline.records import Document, ErrorRow
+from pipeline.stages.preprocess import WindowSpec, tokenize_documents
 from tests.conftest import LONG_TEXT
 
 
@@ -24,7 +24,7 @@ def test_batched_tokenization_gives_the_windows_of_one_by_one(minilm):
     characters) gives each document exactly the windows, counts and truncation of encoding it alone."""
     import numpy as np
 
-    from pipeline.preprocess import FULL_TOKENIZE_CHARS
+    from pipeline.stages.preprocess import FULL_TOKENIZE_CHARS
 
     texts = ["short one", LONG_TEXT, "naïve café – 東京 🙂 " * 40, "word " * (FULL_TOKENIZE_CHARS // 4),
              "x" * (FULL_TOKENIZE_CHARS + 10), "tabs\tand\nnew lines", LONG_TEXT[:500]]

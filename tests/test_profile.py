@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.profiler import ProfileData
 
-from pipeline.profiling import profile_batch, trace_files
+from pipeline.telemetry.profiling import profile_batch, trace_files
 from tests.conftest import SENTENCES, common_flags, run_docscore, write_jsonl
 
 pytestmark = pytest.mark.integration  # README.md, "Development"

@@ -10,8 +10,8 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline import progress
-from pipeline.progress import ProgressCounts, ProgressReporter, ProgressSample
+from pipeline.telemetry import progress
+from pipeline.telemetry.progress import ProgressCounts, ProgressReporter, ProgressSample
 
 
 def test_rate_eta_and_status_line():

@@ -15,15 +15,16 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline import publish, sinks
-from pipeline.summary import add_metrics, summary_from_stats
+from pipeline.io import sinks
+from pipeline.runs import publish
+from pipeline.runs.summary import add_metrics, summary_from_stats
 from tests.conftest import SENTENCES, common_flags, read_table, write_jsonl
 
 
 def test_the_job_alone_publishes_its_run(tmp_path):
     """build_pipeline + Pipeline.run(): nothing of main() after the run, and the run is published."""
+    from pipeline.graph import build_pipeline
     from pipeline.options import parse_options
-    from pipeline.run import build_pipeline
     from pipeline.validate import validate
 
     shard = write_jsonl(tmp_path / "in" / "a.jsonl",
@@ -57,9 +58,9 @@ def test_tables_are_parquet_with_dictionaries_for_strings_only_and_an_empty_tabl
     default would build a dictionary for them only to drop it: benchmarks/README.md)."""
     import pyarrow.parquet as pq
 
+    from pipeline.graph import build_pipeline
     from pipeline.options import parse_options
     from pipeline.records import ERRORS_SCHEMA
-    from pipeline.run import build_pipeline
     from pipeline.validate import validate
 
     shard = write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES[:3])])

@@ -15,10 +15,12 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline import faults, memory, sinks, timing
+from pipeline import faults
+from pipeline.graph import build_pipeline
+from pipeline.io import sinks
 from pipeline.options import parse_options
 from pipeline.records import TIMING_COLUMNS
-from pipeline.run import build_pipeline
+from pipeline.telemetry import memory, timing
 from pipeline.validate import validate
 from tests.conftest import SENTENCES, common_flags, read_summary, read_table, run_docscore, write_jsonl
 
@@ -191,7 +193,7 @@ def test_the_memory_watch_records_start_warm_peak_and_end():
 
     with beam.Pipeline() as p:
         _ = p | beam.Create(range(memory.WARMUP_BATCHES + 5)) | beam.ParDo(Batches())
-    from pipeline.run import metric_values
+    from pipeline.launch import metric_values
 
     found = memory.summarize(metric_values(p.result, "docscore"))
     assert found["batches"] == memory.WARMUP_BATCHES + 5

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import sinks, validate
+from pipeline import validate
+from pipeline.io import sinks
 from pipeline.options import ConfigError
 from tests.conftest import run_docscore
 

@@ -1,5 +1,5 @@
 """The run report, run history and docs/queries.md on the outputs of a REAL run: `docscore run`
-(pipeline.run.main, DirectRunner, MiniLM, zero-shot classify with gold labels and bad records),
+(pipeline.launch.main, DirectRunner, MiniLM, zero-shot classify with gold labels and bad records),
 then the report opened in headless Chromium (selenium + Debian's chromium-driver).
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import common_flags
-from pipeline import history, report
-from pipeline import run as pipeline_run
+from pipeline import launch
+from pipeline.runs import history, report
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
@@ -64,10 +64,10 @@ def finished_run(tmp_path_factory):
     # every batch also through the flash kernel (blockwise on CPU): the shadow section of the report
     argv = ["--input", str(shard), "--task", "classify", "--labels", labels, "--attention", "native",
             "--shadow_attention", "flash", "--shadow_fraction", "1", *common_flags("r1", root / "out")]
-    assert pipeline_run.main(argv) == 0
+    assert launch.main(argv) == 0
     run_files = {p.name for p in (root / "out/runs/run_id=r1").iterdir()}
     summary = json.loads((root / "out/runs/run_id=r1/summary.json").read_text())
-    history.write_history_row(output, summary)  # what run.py is to call at the end of a run (see below)
+    history.write_history_row(output, summary)  # what launch.py is to call at the end of a run (see below)
     assert report.main([f"{output}/runs/run_id=r1"]) == 0
     return output, summary, run_files
 
@@ -289,7 +289,7 @@ def test_report_of_a_jsonl_run_without_errors(tmp_path):
     shard = tmp_path / "shard-000.jsonl"
     shard.write_text("".join(json.dumps({"id": f"d{i}", "text": text}) + "\n" for i, (_, text) in enumerate(DOCS[:3])))
     out = tmp_path / "out"
-    assert pipeline_run.main(["--input", str(shard), "--attention", "native", "--output_format", "jsonl",
+    assert launch.main(["--input", str(shard), "--attention", "native", "--output_format", "jsonl",
                               "--no_progress", *common_flags("clean", out)]) == 0
     errors_dir = out / "errors" / "run_id=clean"
     assert [p.stat().st_size for p in errors_dir.glob("part-*.jsonl")] == [0], "expected one empty errors part"

@@ -1,5 +1,5 @@
 """Dataflow jobs built offline from the presets, for a tiny Beam pipeline and for the real docscore
-graph (pipeline.run.build_pipeline), asserting on what Dataflow would receive.
+graph (pipeline.graph.build_pipeline), asserting on what Dataflow would receive.
 
 Two mechanisms (Beam 2.77):
 - --dry_run=True: DataflowRunner translates the pipeline and returns before contacting Google;
@@ -127,8 +127,8 @@ def staged_pipeline(job: dict) -> beam_runner_api_pb2.Pipeline:
 def test_job_file_of_the_docscore_graph(cloud_env, gcs, tmp_path):
     """The real graph (build_pipeline, as `docscore run` builds it) on the TPU preset, reading and
     writing gs://: the job Dataflow would get runs every step in the docscore image."""
-    from pipeline import sinks
-    from pipeline.run import build_pipeline
+    from pipeline.graph import build_pipeline
+    from pipeline.io import sinks
     from pipeline.validate import validate
 
     fs = gcs.fs()
@@ -158,7 +158,7 @@ def test_job_file_of_the_docscore_graph(cloud_env, gcs, tmp_path):
 def test_template_launch_of_docscore_run_exits_zero(cloud_env, gcs, tmp_path, capsys):
     """What the Flex Template launcher does: `docscore run ... --template_location=FILE` must write
     the job and exit 0 without waiting for it; the job's own last step publishes the run."""
-    from pipeline.run import main
+    from pipeline.launch import main
 
     gcs.fs().pipe(f"{gcs.bucket}/in/a.jsonl", b'{"id": "a", "text": "a document"}\n')
     job_file = tmp_path / "job.json"

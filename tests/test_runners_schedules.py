@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.compare import build_parser as compare_parser
 from pipeline.options import parse_labels, parse_options
+from pipeline.runs.compare import build_parser as compare_parser
 from pipeline.validate import check_run_id
 from runners.presets import PRESET_NAMES
 from runners.scheduling import (

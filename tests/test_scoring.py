@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline import scoring
+from pipeline.stages import scoring
 
 
 def unit(v):

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline import shadow
+from pipeline.stages import shadow
 
 
 def test_batch_choice_is_deterministic_and_close_to_the_fraction():

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.io.sources import ReadSpec, discover_shards, read_shard
 from pipeline.records import Document, ErrorRow
-from pipeline.sources import ReadSpec, discover_shards, read_shard
 
 SPEC = ReadSpec(text_field="text", id_field="id")
 

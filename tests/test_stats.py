@@ -1,4 +1,4 @@
-"""pipeline.stats.RunStatsFn: the one combine that assembles the run stats, split over accumulators the
+"""pipeline.telemetry.stats.RunStatsFn: the one combine that assembles the run stats, split over accumulators the
 way a runner splits it (add to several, merge, extract), and through a real DirectRunner."""
 import json
 
@@ -7,10 +7,10 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that
 from apache_beam.transforms.window import GlobalWindow
 
-from pipeline.postprocess import DocStats
 from pipeline.records import ErrorRow
-from pipeline.stats import BundlePartials, ComputeRunStats, RunStatsFn
-from pipeline.timing import stage_column
+from pipeline.stages.postprocess import DocStats
+from pipeline.telemetry.stats import BundlePartials, ComputeRunStats, RunStatsFn
+from pipeline.telemetry.timing import stage_column
 
 
 def _doc(doc_id: str, infer_ms: float) -> DocStats:

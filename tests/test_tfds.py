@@ -38,7 +38,7 @@ def tfds_dir(tmp_path_factory):
 def test_tfds_reader_decodes_records_without_tensorflow(tfds_dir):
     import sys
 
-    from pipeline import tfds_reader
+    from pipeline.io import tfds_reader
 
     dataset = tfds_reader.locate_dataset("tfds:docscore_tiny_docs", str(tfds_dir))
     assert dataset.version == "1.0.0" and dataset.class_names["label"] == ["statement", "other"]

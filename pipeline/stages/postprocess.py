@@ -1,5 +1,5 @@
 """After inference: a PredictionResult of a list of documents -> their scores-table rows (plus the small
-per-document stats the run summary aggregates). A thin Beam DoFn over pipeline/scoring.py; a document
+per-document stats the run summary aggregates). A thin Beam DoFn over pipeline/stages/scoring.py; a document
 that cannot be scored becomes an ErrorRow. Must not hold scoring math (scoring.py) or write files (sinks.py).
 """
 from __future__ import annotations
@@ -10,10 +10,11 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipeline import scoring, shadow, timing
-from pipeline.inference import InferenceOutput
-from pipeline.preprocess import TokenizedDoc
 from pipeline.records import ERRORS_TAG, Batch, ErrorRow
+from pipeline.stages import scoring, shadow
+from pipeline.stages.inference import InferenceOutput
+from pipeline.stages.preprocess import TokenizedDoc
+from pipeline.telemetry import timing
 
 STATS_TAG = "stats"
 

@@ -1,7 +1,7 @@
 """Where results go: the scores/errors tables (Beam file sinks with explicit pyarrow schemas, staged
 per attempt) and the atomic, retry-safe per-run_id publish of the staged files plus summary.json
 (fsspec, so local paths and gs:// behave the same). Every table write goes through write_table().
-Must not compute scores or statistics, nor decide when to publish (pipeline/publish.py does).
+Must not compute scores or statistics, nor decide when to publish (pipeline/runs/publish.py does).
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def write_table(rows: beam.PCollection, table: str, spec: OutputSpec) -> beam.PC
     Returns what the write reports when it is complete (file outputs: the staged file names; BigQuery:
     its load/copy jobs), for a later step to wait on as a side input."""
     if spec.output.startswith(BQ_PREFIX):
-        from pipeline import bigquery
+        from pipeline.io import bigquery
 
         result = (rows | f"{table.title()}Rows" >> beam.FlatMap(lambda rows: rows)
                   | f"Write{table.title()}ToBigQuery" >> bigquery.write_table(table, TABLES[table], spec))
@@ -155,7 +155,7 @@ def check_writable(output: str) -> None:
 def published_paths(spec: OutputSpec) -> dict[str, str]:
     """Where a published run is: {table: partition (or BigQuery table), "summary": summary.json}."""
     if spec.output.startswith(BQ_PREFIX):
-        from pipeline import bigquery
+        from pipeline.io import bigquery
 
         out = bigquery.BigQueryOutput.parse(spec.output)
         return {name: out.table(name) for name in bigquery.TABLE_SCHEMAS}
@@ -172,7 +172,7 @@ def publish(spec: OutputSpec, summary: dict[str, Any], written: dict[str, list[s
     and staging is removed only after everything is published, so a repeat either finds every staged
     file and publishes again, or finds them gone and the partitions already holding them."""
     if spec.output.startswith(BQ_PREFIX):
-        from pipeline import bigquery
+        from pipeline.io import bigquery
 
         _remove_staging(spec)  # the load jobs are done; the BigQuery transaction is the last step
         bigquery.publish(spec, summary)  # the summary becomes the run's PREFIX_runs row

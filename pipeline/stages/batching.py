@@ -2,7 +2,7 @@
 of device busy, and the settings a run uses (recorded in its summary).
 
 Holds the per-backend defaults and their resolution against the flags. Must not pack rows or call models
-(pipeline/packing.py and pipeline/inference.py use these settings).
+(pipeline/stages/packing.py and pipeline/stages/inference.py use these settings).
 """
 from __future__ import annotations
 

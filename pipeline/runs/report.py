@@ -26,9 +26,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pipeline import history, progress
-from pipeline.history import STAGES, summary_value
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
+from pipeline.runs import history
+from pipeline.runs.history import STAGES, summary_value
+from pipeline.telemetry import progress
 
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"

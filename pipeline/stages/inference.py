@@ -1,8 +1,8 @@
 """Model inference inside Beam: FlaxModelHandler (a Beam ModelHandler) used through RunInference.
 
 Holds the process-wide model cache and the handler that adapts docscore's model loop (windows packed into
-fixed-shape rows by pipeline/packing.py) to Beam. Batching, retries, dead letters
-and latency metrics come from Beam. Must not score documents (pipeline/scoring.py does).
+fixed-shape rows by pipeline/stages/packing.py) to Beam. Batching, retries, dead letters
+and latency metrics come from Beam. Must not score documents (pipeline/stages/scoring.py does).
 """
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
-from pipeline import device_time, faults, memory, progress, shadow
-from pipeline.cpu_tuning import CpuTuning, apply_cpu_tuning
-from pipeline.packing import MIN_ROW_LEN, run_model
-from pipeline.profiling import profile_batch
-from pipeline.preprocess import TokenizedDoc
+from pipeline import faults
 from pipeline.records import Batch
+from pipeline.stages import shadow
+from pipeline.stages.packing import MIN_ROW_LEN, run_model
+from pipeline.stages.preprocess import TokenizedDoc
+from pipeline.telemetry import device_time, memory, progress
+from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+from pipeline.telemetry.profiling import profile_batch
 
 # What RunInference turns into dead letters (one infer error row per document of the batch): the model
 # rejected the batch's data, and a retry would fail again. Anything else (device or runtime errors, out
@@ -85,7 +87,7 @@ class InferenceOutput:
 
 def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, min_row_len: int = MIN_ROW_LEN) -> np.ndarray:
     """[len(texts), D] normalised embeddings (mean of windows) through the same fixed shapes."""
-    from pipeline.scoring import pool_windows
+    from pipeline.stages.scoring import pool_windows
 
     encoded = loaded.tokenizer.encode_windows(list(texts), max_len=max_len, stride=0, max_windows=8)
     rows = [w for doc in encoded for w in doc.windows]

@@ -1,7 +1,7 @@
 """Device busy time: the wall time during which at least one model batch is in flight in this process,
 counted once however many threads run batches at the same time (the summary's device busy fraction).
 
-Holds only the clock. Must not run models or talk to Beam (pipeline/inference.py reports it as a metric).
+Holds only the clock. Must not run models or talk to Beam (pipeline/stages/inference.py reports it as a metric).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The run summary (summary.json) as a dict, in three pure steps: the launcher's facts (config,
 versions, backend, kernel, model, start time), completed inside the job from the in-pipeline run
 stats and the finish time, and optionally enriched by a waiting launcher with Beam metrics.
-Must not read or write files, nor run anything (pipeline/publish.py does that).
+Must not read or write files, nor run anything (pipeline/runs/publish.py does that).
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
 
 
 def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: float) -> dict[str, Any]:
-    """The summary the job publishes: launch facts + run stats (pipeline/stats.py) + wall time.
+    """The summary the job publishes: launch facts + run stats (pipeline/telemetry/stats.py) + wall time.
     What only Beam metrics know (compiles, memory, shadow cost) stays null until add_metrics."""
     wall_s = max(finished - facts["started"], 1e-9)
     summary = {
@@ -107,11 +107,11 @@ def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: f
 
 
 def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-    """A new summary with the Beam metrics a waiting launcher read from the job (pipeline.run.metric_values):
+    """A new summary with the Beam metrics a waiting launcher read from the job (pipeline.launch.metric_values):
     compiles, model calls, worker memory, shadow cost, and every docscore metric under "metrics"."""
     if not metrics:
         return summary
-    from pipeline import memory
+    from pipeline.telemetry import memory
 
     infer_ns = f"docscore_inference_{summary['kernel']['resolved']}/"
     counters = {k[len(infer_ns):]: v for k, v in metrics.items() if k.startswith(infer_ns)}

@@ -18,7 +18,7 @@ from pipeline.records import TIMING_COLUMNS
 
 HISTORY_FILE = "history.parquet"
 
-# Where each value lives in summary.json (dotted paths, as pipeline/run.py build_summary writes
+# Where each value lives in summary.json (dotted paths, as pipeline/runs/summary.py build_summary writes
 # it), in one place so a change of the summary's layout is one edit here. The report reads the
 # summary through these too.
 RUN_ID = "run_id"
@@ -51,7 +51,7 @@ COMPILE_COUNT = "compile.count"
 TASK_METRICS = "task_metrics"
 VERSIONS = "versions"
 STAGE_TIMING = "timing.stages"  # {stage: {"total_ms", "p50", "p95", "p99"}} (milliseconds)
-SHADOW = "shadow"  # present when the run had --shadow_attention (pipeline/shadow.py)
+SHADOW = "shadow"  # present when the run had --shadow_attention (pipeline/stages/shadow.py)
 SHADOW_COLUMNS = {
     "shadow_attention_impl": ("shadow.impl", pa.string()),
     "shadow_documents": ("shadow.documents", pa.int64()),

@@ -1,7 +1,7 @@
 """Tokenisation: Document -> TokenizedDoc (model-input windows of <= --max_seq_len tokens).
 
 Holds the pure tokenise functions (a list of documents at a time: one batch encode) and their thin DoFn.
-Must not pad or pack rows, nor load or call the model (pipeline/inference.py does).
+Must not pad or pack rows, nor load or call the model (pipeline/stages/inference.py does).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Run statistics computed IN the pipeline: counts, per-stage totals and p50/p95/p99 (Beam's
 ApproximateQuantilesCombineFn), tokens, padding, task metrics; one small JSON element that the job's Publish
-step (pipeline/publish.py) turns into summary.json. Must not read the output tables back.
+step (pipeline/runs/publish.py) turns into summary.json. Must not read the output tables back.
 """
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import apache_beam as beam
 from apache_beam.transforms.stats import ApproximateQuantilesCombineFn
 from apache_beam.transforms.window import GlobalWindows
 
-from pipeline import scoring, shadow, timing
-from pipeline.postprocess import DocStats
 from pipeline.records import ErrorRow
+from pipeline.stages import scoring, shadow
+from pipeline.stages.postprocess import DocStats
+from pipeline.telemetry import timing
 
 
 class RunTotals(beam.CombineFn):

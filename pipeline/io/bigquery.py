@@ -3,7 +3,7 @@ and PREFIX_runs, with schemas converted from the same pyarrow schemas as the Par
 
 Holds the pure schema/row conversions, the Beam write (one staging table per run and table, loaded
 with WriteToBigQuery) and the publish step that swaps a run's rows in one BigQuery transaction.
-Must not compute scores; only pipeline/sinks.py calls into it.
+Must not compute scores; only pipeline/io/sinks.py calls into it.
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def _scalar_type(t: pa.DataType) -> str:
         return "BYTES"
     if pa.types.is_decimal(t):
         return "NUMERIC"
-    raise ValueError(f"pyarrow type {t} has no BigQuery column type; add it to pipeline/bigquery.py")
+    raise ValueError(f"pyarrow type {t} has no BigQuery column type; add it to pipeline/io/bigquery.py")
 
 
 def _is_list(t: pa.DataType) -> bool:

@@ -1,9 +1,9 @@
 """The end of a run as a step of the Beam job itself: once every table write is complete (their
 results are the step's side inputs: Beam's wait-on pattern), build summary.json from the in-pipeline
-run stats, publish the partitions atomically (pipeline/sinks.py), and write the files derived from a
+run stats, publish the partitions atomically (pipeline/io/sinks.py), and write the files derived from a
 published run (history row, report). So a job nobody waits for (Flex Template, --template_location)
 publishes its own tables. Also the launcher's side: whether it waits, and what it adds after a wait.
-Must not compute run statistics (pipeline/stats.py) nor lay out the summary (pipeline/summary.py).
+Must not compute run statistics (pipeline/telemetry/stats.py) nor lay out the summary (pipeline/runs/summary.py).
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
-from pipeline import sinks
-from pipeline.progress import runs_locally  # noqa: F401  (pipeline/run.py and tests call publish.runs_locally)
-from pipeline.summary import add_metrics, summary_from_stats, with_command_wall
+from pipeline.io import sinks
+from pipeline.runs.summary import add_metrics, summary_from_stats, with_command_wall
+from pipeline.telemetry.progress import runs_locally  # noqa: F401  (pipeline/graph.py and tests call publish.runs_locally)
 
 _LOG = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def write_derived(spec: sinks.OutputSpec, summary: dict[str, Any]) -> dict[str, 
     published tables as they are: it is logged with the command that redoes it."""
     if spec.output.startswith(sinks.BQ_PREFIX):
         return {}  # the run's row in PREFIX_runs is its history; reports read file outputs only
-    from pipeline import history, report
+    from pipeline.runs import history, report
 
     written: dict[str, str] = {}
     for name, write in (("history", lambda: history.write_history_row(spec.output, summary)),
@@ -46,7 +46,7 @@ def write_derived(spec: sinks.OutputSpec, summary: dict[str, Any]) -> dict[str, 
 def publish_run(spec: sinks.OutputSpec, facts: dict[str, Any], stats: dict[str, Any],
                 written: dict[str, list[str]] | None, *, derived: bool) -> dict[str, Any]:
     """Summary from the run stats, then the atomic publish, then (derived=True) history and report.
-    Safe to repeat: a retried bundle republishes the same staged files (pipeline/sinks.py publish)."""
+    Safe to repeat: a retried bundle republishes the same staged files (pipeline/io/sinks.py publish)."""
     summary = summary_from_stats(facts, stats, time.time())
     sinks.publish(spec, summary, written)
     if derived:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.json as pa_json
 
-from pipeline.history import STAGE_TIMING, STAGES, WALL_S, summary_value
+from pipeline.runs.history import STAGE_TIMING, STAGES, WALL_S, summary_value
 
 SUCCESS = "_SUCCESS"
 TABLES = ("scores", "errors", "runs")

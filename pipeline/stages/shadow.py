@@ -1,7 +1,7 @@
 """Shadow kernel: a deterministic fraction of batches also runs through a second attention kernel,
 and this module says which batches, how far the shadow's outputs and scores are from the primary's,
 and whether that passes the tolerance for the dtype. Pure functions plus one CombineFn.
-Must not load or run models (pipeline/inference.py does) nor write files.
+Must not load or run models (pipeline/stages/inference.py does) nor write files.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import apache_beam as beam
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline import tfds_reader
+from pipeline.io import tfds_reader
 from pipeline.records import ERRORS_TAG, Batch, Document, ErrorRow
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")

@@ -1,0 +1,85 @@
+"""The Beam graph of `docscore run`: shards -> documents -> tokens -> RunInference -> scores rows -> tables
++ run stats -> Publish (tables and summary.json, pipeline/runs/publish.py). build_pipeline() is the whole
+graph, so a local run, a Dataflow dry run and a Flex Template build exactly the same job (pipeline/launch.py
+runs it). Must not hold reading, scoring or writing logic (their modules do), nor run or wait for the job.
+"""
+from __future__ import annotations
+
+import time
+
+import apache_beam as beam
+from apache_beam.ml.inference.base import RunInference
+
+from pipeline.io import sinks
+from pipeline.io.sources import ReadShard
+from pipeline.options import EvalOptions
+from pipeline.records import ERRORS_TAG, Batch, error_to_row
+from pipeline.runs import publish
+from pipeline.runs.summary import launch_facts
+from pipeline.stages.inference import RECORD_ERRORS, FlaxModelHandler
+from pipeline.stages.postprocess import STATS_TAG, ScoreDocuments, ScoreSpec, inference_failures_to_errors
+from pipeline.stages.preprocess import Tokenize
+from pipeline.telemetry import progress
+from pipeline.telemetry.stats import ComputeRunStats
+from pipeline.validate import RunPlan
+
+
+def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.OutputSpec,
+                   counter_dir: str | None = None, started: float | None = None) -> dict[str, beam.PCollection]:
+    """The whole job: shards -> lists of documents -> windows -> RunInference -> rows -> tables + run stats
+    -> Publish, after every table write (`started`: the launch time, for the summary's wall time). The
+    returned "scores" and "errors" PCollections hold lists of table rows."""
+    # documents travel in lists (ReadShard's chunks) so that every stage pays Beam's per-element cost
+    # once per list; the reshuffle lets a runner spread one shard's lists over parallel bundles/threads
+    read = (
+        p
+        | "Shards" >> beam.Create(list(plan.shards))  # Create reshuffles 2+ shards over the workers itself
+        | "ReadShards" >> beam.ParDo(ReadShard(plan.read_spec)).with_outputs(ERRORS_TAG, main="docs")
+    )
+    tokenized = (
+        read.docs
+        | "SpreadDocs" >> beam.Reshuffle()
+        | "Tokenize" >> beam.ParDo(Tokenize(plan.model_spec, plan.window_spec, with_query=eo.task == "similarity"))
+        .with_outputs(ERRORS_TAG, main="docs")
+    )
+    handler = FlaxModelHandler(
+        plan.model_spec,
+        task=eo.task,
+        max_len=plan.window_spec.max_len,
+        batch_size=plan.batch.batch_size,
+        calls_per_beam_batch=plan.batch.calls_per_beam_batch,
+        kernel=plan.kernel,
+        min_row_len=plan.batch.shortest_row(plan.window_spec.max_len),
+        progress_dir=counter_dir,
+        labels=plan.labels,
+        shadow_spec=plan.shadow,
+        profile_dir=eo.profile_dir,
+    )
+    # the model rejecting a batch's data -> error rows; any other failure -> the runner retries the bundle
+    predictions, dead_letters = tokenized.docs | "Infer" >> RunInference(handler).with_exception_handling(exc_class=RECORD_ERRORS)
+    infer_errors = dead_letters.failed_inferences | "InferErrors" >> beam.FlatMap(inference_failures_to_errors)
+    score_spec = ScoreSpec(
+        task=eo.task,
+        run_id=eo.run_id,
+        temperature=eo.temperature,
+        stride=plan.window_spec.stride,
+        prefix_len=plan.prefix_len,
+    )
+    scored = predictions | "Score" >> beam.ParDo(ScoreDocuments(score_spec)).with_outputs(ERRORS_TAG, STATS_TAG, main="rows")
+    errors = (read[ERRORS_TAG], tokenized[ERRORS_TAG], infer_errors, scored[ERRORS_TAG]) | "AllErrors" >> beam.Flatten()
+    error_rows = errors | "ErrorRows" >> beam.Map(lambda error: Batch([error_to_row(error, eo.run_id)]))
+    # progress: records read (documents + unreadable records) and finished: documents as their model call
+    # finishes (the handler counts them) and the error rows of the stages before (a document whose outputs
+    # cannot be scored was counted by its model call)
+    _ = read.docs | "CountRead" >> progress.CountProgress(counter_dir, "discovered")
+    _ = read[ERRORS_TAG] | "CountUnreadable" >> progress.CountProgress(counter_dir, "discovered")
+    _ = ((read[ERRORS_TAG], tokenized[ERRORS_TAG], infer_errors) | "ErrorsBeforeScoring" >> beam.Flatten()
+         | "CountErrors" >> progress.CountProgress(counter_dir, "done"))
+    written = {"scores": sinks.write_table(scored.rows, "scores", out), "errors": sinks.write_table(error_rows, "errors", out)}
+    shadow_tolerance = plan.shadow.tolerance if plan.shadow else None
+    stats = (scored[STATS_TAG], errors, read.docs) | "RunStats" >> ComputeRunStats(eo.task, shadow_tolerance)
+    facts = launch_facts(eo, plan, time.time() if started is None else started)
+    # history and report: written by the job, except for a local run, whose launcher writes them once it
+    # has added the Beam metrics and progress samples (publish.write_derived either way)
+    published = stats | "Publish" >> publish.PublishRun(out, facts, written, derived=not publish.runs_locally(p.options))
+    return {"scores": scored.rows, "errors": error_rows, "stats": stats, "published": published}
