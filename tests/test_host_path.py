@@ -3,7 +3,6 @@ same outputs as one thread, the device busy clock, and the per-backend batch set
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -60,25 +59,48 @@ def test_run_packed_dispatches_every_call_before_reading_any_result():
 
 
 def test_busy_clock_counts_overlapping_batches_once():
-    clock = BusyClock()
-    start = threading.Barrier(3)
+    """Batches of several threads in flight at once count once: the clock adds the union of the intervals."""
+    now = [0.0]
+    clock = BusyClock(now=lambda: now[0])
+    first, second = clock.busy(), clock.busy()
+    first.__enter__()  # t=0: batch A starts
+    now[0] = 2.0
+    second.__enter__()  # t=2: batch B starts while A runs
+    now[0] = 3.0
+    first.__exit__(None, None, None)  # t=3: A ends, B still in flight
+    assert clock.take_new_seconds() == 0.0  # nothing completed yet: the interval is still open
+    now[0] = 5.0
+    second.__exit__(None, None, None)  # t=5: B ends
+    assert clock.take_new_seconds() == 5.0  # 0..5 once, not 3 + 3
+    assert clock.take_new_seconds() == 0.0  # each second is handed out once
+    now[0] = 9.0
+    with clock.busy():  # idle 5..9 is not counted
+        now[0] = 10.0
+    assert clock.take_new_seconds() == 1.0
 
-    def batch(seconds):
-        start.wait()
-        with clock.busy():
-            time.sleep(seconds)
 
-    threads = [threading.Thread(target=batch, args=(s,)) for s in (0.2, 0.3, 0.1)]
+def test_busy_clock_is_safe_across_threads():
+    """Many threads entering and leaving at once leave the clock idle again: a later batch alone adds
+    exactly its own time."""
+    ticks = iter(range(10**9))
+    now = {"fixed": None}
+    clock = BusyClock(now=lambda: now["fixed"] if now["fixed"] is not None else float(next(ticks)))
+
+    def batches():
+        for _ in range(200):
+            with clock.busy():
+                pass
+
+    threads = [threading.Thread(target=batches) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    total = clock.take_new_seconds()
-    assert 0.29 <= total < 0.5  # the longest batch, not the 0.6 s sum
-    assert clock.take_new_seconds() == 0.0  # each second is handed out once
+    clock.take_new_seconds()
+    now["fixed"] = 10.0**9
     with clock.busy():
-        time.sleep(0.05)
-    assert 0.04 <= clock.take_new_seconds() < 0.2
+        now["fixed"] += 7.0
+    assert clock.take_new_seconds() == 7.0
 
 
 def test_batch_settings_per_backend_and_the_flags_that_override_them():

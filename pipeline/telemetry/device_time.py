@@ -8,13 +8,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class BusyClock:
     """Union of the intervals spent inside busy(): overlapping intervals of several threads count once."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self._now = now
         self._lock = threading.Lock()
         self._active = 0
         self._since = 0.0
@@ -25,7 +26,7 @@ class BusyClock:
     def busy(self) -> Iterator[None]:
         with self._lock:
             if self._active == 0:
-                self._since = time.perf_counter()
+                self._since = self._now()
             self._active += 1
         try:
             yield
@@ -33,7 +34,7 @@ class BusyClock:
             with self._lock:
                 self._active -= 1
                 if self._active == 0:
-                    self._total += time.perf_counter() - self._since
+                    self._total += self._now() - self._since
 
     def take_new_seconds(self) -> float:
         """Busy seconds completed since the last call (each second is handed out once: summing what
