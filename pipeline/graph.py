@@ -10,6 +10,7 @@ import time
 import apache_beam as beam
 from apache_beam.ml.inference.base import RunInference
 
+from pipeline import tasks
 from pipeline.io import sinks
 from pipeline.io.sources import ReadShard
 from pipeline.options import EvalOptions
@@ -39,7 +40,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     tokenized = (
         read.docs
         | "SpreadDocs" >> beam.Reshuffle()
-        | "Tokenize" >> beam.ParDo(Tokenize(plan.model_spec, plan.window_spec, with_query=eo.task == "similarity"))
+        | "Tokenize" >> beam.ParDo(Tokenize(plan.model_spec, plan.window_spec, with_query=tasks.get(eo.task).with_query))
         .with_outputs(ERRORS_TAG, main="docs")
     )
     handler = FlaxModelHandler(

@@ -14,9 +14,10 @@ from typing import Any
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from pipeline import tasks
 from pipeline.io.sources import DEFAULT_MAX_RECORD_BYTES
 
-TASKS = ("embed", "similarity", "classify", "loglik")
+TASKS = tuple(tasks.TASKS)  # the registered tasks (pipeline/tasks/__init__.py)
 OUTPUT_FORMATS = ("parquet", "jsonl")
 DTYPES = ("float32", "bfloat16")
 TARGET_BACKENDS = ("auto", "cpu", "gpu", "tpu")
@@ -37,7 +38,7 @@ class EvalOptions(PipelineOptions):
     def _add_argparse_args(cls, parser):
         parser.add_argument("--input", help="shard pattern (local, gs://, memory://) or tfds:NAME[:VERSION]")
         parser.add_argument("--output", help="output directory (local or gs://) or bq:PROJECT.DATASET.PREFIX")
-        parser.add_argument("--task", default="embed", help="embed | similarity | classify | loglik")
+        parser.add_argument("--task", default="embed", help=" | ".join(TASKS))
         parser.add_argument("--model", default="minilm-l6", help="built-in model name or model directory")
         parser.add_argument("--attention", default="auto", help="auto | native | flash | an implementation name")
         parser.add_argument("--text_field", default="text", help="record field holding the document text")

@@ -13,8 +13,9 @@ import re
 
 import fsspec
 
+from pipeline import tasks
 from pipeline.io import sinks, sources, tfds_reader
-from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, TASKS, ConfigError, EvalOptions, parse_labels
+from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels
 from pipeline.stages import batching, shadow
 from pipeline.stages.inference import ModelSpec, shared_model
 from pipeline.stages.preprocess import WindowSpec
@@ -22,8 +23,6 @@ from pipeline.telemetry import memory
 from pipeline.telemetry.progress import runs_locally
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-ENCODER_TASKS = ("embed", "similarity", "classify")
-DECODER_TASKS = ("loglik",)
 DEFAULT_ID_FIELD = "id"
 
 
@@ -134,9 +133,9 @@ def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec
             f"--id_field={eo.id_field}: {shards[0]} has no such field (it has: {shown}); "
             "pass --id_field with an existing field, or leave it out to use source#record_index"
         )
-    if eo.task == "similarity" and "query" not in fields:
+    if tasks.get(eo.task).with_query and "query" not in fields:
         raise ConfigError(
-            f"--task=similarity needs a `query` field in each record; {shards[0]} has: {shown}; "
+            f"--task={eo.task} needs a `query` field in each record; {shards[0]} has: {shown}; "
             "add it or choose another --task"
         )
 
@@ -147,7 +146,7 @@ def validate(eo: EvalOptions) -> RunPlan:
         raise ConfigError("--input is required: a shard pattern (e.g. 'data/*.jsonl', gs://bucket/x/*.parquet) or tfds:NAME")
     if not eo.output:
         raise ConfigError("--output is required: the directory the tables are written under")
-    check_choice("task", eo.task, TASKS)
+    check_choice("task", eo.task, tuple(tasks.TASKS))  # the live registry: a task registered at run time counts
     check_choice("output_format", eo.output_format, OUTPUT_FORMATS)
     check_choice("dtype", eo.dtype, DTYPES)
     check_choice("target_backend", eo.target_backend, TARGET_BACKENDS)
@@ -166,16 +165,18 @@ def validate(eo: EvalOptions) -> RunPlan:
     if not eo.temperature > 0:
         raise ConfigError(f"--temperature={eo.temperature} must be > 0 (e.g. 0.05)")
     check_shadow_flags(eo)
+    task = tasks.get(eo.task)
     labels = parse_labels(eo.classify_labels)
-    if eo.task == "classify" and len(labels) < 2:
+    if task.takes_labels and len(labels) < 2:
         raise ConfigError(
-            "--task=classify needs at least two labels: --labels \"name=description;name=description\" "
+            f"--task={eo.task} needs at least two labels: --labels \"name=description;name=description\" "
             "or a `labels:` mapping (label: description) in --config"
         )
-    if labels and eo.task != "classify":
+    if labels and not task.takes_labels:
+        label_tasks = " or ".join(f"--task={t.name}" for t in tasks.TASKS.values() if t.takes_labels)
         raise ConfigError(
-            f"--labels is only for --task=classify (the classes documents are scored against); --task={eo.task} "
-            "would ignore it: drop --labels (or the `labels:` key of --config), or pass --task=classify"
+            f"--labels is only for {label_tasks} (the classes documents are scored against); --task={eo.task} "
+            f"would ignore it: drop --labels (or the `labels:` key of --config), or pass {label_tasks}"
         )
 
     backend = target_backend(eo.target_backend)
@@ -212,16 +213,8 @@ def validate(eo: EvalOptions) -> RunPlan:
     if same_backend:
         kernel = loaded.attention  # what the model resolved for its own shapes (auto may depend on length)
     family = loaded.config.family
-    if eo.task in ENCODER_TASKS and family != "bert":
-        raise ConfigError(
-            f"--task={eo.task} needs an encoder (BERT-family) model but --model {eo.model} is {family}; "
-            "use --task=loglik with it, or an encoder such as --model minilm-l6"
-        )
-    if eo.task in DECODER_TASKS and family != "gpt2":
-        raise ConfigError(
-            f"--task={eo.task} needs a decoder (GPT-2-family) model but --model {eo.model} is {family}; "
-            "pass a GPT-2 model directory (docscore convert --hf DIR --out DIR)"
-        )
+    if family != task.model.family:
+        raise ConfigError(task.model.refuse(eo.task, eo.model, family))
     model_max = loaded.tokenizer.max_seq_len
     max_len = eo.max_seq_len or model_max
     if max_len > model_max:
@@ -234,7 +227,7 @@ def validate(eo: EvalOptions) -> RunPlan:
     shadow_spec = check_shadow(eo, model_spec, backend, kernel)
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
-    gold_notice = text_gold_notice(shards[0], read_spec) if eo.task == "similarity" else None
+    gold_notice = text_gold_notice(shards[0], read_spec) if task.numeric_gold else None
     return RunPlan(
         shards=tuple(shards),
         read_spec=read_spec,

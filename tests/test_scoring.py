@@ -71,6 +71,6 @@ def test_accuracy_and_macro_f1_by_hand():
 
 
 def test_task_metrics_and_corpus_perplexity():
-    m = scoring.task_metrics("similarity", [(0.9, "1.0"), (0.1, 0), (0.5, "x"), (0.4, 0.5)])
+    m = scoring.similarity_metrics([(0.9, "1.0"), (0.1, 0), (0.5, "x"), (0.4, 0.5)])
     assert m["n_gold"] == 3 and m["spearman"] == pytest.approx(1.0)
     assert scoring.corpus_perplexity([-10.0, -5.0], [4, 6]) == pytest.approx(math.exp(15 / 10))

@@ -26,6 +26,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from pipeline import tasks
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs import history
 from pipeline.runs.history import STAGES, summary_value
@@ -110,7 +111,7 @@ def load_run(output_dir: str, run_id: str) -> RunData:
     with fs.open(fs_path, "r") as f:
         summary = json.load(f)
     output_format = summary_value(summary, "config.output_format") or "parquet"
-    classify = summary_value(summary, history.DESCRIPTION["task"]) == "classify"
+    classify = chart_of(summary_value(summary, history.DESCRIPTION["task"])) == "labels"
     return RunData(
         output_dir=output_dir,
         run_id=run_id,
@@ -291,14 +292,21 @@ def throughput_chart(samples: list[progress.ProgressSample]) -> bytes | None:
     return _png(fig)
 
 
+def chart_of(task: str | None) -> str:
+    """The task's outcome chart (Task.chart); a run of a task no longer registered gets document lengths."""
+    return tasks.TASKS[task].chart if task in tasks.TASKS else "lengths"
+
+
 def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | None, str]:
-    """classify: predicted (and gold) label counts; similarity/loglik: score histogram; embed: tokens per document."""
+    """The task's chart (Task.chart): labels (classify): predicted (and gold) label counts; scores
+    (similarity, loglik): a histogram of its chart_column; lengths (embed): tokens per document."""
     if scores is None or scores.num_rows == 0:
         return None, "Scores"
-    fig = _figure(margins=None if task == "classify" else FIXED_MARGINS)  # class labels come from the data
+    chart = chart_of(task)
+    fig = _figure(margins=None if chart == "labels" else FIXED_MARGINS)  # class labels come from the data
     ax = fig.add_subplot()
     names = scores.schema.names
-    if task == "classify" and "label" in names:
+    if chart == "labels" and "label" in names:
         predicted = [v for v in scores["label"].to_pylist() if v is not None]
         gold = [v for v in scores["gold_label"].to_pylist() if v is not None] if "gold_label" in names else []
         labels = sorted(set(predicted) | set(gold))
@@ -312,13 +320,14 @@ def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | No
         ax.set_ylabel("documents")
         ax.legend(fontsize="small")
         title = "Label distribution"
-    elif task in ("similarity", "loglik") and "score" in names:
-        column = "perplexity" if task == "loglik" and "perplexity" in names else "score"
+    elif chart == "scores" and "score" in names:
+        spec = tasks.TASKS[task]
+        column = spec.chart_column if spec.chart_column in names else "score"
         values = np.array([v for v in scores[column].to_pylist() if v is not None], dtype=float)
         if values.size == 0:
             return None, "Scores"
         ax.hist(values, bins=min(40, max(5, values.size // 3)), color="#4c72b0")
-        ax.set_xlabel({"score": "score (cosine)" if task == "similarity" else "score", "perplexity": "perplexity per document"}[column])
+        ax.set_xlabel(spec.chart_axis if column == spec.chart_column else "score")
         ax.set_ylabel("documents")
         title = "Perplexity histogram" if column == "perplexity" else "Score histogram"
     else:
@@ -431,7 +440,7 @@ def per_class_rates(labels: list[str], counts: dict[tuple[str, str], int]) -> li
 
 def classification_section(run: RunData) -> str:
     """classify with gold labels: the confusion matrix and per-class precision / recall."""
-    if summary_value(run.summary, history.DESCRIPTION["task"]) != "classify":
+    if chart_of(summary_value(run.summary, history.DESCRIPTION["task"])) != "labels":
         return ""
     labels, counts = confusion_counts(run.scores)
     if not labels:

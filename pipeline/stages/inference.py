@@ -16,7 +16,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
-from pipeline import faults
+from pipeline import faults, tasks
 from pipeline.records import Batch
 from pipeline.stages import shadow
 from pipeline.stages.packing import MIN_ROW_LEN, run_model
@@ -160,17 +160,17 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         model = ScoringModel(loaded=loaded, backend=jax.default_backend())
         if self._shadow is not None:
             model.shadow_loaded = shared_model(dataclasses.replace(self._spec, attention=self._shadow.attention))
-        if self._task == "classify":
-            names = tuple(self._labels)
-            texts = [self._labels[n] for n in names]
-            model.label_names = names
-            model.label_embeddings = embed_texts(loaded, texts, max_len=self._max_len, batch_size=self._batch_size,
-                                                 min_row_len=self._min_row_len)
-            if model.shadow_loaded is not None:  # the labels through the shadow kernel too: scores compare end to end
-                model.shadow_label_embeddings = embed_texts(
-                    model.shadow_loaded, texts, max_len=self._max_len, batch_size=self._batch_size, min_row_len=self._min_row_len
-                )
+        task = tasks.get(self._task)
+        prepared = task.prepare(self._labels, self._embed_with(loaded))
+        model.label_names, model.label_embeddings = prepared.label_names, prepared.label_embeddings
+        if model.shadow_loaded is not None:  # what the task prepares through the shadow kernel too: scores compare end to end
+            model.shadow_label_embeddings = task.prepare(self._labels, self._embed_with(model.shadow_loaded)).label_embeddings
         return model
+
+    def _embed_with(self, loaded: Any) -> Callable[[list[str]], np.ndarray]:
+        """texts -> their embeddings through `loaded`: what a task prepares at load (classify: its labels)."""
+        return lambda texts: embed_texts(loaded, texts, max_len=self._max_len, batch_size=self._batch_size,
+                                         min_row_len=self._min_row_len)
 
     def get_metrics_namespace(self) -> str:
         return f"docscore_inference_{self._kernel}"
@@ -190,7 +190,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         with profile_batch(self._profile_dir), device_time.PROCESS_CLOCK.busy():  # --profile_dir: a trace of this process's first batches
             outputs, timings, totals = run_model(
                 loaded, rows, max_len=self._max_len, batch_size=self._batch_size, min_row_len=self._min_row_len,
-                per_token=self._task == "loglik", on_call_read=self._count_finished(docs),
+                per_token=tasks.get(self._task).per_token, on_call_read=self._count_finished(docs),
             )
         batch_ms = (time.perf_counter() - t0) * 1000.0
         self._done.flush()  # the batch's last counts show now, not at the next flush tick
@@ -253,7 +253,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         t0 = time.perf_counter()
         outputs, _, _ = run_model(model.shadow_loaded, rows, max_len=self._max_len, batch_size=self._batch_size,
                                   min_row_len=self._min_row_len,
-                                  per_token=self._task == "loglik")
+                                  per_token=tasks.get(self._task).per_token)
         namespace = self.get_metrics_namespace()
         beam.metrics.Metrics.counter(namespace, "shadow_batches").inc()
         beam.metrics.Metrics.distribution(namespace, "shadow_batch_us").update(int((time.perf_counter() - t0) * 1e6))

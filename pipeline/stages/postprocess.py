@@ -1,6 +1,6 @@
 """After inference: a PredictionResult of a list of documents -> their scores-table rows (plus the small
-per-document stats the run summary aggregates). A thin Beam DoFn over pipeline/stages/scoring.py; a document
-that cannot be scored becomes an ErrorRow. Must not hold scoring math (scoring.py) or write files (sinks.py).
+per-document stats the run summary aggregates). A thin Beam DoFn over the task's scoring (pipeline/tasks/); a
+document that cannot be scored becomes an ErrorRow. Must not hold scoring math (scoring.py) or write files (sinks.py).
 """
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 
 import apache_beam as beam
 
+from pipeline import tasks
 from pipeline.records import ERRORS_TAG, Batch, ErrorRow
-from pipeline.stages import scoring, shadow
+from pipeline.stages import shadow
 from pipeline.stages.inference import InferenceOutput
 from pipeline.stages.preprocess import TokenizedDoc
 from pipeline.telemetry import timing
@@ -36,7 +37,7 @@ class DocStats:
     n_tokens: int
     window_tokens: int  # real tokens the model computed (special tokens and query included)
     computed_tokens: float  # this document's share of the padded shapes computed
-    prediction: Any = None  # similarity: cosine; classify: label; loglik: total log-likelihood
+    prediction: Any = None  # the task's (Task.prediction): similarity: cosine; classify: label; loglik: total log-likelihood
     gold: Any = None  # the record's `label` field; loglik: scored token count
     model_id: str = ""
     attention_impl: str = ""
@@ -48,15 +49,7 @@ class DocStats:
 
 def task_fields(spec: ScoreSpec, output: InferenceOutput) -> dict[str, Any]:
     """The task's columns (score, label, scores, embedding, perplexity) from window outputs."""
-    if spec.task == "embed":
-        return scoring.score_embed(output.window_outputs)
-    if spec.task == "similarity":
-        return scoring.score_similarity(output.window_outputs, output.query_outputs)
-    if spec.task == "classify":
-        return scoring.score_classify(output.window_outputs, output.label_names, output.label_embeddings, spec.temperature)
-    if spec.task == "loglik":
-        return scoring.score_loglik(output.window_outputs, spec.stride, spec.prefix_len)
-    raise ValueError(f"unknown task {spec.task!r}")
+    return tasks.get(spec.task).score(output, spec)
 
 
 def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput) -> tuple[dict[str, Any], DocStats]:
@@ -88,14 +81,14 @@ def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput)
     row["postprocess_ms"] = (time.perf_counter() - start) * 1000.0
     divergence = shadow_divergence(spec, output, fields)  # after the timing: it is not the run's own work
     row.update(shadow_columns(output, divergence))
-    prediction = {"similarity": row["score"], "classify": row["label"], "loglik": row["score"]}.get(spec.task)
+    prediction, stats_gold = tasks.get(spec.task).prediction(fields, gold)
     stats = DocStats(
         timings={c: row[c] for c in (timing.stage_column(s) for s in timing.STAGES)},
         n_tokens=tokenized.n_tokens,
         window_tokens=sum(len(w) for w in tokenized.windows + tokenized.query_windows),
         computed_tokens=output.computed_tokens,
         prediction=prediction,
-        gold=fields.get("loglik_tokens") if spec.task == "loglik" else gold,
+        gold=stats_gold,
         model_id=output.model_id,
         attention_impl=output.attention_impl,
         fingerprint=output.fingerprint,

@@ -2,7 +2,7 @@
 
 Per document: window outputs -> one scores-row fragment (embed, similarity, classify, loglik).
 Per run: Spearman/Pearson, accuracy/macro-F1, corpus perplexity (no scipy at run time).
-Must not touch Beam, files or the model.
+The task modules (pipeline/tasks/) call these; this module must not import them, Beam, files or the model.
 """
 from __future__ import annotations
 
@@ -142,23 +142,14 @@ def as_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def task_metrics(task: str, pairs: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
-    """Summary metrics from (prediction, gold) pairs of the scored rows that carry a gold label.
+def similarity_metrics(pairs: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
+    """(cosine, gold) pairs -> spearman, pearson over the pairs whose gold is a number."""
+    numeric = [(p, as_number(g)) for p, g in pairs if as_number(g) is not None]
+    xs, ys = [p for p, _ in numeric], [g for _, g in numeric]
+    return {"n_gold": len(numeric), "spearman": spearman(xs, ys), "pearson": pearson(xs, ys)}
 
-    similarity: (cosine, gold number) -> spearman, pearson; classify: (label, gold label) ->
-    accuracy, macro_f1; loglik: (total loglik, scored tokens) -> corpus_perplexity.
-    """
-    if task == "similarity":
-        numeric = [(p, as_number(g)) for p, g in pairs if as_number(g) is not None]
-        xs, ys = [p for p, _ in numeric], [g for _, g in numeric]
-        return {"n_gold": len(numeric), "spearman": spearman(xs, ys), "pearson": pearson(xs, ys)}
-    if task == "classify":
-        predicted, gold = [str(p) for p, _ in pairs], [str(g) for _, g in pairs]
-        return {"n_gold": len(gold), "accuracy": accuracy(predicted, gold), "macro_f1": macro_f1(predicted, gold)}
-    if task == "loglik":
-        return {
-            "n_docs": len(pairs),
-            "loglik_tokens": int(sum(c for _, c in pairs)),
-            "corpus_perplexity": corpus_perplexity([t for t, _ in pairs], [c for _, c in pairs]),
-        }
-    return {}
+
+def classify_metrics(pairs: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
+    """(label, gold label) pairs -> accuracy, macro_f1."""
+    predicted, gold = [str(p) for p, _ in pairs], [str(g) for _, g in pairs]
+    return {"n_gold": len(gold), "accuracy": accuracy(predicted, gold), "macro_f1": macro_f1(predicted, gold)}

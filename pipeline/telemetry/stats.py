@@ -13,17 +13,20 @@ import apache_beam as beam
 from apache_beam.transforms.stats import ApproximateQuantilesCombineFn
 from apache_beam.transforms.window import GlobalWindows
 
+from pipeline import tasks
 from pipeline.records import ErrorRow
-from pipeline.stages import scoring, shadow
+from pipeline.stages import shadow
+from pipeline.tasks.base import GoldTotals
 from pipeline.stages.postprocess import DocStats
 from pipeline.telemetry import timing
 
 
 class RunTotals(beam.CombineFn):
-    """Sums and distinct values over DocStats (constant memory except gold pairs for similarity/classify)."""
+    """Sums and distinct values over DocStats (constant memory except the gold pairs of a task that gathers them)."""
 
     def __init__(self, task: str):
         self._task = task
+        self._gathers = tasks.get(task).gathers
 
     def create_accumulator(self):
         return {
@@ -34,7 +37,7 @@ class RunTotals(beam.CombineFn):
             "stage_ms": {timing.stage_column(s): 0.0 for s in timing.STAGES},
             "distinct": {"model_id": set(), "attention_impl": set(), "fingerprint": set(), "backend": set()},
             "pairs": [],
-            "loglik": [0.0, 0],
+            "sums": [0.0, 0],  # (prediction, gold) summed: loglik's total log-likelihood and scored tokens
         }
 
     def add_input(self, acc, stats: DocStats):
@@ -46,10 +49,10 @@ class RunTotals(beam.CombineFn):
             acc["stage_ms"][column] += value
         for key in acc["distinct"]:
             acc["distinct"][key].add(getattr(stats, key))
-        if self._task == "loglik":
-            acc["loglik"][0] += stats.prediction
-            acc["loglik"][1] += stats.gold
-        elif self._task in ("similarity", "classify") and stats.gold is not None:
+        if self._gathers == "sums":
+            acc["sums"][0] += stats.prediction
+            acc["sums"][1] += stats.gold
+        elif self._gathers == "gold_pairs" and stats.gold is not None:
             acc["pairs"].append((stats.prediction, stats.gold))
         return acc
 
@@ -64,24 +67,16 @@ class RunTotals(beam.CombineFn):
             for key, values in acc["distinct"].items():
                 merged["distinct"][key] |= values
             merged["pairs"] += acc["pairs"]
-            merged["loglik"][0] += acc["loglik"][0]
-            merged["loglik"][1] += acc["loglik"][1]
+            merged["sums"][0] += acc["sums"][0]
+            merged["sums"][1] += acc["sums"][1]
         return merged
 
     def extract_output(self, acc):
         result = {k: acc[k] for k in ("scored", "n_tokens", "window_tokens", "computed_tokens")}
         result["stage_total_ms"] = acc["stage_ms"]
         result.update({key: sorted(values) for key, values in acc["distinct"].items()})
-        if self._task == "loglik":
-            total, count = acc["loglik"]
-            result["task_metrics"] = {
-                "n_docs": acc["scored"],
-                "loglik_tokens": int(count),
-                "total_loglik": total,
-                "corpus_perplexity": scoring.corpus_perplexity([total], [count]),
-            }
-        else:
-            result["task_metrics"] = scoring.task_metrics(self._task, acc["pairs"])
+        result["task_metrics"] = tasks.get(self._task).metrics(GoldTotals(
+            documents=acc["scored"], pairs=acc["pairs"], prediction_sum=acc["sums"][0], gold_sum=acc["sums"][1]))
         return result
 
 

@@ -1,0 +1,119 @@
+"""What a task is: the Task record every stage asks instead of branching on the task's name.
+
+A task module builds one Task from the math in pipeline/stages/scoring.py; pipeline/tasks/__init__.py
+lists them. Must not import the stages that ask it (inference, postprocess, stats, report): they import
+this package, so the direction is stages -> tasks -> scoring.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFamily:
+    """A model family a task needs (models' config.family) and why another family cannot do it."""
+
+    family: str
+    refusal: str  # format fields: task, model, family (the model's actual family)
+
+    def refuse(self, task: str, model: str, family: str) -> str:
+        return self.refusal.format(task=task, model=model, family=family)
+
+
+ENCODER = ModelFamily(
+    "bert",
+    "--task={task} needs an encoder (BERT-family) model but --model {model} is {family}; "
+    "use --task=loglik with it, or an encoder such as --model minilm-l6",
+)
+DECODER = ModelFamily(
+    "gpt2",
+    "--task={task} needs a decoder (GPT-2-family) model but --model {model} is {family}; "
+    "pass a GPT-2 model directory (docscore convert --hf DIR --out DIR)",
+)
+
+
+class WindowOutputs(Protocol):
+    """What a task scores one document from (pipeline.stages.inference.InferenceOutput)."""
+
+    window_outputs: list[np.ndarray]
+    query_outputs: list[np.ndarray]
+    label_names: tuple[str, ...]
+    label_embeddings: np.ndarray | None
+
+
+class ScoreSettings(Protocol):
+    """The run's scoring settings (pipeline.stages.postprocess.ScoreSpec)."""
+
+    temperature: float
+    stride: int
+    prefix_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What a task computes once per model load (classify: the label descriptions' embeddings)."""
+
+    label_names: tuple[str, ...] = ()
+    label_embeddings: np.ndarray | None = None
+
+
+EmbedTexts = Callable[[list[str]], np.ndarray]  # texts -> their pooled embeddings through the loaded model
+
+
+@dataclasses.dataclass
+class GoldTotals:
+    """The run's task totals: `pairs` when the task gathers gold pairs, the sums when it sums."""
+
+    documents: int
+    pairs: list[tuple[Any, Any]]
+    prediction_sum: float
+    gold_sum: float
+
+
+def prepare_nothing(labels: Mapping[str, str], embed: EmbedTexts) -> Prepared:
+    return Prepared()
+
+
+def prediction_none(fields: dict[str, Any], gold: Any) -> tuple[Any, Any]:
+    return None, gold
+
+
+def no_metrics(totals: GoldTotals) -> dict[str, Any]:
+    return {}
+
+
+GATHERS = ("nothing", "gold_pairs", "sums")
+CHARTS = ("lengths", "scores", "labels")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One task: what it needs, what the model computes for it, how a document and a run are scored."""
+
+    name: str
+    model: ModelFamily
+    score: Callable[[WindowOutputs, ScoreSettings], dict[str, Any]]  # a document's columns from its window outputs
+    with_query: bool = False  # records carry a `query` field, embedded alongside the document
+    per_token: bool = False  # the model returns per-token log-probs, not one embedding per window
+    takes_labels: bool = False  # --labels: the classes documents are scored against
+    numeric_gold: bool = False  # a record's `label` is a number (validate notices text ones)
+    prepare: Callable[[Mapping[str, str], EmbedTexts], Prepared] = prepare_nothing
+    # (the document's columns, its record's `label`) -> DocStats (prediction, gold)
+    prediction: Callable[[dict[str, Any], Any], tuple[Any, Any]] = prediction_none
+    gathers: str = "nothing"  # per document for the run: nothing, (prediction, gold) pairs with a gold, or sums
+    metrics: Callable[[GoldTotals], dict[str, Any]] = no_metrics  # the summary's task_metrics
+    chart: str = "lengths"  # the report's outcome chart: document lengths, a histogram, label counts
+    chart_column: str = "score"  # chart="scores": the column histogrammed
+    chart_axis: str = "score"  # chart="scores": its axis label
+
+    def __post_init__(self):
+        if self.gathers not in GATHERS or self.chart not in CHARTS:
+            raise ValueError(f"task {self.name}: gathers must be one of {GATHERS}, chart one of {CHARTS}")
+
+
+def names(tasks: Sequence[Task]) -> tuple[str, ...]:
+    return tuple(t.name for t in tasks)
