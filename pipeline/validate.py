@@ -68,6 +68,21 @@ def target_backend(choice: str) -> str:
     return jax.default_backend()
 
 
+def check_reachable_backend(eo: EvalOptions, backend: str) -> None:
+    """A local runner runs inference on this machine: a --target_backend this machine does not have would run
+    on another backend than the one the run records, or fail after reading data."""
+    if eo.target_backend == "auto" or not runs_locally(eo):
+        return
+    import jax
+
+    here = jax.default_backend()
+    if backend != here:
+        raise ConfigError(
+            f"--target_backend={backend} cannot run with the local runner: inference runs on this machine, whose "
+            f"backend is {here}; drop --target_backend (or set it to {here}), or run on {backend} workers with a "
+            f"Dataflow preset (--preset dataflow-..., runners/presets)")
+
+
 def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtype: str | None = None) -> str:
     """The kernel `attention` means on `backend` for the pipeline's rows (packed segment ids, `dtype`)."""
     from kernels import KernelUnsupportedError, resolve
@@ -180,6 +195,7 @@ def validate(eo: EvalOptions) -> RunPlan:
         )
 
     backend = target_backend(eo.target_backend)
+    check_reachable_backend(eo, backend)
     kernel = resolve_kernel(eo.attention, backend, dtype=eo.dtype)
     try:
         batch = batching.settings_for(backend, batch_size=eo.batch_size, calls_per_beam_batch=eo.calls_per_beam_batch)
