@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 import posixpath
+import shutil
 import uuid
 from typing import Any
 
@@ -17,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io import fileio
+from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 
@@ -24,6 +28,8 @@ TABLES = {"scores": SCORES_SCHEMA, "errors": ERRORS_SCHEMA}
 SUCCESS = "_SUCCESS"
 PART_PREFIX = "part"
 BQ_PREFIX = "bq:"
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,19 +224,48 @@ def _path(url: str) -> str:
 
 
 def _remove_staging(spec: OutputSpec) -> None:
+    """Remove this launch's staging directory (spec.staging, unique per launch), then _staging/run_id=ID
+    and _staging only if empty: other launches, of this run_id or another, stage beside it."""
     fs, staging = fsspec.core.url_to_fs(spec.staging)
-    if fs.exists(staging):
-        fs.rm(staging, recursive=True)
+    if _is_link(fs, staging) or fs.exists(staging):
+        _delete(fs, staging)
     _remove_if_empty(fs, posixpath.dirname(staging))  # _staging/run_id=ID
     _remove_if_empty(fs, posixpath.dirname(posixpath.dirname(staging)))  # _staging
 
 
 def _remove_if_empty(fs, path: str) -> None:
+    """Remove the directory `path` if it is empty, never its contents: a listing then a recursive delete
+    would take files another launch staged in between. Locally one os.rmdir, which the kernel refuses
+    for a non-empty directory (or a symlink); object stores have no empty directories to remove (a
+    prefix is gone with its last object), and gcsfs's rmdir would delete a bucket, so nothing there."""
+    if not _is_local(fs):
+        return
     try:
-        if fs.exists(path) and not fs.ls(path, detail=False):
-            fs.rm(path, recursive=True)
+        os.rmdir(path)
     except OSError:
-        pass  # another run is using it
+        pass  # not empty (another launch is using it), gone already, or not a directory
+
+
+def _is_local(fs) -> bool:
+    return isinstance(fs, LocalFileSystem)
+
+
+def _is_link(fs, path: str) -> bool:
+    """Whether `path` is a symlink (local paths only: object stores have none)."""
+    return _is_local(fs) and os.path.islink(path)
+
+
+def _delete(fs, path: str) -> None:
+    """Delete `path`, an entry this launch owns, without following symlinks: a link is removed, never its
+    target or the target's contents; a directory is removed with the links inside it (shutil.rmtree
+    does not follow them)."""
+    if _is_local(fs):
+        if os.path.islink(path) or not os.path.isdir(path):
+            os.remove(path)
+        else:
+            shutil.rmtree(path)
+    else:
+        fs.rm(path, recursive=True)
 
 
 def _ls(fs, path: str) -> list[str]:
@@ -250,7 +285,7 @@ def _publish_partition(fs, dest: str, staged: list[str]) -> None:
         _replace_partition(fs, dest, staged)
         return
     marker = posixpath.join(dest, SUCCESS)
-    if fs.exists(marker) and names <= {posixpath.basename(p) for p in _ls(fs, dest)}:
+    if not _is_link(fs, dest) and fs.exists(marker) and names <= {posixpath.basename(p) for p in _ls(fs, dest)}:
         return  # published by an earlier attempt of this step, which then removed the staging files
     raise FileNotFoundError(
         f"cannot publish {dest}: staged files {sorted(missing)[:3]} are gone and the partition does not hold "
@@ -269,12 +304,19 @@ def _empty_parquet(fs, staging_dir: str, schema: pa.Schema) -> str:
 
 
 def _replace_partition(fs, dest: str, staged: list[str]) -> None:
+    """Replace partition `dest` with the staged files. docscore owns the partition path, not what a link
+    there points to: a symlinked partition is replaced by a real directory (the link removed, its
+    target's files untouched), and links inside the partition are removed, never followed."""
+    if _is_link(fs, dest):
+        log.warning("partition %s is a symlink to %s: removing the link (its target is left untouched) "
+                    "and publishing the run into a real directory", dest, os.readlink(dest))
+        os.remove(dest)
     fs.makedirs(dest, exist_ok=True)
     marker = posixpath.join(dest, SUCCESS)
-    if fs.exists(marker):
-        fs.rm_file(marker)
+    if _is_link(fs, marker) or fs.exists(marker):
+        _delete(fs, marker)
     for old in _ls(fs, dest):
-        fs.rm(old, recursive=True)
+        _delete(fs, old)
     for path in sorted(staged):
         fs.copy(path, posixpath.join(dest, posixpath.basename(path)))
     fs.pipe_file(marker, b"")
