@@ -149,9 +149,11 @@ def print_help() -> None:
         prog="docscore run",
         description="Score document shards with a Flax model on Beam. Any Beam option (--runner, "
         "--direct_num_workers, --direct_running_mode, --project, ...) is accepted as well.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,  # every flag's help shows its default
     )
     EvalOptions._add_argparse_args(parser)
-    parser.add_argument("--labels", help='classify labels "name=description;name=description" (in --config: a mapping)')
+    parser.add_argument("--labels", help='classify labels "name=description;name=description" (in --config: a mapping; '
+                        "--task classify only)")
     parser.print_help()
 
 

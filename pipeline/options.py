@@ -56,8 +56,7 @@ class EvalOptions(PipelineOptions):
                                  "gpu 4, tpu 4)")
         # --labels "name=description;..." (docscore's classify labels) is rewritten to --classify_labels by
         # parse_options, because Beam's GoogleCloudOptions owns --labels (Dataflow job labels: --job_labels).
-        parser.add_argument("--classify_labels", default=None,
-                            help='classify labels: --labels "name=description;name=description" (--task classify only)')
+        parser.add_argument("--classify_labels", default=None, help=argparse.SUPPRESS)  # --help shows --labels
         parser.add_argument("--job_labels", action="append", default=None, help="Dataflow job label KEY=VALUE (repeatable)")
         parser.add_argument("--temperature", type=float, default=0.05, help="classify softmax temperature")
         parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 compute dtype")
