@@ -244,6 +244,9 @@ BEAM_NOISE = (
     # (torch, scipy) fails, not only where the platform lacks `resource`, and then warns at every model
     # load; docscore does not use the memory figure it would have measured.
     ("", "Resource module is not available"),
+    # gcsfs logs every request that ran out of retries with its traceback, also when docscore then reports
+    # the failure itself (an unreachable --input: exit 2 naming it) or a retry one level up succeeds.
+    ("gcsfs", "out of retries on exception"),
 )
 
 

@@ -212,6 +212,10 @@ def validate(eo: EvalOptions) -> RunPlan:
     except (FileNotFoundError, ValueError, KeyError) as e:
         message = str(e).strip("'\"")
         raise ConfigError(message if "--" in message else f"--input {eo.input}: {message}") from None
+    except OSError as e:  # a store that cannot be reached (no network, DNS, refused): not a traceback
+        raise ConfigError(f"--input {eo.input}: cannot be reached ({type(e).__name__}: {str(e)[:300]}); check the "
+                          "network, the bucket or path, and the credentials (STORAGE_EMULATOR_HOST for an emulator)"
+                          ) from None
     read_spec = sources.ReadSpec(
         text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes
     )
