@@ -21,7 +21,7 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from pipeline.stages.packing import pack_windows, row_lengths  # noqa: E402
+from pipeline.stages.packing import PackedRow, pack_windows, row_lengths  # noqa: E402
 from tests.test_packing import first_fit_decreasing  # noqa: E402  the packer it replaced, kept as the tests' reference
 
 

@@ -21,6 +21,7 @@ from pipeline.stages.inference import RECORD_ERRORS, FlaxModelHandler
 from pipeline.stages.postprocess import STATS_TAG, ScoreDocuments, ScoreSpec, inference_failures_to_errors
 from pipeline.stages.preprocess import Tokenize
 from pipeline.telemetry import progress
+from pipeline.telemetry.progress import runs_locally
 from pipeline.telemetry.stats import ComputeRunStats
 from pipeline.validate import RunPlan
 
@@ -82,5 +83,5 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     facts = launch_facts(eo, plan, time.time() if started is None else started)
     # history and report: written by the job, except for a local run, whose launcher writes them once it
     # has added the Beam metrics and progress samples (publish.write_derived either way)
-    published = stats | "Publish" >> publish.PublishRun(out, facts, written, derived=not publish.runs_locally(p.options))
+    published = stats | "Publish" >> publish.PublishRun(out, facts, written, derived=not runs_locally(p.options))
     return {"scores": scored.rows, "errors": error_rows, "stats": stats, "published": published}

@@ -18,6 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pipeline.io import sinks
 from pipeline.runs import publish
 from pipeline.runs.summary import add_metrics, summary_from_stats
+from pipeline.telemetry.progress import runs_locally
 from tests.conftest import SENTENCES, common_flags, read_table, write_jsonl
 
 
@@ -258,7 +259,7 @@ def test_waiting_launcher_republishes_the_enriched_summary(tmp_path):
 
 def test_launches_nobody_waits_for():
     assert publish.submit_only(PipelineOptions([])) is None
-    assert publish.runs_locally(PipelineOptions([])) and not publish.runs_locally(PipelineOptions(["--runner", "DataflowRunner"]))
+    assert runs_locally(PipelineOptions([])) and not runs_locally(PipelineOptions(["--runner", "DataflowRunner"]))
     assert "job.json" in publish.submit_only(PipelineOptions(["--template_location", "job.json"]))
     assert "--dry_run" in publish.submit_only(PipelineOptions(["--dry_run=True"]))
     spec = sinks.OutputSpec.for_run("gs://b/out", "flex-1", "parquet")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import apache_beam as beam
@@ -17,7 +18,6 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from pipeline.io import sinks
 from pipeline.runs.summary import add_metrics, summary_from_stats, with_command_wall
-from pipeline.telemetry.progress import runs_locally  # noqa: F401  (pipeline/graph.py and tests call publish.runs_locally)
 
 _LOG = logging.getLogger(__name__)
 
@@ -104,17 +104,20 @@ def submitted_message(run_id: str, spec: sinks.OutputSpec, why: str) -> str:
     return f"docscore run {run_id}: {why}; when the job runs, its Publish step writes\n{where}"
 
 
-def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any],
-                             command_started: float | None = None) -> dict[str, Any] | None:
-    """After a wait: the summary the job published, with the job's Beam metrics and (given when the command
-    started) the whole command's wall time added, republished behind its _SUCCESS marker when they add
-    anything. None for BigQuery outputs (their summary is the run's PREFIX_runs row, not read back here)."""
+def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any], command_started: float | None = None,
+                             finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """After a wait: the summary the job published, with the job's Beam metrics, (given when the command
+    started) the whole command's wall time and `finish`'s additions (the launcher's gates), republished once
+    behind its _SUCCESS marker when they add anything. None for BigQuery outputs (their summary is the run's
+    PREFIX_runs row, not read back here)."""
     if spec.output.startswith(sinks.BQ_PREFIX):
         return None
     summary = sinks.read_summary(spec)
     enriched = add_metrics(summary, metrics)
     if command_started is not None:
         enriched = with_command_wall(enriched, command_started, time.time())
+    if finish is not None:
+        enriched = finish(enriched)
     if enriched is not summary:
         sinks.publish_summary(spec, enriched)
     return enriched
