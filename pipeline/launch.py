@@ -195,14 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"docscore run {eo.run_id}: the pipeline ended in state {state}; nothing was published", file=sys.stderr)
         return 1
     # the job published the tables and summary.json; add what only the launcher knows
-    summary = publish.enrich_published_summary(out, metric_values(result, "docscore"), command_started)
+    # the gates' outcomes go into the published summary before the history row and report are derived from it
+    summary = publish.enrich_published_summary(out, metric_values(result, "docscore"), command_started,
+                                               finish=lambda s: with_gates(s, eo.max_error_fraction))
     published = sinks.published_paths(out)
     if summary is None:  # BigQuery: the run's summary is its PREFIX_runs row
         print(f"docscore run {eo.run_id}: published " + ", ".join(published.values()))
         return 0
-    # the gates' outcomes go into the published summary before the history row and report are derived from it
-    summary = with_gates(summary, eo.max_error_fraction)
-    sinks.publish_summary(out, summary)
     reporter.write_samples(progress.samples_path(eo.output, eo.run_id))
     derived = publish.write_derived(out, summary)  # history row and report
     if "report" in derived:
