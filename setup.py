@@ -22,6 +22,7 @@ RUNTIME = [
     "psutil==7.2.2",
     "array-record==0.8.6",
     "matplotlib==3.11.2",
+    "scipy==1.17.1",  # correlations and softmax in pipeline/stages/scoring.py
 ]
 
 # Reference implementations and test services. torch must be installed first as
@@ -34,7 +35,6 @@ TEST = [
     "gcp-storage-emulator==2026.7.19",
     "duckdb==2.0.1",
     "pandas==3.1.1",
-    "scipy==1.17.1",
     "tensorflow-datasets==4.9.10",  # builds TFDS array_record fixtures in tests; no TensorFlow needed
     "selenium==4.51.0",  # drives headless Chromium (Debian chromium + chromium-driver) for the report test
 ]

@@ -1,16 +1,18 @@
 """Task scoring and summary metrics, as pure functions of numpy arrays and plain values.
 
 Per document: window outputs -> one scores-row fragment (embed, similarity, classify, loglik).
-Per run: Spearman/Pearson, accuracy/macro-F1, corpus perplexity (no scipy at run time).
+Per run: Spearman/Pearson (scipy.stats), accuracy/macro-F1, corpus perplexity.
 The task modules (pipeline/tasks/) call these; this module must not import them, Beam, files or the model.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy import special
 
 
 # ---------------------------------------------------------------- per document
@@ -34,19 +36,13 @@ def score_similarity(window_embeddings: Sequence[np.ndarray], query_embeddings: 
     return {"score": float(np.dot(doc.astype(np.float64), query.astype(np.float64)))}
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    z = np.asarray(x, np.float64) - np.max(x)
-    e = np.exp(z)
-    return e / e.sum()
-
-
 def score_classify(
     window_embeddings: Sequence[np.ndarray], label_names: Sequence[str], label_embeddings: np.ndarray, temperature: float
 ) -> dict[str, Any]:
     """Zero-shot: softmax(cosine(document, label description) / temperature); the top label wins."""
     doc = pool_windows(window_embeddings).astype(np.float64)
     cosines = np.asarray(label_embeddings, np.float64) @ doc
-    probs = softmax(cosines / temperature)
+    probs = special.softmax(cosines / temperature)
     top = int(np.argmax(probs))
     return {
         "score": float(probs[top]),
@@ -75,34 +71,25 @@ def score_loglik(window_logprobs: Sequence[np.ndarray], stride: int, prefix_len:
 
 # ---------------------------------------------------------------- per run
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks 1..n with ties given their average rank (as scipy.stats.rankdata)."""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), np.float64)
-    sorted_x = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
-        i = j + 1
-    return ranks
+def _correlation(test: str, x: Sequence[float], y: Sequence[float]) -> float | None:
+    """scipy.stats.<test>(x, y).statistic, or None where it is undefined (fewer than 2 pairs, a constant side)."""
+    if len(x) < 2:
+        return None
+    from scipy import stats  # here, not at the top: its import is slow and only a run's metrics need it
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.ConstantInputWarning)  # constant input: nan, reported as None
+        value = float(getattr(stats, test)(np.asarray(x, np.float64), np.asarray(y, np.float64)).statistic)
+    return value if math.isfinite(value) else None
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
-    a, b = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if len(a) < 2:
-        return None
-    a, b = a - a.mean(), b - b.mean()
-    denom = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
-    return float((a * b).sum() / denom) if denom > 0 else None
+    return _correlation("pearsonr", x, y)
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    if len(x) < 2:
-        return None
-    return pearson(_ranks(np.asarray(x, np.float64)), _ranks(np.asarray(y, np.float64)))
+    """Ties get their average rank."""
+    return _correlation("spearmanr", x, y)
 
 
 def accuracy(predicted: Sequence[str], gold: Sequence[str]) -> float | None:
