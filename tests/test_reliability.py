@@ -1,5 +1,5 @@
 """Nothing lost under retries and reruns, on the real DirectRunner with the real MiniLM weights: an
-inference batch that fails once (test-only fault switch) is retried by the runner and every document
+inference batch that fails once (fail_one_batch_once below) is retried by the runner and every document
 still yields exactly one row; on a runner that does not retry, the job fails without publishing
 instead of turning the failure into error rows; reruns of a run_id give the same rows; the memory
 watch reaches metrics and summary; logs hold neither document text nor credentials."""
@@ -9,17 +9,19 @@ import contextlib
 import io
 import json
 import logging
+import os
 from collections import Counter
+from pathlib import Path
 
 import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline import faults
 from pipeline.graph import build_pipeline
 from pipeline.io import sinks
 from pipeline.options import parse_options
 from pipeline.records import TIMING_COLUMNS
+from pipeline.stages.inference import FlaxModelHandler
 from pipeline.telemetry import memory, timing
 from pipeline.validate import validate
 from tests.conftest import SENTENCES, common_flags, read_summary, read_table, run_docscore, write_jsonl
@@ -27,6 +29,38 @@ from tests.conftest import SENTENCES, common_flags, read_summary, read_table, ru
 SHARDS, DOCS_PER_SHARD = 3, 40
 SECRET_TEXT = "Quokka-Zanzibar-7731"  # in documents: must never reach a log line
 SECRET_KEY = "AKIA-docscore-test-secret-0000"  # in the environment and a credentials file
+
+
+FAILED, SEEN = "failed", "batches_seen"  # files in the fault's directory
+
+
+class TransientFault(RuntimeError):
+    """An injected failure that a retry cures (not a problem of the data)."""
+
+
+def fail_one_batch_once(mp: pytest.MonkeyPatch, directory: Path, after: int = 0) -> None:
+    """Make one inference batch fail once: every attempt of FlaxModelHandler.run_inference appends its doc ids
+    to directory/batches_seen; the first attempt after `after` earlier ones writes its doc ids to
+    directory/failed (O_EXCL: once across threads and retries) and raises TransientFault. Patched on the class,
+    which the local runners' workers in this process use (by reference, through the pickled handler)."""
+    real = FlaxModelHandler.run_inference
+
+    def run_inference(self, batch, model, inference_args=None):
+        doc_ids = [doc.doc.doc_id for chunk in batch for doc in chunk]
+        with open(directory / SEEN, "a", encoding="utf-8") as f:
+            f.write(json.dumps(doc_ids) + "\n")
+        if len((directory / SEEN).read_text().splitlines()) > after:
+            try:
+                handle = os.open(directory / FAILED, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:  # the one failure already happened
+                pass
+            else:
+                with os.fdopen(handle, "w", encoding="utf-8") as f:
+                    json.dump(doc_ids, f)
+                raise TransientFault(f"injected failure of an inference batch of {len(doc_ids)} documents (once)")
+        return real(self, batch, model, inference_args)
+
+    mp.setattr(FlaxModelHandler, "run_inference", run_inference)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +82,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def retried_run(corpus, tmp_path_factory, minilm):
     """The real job graph on Beam's BundleBasedDirectRunner (the DirectRunner that retries a failed
-    bundle, as Dataflow does) with the fault switch failing the second inference batch once. The rows
+    bundle, as Dataflow does) with fail_one_batch_once failing the second inference batch once. The rows
     are checked inside the job (assert_that on the graph's own PCollections)."""
     root, ids = corpus
     marker = tmp_path_factory.mktemp("fault")
@@ -65,11 +99,10 @@ def retried_run(corpus, tmp_path_factory, minilm):
     assert_that(outputs["errors"] | beam.FlatMap(lambda rows: [(row["record_index"], row["error_type"]) for row in rows]),
                 equal_to([(5, "invalid_json")]), label="ErrorsOncePerRecord")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(faults.ENV, str(marker))
-        mp.setenv(faults.AFTER_ENV, "1")
+        fail_one_batch_once(mp, marker, after=1)
         p.run().wait_until_finish()  # raises when an assert_that above fails
-    failed = json.loads((marker / faults.FAILED).read_text())
-    seen = [json.loads(line) for line in (marker / faults.SEEN).read_text().splitlines()]
+    failed = json.loads((marker / FAILED).read_text())
+    seen = [json.loads(line) for line in (marker / SEEN).read_text().splitlines()]
     return {"out": out, "failed": failed, "seen": seen, "ids": ids}
 
 
@@ -98,11 +131,11 @@ def test_the_retried_run_publishes_one_row_per_document(retried_run):
 def test_on_a_runner_without_retries_a_failure_fails_the_job_and_publishes_nothing(corpus, tmp_path, monkeypatch, capsys):
     """The default DirectRunner does not retry bundles: the transient failure must not become error
     rows (they would silently stand for good documents); the job fails and nothing is published."""
-    monkeypatch.setenv(faults.ENV, str(tmp_path))
+    fail_one_batch_once(monkeypatch, tmp_path)
     out = tmp_path / "out"
     assert run_docscore("--input", corpus[0], *common_flags("no-retry", out), "--attention", "native") == 1
     assert "TransientFault" in capsys.readouterr().err
-    assert (tmp_path / faults.FAILED).exists()
+    assert (tmp_path / FAILED).exists()
     assert not (out / "scores" / "run_id=no-retry").exists() and not (out / "errors" / "run_id=no-retry").exists()
 
 

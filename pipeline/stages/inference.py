@@ -16,7 +16,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
-from pipeline import faults, tasks
+from pipeline import tasks
 from pipeline.records import Batch
 from pipeline.stages import shadow
 from pipeline.stages.packing import MIN_ROW_LEN, run_model
@@ -182,7 +182,6 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         self, batch: Sequence[list[TokenizedDoc]], model: ScoringModel, inference_args: dict[str, Any] | None = None
     ) -> Iterable[PredictionResult]:
         docs = [doc for chunk in batch for doc in chunk]
-        faults.maybe_fail_once([doc.doc.doc_id for doc in docs])  # test-only switch; nothing when unset
         loaded = model.loaded
         rows = [w for doc in docs for w in doc.windows + doc.query_windows]
         compiles_before = loaded.compiles_by_this_thread()
