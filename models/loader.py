@@ -1,5 +1,5 @@
 """`models.load(...) -> LoadedModel`: a model directory, gs:// URL or built-in name -> a ready model
-whose embed / embed_packed / token_logprobs take numpy batches and return numpy.
+whose embed_packed / token_logprobs take numpy batches and return numpy.
 
 Holds loading (with integrity checks), the kernel resolution for the model's shapes and the per-shape
 compile cache. Must not batch, pad or pack documents (the pipeline does) nor hold kernel code.
@@ -23,7 +23,7 @@ from models.builtin import BUILTINS, builtin_dir
 from models.checkpoint import fingerprint, restore_params, stored_shapes
 from models.config import HF_KEYS, ModelConfig, read_config
 from models.errors import ModelLoadError
-from models.heads import document_embedding, next_token_logprobs, segment_embeddings
+from models.heads import next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES
 from models.model_dir import CONFIG, PARAMS, TOKENIZER, fetch_remote, is_remote, local_cache_dir, read_metadata, read_text
 from models.precision import matmul_precision, with_matmul_precision
@@ -83,7 +83,6 @@ class LoadedModel:
             return nnx.merge(graphdef, state)(input_ids, segment_ids)
 
         self._functions: dict[str, Callable] = {
-            "embed": jax.jit(precise(lambda s, i, g: document_embedding(hidden(s, i, g), g))),
             "embed_packed": jax.jit(precise(lambda s, i, g, n: segment_embeddings(hidden(s, i, g), g, n)),
                                     static_argnums=3),
             "token_logprobs": jax.jit(precise(lambda s, i, g: next_token_logprobs(hidden(s, i, g), i, g))),
@@ -103,13 +102,9 @@ class LoadedModel:
         thread did (a caller's before/after difference is its own, however many threads share the model)."""
         return getattr(self._by_thread, "stats", np.zeros(4))
 
-    def embed(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
-        """[B, L] ids + segment ids -> [B, D] float32: one document per row (all tokens with segment
-        id > 0), mean pooled over its tokens and L2-normalised (sentence-transformers)."""
-        return self._run("embed", input_ids, segment_ids)
-
     def embed_packed(self, input_ids: np.ndarray, segment_ids: np.ndarray, max_segments: int) -> np.ndarray:
-        """[B, L] packed rows -> [B, max_segments, D] float32: slot s = segment s + 1, zeros when absent."""
+        """[B, L] packed rows -> [B, max_segments, D] float32: slot s = segment s + 1, zeros when absent; each
+        embedding is its segment's tokens mean pooled and L2-normalised (sentence-transformers)."""
         return self._run("embed_packed", input_ids, segment_ids, int(max_segments))
 
     def token_logprobs(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
@@ -119,13 +114,13 @@ class LoadedModel:
 
     def _require(self, method: str, *, encoder: bool) -> None:
         if self.config.is_encoder != encoder:
-            kind, use = (("an encoder", "embed/embed_packed") if self.config.is_encoder
+            kind, use = (("an encoder", "embed_packed") if self.config.is_encoder
                          else ("a decoder", "token_logprobs"))
             raise ValueError(f"{method}() needs {'an encoder' if encoder else 'a decoder'} model, but "
                              f"{self.model_id} ({self.config.family}) is {kind}; use {use}")
 
     def start(self, method: str, input_ids: np.ndarray, segment_ids: np.ndarray, *static: int) -> jax.Array:
-        """Dispatch `method` (embed | embed_packed | token_logprobs) on the device and return at once
+        """Dispatch `method` (embed_packed | token_logprobs) on the device and return at once
         (JAX runs it asynchronously; np.asarray of the result waits for it). The result may have extra
         padding rows past the input's (rows are padded to a multiple of the local device count), and
         its copy to the host starts as soon as it is computed."""
@@ -162,12 +157,13 @@ class LoadedModel:
         if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
             raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}) for {self.model_id}; got "
                              f"[{input_ids.min()}, {input_ids.max()}]")
-        if input_ids.shape[1] > self.config.max_positions:
+        limit = self.config.longest_segment
+        if input_ids.shape[1] > limit:
             longest = longest_segment(segment_ids)
-            if longest > self.config.max_positions:
-                raise ValueError(f"a segment of {longest} tokens exceeds the {self.config.max_positions} "
-                                 f"positions of {self.model_id}; window documents to <= "
-                                 f"{self.tokenizer.max_seq_len} tokens")
+            if longest > limit:
+                what = "positions" if limit == self.config.max_positions else "tokens of sliding_window"
+                raise ValueError(f"a segment of {longest} tokens exceeds the {limit} {what} of {self.model_id}; "
+                                 f"window documents to <= {self.tokenizer.max_seq_len} tokens")
         return input_ids.astype(np.int32, copy=False), segment_ids.astype(np.int32, copy=False)
 
 
@@ -240,6 +236,10 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str) -> Loade
         raise ModelLoadError(f"{os.path.join(path, 'metadata.json')}: max_seq_len {metadata.max_seq_len} exceeds the "
                              f"{config.max_positions} positions of {config_path} "
                              f"({HF_KEYS[config.family]['max_positions']}); re-create the directory with `docscore convert`")
+    if metadata.max_seq_len > config.longest_segment:  # attention kernels have no local window
+        raise ModelLoadError(f"{os.path.join(path, 'metadata.json')}: max_seq_len {metadata.max_seq_len} exceeds the "
+                             f"sliding_window {config.sliding_window} of {config_path}; re-create the directory with "
+                             f"`docscore convert --max_seq_len {config.sliding_window}`")
     params_dir = os.path.join(path, PARAMS)
     if not os.path.isdir(params_dir):
         raise ModelLoadError(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
@@ -249,7 +249,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str) -> Loade
                                       path=os.path.join(path, TOKENIZER))
     tokenizer.check_vocab(config.vocab_size, config_path)
 
-    impl = kernels.resolve(attention, heads=config.num_heads, kv_heads=config.num_heads,
+    impl = kernels.resolve(attention, heads=config.num_heads, kv_heads=config.kv_heads,
                            head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
                            has_segments=True, q_len=metadata.max_seq_len, kv_len=metadata.max_seq_len)
     graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)

@@ -66,8 +66,8 @@ def minilm():
 
 def direct_embeddings(loaded, texts: list[str], *, max_len: int = TEST_MAX_LEN, stride: int = TEST_STRIDE,
                       max_windows: int = 8) -> np.ndarray:
-    """Embeddings computed by calling loaded.embed directly: windows padded to max_len, 8 rows a call,
-    each document the normalised mean of its window embeddings."""
+    """Embeddings computed by calling loaded.embed_packed directly: one window per row (segment 1), padded
+    to max_len, 8 rows a call, each document the normalised mean of its window embeddings."""
     encoded = loaded.tokenizer.encode_windows(texts, max_len=max_len, stride=stride, max_windows=max_windows)
     windows = [w for doc in encoded for w in doc.windows]
     outputs = []
@@ -76,7 +76,7 @@ def direct_embeddings(loaded, texts: list[str], *, max_len: int = TEST_MAX_LEN, 
         seg = np.zeros((TEST_BATCH, max_len), np.int32)
         for r, w in enumerate(windows[start:start + TEST_BATCH]):
             ids[r, :len(w)], seg[r, :len(w)] = w, 1
-        outputs.append(loaded.embed(ids, seg)[: len(windows[start:start + TEST_BATCH])])
+        outputs.append(loaded.embed_packed(ids, seg, 1)[: len(windows[start:start + TEST_BATCH]), 0])
     flat = np.concatenate(outputs)
     result, k = [], 0
     for doc in encoded:

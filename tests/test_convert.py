@@ -73,7 +73,7 @@ def test_bert_with_task_head_converts_and_matches_transformers(hf_bert, tmp_path
     ids, mask = np.zeros((len(windows), length), np.int32), np.zeros((len(windows), length), np.int32)
     for row, window in enumerate(windows):
         ids[row, :len(window)], mask[row, :len(window)] = window, 1
-    ours = loaded.embed(ids, mask)
+    ours = loaded.embed_packed(ids, mask, 1)[:, 0]  # one document per row: segment 1
 
     reference = transformers.BertModel.from_pretrained(hf_bert).eval()
     with torch.no_grad():

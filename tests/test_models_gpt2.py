@@ -120,7 +120,7 @@ def test_token_logprobs_match_transformers(model_dir, hf_dir, attention):
     np.testing.assert_allclose(packed[0, :len(unpacked)], unpacked, atol=1e-5, rtol=0)
     assert not packed[0, len(unpacked):].any()
     with pytest.raises(ValueError, match="encoder"):
-        loaded.embed(ids, segments)
+        loaded.embed_packed(ids, segments, 1)
 
 
 def test_blocks_run_as_one_scan_unless_their_attention_scales_differ(model_dir, tmp_path):

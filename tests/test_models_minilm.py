@@ -94,7 +94,7 @@ def window_batches(windows: list[np.ndarray]):
 def embed_windows(loaded: models.LoadedModel, windows: list[np.ndarray]) -> np.ndarray:
     out = np.zeros((len(windows), loaded.config.hidden_size), np.float32)
     for chunk, ids, segments in window_batches(windows):
-        out[chunk] = loaded.embed(ids, segments)[:len(chunk)]
+        out[chunk] = loaded.embed_packed(ids, segments, 1)[:len(chunk), 0]
     return out
 
 
@@ -186,16 +186,16 @@ def test_compiles_once_per_shape_and_checks_inputs(loaded_models):
     assert loaded.model_id == f"minilm-l6@{loaded.fingerprint[:12]}" and loaded.dtype == "float32"
     ids, segments = np.full((2, 16), 2000, np.int32), np.ones((2, 16), np.int32)
     before, seconds = loaded.compile_count, loaded.compile_seconds
-    first = loaded.embed(ids, segments)
+    first = loaded.embed_packed(ids, segments, 1)
     assert loaded.compile_count == before + 1 and loaded.compile_seconds > seconds
-    np.testing.assert_array_equal(loaded.embed(ids, segments), first)
+    np.testing.assert_array_equal(loaded.embed_packed(ids, segments, 1), first)
     assert loaded.compile_count == before + 1
     with pytest.raises(ValueError, match="decoder"):
         loaded.token_logprobs(ids, segments)
     with pytest.raises(ValueError, match=r"\[0, 30522\)"):
-        loaded.embed(np.full((1, 4), 30522), np.ones((1, 4)))
+        loaded.embed_packed(np.full((1, 4), 30522), np.ones((1, 4)), 1)
     with pytest.raises(ValueError, match="both be \\[batch, len\\]"):
-        loaded.embed(ids, segments[:, :8])
+        loaded.embed_packed(ids, segments[:, :8], 1)
 
 
 def test_orbax_round_trip_restores_identical_parameters(loaded_models, tmp_path):
