@@ -5,11 +5,10 @@ import json
 import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that
-from apache_beam.transforms.window import GlobalWindow
 
 from pipeline.records import ErrorRow
 from pipeline.stages.postprocess import DocStats
-from pipeline.telemetry.stats import BundlePartials, ComputeRunStats, RunStatsFn
+from pipeline.telemetry.stats import ComputeRunStats, RunStatsFn, TaggedPartial
 from pipeline.telemetry.timing import stage_column
 
 
@@ -41,28 +40,25 @@ def test_parts_added_to_several_accumulators_merge_into_one_summary():
     assert stats["tokens"]["padding_efficiency"] == 12 / 16
 
 
-def test_bundle_partials_emit_one_part_per_bundle_that_merges_like_the_parts_themselves():
+def test_a_tagged_partial_merges_like_the_parts_themselves():
     fn = RunStatsFn("embed")
     docs = [_doc("a", 1.0), _doc("b", 3.0), _doc("b", 5.0)]
-    partials = BundlePartials(fn, "doc")
-    emitted = []
-    for bundle in (docs[:2], [], docs[2:]):  # an empty bundle emits nothing
-        partials.start_bundle()
-        for doc in bundle:
-            assert partials.process([doc]) is None  # nothing per list of documents
-        emitted += list(partials.finish_bundle())
-    assert len(emitted) == 2 and all(w.windows == (GlobalWindow(),) for w in emitted)
-    assert [w.value[0] for w in emitted] == ["partial", "partial"]
+    partial = TaggedPartial(fn, "doc")
+    # as a runner runs a lifted combine: each bundle adds its lists into its own accumulator, then they merge
+    bundles = [partial.add_input(partial.create_accumulator(), docs[:2]), partial.create_accumulator(),
+               partial.add_input(partial.create_accumulator(), docs[2:])]
+    part = partial.extract_output(partial.merge_accumulators(bundles))
+    assert part[0] == "partial"
 
     def summary(parts):
         acc = fn.create_accumulator()
-        for part in parts + [("read", "doc")] * 3:
-            acc = fn.add_input(acc, part)
+        for p in parts + [("read", "doc")] * 3:
+            acc = fn.add_input(acc, p)
         return json.loads(fn.extract_output(acc))
 
-    via_partials, direct = summary([w.value for w in emitted]), summary([("doc", d) for d in docs])
-    assert via_partials == direct
-    assert via_partials["counts"]["scored"] == 3 and via_partials["stages"]["infer"]["total_ms"] == 9.0
+    via_partial, direct = summary([part]), summary([("doc", d) for d in docs])
+    assert via_partial == direct
+    assert via_partial["counts"]["scored"] == 3 and via_partial["stages"]["infer"]["total_ms"] == 9.0
 
 
 def test_compute_run_stats_on_the_direct_runner():

@@ -11,7 +11,6 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.transforms.stats import ApproximateQuantilesCombineFn
-from apache_beam.transforms.window import GlobalWindows
 
 from pipeline import tasks
 from pipeline.records import ErrorRow
@@ -145,7 +144,7 @@ class RunStatsFn(beam.CombineFn):
     """Every tagged part of the run's statistics -> the run-stats JSON (assemble). Parts, as (tag, value):
     ("doc", DocStats), ("error", (stage/error_type, whether it is a shard's error)), ("read", anything: one
     document read), ("repeated", times a doc_id was scored, when > 1), ("partial", an accumulator of this
-    CombineFn: BundlePartials). One CombineFn for all of them: one global combine in the graph instead of one
+    CombineFn: TaggedPartial). One CombineFn for all of them: one global combine in the graph instead of one
     per statistic. Per-stage p50/p95/p99 come from Beam's approximate quantiles of each document's stage
     times, kept per stage column inside the accumulator (bounded memory)."""
 
@@ -220,31 +219,29 @@ class RunStatsFn(beam.CombineFn):
         )
 
 
-class BundlePartials(beam.DoFn):
-    """Adds a bundle's lists of values, as parts of one tag, into one RunStatsFn accumulator and emits it as
-    one ("partial", accumulator) part when the bundle finishes: combiner lifting by hand. Beam adds a
-    CombineGlobally's inputs where they are produced, but not through the Flatten in front of RunStatsFn, so
-    without this every document's part would be encoded, written and read back on its own (0.16 s of a
-    1,891-document DirectRunner job). A failed bundle's partial is discarded with its other outputs.
-    Global window only, as in docscore's batch job."""
+class TaggedPartial(beam.CombineFn):
+    """Lists of values of one tag -> one RunStatsFn accumulator, emitted as one ("partial", accumulator) part.
+    Applied as its own CombineGlobally, Beam lifts it (adds each bundle's values where they are produced, as
+    it does not through the Flatten in front of RunStatsFn), so the per-document parts never cross a stage
+    boundary one by one."""
 
     def __init__(self, combine_fn: RunStatsFn, tag: str):
         self._fn = combine_fn
         self._tag = tag
-        self._acc = None  # the current bundle's accumulator, created by its first value
 
-    def start_bundle(self):
-        self._acc = None
+    def create_accumulator(self):
+        return self._fn.create_accumulator()
 
-    def process(self, values: list):
-        if self._acc is None:
-            self._acc = self._fn.create_accumulator()
+    def add_input(self, acc, values: list):
         for value in values:
-            self._acc = self._fn.add_input(self._acc, (self._tag, value))
+            acc = self._fn.add_input(acc, (self._tag, value))
+        return acc
 
-    def finish_bundle(self):
-        if self._acc is not None:
-            yield GlobalWindows.windowed_value(("partial", self._acc))
+    def merge_accumulators(self, accumulators):
+        return self._fn.merge_accumulators(accumulators)
+
+    def extract_output(self, acc):
+        return "partial", acc
 
 
 def _error_part(error: ErrorRow) -> tuple[str, tuple[str, bool]]:
@@ -301,8 +298,8 @@ class ComputeRunStats(beam.PTransform):
         """pcolls: (DocStats lists, ErrorRows) or (DocStats lists, ErrorRows, the readers' Document lists)."""
         doc_stats, errors, *read_docs = pcolls
         combine_fn = RunStatsFn(self._task, self._shadow_tolerance, counts_reads=bool(read_docs))
-        parts = [  # one part per document for docs and reads would dominate the combine's cost: BundlePartials
-            doc_stats | "TagDocs" >> beam.ParDo(BundlePartials(combine_fn, "doc")),
+        parts = [  # docs and reads arrive pre-combined (TaggedPartial), not one part per document
+            doc_stats | "DocsPartial" >> beam.CombineGlobally(TaggedPartial(combine_fn, "doc")).without_defaults(),
             errors | "TagErrors" >> beam.Map(_error_part),
             doc_stats
             | "DocIds" >> beam.FlatMap(doc_id_buckets)
@@ -310,5 +307,5 @@ class ComputeRunStats(beam.PTransform):
             | "TagRepeated" >> beam.FlatMap(_repeated_parts),
         ]
         if read_docs:
-            parts.append(read_docs[0] | "TagRead" >> beam.ParDo(BundlePartials(combine_fn, "read")))
+            parts.append(read_docs[0] | "ReadPartial" >> beam.CombineGlobally(TaggedPartial(combine_fn, "read")).without_defaults())
         return parts | "StatsParts" >> beam.Flatten() | "Assemble" >> beam.CombineGlobally(combine_fn)
