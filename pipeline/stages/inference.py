@@ -42,6 +42,8 @@ class ModelSpec:
     cache_dir: str | None = None
 
 
+# Not Beam's shared.Shared (RunInference already holds load_model's result in one): it holds weakly, with one keep-alive
+# per process, so models and their compiled shapes would be loaded again between the jobs of one process.
 _MODELS: dict[ModelSpec, Any] = {}
 _MODELS_LOCK = threading.Lock()
 
