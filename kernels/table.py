@@ -4,24 +4,27 @@ order "auto" tries. A new kernel is one module plus a row here; no logic lives i
 """
 from __future__ import annotations
 
-from kernels import blockwise, cudnn, pallas_gpu, pallas_tpu, xla
+from kernels import blockwise, cudnn, pallas_gpu, pallas_tpu, splash_tpu, xla
 from kernels.interface import Implementation
 
 BACKENDS = ("cpu", "gpu", "tpu")
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
     impl.name: impl for impl in (xla.IMPLEMENTATION, blockwise.IMPLEMENTATION,
-                                 pallas_tpu.IMPLEMENTATION, cudnn.IMPLEMENTATION,
-                                 pallas_gpu.IMPLEMENTATION)
+                                 pallas_tpu.IMPLEMENTATION, splash_tpu.IMPLEMENTATION,
+                                 cudnn.IMPLEMENTATION, pallas_gpu.IMPLEMENTATION)
 }
 
 # "flash": the flash kernels written for each backend, in order of preference; the first that
 # supports the inputs runs. On gpu, cudnn (fastest where it applies: no segments, or one segment
-# per row then padding) before pallas_gpu (packed segments, masked inside the kernel).
+# per row then padding) before pallas_gpu (packed segments, masked inside the kernel). On tpu,
+# splash_tpu (grouped-query without repeating kv heads, segment ids, causal blocks skipped) before the
+# legacy pallas_tpu, decided on capability since no TPU has timed them (benchmarks/RESULTS.md, "TPU
+# flash: splash attention"); pallas_tpu stays for what splash_tpu would refuse and as an explicit name.
 FLASH: dict[str, tuple[str, ...]] = {
     "cpu": ("blockwise",),
     "gpu": ("cudnn", "pallas_gpu"),
-    "tpu": ("pallas_tpu",),
+    "tpu": ("splash_tpu", "pallas_tpu"),
 }
 
 # "auto": tried in this order; the first that runs on the backend and supports the inputs wins.
@@ -33,7 +36,7 @@ FLASH: dict[str, tuple[str, ...]] = {
 AUTO: dict[str, tuple[str, ...]] = {
     "cpu": ("xla", "blockwise"),
     "gpu": ("cudnn", "pallas_gpu", "xla", "blockwise"),
-    "tpu": ("pallas_tpu", "xla", "blockwise"),
+    "tpu": ("splash_tpu", "pallas_tpu", "xla", "blockwise"),
 }
 
 # "auto" skips xla when kv_len is above this: its [L, L] scores grow quadratically.

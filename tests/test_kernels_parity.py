@@ -1,6 +1,6 @@
 """Every attention implementation against the float64 NumPy reference (kernels/reference.py),
 under jax.jit, on fresh random unit-normal inputs: padding, packed segments, causal, grouped-query.
-The Pallas TPU kernel runs here in TPU interpret mode and the Pallas GPU kernel in Pallas's
+The Pallas TPU kernels (splash_tpu and the legacy pallas_tpu) run here in TPU interpret mode and the Pallas GPU kernel in Pallas's
 interpreter (mha(interpret=True)). cuDNN itself cannot run without a GPU: its adapter (segment ids
 -> sequence lengths, padding rows, the one-segment promise) runs here through jax's XLA path of
 jax.nn.dot_product_attention, and tests/test_kernels_gpu.py runs cuDNN on a GPU."""
@@ -18,6 +18,7 @@ from kernels.cudnn import cudnn_attention, one_segment_lengths
 from kernels.masking import causal_mask, segment_mask
 from kernels.pallas_gpu import pallas_gpu_attention
 from kernels.pallas_tpu import pallas_tpu_attention
+from kernels.splash_tpu import splash_tpu_attention
 from kernels.reference import reference_attention
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -252,3 +253,98 @@ def test_cudnn_rows_that_break_the_one_segment_promise_come_back_nan():
     assert np.isnan(out[[1, 2, 5]]).all() and not np.isnan(out[[0, 3, 4]]).any()
     ref = reference_attention(q, k, v, segment_ids=seg)
     assert np.abs(out[[0, 3, 4]] - ref[[0, 3, 4]]).max() <= TOLERANCE["float32"]
+
+
+# splash_tpu (TPU flash, kernels/splash_tpu.py) in TPU interpret mode, one example at a time
+# (batch_loop=True: the interpreter does not take the vmapped kernel; test_splash_tpu_lowers_for_tpu
+# checks that the vmapped one lowers for a TPU). Lengths below one 128-token block, one block plus a
+# ragged tail (129 -> 256), several blocks (300 -> 384: three blocks of 128); kv heads 12/4/1 with 12
+# query heads, never repeated; head_dim 32 and 64 (the models' own, below the kernel's 128 lanes).
+def splash_interpreted(q, k, v, **kw):
+    with pltpu.force_tpu_interpret_mode():
+        return splash_tpu_attention(q, k, v, batch_loop=True, **kw)
+
+
+@pytest.mark.parametrize("length,kv_heads,causal,segments,dtype,head_dim", [
+    (7, 4, True, True, "float32", 32),
+    (129, 1, False, False, "float32", 32),
+    (300, 12, True, True, "float32", 64),
+    (129, 4, False, True, "bfloat16", 64),
+    (300, 4, True, False, "bfloat16", 32),
+])
+def test_splash_tpu_interpreted(length, kv_heads, causal, segments, dtype, head_dim):
+    check_against_reference(splash_interpreted, length=length, kv_heads=kv_heads, causal=causal,
+                            segments=segments, dtype=dtype, head_dim=head_dim, seed=length)
+
+
+def test_splash_tpu_cross_lengths_and_scale():
+    """q_len != kv_len (no segment ids: the contract ties them to q_len == kv_len), causal top-left
+    aligned as the contract's, an explicit scale (the kernel has none: queries are scaled first)."""
+    check_against_reference(splash_interpreted, length=300, kv_len=129, kv_heads=4, causal=True,
+                            segments=False, scale=0.3, seed=301)
+
+
+def test_splash_tpu_skips_causal_blocks_above_the_diagonal():
+    """Causal block skipping, seen through its effect: NaN values in the keys' values of block 1 (tokens
+    128..255) are never read by the queries of block 0 (rows 0..127), for which the whole block is in the
+    future; a kernel that masked that block after computing it would give NaN there (0 * NaN)."""
+    q, k, v = make_inputs(7, 1, 384, 384, 4, 32, "float32")
+    poisoned = v.at[:, 128:256].set(jnp.nan)
+    out = np.asarray(jax.jit(lambda q, k, v: splash_interpreted(q, k, v, causal=True, scale=None))(
+        q, k, poisoned))
+    assert not np.isnan(out[:, :128]).any()
+    assert np.isnan(out[:, 128:]).all()  # these rows do attend to the poison
+    ref = reference_attention(q[:, :128], k[:, :128], v[:, :128], causal=True)
+    assert np.abs(out[:, :128] - ref).max() <= TOLERANCE["float32"]
+
+
+def _kernel_operand_shapes(jaxpr) -> list[tuple[tuple[int, ...], ...]]:
+    """The operand shapes of every pallas_call in a jaxpr, nested jaxprs included (jit, custom_vjp)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.append(tuple(tuple(x.aval.shape) for x in eqn.invars))
+        for param in eqn.params.values():
+            for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _kernel_operand_shapes(inner)
+    return found
+
+
+def test_splash_tpu_takes_grouped_query_without_repeating_kv_heads():
+    """12 query heads over 2 kv heads: the splash kernel's keys and values are [batch, 2, len, D], while the
+    legacy pallas_tpu kernel is handed keys repeated to 12 heads (6x the key/value bytes it reads)."""
+    q = jnp.ones((2, 256, 12, 64), jnp.bfloat16)
+    k = jnp.ones((2, 256, 2, 64), jnp.bfloat16)
+    seg = jnp.ones((2, 256), jnp.int32)
+
+    def shapes(call):
+        jaxpr = jax.make_jaxpr(lambda q, k, v, s: call(q, k, v, segment_ids=s, causal=True))(q, k, k, seg)
+        return _kernel_operand_shapes(jaxpr.jaxpr)
+
+    splash_shapes, legacy_shapes = shapes(splash_tpu_attention), shapes(pallas_tpu_attention)
+    assert splash_shapes and legacy_shapes
+    assert (2, 12, 256, 64) in splash_shapes[0] and (2, 2, 256, 64) in splash_shapes[0]
+    assert sum(s == (2, 2, 256, 64) for s in splash_shapes[0]) == 2  # k and v, unrepeated
+    assert (2, 2, 256, 64) not in legacy_shapes[0] and sum(s == (2, 12, 256, 64) for s in legacy_shapes[0]) == 3
+
+
+@pytest.mark.parametrize("causal,segments", [(True, True), (False, False)])
+def test_splash_tpu_lowers_for_tpu(causal, segments):
+    """The vmapped kernel (what runs on a TPU) lowers for the TPU backend from this CPU machine: one Mosaic
+    kernel for the whole batch (the batch is a grid dimension), head_dim 32, a ragged length."""
+    q = jax.ShapeDtypeStruct((4, 300, 12, 32), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((4, 300, 4, 32), jnp.bfloat16)
+    seg = jax.ShapeDtypeStruct((4, 300), jnp.int32) if segments else None
+    call = lambda q, k, v, s: splash_tpu_attention(q, k, v, segment_ids=s, causal=causal)
+    text = jax.jit(call).trace(q, k, k, seg).lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
+def test_splash_tpu_interpreted_long(causal):
+    """1000 tokens -> 1024: blocks of 512 (the kernel's largest here), packed segments, grouped-query."""
+    check_against_reference(splash_interpreted, length=1000, kv_heads=4, causal=causal, segments=True,
+                            seed=1000)

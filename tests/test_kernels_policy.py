@@ -18,7 +18,7 @@ CPU_LIMIT = table.AUTO_XLA_MAX_KV_LEN["cpu"]
 
 
 @pytest.mark.parametrize("backend,flash", [("cpu", "blockwise"), ("gpu", "cudnn"),
-                                           ("tpu", "pallas_tpu")])
+                                           ("tpu", "splash_tpu")])
 def test_native_and_flash_per_backend_without_shape_info(backend, flash):
     assert resolve("native", backend=backend) == "xla"
     assert resolve("flash", backend=backend) == flash
@@ -47,7 +47,11 @@ def test_native_and_flash_per_backend_without_shape_info(backend, flash):
     ("gpu", dict(dtype="bfloat16", head_dim=100, kv_len=512), "pallas_gpu"),
     ("gpu", dict(dtype="bfloat16", head_dim=256, kv_len=16384), "blockwise"),
     ("gpu", dict(dtype="bfloat16", q_len=1, kv_len=64, causal=True), "xla"),
-    ("tpu", dict(dtype="float32", head_dim=64, kv_len=4096, has_segments=True), "pallas_tpu"),
+    ("tpu", dict(dtype="float32", head_dim=64, kv_len=4096, has_segments=True), "splash_tpu"),
+    ("tpu", dict(dtype="bfloat16", heads=32, kv_heads=8, kv_len=32768, causal=True, has_segments=True),
+     "splash_tpu"),
+    # head_dim 192: the legacy pallas_tpu refuses it, splash_tpu takes it
+    ("tpu", dict(dtype="bfloat16", head_dim=192, kv_len=512), "splash_tpu"),
     ("tpu", dict(dtype="float16", kv_len=512), "xla"),
     ("tpu", dict(dtype="float16", kv_len=65536), "blockwise"),
 ])
@@ -88,7 +92,7 @@ def test_auto_on_gpu_reaches_xla_only_for_what_flash_refuses():
      "use --attention=flash (cudnn on gpu) or native"),
     ("cudnn", "tpu", dict(dtype="float32"),
      "--attention=cudnn cannot run on tpu: it needs a GPU; "
-     "use --attention=flash (pallas_tpu on tpu) or native"),
+     "use --attention=flash (splash_tpu on tpu) or native"),
     ("cudnn", "gpu", dict(dtype="float32"),
      "--attention=cudnn cannot run on gpu: dtype float32 is not supported (cudnn needs float16 "
      "or bfloat16); use --attention=native or auto (picks a kernel that supports these inputs)"),
@@ -119,13 +123,17 @@ def test_auto_on_gpu_reaches_xla_only_for_what_flash_refuses():
      "segment ids serve queries and keys alike); use --attention=flash (cudnn on gpu) or native or "
      "auto (picks a kernel that supports these inputs)"),
     ("flash", "tpu", dict(dtype="float16"),
-     "--attention=flash (pallas_tpu on tpu) cannot run on tpu: dtype float16 is not supported "
-     "(pallas_tpu needs float32 or bfloat16); use --attention=native or auto (picks a kernel "
-     "that supports these inputs)"),
+     "--attention=flash (splash_tpu or pallas_tpu on tpu) cannot run on tpu: splash_tpu: dtype "
+     "float16 is not supported (splash_tpu needs float32 or bfloat16); pallas_tpu: dtype float16 is "
+     "not supported (pallas_tpu needs float32 or bfloat16); use --attention=native or auto (picks a "
+     "kernel that supports these inputs)"),
     ("pallas_tpu", "tpu", dict(head_dim=192),
      "--attention=pallas_tpu cannot run on tpu: head_dim 192 is not supported (pallas_tpu needs "
-     "<= 128 or a multiple of 128); use --attention=native or auto (picks a kernel that "
-     "supports these inputs)"),
+     "<= 128 or a multiple of 128); use --attention=flash (splash_tpu on tpu) or native or auto "
+     "(picks a kernel that supports these inputs)"),
+    ("splash_tpu", "cpu", {},
+     "--attention=splash_tpu cannot run on cpu: it needs a TPU; "
+     "use --attention=flash (blockwise on cpu) or native"),
 ])
 def test_explicit_choice_that_cannot_run_raises_with_reason_and_alternatives(
         impl, backend, info, message):
@@ -149,7 +157,7 @@ def test_explicit_choice_is_never_swapped():
 def test_unknown_names_are_refused_with_the_choices():
     with pytest.raises(KernelUnsupportedError, match="--attention=splash is not a known attention "
                        "implementation; use one of auto, native, flash, xla, blockwise, "
-                       "pallas_tpu, cudnn, pallas_gpu"):
+                       "pallas_tpu, splash_tpu, cudnn, pallas_gpu"):
         resolve("splash", backend="cpu")
     with pytest.raises(KernelUnsupportedError, match="backend 'metal' is unknown"):
         resolve("native", backend="metal")
@@ -170,17 +178,21 @@ def test_auto_logs_each_choice_once(caplog, monkeypatch):
         resolve("auto", backend="tpu", dtype="float16", kv_len=kv_len)
     resolve("auto", backend="tpu", dtype="float16", kv_len=64)
     assert [r.getMessage() for r in caplog.records] == [
-        "--attention=auto chose blockwise on tpu (skipped pallas_tpu: dtype float16 is not "
+        "--attention=auto chose blockwise on tpu (skipped splash_tpu: dtype float16 is not "
+        "supported (splash_tpu needs float32 or bfloat16); pallas_tpu: dtype float16 is not "
         "supported (pallas_tpu needs float32 or bfloat16); xla: kv_len 12345 > 4096 (auto's xla "
         "limit on tpu))",
-        "--attention=auto chose xla on tpu (skipped pallas_tpu: dtype float16 is not supported "
+        "--attention=auto chose xla on tpu (skipped splash_tpu: dtype float16 is not supported "
+        "(splash_tpu needs float32 or bfloat16); pallas_tpu: dtype float16 is not supported "
         "(pallas_tpu needs float32 or bfloat16))"]
 
 
 def test_available_lists_every_kernel_with_backends_and_limits():
     listing = available()
-    assert set(listing) == {"xla", "blockwise", "pallas_tpu", "cudnn", "pallas_gpu"}
+    assert set(listing) == {"xla", "blockwise", "pallas_tpu", "splash_tpu", "cudnn", "pallas_gpu"}
     assert listing["pallas_tpu"]["backends"] == ["tpu"] and listing["pallas_tpu"]["flash_on"] == ["tpu"]
+    assert listing["splash_tpu"]["backends"] == ["tpu"] and listing["splash_tpu"]["flash_on"] == ["tpu"]
+    assert "grouped-query without repeating" in listing["splash_tpu"]["limits"]
     assert listing["cudnn"]["backends"] == ["gpu"] and "bfloat16" in listing["cudnn"]["limits"]
     assert listing["blockwise"]["flash_on"] == ["cpu"]
     assert listing["cudnn"]["flash_on"] == ["gpu"] and listing["pallas_gpu"]["flash_on"] == ["gpu"]

@@ -1,0 +1,108 @@
+"""`splash_tpu`: JAX's public Pallas TPU splash attention (block-sparse flash attention; "flash" on TPU),
+adapted to the contract.
+
+The kernel (jax.experimental.pallas.ops.tpu.splash_attention) takes one example at a time, heads first
+([heads, len, head_dim]), grouped-query natively (k and v keep their kv heads: nothing is repeated),
+segment ids masked inside the kernel, and a static mask (causal or full) from which it precomputes which
+blocks hold any allowed pair: blocks above the causal diagonal are neither fetched nor computed. It has
+no scale argument, so queries are scaled before the call. This adapter transposes BTNH <-> BNTH, pads
+lengths to a multiple of 128 (padding gets segment 0), vmaps the kernel over the batch, and zeroes
+padding rows (the kernel lets padding tokens attend to each other). Forward only. Must not reimplement
+the kernel itself nor import private jax names. Why it is TPU's first flash kernel: benchmarks/RESULTS.md,
+"TPU flash: splash attention".
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+from kernels.interface import Implementation
+
+NAME = "splash_tpu"
+BACKENDS = ("tpu",)
+DTYPES = ("float32", "bfloat16")
+LENGTH_MULTIPLE = 128  # the kernel's lane width: its blocks are multiples of it; lengths are padded up to it
+BLOCKS = (512, 256, 128)  # the largest that divides the padded length is used (512: MaxText's default)
+LIMITS = ("TPU only; float32 or bfloat16; any length (padded to a multiple of "
+          f"{LENGTH_MULTIPLE}); grouped-query without repeating kv heads; packed segment_ids masked "
+          "inside the kernel; causal blocks above the diagonal skipped; forward only")
+
+
+def is_supported(*, dtype: str | None = None, **_) -> tuple[bool, str]:
+    """The splash kernel's limits (checked only for the keys given): its dtypes. Any head_dim and
+    grouping the contract allows, and q_len != kv_len without segment ids, run."""
+    if dtype is not None and dtype not in DTYPES:
+        return False, f"dtype {dtype} is not supported (splash_tpu needs float32 or bfloat16)"
+    return True, ""
+
+
+def _round_up(length: int) -> int:
+    return -(-length // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
+
+
+def _block(padded_length: int) -> int:
+    return next(b for b in BLOCKS if padded_length % b == 0)
+
+
+def make_kernel(heads: int, q_pad: int, kv_pad: int, causal: bool, *, block_q: int | None = None,
+                block_kv: int | None = None) -> splash.SplashAttentionKernel:
+    """The splash kernel for one example of [heads, q_pad, D] queries: a causal (top-left aligned, as the
+    contract's) or full mask for every head, forward blocks only. Built at trace time from static shapes."""
+    bq = block_q or _block(q_pad)
+    bkv = block_kv or _block(kv_pad)
+    shape = (q_pad, kv_pad)
+    mask = splash.CausalMask(shape=shape) if causal else splash.FullMask(shape)
+    blocks = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv)
+    return splash.make_splash_mha(mask=splash.MultiHeadMask(masks=(mask,) * heads), block_sizes=blocks,
+                                  head_shards=1, q_seq_shards=1)
+
+
+def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                         segment_ids: jax.Array | None = None, causal: bool = False,
+                         scale: float | None = None, block_q: int | None = None,
+                         block_kv: int | None = None, batch_loop: bool = False) -> jax.Array:
+    """Contract attention (BTNH) through jax.experimental.pallas.ops.tpu.splash_attention.
+
+    The kernel is vmapped over the batch (one pallas_call whose grid gains a batch dimension, as MaxText
+    calls it). batch_loop=True runs it one example at a time (jax.lax.map) instead: for running inside
+    jax.experimental.pallas.tpu.force_tpu_interpret_mode(), whose interpreter (jax 0.10) does not take a
+    vmapped TPU kernel (its grid gains a dimension the kernel's dimension_semantics do not name)."""
+    batch, q_len, heads, head_dim = q.shape
+    kv_len = k.shape[1]
+    scale = head_dim ** -0.5 if scale is None else scale
+    q_pad, kv_pad = _round_up(q_len), _round_up(kv_len)
+
+    def to_bnth(x: jax.Array, padded: int) -> jax.Array:
+        x = jnp.pad(x, ((0, 0), (0, padded - x.shape[1]), (0, 0), (0, 0)))
+        return x.transpose(0, 2, 1, 3)
+
+    qt = to_bnth((q.astype(jnp.float32) * scale).astype(q.dtype), q_pad)  # the kernel has no scale
+    kt, vt = to_bnth(k, kv_pad), to_bnth(v, kv_pad)  # kv heads as they are: grouped-query is native
+
+    segments = None
+    if segment_ids is not None:
+        seg = segment_ids.astype(jnp.int32)
+        segments = splash.SegmentIds(q=jnp.pad(seg, ((0, 0), (0, q_pad - q_len))),
+                                     kv=jnp.pad(seg, ((0, 0), (0, kv_pad - kv_len))))
+    elif q_pad != q_len or kv_pad != kv_len:  # keep real queries off the padded keys
+        segments = splash.SegmentIds(
+            q=jnp.pad(jnp.ones((batch, q_len), jnp.int32), ((0, 0), (0, q_pad - q_len))),
+            kv=jnp.pad(jnp.ones((batch, kv_len), jnp.int32), ((0, 0), (0, kv_pad - kv_len))))
+
+    kernel = make_kernel(heads, q_pad, kv_pad, causal, block_q=block_q, block_kv=block_kv)
+    if segments is None:
+        one = lambda args: kernel(*args)
+        args = (qt, kt, vt)
+    else:
+        one = lambda args: kernel(*args[:3], segment_ids=splash.SegmentIds(*args[3:]))
+        args = (qt, kt, vt, segments.q, segments.kv)
+    out = jax.lax.map(one, args) if batch_loop else jax.vmap(one)(args)
+    out = out.transpose(0, 2, 1, 3)[:, :q_len]
+    if segment_ids is not None:  # padding tokens attended to each other inside the kernel
+        out = jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
+    return out.astype(q.dtype)
+
+
+IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
+                                is_supported=is_supported, call=splash_tpu_attention)
