@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import apache_beam as beam
 import pytest
@@ -12,6 +19,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.telemetry import progress
 from pipeline.telemetry.progress import ProgressCounts, ProgressReporter, ProgressSample
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_rate_eta_and_status_line():
@@ -191,3 +200,62 @@ def test_a_failing_count_source_never_breaks_the_run():
     reporter.poll()
     reporter.stop()
     assert [(s.discovered, s.done) for s in reporter.samples] == [(4, 1), (4, 1), (4, 4)]
+
+
+LAUNCHER = """
+import sys
+from apache_beam.options.pipeline_options import PipelineOptions
+from pipeline.telemetry import progress
+print(progress.local_counter_dir(PipelineOptions([])), flush=True)
+sys.stdin.read()  # a run in progress, until killed
+"""
+
+
+def _launcher(temp: Path) -> tuple[subprocess.Popen, Path]:
+    """A real process that makes its counter folder the way `docscore run` does, then runs on."""
+    child = subprocess.Popen([sys.executable, "-c", LAUNCHER], cwd=ROOT, env=dict(os.environ, TMPDIR=str(temp)),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return child, Path(child.stdout.readline().strip())
+
+
+def test_a_killed_runs_counter_folder_is_removed_at_the_next_start_and_nothing_else(tmp_path, monkeypatch):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    killed, killed_dir = _launcher(temp)
+    running, running_dir = _launcher(temp)
+    try:
+        assert killed_dir.parent == temp and killed_dir.name.startswith(f"docscore-progress-{killed.pid}-")
+        os.kill(killed.pid, signal.SIGKILL)  # what an interrupted job's machine does: no clean-up runs
+        killed.wait(timeout=30)
+        (killed_dir / "123-abc.json").write_text('{"discovered": 4, "done": 1}')  # its counts: gone with it
+
+        def folder(name: str, owner: dict | None) -> Path:
+            path = temp / name
+            path.mkdir()
+            if owner is not None:
+                (path / progress.OWNER_FILE).write_text(json.dumps(owner))
+            return path
+
+        dead_owner = {"pid": killed.pid, "create_time": time.time() - 5, "host": socket.gethostname()}
+        me = {"pid": os.getpid(), "create_time": time.time() - 2 * 3600, "host": socket.gethostname()}
+        reused = folder(f"docscore-progress-{os.getpid()}-reused", me)  # its pid now runs a later process
+        elsewhere = folder("docscore-progress-1-elsewhere", dict(dead_owner, host="another-host"))
+        unowned = folder("docscore-progress-legacy", None)  # no owner file: whose it is cannot be known
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / progress.OWNER_FILE).write_text(json.dumps(dead_owner))
+        link = temp / f"docscore-progress-{killed.pid}-link"
+        link.symlink_to(outside, target_is_directory=True)
+
+        monkeypatch.setattr(tempfile, "tempdir", str(temp))
+        mine = Path(progress.local_counter_dir(PipelineOptions([])))  # the next run's start
+        assert not killed_dir.exists() and not reused.exists()
+        assert running_dir.is_dir() and (running_dir / progress.OWNER_FILE).exists()  # another live run's
+        assert elsewhere.is_dir() and unowned.is_dir()
+        assert link.is_symlink() and (outside / progress.OWNER_FILE).exists()  # not followed
+        assert json.loads((mine / progress.OWNER_FILE).read_text())["pid"] == os.getpid()
+        assert progress.read_counter_files(str(mine)) == ProgressCounts()  # the owner file is not a counter file
+        assert progress.remove_dead_counter_dirs(str(temp)) == []  # nothing more: this run's folder is live
+    finally:
+        running.kill()
+        running.wait(timeout=30)

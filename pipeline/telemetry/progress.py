@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -28,6 +29,7 @@ from typing import Any, Callable, Iterable, TextIO
 
 import apache_beam as beam
 import fsspec
+import psutil
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -249,6 +251,8 @@ def format_status(sample: ProgressSample, rate: float | None, eta_s: float | Non
     )
 
 
+# Not rich.progress: it would replace only this one "\r" line, not the counting, and add its own refresh thread
+# and rate/ETA beside the ones the log lines and the report's samples use.
 def format_bar(sample: ProgressSample, rate: float | None, eta_s: float | None, width: int = 30) -> str:
     total = max(sample.discovered, sample.done)
     filled = int(width * sample.done / total) if total else 0
@@ -366,11 +370,72 @@ def runs_locally(options: PipelineOptions) -> bool:
     return name in LOCAL_RUNNERS
 
 
+COUNTER_DIR_PREFIX = "docscore-progress-"  # then the owner's pid, "-" and mkdtemp's random part
+OWNER_FILE = "owner"  # {"pid", "create_time", "host"} of the launcher that made the folder (not *.json: not counted)
+
+
 def local_counter_dir(options: PipelineOptions) -> str | None:
-    """A fresh temporary directory for counter files when the runner runs on this machine, else None."""
+    """A fresh temporary directory for counter files when the runner runs on this machine, else None. The
+    folders of earlier runs whose launcher is gone (killed runs never remove theirs) are removed first."""
     if not runs_locally(options):
         return None
-    return tempfile.mkdtemp(prefix="docscore-progress-")
+    remove_dead_counter_dirs()
+    me = psutil.Process()
+    directory = tempfile.mkdtemp(prefix=f"{COUNTER_DIR_PREFIX}{me.pid}-")
+    owner = {"pid": me.pid, "create_time": me.create_time(), "host": socket.gethostname()}
+    with open(os.path.join(directory, OWNER_FILE), "w") as f:
+        json.dump(owner, f)
+    return directory
+
+
+def remove_dead_counter_dirs(root: str | None = None) -> list[str]:
+    """Remove the counter folders in `root` (the temporary directory) whose owner file names a launcher of this
+    host that is no longer running (its pid is gone, or now belongs to a process started at another time);
+    returns their paths. Symlinks, other users' folders and folders without a readable owner file are left."""
+    root = root or tempfile.gettempdir()
+    try:
+        entries = [e for e in os.scandir(root) if e.name.startswith(COUNTER_DIR_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            owner = _read_owner(entry.path)
+        except OSError:  # gone meanwhile (another run's start removed it)
+            continue
+        if owner is None or owner.get("host") != socket.gethostname() or _is_running(owner):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)  # rmtree never follows symlinks inside the folder
+        removed.append(entry.path)
+    return removed
+
+
+def _read_owner(directory: str) -> dict | None:
+    try:
+        handle = os.open(os.path.join(directory, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(handle) as f:
+            owner = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) and isinstance(owner.get("pid"), int) else None
+
+
+def _is_running(owner: dict) -> bool:
+    """Whether the owner's process still runs: its pid exists and did not go to a process started well after the
+    owner (the margin: create_time follows the system clock, which may be stepped)."""
+    try:
+        started = psutil.Process(owner["pid"]).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # exists but cannot be inspected: assume it is the owner
+        return True
+    recorded = owner.get("create_time")
+    return not isinstance(recorded, (int, float)) or started < recorded + 60.0
 
 
 def run_with_progress(
