@@ -18,6 +18,7 @@ import yaml
 
 LAUNCHERS = ("cloud-scheduler", "composer")
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")  # Airflow macros ({{ ds_nodash }}), rendered by Composer
+# A shape check only (Cloud Scheduler and Composer parse the schedule): no cron library is installed or pinned.
 _CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
 
 
