@@ -201,8 +201,7 @@ def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
 
 # Margins in inches (left, right, bottom, top) for charts whose labels are known in advance. Charts whose
 # labels come from the data (error types, class labels, the shadow pair) use constrained layout instead,
-# which measures every label: with it on every chart the report's first render took 1.2 s here, 0.65-0.8 s
-# this way (benchmarks/README.md).
+# which measures every label and so slows the report's render (benchmarks/README.md, "A cheaper report").
 FIXED_MARGINS = (1.0, 0.3, 0.75, 0.4)
 TWIN_AXIS_MARGINS = (1.0, 1.0, 0.75, 0.4)  # room for a right-hand y axis label
 
