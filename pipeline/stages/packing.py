@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 
 MIN_SEGMENT_TOKENS = 8  # sets the segment slots per row: row_len // 8 (a window has >= 2 special tokens)
-# Shortest row length. Attention costs each token O(row length), the dense layers do not: MiniLM f32 ran
-# 6,272 tok/s in [64, 64] rows, 6,120 in [32, 128] and 5,078 in [16, 256] (benchmarks/README.md, "Row
-# lengths"). Rows of 32 were within noise of 64 and add two more compiled shapes.
+# Shortest row length: attention costs each token O(row length) and the dense layers do not, so shorter rows
+# pay off down to 64 tokens; 32 gains nothing and adds compiled shapes (benchmarks/README.md, "Row lengths").
 MIN_ROW_LEN = 64
 TAIL_CALL_FRACTION = 8  # a tail call holds 1/8 of a full call's rows: little padding, few calls
 

@@ -23,9 +23,9 @@ COMPILATION_CACHE_SUBDIR = "jax-compilation-cache"
 MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"  # jax's own variable for that setting
 
 # mallopt(3) parameters and the values applied: keep big XLA temporaries in the heap instead of mapping
-# and unmapping them on every call (system time was 68 s of a 470 s run without this), and one arena
-# so that allocations of XLA's worker threads get the same treatment (a thread arena maps anything
-# larger than its 64 MiB heap whatever the threshold says).
+# and unmapping them on every call (system time, benchmarks/PERF_NOTES.md), and one arena so that
+# allocations of XLA's worker threads get the same treatment (a thread arena maps anything larger than
+# its 64 MiB heap whatever the threshold says).
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
 MALLOPT_VALUES = {
     "M_MMAP_THRESHOLD": (M_MMAP_THRESHOLD, 1 << 30, "MALLOC_MMAP_THRESHOLD_"),
@@ -35,21 +35,16 @@ MALLOPT_VALUES = {
 }
 
 # XLA CPU flags per attention implementation (the kernel the run resolves to on CPU), for a CPU where
-# YNNPACK's dots pay off (ynn_dots_pay_off). Measured with benchmarks/pipeline_tuning.py (MiniLM f32, packed
-# [16, 256] rows, best of 2x3 rounds on the shared 2-core AVX-512 EPYC, so +-20%): xla 1367 tok/s untuned ->
-# 1628 with this flag alone -> 2821 with mallopt alone; blockwise 1286 -> 1430 with the flag -> 2321 with
-# flag + mallopt. The flag slows the blockwise kernel by itself at 2k tokens (benchmarks/PERF_NOTES.md), but at the
-# pipeline's <= 256-token rows the dense layers dominate, so both get it.
-# End to end on and off: benchmarks/compare_peers.py writes "with DOCSCORE_CPU_TUNING=0" rows to RESULTS.md.
+# YNNPACK's dots pay off (ynn_dots_pay_off): at the pipeline's <= 256-token rows the dense layers dominate, so
+# both kernels get the flag (benchmarks/PERF_NOTES.md, "cpu_tuning.py"; on and off end to end: RESULTS.md).
 YNN_INDIVIDUAL_DOT = "--xla_cpu_experimental_ynn_fusion_type=individual_dot"
 CPU_XLA_FLAGS = {
     "xla": (YNN_INDIVIDUAL_DOT,),
     "blockwise": (YNN_INDIVIDUAL_DOT,),
 }
 # Where YNNPACK's dots do not pay off: an empty list of YNN fusion types, so every dot stays in XLA's own
-# code (jaxlib 0.10.2 sends dots to YNNPACK even without a flag). On a 2-core AVX2-only EPYC (Zen 3), best of
-# 4 rounds, benchmarks/bfloat16_cpu.py: MiniLM forward [16, 256] / [32, 128] took 0.78 / 0.78 of the time
-# with individual_dot in float32, and in bfloat16 (no bfloat16 instructions: emulated) 0.57 / 0.61.
+# code (jaxlib 0.10.2 sends dots to YNNPACK even without a flag), which is faster there (benchmarks/README.md,
+# "Dots in or out of YNNPACK, by CPU").
 YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
 # --attention value -> the CPU implementation it means for the pipeline's window lengths (<= 512).
 CPU_IMPL_OF = {"native": "xla", "auto": "xla", "flash": "blockwise"}
@@ -197,9 +192,10 @@ def compilation_cache_dir(cache_dir: str | None) -> str:
 def enable_compilation_cache(cache_dir: str | None) -> str:
     """Turn JAX's persistent compilation cache on (a second run loads its programs instead of
     compiling them) for every program, however fast it compiled: JAX by default skips programs that
-    compile in under a second, and MiniLM's packed-row programs compile in 0.8-1.1 s on the 2-core CPU
-    but load from the cache in 0.1 s, six of them per run. A JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS
-    the user exported wins. Exported to the environment too, so worker processes share it."""
+    compile in under a second, as several of a run's small packed-row programs do, and loading beats
+    compiling even for those (benchmarks/PERF_NOTES.md, "cpu_tuning.py"). A
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS the user exported wins. Exported to the environment too, so
+    worker processes share it."""
     import jax
 
     path = compilation_cache_dir(cache_dir)

@@ -390,7 +390,7 @@ def local_counter_dir(options: PipelineOptions) -> str | None:
 
 def remove_dead_counter_dirs(root: str | None = None) -> list[str]:
     """Remove the counter folders in `root` (the temporary directory) whose owner file names a launcher of this
-    host that is no longer running (its pid is gone, or now belongs to a process started at another time);
+    host that is no longer running (its pid is gone, or went to a process started after it: _is_running);
     returns their paths. Symlinks, other users' folders and folders without a readable owner file are left."""
     root = root or tempfile.gettempdir()
     try:
