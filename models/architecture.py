@@ -14,8 +14,9 @@ from flax import nnx
 from models.bert import BertEncoder
 from models.config import ModelConfig
 from models.gpt2 import GPT2Decoder
+from models.llama import LlamaDecoder
 
-MODULES = {"bert": BertEncoder, "gpt2": GPT2Decoder}
+MODULES = {"bert": BertEncoder, "gpt2": GPT2Decoder, "llama": LlamaDecoder}
 
 
 def abstract_model(config: ModelConfig, *, attention_impl: str, dtype: str) -> tuple[nnx.GraphDef, nnx.State]:

@@ -1,7 +1,7 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
-Holds the two supported families (BERT encoder, GPT-2 decoder), their field mapping and the bounds every
-size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
+Holds the supported families (BERT encoder, GPT-2 decoder, Llama-family decoder: Llama, Mistral, Qwen2),
+their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from models.errors import ModelLoadError
 
-Family = Literal["bert", "gpt2"]
+Family = Literal["bert", "gpt2", "llama"]
 
 # Hugging Face activation name -> our name (the module maps our name to a function).
 ACTIVATIONS = {
@@ -21,7 +21,8 @@ ACTIVATIONS = {
     "gelu_fast": "gelu_tanh",
     "relu": "relu",
 }
-FAMILIES = {"bert": "bert", "gpt2": "gpt2"}  # HF model_type -> family
+# HF model_type -> family: Mistral and Qwen2 are Llama's architecture with a few config switches.
+FAMILIES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama"}
 
 # ModelConfig size field -> its key in each family's config.json (errors name the key the file holds).
 HF_KEYS = {
@@ -30,12 +31,34 @@ HF_KEYS = {
              "max_positions": "max_position_embeddings", "type_vocab_size": "type_vocab_size"},
     "gpt2": {"vocab_size": "vocab_size", "hidden_size": "n_embd", "num_layers": "n_layer", "num_heads": "n_head",
              "intermediate_size": "n_inner", "max_positions": "n_positions"},
+    "llama": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+              "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+              "head_size": "head_dim", "intermediate_size": "intermediate_size",
+              "max_positions": "max_position_embeddings"},
 }
 # Upper bounds of each size: far above any BERT or GPT-2 model (BERT-large: 24 layers, hidden 1024; GPT-2 XL:
 # 48 layers, hidden 1600, vocabulary 50,257), far below values that would take minutes or all memory just to
 # build the model's shape (num_hidden_layers: 10**7 spun for 300+ s before any other check).
-MAX_SIZES = {"num_layers": 512, "hidden_size": 65_536, "num_heads": 1_024, "intermediate_size": 262_144,
+MAX_SIZES = {"num_layers": 512, "hidden_size": 65_536, "num_heads": 1_024, "num_kv_heads": 1_024,
+             "head_size": 65_536, "intermediate_size": 262_144,
              "vocab_size": 4_194_304, "max_positions": 1_048_576, "type_vocab_size": 1_024}
+
+
+# Rotary scalings the Llama decoder computes exactly as transformers does; others are refused by name.
+ROPE_TYPES = ("default", "linear", "llama3")
+LLAMA_ACTIVATIONS = ("silu", "swish")  # transformers maps both to SiLU
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope:
+    """Rotary position settings of a Llama-family config (hashable: it is static model structure)."""
+
+    theta: float = 10_000.0
+    kind: str = "default"              # one of ROPE_TYPES
+    factor: float = 1.0                # linear and llama3
+    low_freq_factor: float = 1.0       # llama3
+    high_freq_factor: float = 4.0      # llama3
+    original_max_positions: int = 0    # llama3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +74,28 @@ class ModelConfig:
     activation: str
     type_vocab_size: int = 0                       # bert only
     scale_attn_by_inverse_layer_idx: bool = False  # gpt2 only
+    num_kv_heads: int = 0                          # llama: grouped-query key/value heads (0: num_heads)
+    head_size: int = 0                             # llama: config.json's head_dim (0: hidden_size // num_heads)
+    rope: Rope = Rope()                            # llama
+    qkv_bias: bool = False                         # llama: Qwen2's q/k/v biases, or attention_bias
+    output_bias: bool = False                      # llama: attention_bias also biases o_proj
+    mlp_bias: bool = False                         # llama
+    tie_word_embeddings: bool = False              # llama (GPT-2 is always tied)
+    sliding_window: int = 0                        # llama: Mistral/Qwen2 local attention span (0: none)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def longest_segment(self) -> int:
+        """Longest document segment the model computes exactly: its positions, and for a sliding-window
+        model its window, since the attention kernels have no local window (docs/DESIGN.md, models)."""
+        return min(self.max_positions, self.sliding_window) if self.sliding_window else self.max_positions
 
     @property
     def is_encoder(self) -> bool:
@@ -68,14 +109,19 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     if family is None:
         raise ModelLoadError(
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
-            f"family (model_type 'bert', encoder) and the GPT-2 family (model_type 'gpt2', decoder)")
+            f"family (model_type 'bert', encoder), the GPT-2 family (model_type 'gpt2', decoder) and the "
+            f"Llama family (model_type 'llama', 'mistral' or 'qwen2', decoder)")
     try:
-        config = _bert(hf) if family == "bert" else _gpt2(hf)
+        config = {"bert": _bert, "gpt2": _gpt2, "llama": _llama}[family](hf)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: {model_type} config lacks the field {missing}; "
                              f"save the model's config with transformers' save_pretrained") from None
     check_bounds(config, path)
-    if config.hidden_size % config.num_heads:
+    if config.family == "llama":
+        if config.num_heads % config.kv_heads:
+            raise ModelLoadError(f"{path}: num_attention_heads {config.num_heads} is not a multiple of "
+                                 f"num_key_value_heads {config.kv_heads}")
+    elif config.hidden_size % config.num_heads:
         raise ModelLoadError(f"{path}: hidden size {config.hidden_size} is not a multiple of "
                              f"{config.num_heads} attention heads")
     return config
@@ -93,7 +139,7 @@ def check_bounds(config: ModelConfig, path: str = "config.json") -> None:
                 "re-create the model directory with `docscore convert`")
     eps = config.layer_norm_eps
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-        key = "layer_norm_eps" if config.family == "bert" else "layer_norm_epsilon"
+        key = {"bert": "layer_norm_eps", "gpt2": "layer_norm_epsilon", "llama": "rms_norm_eps"}[config.family]
         raise ModelLoadError(f"{path}: {key} is {_shown(eps)}; it must be a number between 0 and 1 (e.g. 1e-12); "
                              "set it to the model's real value, or re-create the model directory with `docscore convert`")
 
@@ -141,6 +187,91 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
         max_positions=hf["n_positions"], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         activation=_activation(hf.get("activation_function", "gelu_new")),
         scale_attn_by_inverse_layer_idx=bool(hf.get("scale_attn_by_inverse_layer_idx", False)))
+
+
+def _llama(hf: dict[str, Any]) -> ModelConfig:
+    """LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM configs (transformers 4.x and 5.x layouts)."""
+    model_type, hidden, heads = hf["model_type"], hf["hidden_size"], hf["num_attention_heads"]
+    activation = hf.get("hidden_act", "silu")
+    if activation not in LLAMA_ACTIVATIONS:
+        raise ModelLoadError(f"hidden_act {activation!r} is not supported for {model_type}; the gated MLP "
+                             f"of docscore's Llama decoder uses one of {list(LLAMA_ACTIVATIONS)}")
+    if hf.get("pretraining_tp", 1) not in (1, None):
+        raise ModelLoadError(f"pretraining_tp {hf['pretraining_tp']!r} is not supported (only 1)")
+    head_size = hf.get("head_dim")
+    if head_size is None:  # as transformers: hidden_size // num_attention_heads, which must divide evenly
+        if type(hidden) is int and type(heads) is int and heads > 0 and hidden % heads:
+            raise ModelLoadError(f"hidden size {hidden} is not a multiple of {heads} attention heads")
+        head_size = hidden // heads if type(hidden) is int and type(heads) is int and heads > 0 else hidden
+    kv_heads = hf.get("num_key_value_heads")
+    attention_bias = bool(hf.get("attention_bias", False))
+    return ModelConfig(
+        family="llama", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=hf["num_hidden_layers"],
+        num_heads=heads, intermediate_size=hf["intermediate_size"],
+        max_positions=hf["max_position_embeddings"], layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        activation="silu", num_kv_heads=heads if kv_heads is None else kv_heads, head_size=head_size,
+        rope=_rope(hf), qkv_bias=model_type == "qwen2" or attention_bias, output_bias=attention_bias,
+        mlp_bias=bool(hf.get("mlp_bias", False)), tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        sliding_window=_sliding_window(hf))
+
+
+def _rope(hf: dict[str, Any]) -> Rope:
+    """Rope of `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x); refuses the
+    scalings the decoder does not compute (yarn, dynamic, longrope, ...) naming the field and value."""
+    field = "rope_parameters" if hf.get("rope_parameters") is not None else "rope_scaling"
+    params = hf.get(field) or {}
+    if not isinstance(params, dict):
+        raise ModelLoadError(f"{field} is {_shown(params)}; expected a JSON object")
+    if params and all(isinstance(v, dict) for v in params.values()):
+        raise ModelLoadError(f"{field} holds per-layer-type settings ({sorted(params)}); only one rotary "
+                             "setting for all layers is supported")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ModelLoadError(f"{field}.rope_type {_shown(kind)} is not supported; docscore's Llama decoder "
+                             f"computes rotary positions of rope_type {', '.join(map(repr, ROPE_TYPES))} only")
+    if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ModelLoadError("partial_rotary_factor other than 1.0 is not supported")
+    theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
+    try:
+        if kind == "default":
+            return Rope(theta=float(theta))
+        if kind == "linear":
+            return Rope(theta=float(theta), kind=kind, factor=float(params["factor"]))
+        return Rope(theta=float(theta), kind=kind, factor=float(params["factor"]),
+                    low_freq_factor=float(params["low_freq_factor"]),
+                    high_freq_factor=float(params["high_freq_factor"]),
+                    original_max_positions=int(params.get("original_max_position_embeddings",
+                                                          hf.get("max_position_embeddings"))))
+    except KeyError as missing:
+        raise ModelLoadError(f"{field} of rope_type {kind!r} lacks {missing}") from None
+    except (TypeError, ValueError):
+        raise ModelLoadError(f"{field} of rope_type {kind!r} holds a value that is not a number: "
+                             f"{_shown(params)}") from None
+
+
+def _sliding_window(hf: dict[str, Any]) -> int:
+    """The local attention span some layer uses (0: none): Mistral's sliding_window on every layer; Qwen2's
+    when use_sliding_window (layers from max_window_layers on), or layer_types says sliding_attention."""
+    window = hf.get("sliding_window")
+    layer_types = hf.get("layer_types")
+    if hf["model_type"] == "llama" or window is None:
+        return 0
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or set(map(str, layer_types)) - {"full_attention", "sliding_attention"}:
+            raise ModelLoadError(f"layer_types {_shown(layer_types)} is not supported; each layer must be "
+                                 "'full_attention' or 'sliding_attention'")
+        windowed = "sliding_attention" in layer_types
+    elif hf["model_type"] == "qwen2":  # transformers 4.x: windows from layer max_window_layers on
+        first, layers = hf.get("max_window_layers", 0), hf["num_hidden_layers"]
+        windowed = bool(hf.get("use_sliding_window")) and not (type(first) is int and type(layers) is int
+                                                                and first >= layers)
+    else:
+        windowed = True
+    if not windowed:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ModelLoadError(f"sliding_window is {_shown(window)}; it must be a whole number >= 1 or null")
+    return window
 
 
 def read_config(path: str, text: str) -> ModelConfig:

@@ -1,5 +1,5 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
-*.safetensors) -> a docscore model directory, for the BERT and GPT-2 families.
+*.safetensors) -> a docscore model directory, for the BERT, GPT-2 and Llama (Llama, Mistral, Qwen2) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree and the CLI adapter.
 Reads safetensors only (never pickle); must not run models.
@@ -23,7 +23,7 @@ from models.tokenizer import DocTokenizer
 
 # Tensors of task heads and buffers that carry no encoder/decoder weights.
 IGNORED_PREFIXES = ("pooler.", "cls.", "classifier.", "qa_outputs.", "lm_head.")
-IGNORED_SUFFIXES = ("position_ids", "attn.bias", "attn.masked_bias")
+IGNORED_SUFFIXES = ("position_ids", "attn.bias", "attn.masked_bias", "rotary_emb.inv_freq")
 
 
 class TensorSource:
@@ -109,10 +109,46 @@ def gpt2_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
     return params
 
 
+def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Hugging Face LlamaModel / MistralModel / Qwen2Model names -> our LlamaDecoder tree; lm_head.weight
+    becomes the output head unless tie_word_embeddings (then transformers ignores it too)."""
+    def dense(name: str, bias: bool) -> dict[str, np.ndarray]:
+        weights = {"kernel": src.take(f"{name}.weight").T}
+        return {**weights, "bias": src.take(f"{name}.bias")} if bias else weights
+
+    def layer(i: int) -> dict[str, Any]:
+        p = f"layers.{i}."
+        return {
+            "attention_norm": {"scale": src.take(p + "input_layernorm.weight")},
+            "attention": {"query": dense(p + "self_attn.q_proj", config.qkv_bias),
+                          "key": dense(p + "self_attn.k_proj", config.qkv_bias),
+                          "value": dense(p + "self_attn.v_proj", config.qkv_bias),
+                          "output": dense(p + "self_attn.o_proj", config.output_bias)},
+            "feed_forward_norm": {"scale": src.take(p + "post_attention_layernorm.weight")},
+            "feed_forward": {name: dense(p + f"mlp.{name}_proj", config.mlp_bias) for name in ("gate", "up", "down")},
+        }
+    params = {
+        "token_embedding": {"embedding": src.take("embed_tokens.weight")},
+        "layers": {i: layer(i) for i in range(config.num_layers)},
+        "final_norm": {"scale": src.take("norm.weight")},
+    }
+    if not config.tie_word_embeddings:
+        head = src.tensors.get("lm_head.weight")
+        if head is None:
+            raise ModelLoadError(f"{src.where}: tensor 'lm_head.weight' is missing and tie_word_embeddings is "
+                                 "false; docscore scores with the causal-LM head (save the *ForCausalLM model)")
+        src.taken.add("lm_head.weight")
+        params["lm_head"] = {"kernel": head.T}
+    return params
+
+
 FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelConfig], dict[str, Any]]]] = {
     "bert": (("bert.", ""), bert_params),          # BertForX saves under "bert.", BertModel at the root
     "gpt2": (("transformer.", ""), gpt2_params),   # GPT2LMHeadModel under "transformer.", GPT2Model at the root
+    "llama": (("model.", ""), llama_params),        # *ForCausalLM under "model.", the bare model at the root
 }
+# A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
+MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight"}
 
 
 def read_safetensors(src: str) -> tuple[dict[str, np.ndarray], str]:
@@ -176,17 +212,21 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
                    else "save the model with save_pretrained(dir)")
             raise ModelLoadError(f"{os.path.join(src, name)}: missing; {fix}") from None
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
-    seq_len = max_seq_len or sentence_transformers_max_len(src) or config.max_positions
+    seq_len = max_seq_len or sentence_transformers_max_len(src) or config.longest_segment
     if not 0 < seq_len <= config.max_positions:
         raise ModelLoadError(f"{src}: max_seq_len {seq_len} must be between 1 and the model's "
                              f"{config.max_positions} positions")
+    if seq_len > config.longest_segment:
+        raise ModelLoadError(f"{src}: max_seq_len {seq_len} is longer than the model's sliding_window "
+                             f"{config.sliding_window} ({os.path.join(src, 'config.json')}); docscore's attention "
+                             "kernels have no local window, so inputs are at most the window long: use --max_seq_len "
+                             f"<= {config.sliding_window} (longer documents are scored in windows)")
     tokenizer = DocTokenizer.from_str(texts["tokenizer.json"], max_seq_len=seq_len,
                                       path=os.path.join(src, "tokenizer.json"))
     tokenizer.check_vocab(config.vocab_size, os.path.join(src, "config.json"))
 
     tensors, where = read_safetensors(src)
-    marker = "embeddings.word_embeddings.weight" if config.family == "bert" else "wte.weight"
-    tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, config.family, marker))
+    tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, config.family, MARKERS[config.family]))
     params = FAMILY_PARAMS[config.family][1](tensor_source, config)
     tensor_source.check_all_used()
     try:
@@ -202,7 +242,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="docscore convert",
         description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
-                    "BERT or GPT-2 family) into a docscore model directory (Orbax params).")
+                    "BERT, GPT-2 or Llama/Mistral/Qwen2 family) into a docscore model directory (Orbax params).")
     parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
     parser.add_argument("--out", required=True, help="docscore model directory to write (must not exist)")
     parser.add_argument("--max_seq_len", type=int, default=None,

@@ -157,12 +157,13 @@ class LoadedModel:
         if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
             raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}) for {self.model_id}; got "
                              f"[{input_ids.min()}, {input_ids.max()}]")
-        if input_ids.shape[1] > self.config.max_positions:
+        limit = self.config.longest_segment
+        if input_ids.shape[1] > limit:
             longest = longest_segment(segment_ids)
-            if longest > self.config.max_positions:
-                raise ValueError(f"a segment of {longest} tokens exceeds the {self.config.max_positions} "
-                                 f"positions of {self.model_id}; window documents to <= "
-                                 f"{self.tokenizer.max_seq_len} tokens")
+            if longest > limit:
+                what = "positions" if limit == self.config.max_positions else "tokens of sliding_window"
+                raise ValueError(f"a segment of {longest} tokens exceeds the {limit} {what} of {self.model_id}; "
+                                 f"window documents to <= {self.tokenizer.max_seq_len} tokens")
         return input_ids.astype(np.int32, copy=False), segment_ids.astype(np.int32, copy=False)
 
 
@@ -235,6 +236,10 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str) -> Loade
         raise ModelLoadError(f"{os.path.join(path, 'metadata.json')}: max_seq_len {metadata.max_seq_len} exceeds the "
                              f"{config.max_positions} positions of {config_path} "
                              f"({HF_KEYS[config.family]['max_positions']}); re-create the directory with `docscore convert`")
+    if metadata.max_seq_len > config.longest_segment:  # attention kernels have no local window
+        raise ModelLoadError(f"{os.path.join(path, 'metadata.json')}: max_seq_len {metadata.max_seq_len} exceeds the "
+                             f"sliding_window {config.sliding_window} of {config_path}; re-create the directory with "
+                             f"`docscore convert --max_seq_len {config.sliding_window}`")
     params_dir = os.path.join(path, PARAMS)
     if not os.path.isdir(params_dir):
         raise ModelLoadError(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
@@ -244,7 +249,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str) -> Loade
                                       path=os.path.join(path, TOKENIZER))
     tokenizer.check_vocab(config.vocab_size, config_path)
 
-    impl = kernels.resolve(attention, heads=config.num_heads, kv_heads=config.num_heads,
+    impl = kernels.resolve(attention, heads=config.num_heads, kv_heads=config.kv_heads,
                            head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
                            has_segments=True, q_len=metadata.max_seq_len, kv_len=metadata.max_seq_len)
     graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)

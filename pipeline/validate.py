@@ -233,7 +233,7 @@ def validate(eo: EvalOptions) -> RunPlan:
     if same_backend:
         kernel = loaded.attention  # what the model resolved for its own shapes (auto may depend on length)
     family = loaded.config.family
-    if family != task.model.family:
+    if not task.model.accepts(family):
         raise ConfigError(task.model.refuse(eo.task, eo.model, family))
     model_max = loaded.tokenizer.max_seq_len
     max_len = eo.max_seq_len or model_max

@@ -97,9 +97,9 @@ def test_missing_source_directory(tmp_path, capsys):
 
 def test_unsupported_family(hf_bert, tmp_path, capsys):
     src = broken_copy(hf_bert, tmp_path)
-    (src / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32}))
+    (src / "config.json").write_text(json.dumps({"model_type": "gemma", "hidden_size": 32}))
     code, message = convert(src, tmp_path / "out", capsys)
-    assert code == 2 and f"{src}/config.json: model_type 'llama' is not supported" in message
+    assert code == 2 and f"{src}/config.json: model_type 'gemma' is not supported" in message
     assert not (tmp_path / "out").exists()
 
 

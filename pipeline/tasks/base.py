@@ -19,6 +19,10 @@ class ModelFamily:
 
     family: str
     refusal: str  # format fields: task, model, family (the model's actual family)
+    also: tuple[str, ...] = ()  # other families that compute the same outputs (Llama-family decoders)
+
+    def accepts(self, family: str) -> bool:
+        return family == self.family or family in self.also
 
     def refuse(self, task: str, model: str, family: str) -> str:
         return self.refusal.format(task=task, model=model, family=family)
@@ -32,7 +36,8 @@ ENCODER = ModelFamily(
 DECODER = ModelFamily(
     "gpt2",
     "--task={task} needs a decoder (GPT-2-family) model but --model {model} is {family}; "
-    "pass a GPT-2 model directory (docscore convert --hf DIR --out DIR)",
+    "pass a GPT-2 or Llama-family model directory (docscore convert --hf DIR --out DIR)",
+    also=("llama",),
 )
 
 

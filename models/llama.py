@@ -1,0 +1,150 @@
+"""Llama-family decoder (Flax NNX) for LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM checkpoints:
+token embedding, pre-norm blocks (RMSNorm, grouped-query causal attention with rotary positions, gated SiLU
+MLP), final RMSNorm, and an output head tied to the embedding or its own.
+
+Must not tokenize, score or pick a kernel: the attention name comes in through the constructor, and the
+kernel sees only the contract's q/k/v, segment ids and causal flag. Rotary positions restart in every packed
+segment, so a document packed into a row is computed exactly as alone in its own row.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from kernels import attention
+from models.config import ModelConfig, Rope
+from models.layers import COMPUTE_DTYPES, matmul_precision, positions_in_segments, run_blocks
+
+
+def dense(features_in: int, features_out: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    """layers.linear with the bias optional (Llama's projections have none; Qwen2's q/k/v do)."""
+    return nnx.Linear(features_in, features_out, use_bias=bias, dtype=dtype, precision=matmul_precision(dtype),
+                      preferred_element_type=jnp.float32, rngs=rngs)
+
+
+def rope_frequencies(rope: Rope, head_dim: int) -> np.ndarray:
+    """Inverse frequencies [head_dim / 2] float32, computed as transformers' rope init functions do
+    (default, linear, llama3), so the angles match theirs to the last bits that matter at 1e-4."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = (1.0 / np.power(np.float32(rope.theta), exponents)).astype(np.float64)
+    if rope.kind == "linear":
+        inv_freq = inv_freq / rope.factor
+    elif rope.kind == "llama3":  # long wavelengths divided by factor, short ones kept, the band between blended
+        old = rope.original_max_positions
+        low_wavelen, high_wavelen = old / rope.low_freq_factor, old / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = np.where(medium, blended, scaled)
+    return inv_freq.astype(np.float32)
+
+
+def rotary_tables(segment_ids: jax.Array, rope: Rope, head_dim: int) -> tuple[jax.Array, jax.Array]:
+    """(cos, sin) [B, L, 1, head_dim] float32 at each token's position within its segment."""
+    positions = positions_in_segments(segment_ids).astype(jnp.float32)
+    angles = positions[:, :, None] * jnp.asarray(rope_frequencies(rope, head_dim))[None, None, :]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x * cos + rotate_half(x) * sin over the last axis (the halves layout of Hugging Face checkpoints)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * scale, computed in float32 whatever the matmul dtype (as transformers' LlamaRMSNorm)."""
+
+    def __init__(self, features: int, eps: float):
+        self.scale = nnx.Param(jnp.ones((features,), jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(jnp.float32)
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * self.scale[...]
+
+
+class GroupedQueryAttention(nnx.Module):
+    """q/k/v projections (kv_heads <= heads), rotary positions on q and k, the injected causal kernel,
+    output projection."""
+
+    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
+        hidden, heads, kv_heads, head_dim = config.hidden_size, config.num_heads, config.kv_heads, config.head_dim
+        self.query = dense(hidden, heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
+        self.key = dense(hidden, kv_heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
+        self.value = dense(hidden, kv_heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
+        self.output = dense(heads * head_dim, hidden, bias=config.output_bias, dtype=dtype, rngs=rngs)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.rope, self.dtype, self.attention_impl = config.rope, dtype, attention_impl
+
+    def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        batch, length, _ = x.shape
+        cos, sin = rotary_tables(segment_ids, self.rope, self.head_dim)
+        q = apply_rotary(self.query(x).reshape(batch, length, self.heads, self.head_dim), cos, sin)
+        k = apply_rotary(self.key(x).reshape(batch, length, self.kv_heads, self.head_dim), cos, sin)
+        v = self.value(x).reshape(batch, length, self.kv_heads, self.head_dim)
+        context = attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
+                            segment_ids=segment_ids, causal=True, scale=self.head_dim ** -0.5,
+                            impl=self.attention_impl)
+        return self.output(context.reshape(batch, length, self.heads * self.head_dim))
+
+
+class GatedFeedForward(nnx.Module):
+    """down(silu(gate(x)) * up(x)), the product in float32."""
+
+    def __init__(self, hidden: int, intermediate: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.gate = dense(hidden, intermediate, bias=bias, dtype=dtype, rngs=rngs)
+        self.up = dense(hidden, intermediate, bias=bias, dtype=dtype, rngs=rngs)
+        self.down = dense(intermediate, hidden, bias=bias, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+
+class LlamaBlock(nnx.Module):
+    """One pre-norm causal block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.attention_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
+        self.attention = GroupedQueryAttention(config, attention_impl=attention_impl, dtype=dtype, rngs=rngs)
+        self.feed_forward_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
+        self.feed_forward = GatedFeedForward(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
+                                             dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        x = x + self.attention(self.attention_norm(x), segment_ids)
+        return x + self.feed_forward(self.feed_forward_norm(x))
+
+
+class LlamaDecoder(nnx.Module):
+    """input ids [B, L] + segment ids [B, L] (0 = padding) -> next-token logits [B, L, V] float32."""
+
+    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: str = "float32", rngs: nnx.Rngs):
+        self.compute_dtype = COMPUTE_DTYPES[dtype]
+        self.token_embedding = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
+        self.layers = nnx.List([LlamaBlock(config, attention_impl=attention_impl, dtype=self.compute_dtype,
+                                           rngs=rngs) for _ in range(config.num_layers)])
+        self.final_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
+        # An untied head is its own [hidden, vocab] matrix; a tied one reads the embedding table.
+        self.lm_head = None if config.tie_word_embeddings else dense(
+            config.hidden_size, config.vocab_size, bias=False, dtype=self.compute_dtype, rngs=rngs)
+
+    def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        x = run_blocks(self.layers, self.token_embedding(input_ids), segment_ids)
+        return self.logits(self.final_norm(x))
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Logits over the vocabulary, float32 out."""
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        table = self.token_embedding.embedding[...].astype(self.compute_dtype)
+        return jnp.einsum("bld,vd->blv", hidden.astype(self.compute_dtype), table,
+                          precision=matmul_precision(self.compute_dtype), preferred_element_type=jnp.float32)

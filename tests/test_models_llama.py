@@ -1,0 +1,293 @@
+"""Llama family end to end: small random LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM models built
+in transformers (no download) with a BPE tokenizer that adds a BOS token as Llama's does, converted with
+`docscore convert`, scored against transformers (padding, packing, both CPU kernels, lengths across the
+blockwise kernel's blocks and past llama3's original context); the configs refused (unsupported rotary
+scalings, windows longer than a sliding window, pickle weights, leftover tensors); a loglik run through the
+CLI."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import models
+from models.config import Rope, config_from_hf
+from models.hf_import import main as convert_main
+from tests.conftest import SENTENCES, common_flags, read_summary, read_table, run_docscore, write_jsonl
+
+pytestmark = pytest.mark.integration  # README.md, "Development"
+
+CORPUS = ["the quick brown fox jumps over the lazy dog", "docscore scores documents in batches",
+          "rotary positions restart in every packed segment", "grouped-query attention shares keys"] * 8
+# Document lengths (BOS included): one token, short ones, and one crossing the blockwise kernel's 256-query
+# and 512-key blocks and llama3's 64-token original context; together 600 tokens fill one packed row.
+LENGTHS = [1, 7, 40, 552]
+COMMON = dict(hidden_size=64, intermediate_size=112, num_attention_heads=4, num_key_value_heads=2,
+              initializer_range=0.2, bos_token_id=1, eos_token_id=2)
+FAMILIES = {
+    # name: (transformers classes, config keywords)
+    "llama": ("LlamaConfig", "LlamaForCausalLM",
+              dict(num_hidden_layers=3, max_position_embeddings=640, rope_theta=500_000.0)),
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",  # head_dim set apart from hidden/heads, rope llama3
+               dict(num_hidden_layers=2, max_position_embeddings=640, head_dim=32, attention_bias=True,
+                    rope_parameters={"rope_type": "llama3", "rope_theta": 10_000.0, "factor": 8.0,
+                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 64})),
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                dict(num_hidden_layers=2, max_position_embeddings=1024, sliding_window=600)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",  # q/k/v biases, tied head, linear rope scaling
+              dict(num_hidden_layers=4, max_position_embeddings=640, tie_word_embeddings=True,
+                   rope_parameters={"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 2.0})),
+}
+
+
+def build_tokenizer(out: Path) -> int:
+    """A byte-level BPE tokenizer.json that puts <s> before every text (Llama's template); its vocab size."""
+    from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(tok_models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer.save(str(out / "tokenizer.json"))
+    return tokenizer.get_vocab_size()
+
+
+def build_hf(out: Path, family: str, **overrides) -> Path:
+    """A random *ForCausalLM of `family` (FAMILIES) saved as safetensors, with the tokenizer."""
+    import torch
+    import transformers
+
+    config_class, model_class, keywords = FAMILIES[family]
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(out)
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(vocab_size=vocab, **{**COMMON, **keywords, **overrides})
+    getattr(transformers, model_class)(config).eval().save_pretrained(out)
+    assert (out / "model.safetensors").exists() and not list(out.glob("*.bin"))
+    return out
+
+
+def convert(src: Path, out: Path, capsys, *extra: str) -> tuple[int, str]:
+    """The real `docscore convert --hf` entry point; (exit code, its output)."""
+    code = convert_main(["--hf", str(src), "--out", str(out), *extra])
+    captured = capsys.readouterr()
+    return code, captured.err + captured.out
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def converted(request, tmp_path_factory) -> tuple[str, Path, Path]:
+    """(family, Hugging Face dir, docscore model dir) of each family."""
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    hf_dir = build_hf(root / "hf", family)
+    assert convert_main(["--hf", str(hf_dir), "--out", str(root / "docscore")]) == 0
+    return family, hf_dir, root / "docscore"
+
+
+def documents(vocab_size: int) -> list[np.ndarray]:
+    """Random token ids of LENGTHS, each starting with BOS (id 1), as a tokenized document does."""
+    rng = np.random.default_rng(7)
+    return [np.concatenate([[1], rng.integers(3, vocab_size, n - 1)]).astype(np.int32) for n in LENGTHS]
+
+
+def padded(docs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    length = max(map(len, docs))
+    ids, segments = np.zeros((len(docs), length), np.int32), np.zeros((len(docs), length), np.int32)
+    for row, doc in enumerate(docs):
+        ids[row, :len(doc)], segments[row, :len(doc)] = doc, 1
+    return ids, segments
+
+
+def transformers_logprobs(hf_dir: Path, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    """Reference: AutoModelForCausalLM log p(ids[t+1] | ids[:t+1]) over right-padded rows; 0 past each row."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(segments)).logits
+    logprobs = torch.log_softmax(logits.double(), dim=-1).numpy()
+    expected = np.zeros(ids.shape, np.float64)
+    for row in range(len(ids)):
+        for t in range(int(segments[row].sum()) - 1):
+            expected[row, t] = logprobs[row, t, ids[row, t + 1]]
+    return expected
+
+
+@pytest.mark.parametrize("attention", ["native", "flash"])
+def test_token_logprobs_match_transformers_padded_and_packed(converted, attention):
+    family, hf_dir, model_dir = converted
+    loaded = models.load(str(model_dir), attention=attention)
+    assert loaded.attention == {"native": "xla", "flash": "blockwise"}[attention]
+    assert loaded.config.family == "llama"
+    docs = documents(loaded.config.vocab_size)
+    ids, segments = padded(docs)
+    ours = loaded.token_logprobs(ids, segments)
+    expected = transformers_logprobs(hf_dir, ids, segments)
+    assert np.abs(expected).max() > 1.0  # not a near-uniform model
+    assert np.abs(ours - expected).max() <= 1e-4, (family, np.abs(ours - expected).max())
+
+    # all documents packed into one row (with padding after them) equal each scored alone
+    packed_ids = np.pad(np.concatenate(docs), (0, 8))[None]
+    packed_segments = np.pad(np.concatenate([np.full(len(d), s + 1, np.int32) for s, d in enumerate(docs)]), (0, 8))[None]
+    packed = loaded.token_logprobs(packed_ids, packed_segments)[0]
+    alone = np.concatenate([ours[row, :len(d)] for row, d in enumerate(docs)])
+    np.testing.assert_allclose(packed[:len(alone)], alone, atol=2e-5, rtol=0)
+    assert not packed[len(alone):].any()
+    with pytest.raises(ValueError, match="encoder"):
+        loaded.embed_packed(ids, segments, 1)
+
+
+def test_config_reads_each_family(converted):
+    family, hf_dir, model_dir = converted
+    config = models.load(str(model_dir), attention="native").config
+    want = {
+        "llama": dict(kv_heads=2, head_dim=16, qkv_bias=False, tie_word_embeddings=False, sliding_window=0,
+                      rope=Rope(theta=500_000.0)),
+        "llama3": dict(head_dim=32, qkv_bias=True, output_bias=True,
+                       rope=Rope(10_000.0, "llama3", 8.0, 1.0, 4.0, 64)),
+        "mistral": dict(sliding_window=600, longest_segment=600, qkv_bias=False),
+        "qwen2": dict(qkv_bias=True, output_bias=False, tie_word_embeddings=True, sliding_window=0,
+                      rope=Rope(1_000_000.0, "linear", 2.0)),
+    }[family]
+    assert {key: getattr(config, key) for key in want} == want
+    metadata = json.loads((model_dir / "metadata.json").read_text())
+    assert metadata["family"] == "llama"
+    assert metadata["max_seq_len"] == (600 if family == "mistral" else 640)  # the sliding window caps the default
+
+
+def test_transformers_4_config_layout_reads_the_same_rope():
+    """rope_theta + rope_scaling ("type" or "rope_type") as transformers 4.x saved them."""
+    base = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+            "max_position_embeddings": 256, "rope_theta": 500_000.0}
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    assert config_from_hf({**base, "rope_scaling": None}).rope == Rope(theta=500_000.0)
+    assert (config_from_hf({**base, "rope_scaling": {"rope_type": "llama3", **scaling}}).rope
+            == Rope(500_000.0, "llama3", 8.0, 1.0, 4.0, 64))
+    assert config_from_hf({**base, "rope_scaling": {"type": "linear", "factor": 4.0}}).rope == Rope(500_000.0, "linear", 4.0)
+    qwen = {**base, "model_type": "qwen2", "sliding_window": 32, "max_window_layers": 1}
+    assert config_from_hf({**qwen, "use_sliding_window": False}).sliding_window == 0
+    assert config_from_hf({**qwen, "use_sliding_window": True}).sliding_window == 32
+    assert config_from_hf({**base, "model_type": "mistral", "sliding_window": None}).sliding_window == 0
+
+
+@pytest.mark.parametrize("rope_type, extra", [("yarn", {"factor": 4.0, "original_max_position_embeddings": 64}),
+                                              ("dynamic", {"factor": 2.0}),
+                                              ("longrope", {"short_factor": [1.0], "long_factor": [1.0]})])
+def test_unsupported_rope_scaling_is_refused_naming_field_and_value(rope_type, extra, tmp_path, capsys):
+    src = build_hf(tmp_path / "hf", "llama", num_hidden_layers=1)
+    config = json.loads((src / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": rope_type, "rope_theta": 10_000.0, **extra}
+    (src / "config.json").write_text(json.dumps(config))
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2, message
+    assert f'{src}/config.json: rope_parameters.rope_type "{rope_type}" is not supported' in message
+    assert "'default', 'linear', 'llama3'" in message and not (tmp_path / "out").exists()
+    # the transformers 4.x layout names its own field
+    del config["rope_parameters"]
+    config["rope_scaling"] = {"type": rope_type, **extra}
+    (src / "config.json").write_text(json.dumps(config))
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and f'rope_scaling.rope_type "{rope_type}" is not supported' in message
+
+
+def test_sliding_window_caps_the_input_length(tmp_path, capsys):
+    """The kernels have no local window, so a Mistral/Qwen2 model takes inputs up to its sliding window, and
+    there it equals transformers (which applies the window)."""
+    src = build_hf(tmp_path / "hf", "mistral", sliding_window=48, max_position_embeddings=128)
+    code, message = convert(src, tmp_path / "long", capsys, "--max_seq_len", "64")
+    assert code == 2 and "max_seq_len 64 is longer than the model's sliding_window 48" in message
+    assert "--max_seq_len <= 48" in message and not (tmp_path / "long").exists()
+
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 0, message
+    loaded = models.load(str(tmp_path / "out"), attention="native")
+    assert loaded.tokenizer.max_seq_len == 48
+    docs = [d[:48] for d in documents(loaded.config.vocab_size)[2:]] + [documents(loaded.config.vocab_size)[3][:47]]
+    ids, segments = padded(docs)  # exactly the window, and one short of it
+    assert np.abs(loaded.token_logprobs(ids, segments) - transformers_logprobs(src, ids, segments)).max() <= 1e-4
+    with pytest.raises(ValueError, match="a segment of 52 tokens exceeds the 48 tokens of sliding_window"):
+        loaded.token_logprobs(np.ones((1, 52), np.int32), np.ones((1, 52), np.int32))
+    two = np.repeat([[1, 2]], 26, axis=1)  # two segments of 26 in one 52-token row: fine
+    assert loaded.token_logprobs(np.ones((1, 52), np.int32), two).shape == (1, 52)
+
+    # a directory edited to a longer max_seq_len than the window is refused at load
+    metadata = json.loads((tmp_path / "out" / "metadata.json").read_text())
+    (tmp_path / "out" / "metadata.json").write_text(json.dumps({**metadata, "max_seq_len": 64}))
+    with pytest.raises(models.ModelLoadError, match="max_seq_len 64 exceeds the sliding_window 48"):
+        models.load(str(tmp_path / "out"))
+
+
+def test_pickle_weights_and_leftover_tensors_are_refused(tmp_path, capsys):
+    src = build_hf(tmp_path / "hf", "qwen2", num_hidden_layers=1)
+    tensors = load_file(src / "model.safetensors")
+    save_file({**tensors, "model.layers.0.mlp.extra_proj.weight": np.zeros((4, 4), np.float32)},
+              src / "model.safetensors")
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and "'model.layers.0.mlp.extra_proj.weight'] have no place in the model" in message
+
+    del tensors["model.layers.0.self_attn.q_proj.bias"]  # Qwen2 has q/k/v biases
+    save_file(tensors, src / "model.safetensors")
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and "tensor 'model.layers.0.self_attn.q_proj.bias' is missing" in message
+
+    (src / "model.safetensors").rename(src / "pytorch_model.bin")
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and f"{src}: no *.safetensors weights found" in message and "pickle" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_untied_model_without_its_head_is_refused(tmp_path, capsys):
+    src = build_hf(tmp_path / "hf", "llama", num_hidden_layers=1)
+    tensors = load_file(src / "model.safetensors")
+    del tensors["lm_head.weight"]
+    save_file(tensors, src / "model.safetensors")
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and "'lm_head.weight' is missing and tie_word_embeddings is false" in message
+
+
+def test_loglik_run_through_the_cli_matches_transformers(tmp_path):
+    """`docscore run --task loglik` on a converted Llama: each document's total log-likelihood and perplexity
+    equal transformers' over the same tokens (BOS predicts the first text token), and the summary's corpus
+    perplexity is theirs."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    src = build_hf(tmp_path / "hf", "llama")
+    assert convert_main(["--hf", str(src), "--out", str(tmp_path / "model")]) == 0
+    texts = SENTENCES[:6]
+    shard = write_jsonl(tmp_path / "in" / "l.jsonl", [{"id": f"l{i}", "text": t} for i, t in enumerate(texts)])
+    assert run_docscore("--input", shard, *common_flags("ll", tmp_path / "out"), "--task", "loglik",
+                        "--model", tmp_path / "model", "--attention", "native", "--max_seq_len", "64") == 0
+    scores, _ = read_table(tmp_path / "out", "scores", "ll")
+    scores = scores.sort_values("record_index")
+    assert list(scores.doc_id) == [f"l{i}" for i in range(6)] and (scores.n_chunks == 1).all()
+    assert set(scores.task) == {"loglik"} and set(scores.attention_impl) == {"xla"}
+    tokenizer = Tokenizer.from_file(str(src / "tokenizer.json"))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    totals, counts = [], []
+    with torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([tokenizer.encode(text).ids])
+            assert ids[0, 0] == 1  # <s>
+            logp = torch.log_softmax(reference(ids).logits[0, :-1].double(), dim=-1)
+            totals.append(float(logp.gather(1, ids[0, 1:, None]).sum()))
+            counts.append(ids.shape[1] - 1)
+    np.testing.assert_allclose(scores.score.to_numpy(), totals, atol=1e-3, rtol=1e-5)
+    np.testing.assert_allclose(scores.perplexity.to_numpy(), [math.exp(-t / c) for t, c in zip(totals, counts)],
+                               rtol=1e-4)
+    summary = read_summary(tmp_path / "out", "ll")
+    assert summary["task_metrics"]["loglik_tokens"] == sum(counts)
+    assert summary["task_metrics"]["corpus_perplexity"] == pytest.approx(math.exp(-sum(totals) / sum(counts)), rel=1e-4)
+    assert summary["model"]["family"] == "llama" and summary["model"]["max_seq_len"] == 64
