@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 
-# Measured per backend (benchmarks/RESULTS.md, "Batch settings"): rows of --max_seq_len tokens per model call,
-# and model calls' worth of tokens per Beam batch. An accelerator wants large calls; a Beam batch of a few
-# calls lets the next batch's host work (read, tokenize, score) overlap the device in parallel bundles.
+# Rows of --max_seq_len tokens per model call, and model calls' worth of tokens per Beam batch. An accelerator
+# wants large calls; a Beam batch of a few calls lets the next batch's host work (read, tokenize, score) overlap
+# the device in parallel bundles. The CPU values are measured (benchmarks/PERF_NOTES.md, benchmarks/README.md);
+# the GPU and TPU ones are not swept yet (the GPU ones ran in benchmarks/RESULTS.md, "GPU end to end").
 BATCH_SIZE = {"cpu": 16, "gpu": 256, "tpu": 128}
 CALLS_PER_BEAM_BATCH = {"cpu": 32, "gpu": 4, "tpu": 4}
 # Parallel bundles (threads sharing one model) of a local DirectRunner run when no --direct_* flag is given:
