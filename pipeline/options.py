@@ -60,6 +60,10 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--job_labels", action="append", default=None, help="Dataflow job label KEY=VALUE (repeatable)")
         parser.add_argument("--temperature", type=float, default=0.05, help="classify softmax temperature")
         parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 compute dtype")
+        parser.add_argument("--matmul_precision", default=None,
+                            help="float32 | tf32: the matmul precision of --dtype float32 (default float32: "
+                                 "float32 products on every backend; tf32: TensorFloat-32 inputs, GPU only); "
+                                 "--dtype bfloat16 runs at the backend's native precision")
         parser.add_argument("--output_format", default="parquet", help="parquet | jsonl")
         parser.add_argument("--tfds_data_dir", default=None, help="data_dir of a prepared TFDS dataset (tfds: input)")
         parser.add_argument("--split", default="test", help="TFDS split to read (tfds: input)")

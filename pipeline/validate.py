@@ -83,6 +83,23 @@ def check_reachable_backend(eo: EvalOptions, backend: str) -> None:
             f"Dataflow preset (--preset dataflow-..., runners/presets)")
 
 
+def check_matmul_precision(eo: EvalOptions, backend: str) -> None:
+    """--matmul_precision: known, with the dtype it applies to (float32), on a backend that runs it (tf32: GPU
+    only); models/precision.py says why in each case."""
+    from models.precision import choice_problem, matmul_precision
+
+    problem = choice_problem(eo.dtype, eo.matmul_precision, backend)
+    if problem:
+        raise ConfigError(problem)
+    if matmul_precision(eo.dtype, eo.matmul_precision) != matmul_precision(eo.dtype):
+        # ModelSpec (pipeline/stages/inference.py) and models.load take no precision yet: the workers would
+        # trace float32 at "highest" while the summary recorded the choice.
+        raise ConfigError(
+            f"--matmul_precision={eo.matmul_precision} is not available in this version yet: the workers load "
+            f"--dtype {eo.dtype} models at matmul precision {matmul_precision(eo.dtype)} only, so the run would not "
+            "use the precision its summary records; drop --matmul_precision")
+
+
 def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtype: str | None = None) -> str:
     """The kernel `attention` means on `backend` for the pipeline's rows (packed segment ids, `dtype`)."""
     from kernels import KernelUnsupportedError, resolve
@@ -196,6 +213,7 @@ def validate(eo: EvalOptions) -> RunPlan:
 
     backend = target_backend(eo.target_backend)
     check_reachable_backend(eo, backend)
+    check_matmul_precision(eo, backend)
     kernel = resolve_kernel(eo.attention, backend, dtype=eo.dtype)
     try:
         batch = batching.settings_for(backend, batch_size=eo.batch_size, calls_per_beam_batch=eo.calls_per_beam_batch)

@@ -1,5 +1,7 @@
 """--dtype -> matmul precision (models/precision.py): float32 means true float32 dots, also in the
-programs a LoadedModel lowers (XLA's GPU default may run float32 dots as TF32); bfloat16 stays native."""
+programs a LoadedModel lowers (XLA's GPU default may run float32 dots as TF32); bfloat16 stays native;
+TF32 only as the named choice --matmul_precision tf32 (float32 on a GPU), refused elsewhere before any
+data is read, and recorded in the summary."""
 from __future__ import annotations
 
 import re
@@ -9,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.precision import matmul_precision, with_matmul_precision
+from kernels.xla import xla_attention
+from models.precision import choice_problem, matmul_precision, with_matmul_precision
+from tests.conftest import common_flags, read_summary, run_docscore
 
 
 def test_dtype_to_precision():
@@ -34,6 +38,70 @@ def test_float32_model_lowers_every_dot_at_highest(minilm):
     assert minilm.dtype == "float32" and minilm.matmul_precision == "highest"
     ids, seg = np.ones((2, 16), np.int32), np.ones((2, 16), np.int32)
     # the program _run compiles (private: the lowered text is the only place precision shows)
-    text = minilm._functions["embed_packed"].lower(minilm._state, ids, seg, 1).as_text()
+    text = minilm._functions["embed"].lower(minilm._state, ids, seg).as_text()
     dots = re.findall(r"stablehlo\.dot_general.*", text)
     assert dots and all("HIGHEST" in line for line in dots), [d for d in dots if "HIGHEST" not in d][:2]
+
+
+def test_named_choices():
+    assert matmul_precision("float32", "float32") == matmul_precision("float32") == "highest"
+    assert matmul_precision("float32", "tf32") == "TF32_TF32_F32"  # jax's explicit dot algorithm preset
+    assert choice_problem("float32", None, "cpu") is None and choice_problem("bfloat16", None, "tpu") is None
+    assert choice_problem("float32", "tf32", "gpu") is None and choice_problem("float32", "float32", "tpu") is None
+    assert "needs a GPU" in choice_problem("float32", "tf32", "tpu")
+    assert "applies to --dtype float32 only" in choice_problem("bfloat16", "float32")
+    assert "is not known" in choice_problem("float32", "tensorfloat32")
+    with pytest.raises(ValueError, match="--matmul_precision=tf32 applies to --dtype float32 only"):
+        matmul_precision("bfloat16", "tf32")
+
+
+def _dots_of(fn, *args, platform: str) -> list[str]:
+    """The dot_general lines of `fn` lowered for `platform` (lowering needs no such device here)."""
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=(platform,)).as_text()
+    return re.findall(r"stablehlo\.dot_general.*", text)
+
+
+@pytest.mark.parametrize("choice,mark", [("float32", "HIGHEST"), ("tf32", "lhs_precision_type = tf32")])
+def test_the_choice_reaches_the_compiled_matmuls(choice, mark):
+    """A dense layer and the attention kernel's einsums (which name no precision of their own), traced the way
+    LoadedModel traces a model (with_matmul_precision) and lowered for a GPU from this CPU machine: every
+    dot carries the choice (tf32: the TF32 x TF32 -> float32 algorithm; float32: HIGHEST)."""
+    def layer(x, w, seg):
+        h = x @ w  # [B, L, 64]
+        q = h.reshape(*h.shape[:2], 4, 16)
+        return xla_attention(q, q, q, segment_ids=seg, causal=False)
+
+    x, w = jnp.ones((2, 8, 32), jnp.float32), jnp.ones((32, 64), jnp.float32)
+    seg = jnp.ones((2, 8), jnp.int32)
+    dots = _dots_of(with_matmul_precision(layer, matmul_precision("float32", choice)), x, w, seg, platform="cuda")
+    assert len(dots) == 3 and all(mark in d for d in dots), dots
+    other = "lhs_precision_type = tf32" if choice == "float32" else "HIGHEST"
+    assert not any(other in d for d in dots)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--matmul_precision", "tf32"], "--matmul_precision=tf32 needs a GPU"),
+    (["--matmul_precision", "tf32", "--dtype", "bfloat16"], "--matmul_precision=tf32 applies to --dtype float32 only"),
+    (["--matmul_precision", "float32", "--dtype", "bfloat16"], "drop --matmul_precision, or use --dtype float32"),
+    (["--matmul_precision", "tensorfloat32"], "--matmul_precision=tensorfloat32 is not known"),
+    # a GPU target on remote workers: the workers' loader cannot take it yet (models.load has no precision)
+    (["--matmul_precision", "tf32", "--target_backend", "gpu", "--runner", "DataflowRunner"],
+     "--matmul_precision=tf32 is not available in this version yet"),
+])
+def test_an_impossible_choice_exits_2_before_reading_data(flags, message, tmp_path, corpus, no_data_read, capsys):
+    rc = run_docscore("--input", corpus, "--output", tmp_path / "out", "--run_id", "r1", *flags)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert message in err, err
+    assert no_data_read == [] and not (tmp_path / "out" / "scores").exists()
+
+
+@pytest.mark.parametrize("flags,expected", [(["--matmul_precision", "float32"], "highest"),
+                                            (["--dtype", "bfloat16"], "default")])
+def test_the_summary_records_the_precision(flags, expected, tmp_path, corpus):
+    out = tmp_path / "out"
+    assert run_docscore("--input", corpus, *common_flags("p1", out), *flags) == 0
+    model = read_summary(out, "p1")["model"]
+    assert model["matmul_precision"] == expected
+    assert model["dtype"] == ("bfloat16" if "bfloat16" in flags else "float32")
