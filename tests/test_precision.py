@@ -38,7 +38,7 @@ def test_float32_model_lowers_every_dot_at_highest(minilm):
     assert minilm.dtype == "float32" and minilm.matmul_precision == "highest"
     ids, seg = np.ones((2, 16), np.int32), np.ones((2, 16), np.int32)
     # the program _run compiles (private: the lowered text is the only place precision shows)
-    text = minilm._functions["embed"].lower(minilm._state, ids, seg).as_text()
+    text = minilm._functions["embed_packed"].lower(minilm._state, ids, seg, 1).as_text()
     dots = re.findall(r"stablehlo\.dot_general.*", text)
     assert dots and all("HIGHEST" in line for line in dots), [d for d in dots if "HIGHEST" not in d][:2]
 
