@@ -7,8 +7,6 @@ import os
 import select
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,8 +17,6 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.telemetry import progress
 from pipeline.telemetry.progress import ProgressCounts, ProgressReporter, ProgressSample
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_rate_eta_and_status_line():
@@ -202,31 +198,42 @@ def test_a_failing_count_source_never_breaks_the_run():
     assert [(s.discovered, s.done) for s in reporter.samples] == [(4, 1), (4, 1), (4, 4)]
 
 
-LAUNCHER = """
-import sys
-from apache_beam.options.pipeline_options import PipelineOptions
-from pipeline.telemetry import progress
-print(progress.local_counter_dir(PipelineOptions([])), flush=True)
-sys.stdin.read()  # a run in progress, until killed
-"""
+def _launcher(temp: Path) -> tuple[int, Path]:
+    """Fork a process that makes its counter folder in `temp` the way `docscore run` does, then runs on until
+    killed; returns its pid and folder. Safe to fork for the reason _count_in_child gives."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            tempfile.tempdir = str(temp)
+            os.write(write_end, progress.local_counter_dir(PipelineOptions([])).encode() + b"\n")
+            while True:  # a run in progress
+                time.sleep(60)
+        finally:
+            os._exit(1)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as made:
+        return pid, Path(made.readline().decode().strip())
 
 
-def _launcher(temp: Path) -> tuple[subprocess.Popen, Path]:
-    """A real process that makes its counter folder the way `docscore run` does, then runs on."""
-    child = subprocess.Popen([sys.executable, "-c", LAUNCHER], cwd=ROOT, env=dict(os.environ, TMPDIR=str(temp)),
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    return child, Path(child.stdout.readline().strip())
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)  # what an interrupted job's machine does: no clean-up runs
+        os.waitpid(pid, 0)  # reaped: until then its pid still exists (a zombie)
+    except (ProcessLookupError, ChildProcessError):  # killed and reaped already
+        pass
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX warns on any fork; see _count_in_child
 def test_a_killed_runs_counter_folder_is_removed_at_the_next_start_and_nothing_else(tmp_path, monkeypatch):
     temp = tmp_path / "tmp"
     temp.mkdir()
     killed, killed_dir = _launcher(temp)
     running, running_dir = _launcher(temp)
     try:
-        assert killed_dir.parent == temp and killed_dir.name.startswith(f"docscore-progress-{killed.pid}-")
-        os.kill(killed.pid, signal.SIGKILL)  # what an interrupted job's machine does: no clean-up runs
-        killed.wait(timeout=30)
+        assert killed_dir.parent == temp and killed_dir.name.startswith(f"docscore-progress-{killed}-")
+        _kill(killed)
         (killed_dir / "123-abc.json").write_text('{"discovered": 4, "done": 1}')  # its counts: gone with it
 
         def folder(name: str, owner: dict | None) -> Path:
@@ -236,7 +243,7 @@ def test_a_killed_runs_counter_folder_is_removed_at_the_next_start_and_nothing_e
                 (path / progress.OWNER_FILE).write_text(json.dumps(owner))
             return path
 
-        dead_owner = {"pid": killed.pid, "create_time": time.time() - 5, "host": socket.gethostname()}
+        dead_owner = {"pid": killed, "create_time": time.time() - 5, "host": socket.gethostname()}
         me = {"pid": os.getpid(), "create_time": time.time() - 2 * 3600, "host": socket.gethostname()}
         reused = folder(f"docscore-progress-{os.getpid()}-reused", me)  # its pid now runs a later process
         elsewhere = folder("docscore-progress-1-elsewhere", dict(dead_owner, host="another-host"))
@@ -244,7 +251,7 @@ def test_a_killed_runs_counter_folder_is_removed_at_the_next_start_and_nothing_e
         outside = tmp_path / "outside"
         outside.mkdir()
         (outside / progress.OWNER_FILE).write_text(json.dumps(dead_owner))
-        link = temp / f"docscore-progress-{killed.pid}-link"
+        link = temp / f"docscore-progress-{killed}-link"
         link.symlink_to(outside, target_is_directory=True)
 
         monkeypatch.setattr(tempfile, "tempdir", str(temp))
@@ -257,5 +264,5 @@ def test_a_killed_runs_counter_folder_is_removed_at_the_next_start_and_nothing_e
         assert progress.read_counter_files(str(mine)) == ProgressCounts()  # the owner file is not a counter file
         assert progress.remove_dead_counter_dirs(str(temp)) == []  # nothing more: this run's folder is live
     finally:
-        running.kill()
-        running.wait(timeout=30)
+        _kill(killed)
+        _kill(running)
