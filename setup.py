@@ -4,7 +4,7 @@ Runtime dependencies are pinned exactly so a Dataflow worker and a laptop comput
 thing. PyTorch and its ecosystem are test/benchmark extras only (reference implementations);
 they never enter the runtime.
 """
-from setuptools import setup
+from setuptools import find_packages, setup
 
 RUNTIME = [
     "apache-beam[gcp]==2.77.0",
@@ -39,12 +39,22 @@ TEST = [
     "selenium==4.51.0",  # drives headless Chromium (Debian chromium + chromium-driver) for the report test
 ]
 
+TOP_LEVEL = ("pipeline", "models", "kernels", "runners")
+
 setup(
     name="docscore",
     version="0.1.0",
     description="Batch evaluation pipeline: Beam + Flax with replaceable attention kernels",
     python_requires=">=3.11,<3.12",
-    packages=["pipeline", "pipeline.io", "pipeline.stages", "pipeline.telemetry", "pipeline.runs", "models", "kernels", "runners"],
+    # Every package under the four top-level folders, found rather than listed (a hand-kept list
+    # once left pipeline.tasks out of the sdist Dataflow workers install).
+    packages=find_packages(include=[f"{top}{sub}" for top in TOP_LEVEL for sub in ("", ".*")]),
+    # The packages' parent folder is the import root, so an editable install (`pip install -e .`)
+    # puts this folder on sys.path instead of a finder consulted after sys.path: a folder without
+    # __init__.py named like a package (an empty models/ in the working directory) never wins
+    # over a real package, installed or editable. (pipeline/cli.py keeps the working directory
+    # off the path of docscore's processes and workers; tests/test_install_names.py.)
+    package_dir={"": "."},
     package_data={"runners": ["presets/*.yaml", "schedules/*.yaml", "Dockerfile", "*.json", "*.md"]},
     install_requires=RUNTIME,
     extras_require={"test": TEST, "bench": TEST},

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import sys
 
 # subcommand -> (module with main(argv) -> int, one-line help)
@@ -26,7 +27,23 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    # Processes a command starts (Beam's multi_processing workers are `python -m ...` subprocesses)
+    # run with PYTHONSAFEPATH=1: Python then leaves the working directory off their sys.path, so a
+    # user's folder named models/, kernels/, pipeline/ or runners/ there is never imported in place
+    # of docscore's packages (the `docscore` process itself never has it; pipeline/__main__.py drops
+    # it for `python -m pipeline`). Restored afterwards for a caller that runs main in-process.
+    before = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = before
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2

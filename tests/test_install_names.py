@@ -1,0 +1,149 @@
+"""docscore's import names (pipeline, models, kernels, runners) never resolve to a user's folders, and its
+built distributions hold every module.
+
+Three things keep a folder named like a docscore package in the working directory out (setup.py,
+pipeline/cli.py, pipeline/__main__.py): the packages are regular packages found on sys.path, installed or
+editable, so a folder without __init__.py never wins over them; the `docscore` command starts its Beam
+workers with PYTHONSAFEPATH=1, so they never have the working directory on their path; `python -m
+pipeline` drops it before importing anything else. Every case runs real processes in a working
+directory holding such folders.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import read_summary, read_table
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("pipeline", "models", "kernels", "runners")
+DOCSCORE = str(Path(sys.executable).with_name("docscore"))
+# What a user's own package of the same name does when it is imported by mistake.
+HOSTILE_INIT = "raise ImportError('the working directory\\'s {name} was imported instead of docscore\\'s')\n"
+# package data (setup.py package_data) a Dataflow worker or the Flex Template launcher reads
+DATA_FILES = ("runners/flex_template_metadata.json", "runners/Dockerfile")
+
+
+def _run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (f"{' '.join(cmd)} in {cwd} exited {proc.returncode}\n"
+                                  f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def _sample_in(workdir: Path) -> dict:
+    from pipeline import sample_data
+
+    return sample_data.write_sample(str(workdir / "data"))
+
+
+def _assert_run_complete(out: Path, documents: int) -> None:
+    counts = read_summary(out, "sample")["counts"]
+    assert counts["records"] == counts["scored"] + counts["errors"] == documents
+    assert counts["scored"] == documents, counts
+    scores, _ = read_table(out, "scores", "sample")
+    assert len(scores) == documents and scores["doc_id"].nunique() == documents
+
+
+def _source_modules(root: Path) -> set[str]:
+    """Every module file of the four packages, as a path relative to root."""
+    return {p.relative_to(root).as_posix() for top in PACKAGES for p in (root / top).rglob("*.py")
+            if "__pycache__" not in p.parts}
+
+
+@pytest.fixture(scope="module")
+def empty_namesakes(tmp_path_factory) -> tuple[Path, dict]:
+    """A working directory with empty models/, kernels/, pipeline/ and runners/ folders and the sample data."""
+    workdir = tmp_path_factory.mktemp("empty-namesakes")
+    for name in PACKAGES:
+        (workdir / name).mkdir()
+    return workdir, _sample_in(workdir)
+
+
+@pytest.mark.integration
+def test_a_python_started_among_empty_namesakes_imports_docscores_packages(empty_namesakes):
+    """`python -c` puts the working directory first on sys.path; its empty folders still lose."""
+    workdir, _ = empty_namesakes
+    code = "import json, importlib; print(json.dumps({n: importlib.import_module(n).__file__ for n in %r}))" % (PACKAGES,)
+    files = json.loads(_run([sys.executable, "-c", code], workdir).stdout)
+    assert {n: Path(f).resolve().parent for n, f in files.items() if f} == {n: ROOT / n for n in PACKAGES}, files
+
+
+@pytest.mark.integration
+def test_docscore_run_with_multi_process_workers_among_empty_namesakes(empty_namesakes):
+    workdir, info = empty_namesakes
+    out = workdir / "out-docscore"
+    _run([DOCSCORE, "run", "--config", info["config"], "--output", str(out),
+          "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"], workdir)
+    _assert_run_complete(out, info["documents"])
+
+
+@pytest.mark.integration
+def test_python_m_pipeline_run_among_empty_namesakes(empty_namesakes):
+    workdir, info = empty_namesakes
+    out = workdir / "out-python-m"
+    _run([sys.executable, "-m", "pipeline", "run", "--config", info["config"], "--output", str(out)], workdir)
+    _assert_run_complete(out, info["documents"])
+
+
+@pytest.mark.integration
+def test_a_users_own_models_kernels_and_runners_packages_are_never_imported(tmp_path):
+    """Folders that are packages of the user's (each raises on import) beside `python -m pipeline run` with
+    multi-process workers: neither the command nor its workers import them."""
+    for name in ("models", "runners"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(HOSTILE_INIT.format(name=name))
+    (tmp_path / "kernels.py").write_text(HOSTILE_INIT.format(name="kernels"))
+    info = _sample_in(tmp_path)
+    out = tmp_path / "out"
+    _run([sys.executable, "-m", "pipeline", "run", "--config", info["config"], "--output", str(out),
+          "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"], tmp_path)
+    _assert_run_complete(out, info["documents"])
+
+
+@pytest.mark.integration
+def test_built_sdist_and_wheel_hold_every_module_and_install_importable(tmp_path):
+    """Builds both with setuptools' own build backend (what pip and `python -m build` call) from a copy of
+    setup.py and the four packages, then installs the sdist the way a Dataflow worker does (pip, no
+    dependencies) into a folder of its own and imports every module from there."""
+    src, dist, site = tmp_path / "src", tmp_path / "dist", tmp_path / "site"
+    src.mkdir()
+    shutil.copy2(ROOT / "setup.py", src / "setup.py")
+    for top in PACKAGES:
+        shutil.copytree(ROOT / top, src / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    build = ("import sys; out = sys.argv[1]; from setuptools import build_meta as b; "
+             "b.build_sdist(out); b.build_wheel(out)")  # (build_meta rewrites sys.argv)
+    _run([sys.executable, "-c", build, str(dist)], src)
+    (sdist,), (wheel,) = list(dist.glob("docscore-*.tar.gz")), list(dist.glob("docscore-*.whl"))
+
+    expected = _source_modules(src) | set(DATA_FILES)
+    assert {"pipeline/tasks/__init__.py", "pipeline/io/sources.py", "models/__init__.py",
+            "kernels/__init__.py", "runners/flex_main.py"} <= expected
+    with zipfile.ZipFile(wheel) as whl:
+        in_wheel = set(whl.namelist())
+    with tarfile.open(sdist) as sd:
+        in_sdist = {n.split("/", 1)[1] for n in sd.getnames() if "/" in n}
+    assert not expected - in_wheel, f"missing from the wheel: {sorted(expected - in_wheel)}"
+    assert not expected - in_sdist, f"missing from the sdist: {sorted(expected - in_sdist)}"
+
+    _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+          "--target", str(site), str(sdist)], tmp_path)
+    modules = sorted(m[:-3].replace("/", ".").removesuffix(".__init__") for m in _source_modules(src)
+                     if not m.endswith("/__main__.py"))  # importing it would run the command
+    check = ("import importlib, json, sys; "
+             "print(json.dumps({m: importlib.import_module(m).__file__ for m in sys.argv[1:]}))")
+    env = dict(os.environ, PYTHONPATH=str(site), PYTHONSAFEPATH="1")
+    proc = subprocess.run([sys.executable, "-c", check, *modules], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    files = json.loads(proc.stdout.splitlines()[-1])
+    outside = {m: f for m, f in files.items() if not Path(f).resolve().is_relative_to(site.resolve())}
+    assert not outside, f"imported from outside the installed sdist: {outside}"
