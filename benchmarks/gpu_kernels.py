@@ -12,8 +12,14 @@ Sections, in order, each case on its own (a failing case is printed and recorded
             and temp bytes 32k/16k per kernel (2 = linear in length, 4 = quadratic).
   pipeline  the pipeline's row shapes (MiniLM: 12 heads, head_dim 32): xla, pallas_gpu, cudnn on one
             document per row, and cudnn with a dense [B,1,L,L] mask as it was before (for comparison).
-  precision float32 xla at the default matmul precision (TF32 on NVIDIA GPUs) and at "highest".
+  precision float32 at docscore's matmul precisions (models/precision.py: "highest" for --dtype float32,
+            TF32_TF32_F32 for --matmul_precision tf32) and XLA's "default": at the pipeline's shapes, the
+            model's dense matmuls (MiniLM's and BERT-base's) and xla attention, ms and error (matmuls against
+            float64, attention against the float32 "highest" reference), tf32/highest speed-up; then xla
+            attention at 1k against float64 (default / tf32 / highest).
   tiles     pallas_gpu at 8k with a few block sizes / warps / stages (for tuning kernels/pallas_gpu.py).
+--sections runs only the named sections, in the order given (default: all, in the order above); timing
+takes --lengths and --timing-causal (some: causal at 2k, 8k and 32k only; all; none; only).
 Stops starting new cases after --budget-s seconds (default 130, so the whole run stays under 150 s on
 an H200 including compiles) and says what it skipped. Prints markdown tables; writes JSON to
 $OUT/gpu_kernels.json when OUT is set (or --json PATH). Exits 1 when a check or parity case fails, 2
@@ -22,6 +28,10 @@ without a GPU (unless --quick). Run from the repository root:
   python benchmarks/gpu_kernels.py              # on the GPU machine (jax[cuda])
   python benchmarks/gpu_kernels.py --quick      # anywhere: small shapes; on CPU Pallas runs in its
                                                 # interpreter and cudnn's adapter on jax's XLA path
+                                                # (tf32 is a GPU format: reported unsupported there)
+  # what the 2026-12-04 H200 run left unmeasured (benchmarks/RESULTS.md, "GPU: what the next session runs"):
+  python benchmarks/gpu_kernels.py --sections precision pipeline timing --lengths 8192 16384 32768 \
+      --timing-causal all --repeats 5 --budget-s 420
 """
 from __future__ import annotations
 
@@ -46,11 +56,18 @@ from kernels.cudnn import cudnn_attention  # noqa: E402
 from kernels.masking import allowed  # noqa: E402
 from kernels.pallas_gpu import pallas_gpu_attention  # noqa: E402
 from kernels.reference import reference_attention  # noqa: E402
+from models.precision import CHOICES, with_matmul_precision  # noqa: E402
 
 BF16_TOLERANCE = 2e-2  # the contract's bfloat16 bound against the reference
 F32_TOLERANCE = 2e-5
 KERNELS = ("xla", "cudnn", "pallas_gpu", "blockwise")
 XLA_MEMORY_SHARE = 0.5  # skip xla where its estimated scores would take more of the device than this
+# float32 matmul precisions compared: docscore's two named choices (models/precision.py) and XLA's default
+PRECISIONS = (("highest", CHOICES["float32"]), ("tf32", CHOICES["tf32"]), ("default", "default"))
+# The dense matmuls of one pipeline call, [tokens, in] x [in, out]: MiniLM (hidden 384: q/k/v, FFN up and
+# down) and BERT-base (hidden 768: FFN up); tokens = a call's rows x length (128 x 256 = 16 x 2048).
+DENSE_SHAPES = (("minilm qkv", 384, 1152), ("minilm ffn up", 384, 1536), ("minilm ffn down", 1536, 384),
+                ("bert-base ffn up", 768, 3072))
 
 
 class Run:
@@ -60,6 +77,7 @@ class Run:
         self.emulate = jax.default_backend() != "gpu"  # CPU --quick: interpreted Pallas, cudnn via XLA
         self.quick = args.quick
         self.repeats = args.repeats
+        self.timing_causal = args.timing_causal
         self.deadline = PROCESS_START + args.budget_s
         self.started = PROCESS_START
         if args.quick:
@@ -322,8 +340,10 @@ def timing(run: Run) -> None:
           "xla/pallas_gpu |")
     print("|---|---|---|---|---|---|---|---|")
     lengths = run.timing_lengths
-    plan = [(length, False) for length in lengths]
-    plan += [(length, True) for length in lengths if length in (2048, 8192, 32768) or run.quick]
+    plain = [] if run.timing_causal == "only" else [(length, False) for length in lengths]
+    causal_lengths = {"some": [n for n in lengths if n in (2048, 8192, 32768) or run.quick],
+                      "all": list(lengths), "only": list(lengths), "none": []}[run.timing_causal]
+    plan = plain + [(length, True) for length in causal_lengths]
     blockwise_at = {lengths[len(lengths) // 2], lengths[-1]}
     for length, causal in plan:
         row = {}
@@ -481,27 +501,128 @@ def pallas_tiles(run: Run) -> None:
 
 
 def precision(run: Run) -> None:
-    """float32 xla attention at the default matmul precision and at "highest" against float64."""
+    """float32 at each of PRECISIONS: the pipeline's dense matmuls and xla attention (ms, error, tf32 and
+    default speed-up over highest), then xla attention at 1k against float64."""
+    dense_precision(run)
+    attention_precision(run)
+    attention_precision_long(run)
+    highest = [e for e in run.results["precision"]
+               if e.get("case") == "attention float64" and e["matmul_precision"] == "highest"]
+    if highest and not highest[0]["within_f32_bound"]:
+        run.fail(f"float32 at precision highest is off by {highest[0]['error']:.1e}")
+
+
+def _precision_call(run: Run, entry: dict, fn, setting: str, args) -> None:
+    """Time `fn` traced under jax.default_matmul_precision(setting) into `entry`, and say whether the
+    compiled program names tf32; a backend that has no such precision is recorded, not failed."""
+    try:
+        entry.update(time_compiled(run, with_matmul_precision(fn, setting), args))
+        if not run.emulate:
+            text = jax.jit(with_matmul_precision(fn, setting)).lower(*args).compile().as_text().lower()
+            entry["compiled_names_tf32"] = "tf32" in text
+    except Exception as error:  # noqa: BLE001 - e.g. TF32_TF32_F32 on CPU ("not supported by dot_general")
+        entry.update(status=f"unsupported: {type(error).__name__}: {str(error)[:200]}")
+
+
+def _speedups(row: dict) -> str:
+    base = row.get("highest", {}).get("ms")
+    return " | ".join(f"{base / row[n]['ms']:.2f}" if base and "ms" in row.get(n, {}) else "-"
+                      for n in ("tf32", "default"))
+
+
+def dense_precision(run: Run) -> None:
+    """The model's dense matmuls at a pipeline call's size, float32: ms per precision and the max error
+    relative to max |exact| over the first 256 rows against float64 NumPy."""
+    tokens = 32768 if not run.quick else 1024
+    print(f"\n## float32 dense matmuls at the pipeline's size ([{tokens}, in] x [in, out]; ms, max error / "
+          f"max |exact| over 256 rows against float64)\n")
+    print("| matmul | " + " | ".join(f"{n} ms | {n} error" for n, _ in PRECISIONS)
+          + " | highest/tf32 | highest/default |")
+    print("|---|" + "---|---|" * len(PRECISIONS) + "---|---|")
+    for index, (name, n_in, n_out) in enumerate(DENSE_SHAPES):
+        keys = jax.random.split(jax.random.key(10 + index), 2)
+        x = jax.random.normal(keys[0], (tokens, n_in), jnp.float32)
+        w = jax.random.normal(keys[1], (n_in, n_out), jnp.float32) * 0.05  # std of random model weights
+        exact = np.asarray(x[:256], np.float64) @ np.asarray(w, np.float64)
+        scale = float(np.abs(exact).max())
+        row, cells = {}, []
+        for label, setting in PRECISIONS:
+            entry = dict(case="dense", matmul=name, tokens=tokens, n_in=n_in, n_out=n_out,
+                         matmul_precision=label, setting=setting)
+            if run.out_of_time(f"precision dense {name} {label}"):
+                cells += ["skipped", "-"]
+                continue
+            _precision_call(run, entry, lambda a, b: a @ b, setting, (x, w))
+            if "ms" in entry:
+                with jax.default_matmul_precision(setting):
+                    out = np.asarray(jax.jit(lambda a, b: a[:256] @ b)(x, w), np.float64)
+                entry["error"] = float(np.abs(out - exact).max()) / scale
+                cells += [f"{entry['ms']:.3f}", f"{entry['error']:.1e}"]
+            else:
+                cells += ["unsupported", "-"]
+            row[label] = entry
+            run.results["precision"].append(entry)
+        print(f"| {name} [{n_in}x{n_out}] | " + " | ".join(cells) + f" | {_speedups(row)} |", flush=True)
+
+
+def attention_precision(run: Run) -> None:
+    """MiniLM's attention (12 heads, head_dim 32, packed rows, not causal) in float32 on the pipeline's
+    rows, through the xla kernel (the one float32 reaches on gpu: cudnn and pallas_gpu refuse float32):
+    ms per precision and max abs error against the float32 "highest" reference."""
+    heads, head_dim = 12, 32
+    print(f"\n## float32 xla attention at the pipeline's rows ({heads} heads, head_dim {head_dim}, packed; ms, "
+          "max abs error against the float32 highest reference)\n")
+    print("| batch x length | " + " | ".join(f"{n} ms | {n} error" for n, _ in PRECISIONS)
+          + " | highest/tf32 | highest/default |")
+    print("|---|" + "---|---|" * len(PRECISIONS) + "---|---|")
+    for batch, length in run.pipeline_shapes:
+        q, k, v = inputs(5, batch, length, heads, heads, head_dim, dtype=jnp.float32)
+        seg = jnp.asarray(rows("packed", batch, length))
+        try:
+            ref = jax.jit(lambda q, k, v, s: device_reference(q, k, v, s, False))(q, k, v, seg)
+        except Exception as error:  # noqa: BLE001
+            run.fail(f"precision reference {batch}x{length}: {type(error).__name__}: {str(error)[:300]}")
+            continue
+        fn = kernel_fn(run, "xla", False, True)
+        row, cells = {}, []
+        for label, setting in PRECISIONS:
+            entry = dict(case="attention", batch=batch, length=length, matmul_precision=label, setting=setting)
+            if run.out_of_time(f"precision attention {batch}x{length} {label}"):
+                cells += ["skipped", "-"]
+                continue
+            _precision_call(run, entry, fn, setting, (q, k, v, seg))
+            if "ms" in entry:
+                out = jax.jit(with_matmul_precision(fn, setting))(q, k, v, seg)
+                entry["error"] = float(compare(out, ref, seg)[0])
+                cells += [f"{entry['ms']:.3f}", f"{entry['error']:.1e}"]
+            else:
+                cells += ["unsupported", "-"]
+            row[label] = entry
+            run.results["precision"].append(entry)
+        print(f"| {batch}x{length} | " + " | ".join(cells) + f" | {_speedups(row)} |", flush=True)
+
+
+def attention_precision_long(run: Run) -> None:
+    """float32 xla attention at 1k tokens against float64, at each precision."""
     length = 1024 if not run.quick else 128
     q, k, v = inputs(3, 1, length, run.heads, run.heads, run.head_dim, dtype=jnp.float32)
     exact = reference_attention(*(np.asarray(x) for x in (q, k, v)))
     print(f"\n## float32 precision (xla, {length} tokens, max abs error against float64)\n")
-    for setting in ("default", "highest"):
-        if run.out_of_time(f"precision {setting}"):
+    for label, setting in PRECISIONS:
+        if run.out_of_time(f"precision {label}"):
             continue
         try:
-            with jax.default_matmul_precision(setting):
-                out = jax.jit(lambda q, k, v: attention(q, k, v, impl="xla"))(q, k, v)
+            out = jax.jit(with_matmul_precision(lambda q, k, v: attention(q, k, v, impl="xla"), setting))(q, k, v)
             err = float(np.abs(np.asarray(out, np.float64) - exact).max())
-            run.results["precision"].append(dict(matmul_precision=setting, error=err,
-                                                 within_f32_bound=err <= F32_TOLERANCE))
-            print(f"- {setting}: {err:.1e} ({'within' if err <= F32_TOLERANCE else 'outside'} the "
+            run.results["precision"].append(dict(case="attention float64", matmul_precision=label, setting=setting,
+                                                 error=err, within_f32_bound=err <= F32_TOLERANCE))
+            print(f"- {label} ({setting}): {err:.1e} ({'within' if err <= F32_TOLERANCE else 'outside'} the "
                   f"float32 bound {F32_TOLERANCE})")
         except Exception as error:  # noqa: BLE001
-            run.fail(f"precision {setting}: {type(error).__name__}: {str(error)[:300]}")
-    highest = [e for e in run.results["precision"] if e["matmul_precision"] == "highest"]
-    if highest and not highest[0]["within_f32_bound"]:
-        run.fail(f"float32 at precision highest is off by {highest[0]['error']:.1e}")
+            if label == "tf32" and run.emulate:
+                print(f"- {label} ({setting}): unsupported on {jax.default_backend()}")
+                continue
+            run.fail(f"precision {label}: {type(error).__name__}: {str(error)[:300]}")
 
 
 def main() -> int:
@@ -513,6 +634,10 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=130.0,
                         help="start no new case after this many seconds")
     parser.add_argument("--json", help="where to write the results (default $OUT/gpu_kernels.json)")
+    parser.add_argument("--sections", nargs="+", choices=tuple(SECTIONS), default=list(SECTIONS),
+                        help="run only these sections, in this order")
+    parser.add_argument("--timing-causal", choices=("some", "all", "none", "only"), default="some",
+                        help="causal timings: at 2k, 8k and 32k only (some), at every length, none, or only")
     args = parser.parse_args()
     if jax.default_backend() != "gpu" and not args.quick:
         print(f"needs a GPU backend (jax[cuda]); this machine runs jax on {jax.default_backend()} "
@@ -524,8 +649,9 @@ def main() -> int:
           f"{getattr(device, 'compute_capability', '-')}){' - emulated on CPU' if run.emulate else ''}")
     path = args.json or (os.path.join(os.environ["OUT"], "gpu_kernels.json") if os.environ.get("OUT")
                          else None)
-    for section in (check_choices, print_checks, check_parity, timing, pipeline_shapes, precision,
-                    pallas_tiles):
+    sections = [fn for name in args.sections for fn in SECTIONS[name]]
+    run.results["sections"] = list(args.sections)
+    for section in sections:
         try:
             section(run)
         except Exception as error:  # noqa: BLE001 - one broken section must not hide the others
@@ -542,6 +668,10 @@ def main() -> int:
     print(f"\nparity and checks: {'FAILED (' + str(len(failed)) + ')' if failed else 'ok'}; "
           f"{run.results['elapsed_s']} s")
     return 1 if failed else 0
+
+
+SECTIONS = {"checks": (check_choices, print_checks), "parity": (check_parity,), "timing": (timing,),
+            "pipeline": (pipeline_shapes,), "precision": (precision,), "tiles": (pallas_tiles,)}
 
 
 if __name__ == "__main__":
