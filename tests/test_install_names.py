@@ -74,7 +74,9 @@ def test_a_python_started_among_empty_namesakes_imports_docscores_packages(empty
     workdir, _ = empty_namesakes
     code = "import json, importlib; print(json.dumps({n: importlib.import_module(n).__file__ for n in %r}))" % (PACKAGES,)
     files = json.loads(_run([sys.executable, "-c", code], workdir).stdout)
-    assert {n: Path(f).resolve().parent for n, f in files.items() if f} == {n: ROOT / n for n in PACKAGES}, files
+    # docscore's regular packages (an empty folder imports as a namespace package, with no __file__)
+    assert all(f and Path(f).name == "__init__.py" and not Path(f).resolve().is_relative_to(workdir.resolve())
+               for f in files.values()), files
 
 
 @pytest.mark.integration
