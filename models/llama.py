@@ -29,17 +29,21 @@ def dense(features_in: int, features_out: int, *, bias: bool, dtype: jnp.dtype, 
 def rope_frequencies(rope: Rope, head_dim: int) -> np.ndarray:
     """Inverse frequencies [head_dim / 2] float32, computed as transformers' rope init functions do
     (default, linear, llama3), so the angles match theirs to the last bits that matter at 1e-4."""
-    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    inv_freq = (1.0 / np.power(np.float32(rope.theta), exponents)).astype(np.float64)
+    f32 = np.float32  # every step in float32 as torch does: one ulp of a frequency is 1e-4 rad at 4k positions
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)
+    # theta ** e rounded once to float32, which torch's vectorised powf gives in nearly every element
+    powers = np.power(float(rope.theta), exponents.astype(np.float64)).astype(f32)
+    inv_freq = f32(1.0) / powers
     if rope.kind == "linear":
-        inv_freq = inv_freq / rope.factor
+        inv_freq = inv_freq / f32(rope.factor)
     elif rope.kind == "llama3":  # long wavelengths divided by factor, short ones kept, the band between blended
-        old = rope.original_max_positions
-        low_wavelen, high_wavelen = old / rope.low_freq_factor, old / rope.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = np.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-        smooth = (old / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
-        blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        old, factor = f32(rope.original_max_positions), f32(rope.factor)
+        low, high = f32(rope.low_freq_factor), f32(rope.high_freq_factor)
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = (f32(1) / inv_freq) * f32(2 * math.pi)  # torch's scalar / tensor is reciprocal(tensor) * scalar
+        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = ((f32(1) / wavelen) * old - low) / (high - low)
+        blended = (f32(1) - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         inv_freq = np.where(medium, blended, scaled)
     return inv_freq.astype(np.float32)

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 
 import models
 from models.config import Rope, config_from_hf
-from models.hf_import import main as convert_main
+from models.hf_import import convert_hf_dir, main as convert_main
 from tests.conftest import SENTENCES, common_flags, read_summary, read_table, run_docscore, write_jsonl
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -291,3 +291,19 @@ def test_loglik_run_through_the_cli_matches_transformers(tmp_path):
     assert summary["task_metrics"]["loglik_tokens"] == sum(counts)
     assert summary["task_metrics"]["corpus_perplexity"] == pytest.approx(math.exp(-sum(totals) / sum(counts)), rel=1e-4)
     assert summary["model"]["family"] == "llama" and summary["model"]["max_seq_len"] == 64
+
+
+def test_a_long_document_through_the_flash_kernel_matches_native_and_transformers(tmp_path):
+    """One 4,600-token document (not a multiple of the blockwise kernel's blocks, past llama3's original
+    context many times over): blockwise (`--attention flash` on CPU) equals native and transformers."""
+    src = build_hf(tmp_path / "hf", "llama3", max_position_embeddings=8192)
+    convert_hf_dir(str(src), str(tmp_path / "model"))
+    flash = models.load(str(tmp_path / "model"), attention="flash")
+    native = models.load(str(tmp_path / "model"), attention="native")
+    assert (flash.attention, native.attention) == ("blockwise", "xla")
+    rng = np.random.default_rng(3)
+    ids = np.concatenate([[1], rng.integers(3, flash.config.vocab_size, 4599)]).astype(np.int32)[None]
+    segments = np.ones_like(ids)
+    ours = flash.token_logprobs(ids, segments)
+    np.testing.assert_allclose(ours, native.token_logprobs(ids, segments), atol=2e-5, rtol=0)
+    assert np.abs(ours - transformers_logprobs(src, ids, segments)).max() <= 1e-4
