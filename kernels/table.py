@@ -20,7 +20,8 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
 # per row then padding) before pallas_gpu (packed segments, masked inside the kernel). On tpu,
 # splash_tpu (grouped-query without repeating kv heads, segment ids, causal blocks skipped) before the
 # legacy pallas_tpu, decided on capability since no TPU has timed them (benchmarks/RESULTS.md, "TPU
-# flash: splash attention"); pallas_tpu stays for what splash_tpu would refuse and as an explicit name.
+# flash: splash attention"); pallas_tpu stays second and as an explicit name (today it refuses whatever
+# splash_tpu refuses: a dtype other than float32 or bfloat16).
 FLASH: dict[str, tuple[str, ...]] = {
     "cpu": ("blockwise",),
     "gpu": ("cudnn", "pallas_gpu"),
