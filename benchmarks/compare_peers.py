@@ -235,10 +235,11 @@ def run_docscore_loop(docs: list[dict], dtype: str, attention: str) -> tuple[lis
 def run_docscore_pipeline(docs: list[dict], dtype: str, attention: str, work: str) -> tuple[list, dict]:
     import pyarrow.parquet as pq
 
+    from pipeline.io import run_commit
     from pipeline.launch import main as docscore_run
 
     out = os.path.join(work, "docscore_out")
-    start_epoch = time.time()  # the tables' _SUCCESS markers are file times
+    start_epoch = time.time()  # the summary's committed_at is an epoch time
     start = time.perf_counter()
     code = docscore_run(["--input", os.path.join(work, "docs.jsonl"), "--output", out, "--task", "embed",
                          "--attention", attention, "--dtype", dtype, "--max_seq_len", str(MAX_LEN),
@@ -248,9 +249,8 @@ def run_docscore_pipeline(docs: list[dict], dtype: str, attention: str, work: st
         raise RuntimeError(f"docscore run exited {code}")
     with open(os.path.join(out, "runs", "run_id=bench", "summary.json")) as f:
         summary = json.load(f)
-    table = pq.read_table(os.path.join(out, "scores", "run_id=bench"))
-    # the tables are published when the later of their _SUCCESS markers is written (pipeline/io/sinks.py)
-    tables_s = max(os.path.getmtime(os.path.join(out, t, "run_id=bench", "_SUCCESS")) for t in ("scores", "errors")) - start_epoch
+    table = pq.read_table(run_commit.committed_files(out, "bench", "scores"), partitioning=None)
+    tables_s = summary["committed_at"] - start_epoch  # the run became visible (pipeline/io/run_commit.py)
     info = {"tables_s": tables_s, "command_s": command_s, "attention_impl": summary["kernel"]["resolved"],
             "padding_efficiency": summary["tokens"]["padding_efficiency"], "compiles": summary["compile"]["count"]}
     return by_id(docs, table.column("doc_id").to_pylist(), table.column("embedding").to_pylist()), info

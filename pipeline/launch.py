@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import sys
 import time
@@ -19,10 +20,11 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 from pipeline.graph import build_pipeline
-from pipeline.io import sinks
+from pipeline.io import run_commit, run_lease, sinks
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.runs import publish
 from pipeline.telemetry import progress
+from pipeline.telemetry.progress import runs_locally
 from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
 from pipeline.telemetry.timing import STAGES
 from pipeline.validate import validate
@@ -175,35 +177,76 @@ def main(argv: list[str] | None = None) -> int:
         print(f"docscore run: note: {notice}", file=sys.stderr)
     staging_root = eo.get_all_options().get("temp_location") if eo.output.startswith(sinks.BQ_PREFIX) else None
     out = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format, staging_root)
+    why_not_wait = publish.submit_only(options)
+    lease = None
+    if not why_not_wait and not eo.output.startswith(sinks.BQ_PREFIX):
+        try:
+            lease = run_lease.acquire(eo.output, eo.run_id, out.launch)
+        except run_lease.LeaseHeld as e:
+            print(f"docscore run: {e}", file=sys.stderr)
+            return 2
+        out = dataclasses.replace(out, leased=True)
+        for left in run_lease.remove_stale(eo.output, own_launch=out.launch):
+            print(f"docscore run: note: removed {left}, left by a launch that did not finish", file=sys.stderr)
+    try:
+        return run_and_report(options, eo, plan, out, why_not_wait, command_started)
+    except KeyboardInterrupt:
+        committed = (not eo.output.startswith(sinks.BQ_PREFIX)
+                     and (run_commit.committed_summary(eo.output, eo.run_id) or {}).get(run_commit.LAUNCH_KEY) == out.launch)
+        if runs_locally(options) and not committed:
+            run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)
+        what = ("the run was published before the interrupt" if committed else
+                "nothing was published: the previous run of this run_id, if any, is what readers see")
+        if not runs_locally(options):
+            what += "; the job itself was not cancelled"
+            lease = None  # the job still publishes: its lease expires instead of being dropped under it
+        print(f"\ndocscore run {eo.run_id}: interrupted; {what}", file=sys.stderr)
+        return 130
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_not_wait: str | None,
+                   command_started: float) -> int:
+    """Build and run the job, wait for it, enrich what it committed, print where the tables are; the exit code."""
     started = time.time()
     p = beam.Pipeline(options=options)
     counter_dir = progress.local_counter_dir(options)
     build_pipeline(p, eo, plan, out, counter_dir, started)
-    why_not_wait = publish.submit_only(options)
     if why_not_wait:  # nothing to wait for here; the job publishes its own tables when it runs
         p.run()
         print(publish.submitted_message(eo.run_id, out, why_not_wait))
         return 0
+    failed = None
     try:
         with launcher_objects_frozen():
             result, reporter = progress.run_with_progress(p, counter_dir, display=not eo.no_progress)
-        state = result.state
-    except Exception as e:  # the job failed: nothing is published, the previous partition stays
-        print(f"docscore run {eo.run_id}: the pipeline failed ({type(e).__name__}: {e}); nothing was published", file=sys.stderr)
+        if result.state not in (None, "DONE"):
+            failed = f"the pipeline ended in state {result.state}"
+    except Exception as e:
+        failed = f"the pipeline failed ({type(e).__name__}: {e})"
+    if failed:  # the job did not commit: the previous run stays what readers see
+        if not eo.output.startswith(sinks.BQ_PREFIX) and runs_locally(options):
+            run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)
+        print(f"docscore run {eo.run_id}: {failed}; nothing was published (the previous run of this run_id, "
+              "if any, is what readers see)", file=sys.stderr)
         return 1
-    if state not in (None, "DONE"):
-        print(f"docscore run {eo.run_id}: the pipeline ended in state {state}; nothing was published", file=sys.stderr)
-        return 1
-    # the job published the tables and summary.json; add what only the launcher knows
-    # the gates' outcomes go into the published summary before the history row and report are derived from it
-    summary = publish.enrich_published_summary(out, metric_values(result, "docscore"), command_started,
-                                               finish=lambda s: with_gates(s, eo.max_error_fraction))
+    # the job committed the run; add what only the launcher knows, the gates' outcomes included, before
+    # the report is derived from it
     published = sinks.published_paths(out)
+    try:
+        summary = publish.enrich_published_summary(out, metric_values(result, "docscore"), command_started,
+                                                   finish=lambda s: with_gates(s, eo.max_error_fraction))
+    except Exception as e:  # the run is committed; only the launcher's additions are missing
+        print(f"docscore run {eo.run_id}: the run is published, but the launcher's additions to its summary "
+              f"(Beam metrics, command time, gates) were not written ({type(e).__name__}: {e})", file=sys.stderr)
+        return 0
     if summary is None:  # BigQuery: the run's summary is its PREFIX_runs row
         print(f"docscore run {eo.run_id}: published " + ", ".join(published.values()))
         return 0
     reporter.write_samples(progress.samples_path(eo.output, eo.run_id))
-    derived = publish.write_derived(out, summary)  # history row and report
+    derived = publish.write_derived(out, summary)  # the report
     if "report" in derived:
         published["report"] = derived["report"]
     print_report(summary, published)

@@ -14,7 +14,7 @@ import re
 import fsspec
 
 from pipeline import tasks
-from pipeline.io import sinks, sources, tfds_reader
+from pipeline.io import run_commit, sinks, sources, tfds_reader
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels
 from pipeline.stages import batching, shadow
 from pipeline.stages.inference import ModelSpec, shared_model
@@ -245,6 +245,10 @@ def validate(eo: EvalOptions) -> RunPlan:
             sinks.check_writable(eo.output)
         except OSError as e:
             raise ConfigError(f"--output {eo.output} is not writable ({e}); choose a directory you can write to") from None
+        linked = run_commit.linked_partitions(eo.output, eo.run_id)
+        if linked:
+            raise ConfigError(f"--output {eo.output}: {linked[0]} is a symlink; docscore does not write or delete through "
+                              "links in its output: remove the link (its target is left as it is) or choose another --output")
 
     model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir)
     loaded, same_backend = load_for_checks(model_spec, backend)

@@ -95,13 +95,15 @@ def write_jsonl(path: Path, records: list) -> Path:
 
 
 def read_table(out: Path, table: str, run_id: str):
-    """The published table of a run as a pandas DataFrame (parquet or jsonl), and its files."""
+    """The committed table of a run (the files its summary.json names) as a pandas DataFrame (parquet or
+    jsonl), and its files."""
     import pandas as pd
 
-    part = out / table / f"run_id={run_id}"
-    assert (part / "_SUCCESS").exists(), f"{part} has no _SUCCESS"
-    files = sorted(p for p in part.iterdir() if p.name.startswith("part"))
-    assert files, f"{part} holds no part files"
+    from pipeline.io import run_commit
+
+    assert run_commit.committed_summary(str(out), run_id) is not None, f"run {run_id} under {out} is not committed"
+    files = [Path(f) for f in run_commit.committed_files(str(out), run_id, table)]
+    assert files, f"run {run_id} names no {table} files"
     if files[0].suffix == ".parquet":
         return pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True), files
     rows = [json.loads(line) for f in files for line in open(f, encoding="utf-8") if line.strip()]

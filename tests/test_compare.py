@@ -40,28 +40,37 @@ def summary(run_id: str, task: str, infer_p50: float = 10.0, wall_s: float = 30.
 
 
 def write_run(out: str, run_id: str, rows: list[dict], *, n_errors: int = 0, run_summary: dict | None = None,
-              publish: bool = True, fmt: str = "parquet") -> str:
-    """DIR/{scores,errors,runs}/run_id=ID as `docscore run` publishes them (two part files for scores)."""
+              publish: bool = True, fmt: str = "parquet", legacy: bool = False) -> str:
+    """DIR/{scores,errors,runs}/run_id=ID as `docscore run` commits them (two part files for scores, a
+    summary.json naming the files); publish=False: the files without the commit; legacy: as docscore
+    published before the run-level commit (a _SUCCESS per partition, a summary without `files`)."""
     fs, root = fsspec.core.url_to_fs(out)
     errors = [{"run_id": run_id, "doc_id": None, "source": "gs://bucket/in/bad.jsonl", "record_index": i,
                "stage": "parse", "error_type": "JSONDecodeError", "message": "bad", "raw": "{"} for i in range(n_errors)]
+    files: dict[str, list[str]] = {}
     for table, schema, chunks in (("scores", SCORES_SCHEMA, [rows[: len(rows) // 2], rows[len(rows) // 2:]]),
                                   ("errors", ERRORS_SCHEMA, [errors])):
         part_dir = posixpath.join(root, table, f"run_id={run_id}")
         fs.makedirs(part_dir, exist_ok=True)
+        files[table] = []
         for k, chunk in enumerate(chunks):
-            path = posixpath.join(part_dir, f"part-{k:05d}-of-{len(chunks):05d}.{fmt}")
+            name = f"part-{k:05d}-of-{len(chunks):05d}.{fmt}" if legacy else f"part-0123456789ab-{k:05d}-of-{len(chunks):05d}.{fmt}"
+            path = posixpath.join(part_dir, name)
             if fmt == "parquet":
                 with fs.open(path, "wb") as f:
                     pq.write_table(pa.Table.from_pylist(chunk, schema=schema), f)
             else:
                 fs.pipe(path, "".join(json.dumps(r) + "\n" for r in chunk).encode())
-        if publish:
+            files[table].append(f"{table}/run_id={run_id}/{name}")
+        if legacy:
             fs.pipe(posixpath.join(part_dir, "_SUCCESS"), b"")
     runs_dir = posixpath.join(root, "runs", f"run_id={run_id}")
     fs.makedirs(runs_dir, exist_ok=True)
-    fs.pipe(posixpath.join(runs_dir, "summary.json"), json.dumps(run_summary or summary(run_id, rows[0]["task"])).encode())
-    fs.pipe(posixpath.join(runs_dir, "_SUCCESS"), b"")
+    committed = dict(run_summary or summary(run_id, rows[0]["task"]))
+    if not legacy:
+        committed.update(files=files, launch_id="0123456789ab")
+    if publish:
+        fs.pipe(posixpath.join(runs_dir, "summary.json"), json.dumps(committed).encode())
     return f"{out.rstrip('/')}/scores/run_id={run_id}"
 
 
@@ -155,23 +164,34 @@ def test_stage_timing_change(tmp_path, capsys):
     assert code == 1 and result["violations"] == ["infer p50 slowdown (B/A) 2.5 > --max_stage_slowdown=2"]
 
 
-def test_unpublished_partition_is_refused(tmp_path, capsys):
+def test_a_run_that_did_not_commit_is_refused(tmp_path, capsys):
     rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
     a = write_run(str(tmp_path), "a", rows)
     b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows], publish=False)
     assert compare([a, b]) == 2
     err = capsys.readouterr().err
-    assert "run_id=b has no _SUCCESS" in err and "ignored" in err
+    assert "run 'b'" in err and "no committed summary.json" in err and "ignored" in err
 
 
-def test_errors_without_success_are_noted(tmp_path, capsys):
+def test_files_the_summary_does_not_name_are_not_read(tmp_path, capsys):
+    """A half-placed rerun's files beside the committed run's: only the committed files count."""
     rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
     a = write_run(str(tmp_path), "a", rows, n_errors=2)
     b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows], n_errors=2)
-    (tmp_path / "errors" / "run_id=b" / "_SUCCESS").unlink()
+    stray = tmp_path / "errors" / "run_id=b" / "part-fedcba987654-00000-of-00001.parquet"
+    row = {"run_id": "b", "doc_id": None, "source": "x", "record_index": 0, "stage": "parse", "error_type": "t",
+           "message": "m", "raw": ""}
+    pq.write_table(pa.Table.from_pylist([row] * 5, schema=ERRORS_SCHEMA), stray)
     code, result = run_compare(capsys, a, b)
-    assert result["errors"] == {"a": 2, "b": 0}
-    assert any("errors/run_id=b has no _SUCCESS" in n for n in result["notes"])
+    assert code == 0 and result["errors"] == {"a": 2, "b": 2}
+
+
+def test_a_run_published_before_the_run_level_commit_is_read_through_its_markers(tmp_path, capsys):
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
+    a = write_run(str(tmp_path), "a", rows, n_errors=1, legacy=True)
+    b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows], n_errors=1)
+    code, result = run_compare(capsys, a, b)
+    assert code == 0 and result["errors"] == {"a": 1, "b": 1} and result["documents"]["matched"] == 4
 
 
 def test_duplicates_are_violations_and_a_task_mismatch_cannot_be_compared(tmp_path, capsys):

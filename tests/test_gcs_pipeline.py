@@ -39,11 +39,15 @@ def upload_inputs(fs, bucket: str) -> dict[str, str]:
 
 
 def read_partition(fs, path: str) -> tuple[pa.Table, dict[str, int]]:
-    """A published partition's rows (sorted by source, record_index) and {file: generation}."""
+    """A committed partition's rows (sorted by source, record_index) and {file: generation}; the partition
+    holds the files its run's summary names and nothing else (left-overs are removed after the commit)."""
+    from pipeline.io import run_commit
+
+    bucket, table_name, partition = path.split("/")[0], path.split("/")[-2], path.split("/")[-1]
+    committed = run_commit.committed_files(f"gs://{bucket}/out", partition[len("run_id="):], table_name)
     files = {p: int(fs.info(p)["generation"]) for p in fs.ls(path, detail=False, refresh=True)}
-    assert f"{path}/_SUCCESS" in files, f"{path} is not published"
-    parts = [p for p in files if p.rsplit("/", 1)[-1].startswith("part")]
-    table = pa.concat_tables([pq.read_table(fs.open(p, "rb")) for p in parts])
+    assert sorted(files) == sorted(run_commit.fs_path(f) for f in committed), f"{path}: {sorted(files)} vs {committed}"
+    table = pa.concat_tables([pq.read_table(fs.open(p, "rb")) for p in files])
     return table.sort_by([("source", "ascending"), ("record_index", "ascending")]), files
 
 
@@ -106,11 +110,11 @@ def test_gs_to_gs_run_and_faulty_rerun_give_the_same_tables(gcs_emulator, tmp_pa
     finally:
         check.stop()
 
-    # the rerun replaced every file (newer generations only, same set of names) ...
+    # the rerun replaced every file (its own launch's names, newer generations; the first run's files gone) ...
     newest_before = max([*score_files.values(), *error_files.values()])
-    for files in (rerun_score_files, rerun_error_files):
-        assert min(files.values()) > newest_before, "a file of the first run survived the rerun"
-    assert sorted(rerun_score_files) == sorted(score_files) and sorted(rerun_error_files) == sorted(error_files)
+    for files, before in ((rerun_score_files, score_files), (rerun_error_files, error_files)):
+        assert min(files.values()) > newest_before and not set(files) & set(before), "a file of the first run survived"
+    assert rerun_summary["launch_id"] != summary["launch_id"]
     assert rerun_summary["finished_at"] > summary["finished_at"]
     assert not leftovers, leftovers
     # ... with the same rows: nothing lost, nothing duplicated

@@ -3,12 +3,14 @@ through fsspec. The row of a REAL run is checked against its tables in tests/tes
 from __future__ import annotations
 
 import datetime
+import json
 
 import duckdb
 import fsspec
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.io import run_commit
 from pipeline.runs import history
 
 
@@ -52,24 +54,30 @@ def test_a_sparse_summary_gives_nulls_and_no_run_id_is_refused():
         history.history_row({"counts": {}})
 
 
-def test_each_run_writes_its_own_file_and_a_rerun_replaces_it(tmp_path):
+def test_each_launch_writes_its_own_file_and_only_committed_rows_are_read(tmp_path):
     out = str(tmp_path)
-    history.write_history_row(out, summary_like_run_py("r1", scored=9, errors=1, docs_per_s=1.0, accuracy=0.5))
-    history.write_history_row(out, summary_like_run_py("r2", scored=10, errors=0, docs_per_s=2.0, accuracy=0.6))
-    history.write_history_row(out, summary_like_run_py("r1", scored=10, errors=0, docs_per_s=3.0, accuracy=0.7))
-    rows = duckdb.sql(
-        f"SELECT run_id, docs_per_s, task_metrics['accuracy'] FROM '{history.history_glob(out)}' ORDER BY run_id"
-    ).fetchall()
-    assert rows == [("r1", 3.0, 0.7), ("r2", 2.0, 0.6)]
-    leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and p.name != history.HISTORY_FILE]
-    assert leftovers == []  # the temporary file was moved into place
+    r1 = history.write_history_row(out, summary_like_run_py("r1", scored=9, errors=1, docs_per_s=1.0, accuracy=0.5), "aaaa")
+    r2 = history.write_history_row(out, summary_like_run_py("r2", scored=10, errors=0, docs_per_s=2.0, accuracy=0.6), "bbbb")
+    r1_again = history.write_history_row(out, summary_like_run_py("r1", scored=10, errors=0, docs_per_s=3.0, accuracy=0.7), "cccc")
+    assert r1 == "runs/run_id=r1/history-aaaa.parquet" and r1_again != r1
+    for run_id, launch, path in (("r1", "cccc", r1_again), ("r2", "bbbb", r2)):  # what the commit writes
+        (tmp_path / "runs" / f"run_id={run_id}" / "summary.json").write_text(
+            json.dumps({"run_id": run_id, "launch_id": launch, "files": {"history": [path]}}))
+    rows = history.read_history(out).select(["run_id", "docs_per_s"]).to_pylist()
+    assert sorted((r["run_id"], r["docs_per_s"]) for r in rows) == [("r1", 3.0), ("r2", 2.0)]  # not r1's replaced row
+    con = duckdb.connect()
+    con.execute(run_commit.duckdb_views_sql(out, views=("history",)))
+    assert con.sql("SELECT run_id, docs_per_s, task_metrics['accuracy'] FROM history ORDER BY run_id").fetchall() == [
+        ("r1", 3.0, 0.7), ("r2", 2.0, 0.6)]
+    leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and "docscore-tmp" in p.name]
+    assert leftovers == []  # each file was written under a temporary name and moved into place
 
 
 def test_history_goes_through_fsspec():
     out = "memory://docscore-history-test/out"
-    path = history.write_history_row(out, summary_like_run_py("m1", scored=1, errors=0, docs_per_s=1.0, accuracy=None))
-    assert path == f"{out}/runs/run_id=m1/history.parquet"
-    fs, fs_path = fsspec.core.url_to_fs(path)
+    path = history.write_history_row(out, summary_like_run_py("m1", scored=1, errors=0, docs_per_s=1.0, accuracy=None), "ab12")
+    assert path == "runs/run_id=m1/history-ab12.parquet"
+    fs, fs_path = fsspec.core.url_to_fs(f"{out}/{path}")
     with fs.open(fs_path, "rb") as f:
         table = pq.read_table(f)
     assert table.schema == history.HISTORY_SCHEMA

@@ -1,8 +1,9 @@
-"""Publishing inside the job: the real docscore graph on the DirectRunner publishes its own tables and
-summary.json with no launcher step after it; the publish is safe to repeat (a retried Beam bundle)
-after a crash mid-copy, after it completed, and after a half-removed staging directory; the summary's
-metric-only parts stay null until a waiting launcher adds the Beam metrics; template and dry-run
-launches are recognised as launches nobody waits for."""
+"""Publishing inside the job: the real docscore graph on the DirectRunner commits its own run (tables,
+history row, summary.json naming them) with no launcher step after it; the publish is safe to repeat
+(a retried Beam bundle) after a crash mid-placement, after it completed, and after a half-removed staging
+directory, and until the commit the previous run is what readers see; the summary's metric-only parts
+stay null until a waiting launcher adds the Beam metrics; template and dry-run launches are recognised
+as launches nobody waits for."""
 from __future__ import annotations
 
 import json
@@ -13,9 +14,8 @@ import apache_beam as beam
 import fsspec
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from fsspec.implementations.local import LocalFileSystem
 
-from pipeline.io import sinks
+from pipeline.io import run_commit, sinks
 from pipeline.runs import publish
 from pipeline.runs.summary import add_metrics, summary_from_stats
 from pipeline.telemetry.progress import runs_locally
@@ -42,14 +42,14 @@ def test_the_job_alone_publishes_its_run(tmp_path):
     errors, _ = read_table(out, "errors", "alone")
     assert sorted(scores.doc_id) == ["d0", "d1", "d2"] and list(errors.error_type) == ["invalid_json"]
     run_dir = out / "runs" / "run_id=alone"
-    assert (run_dir / "_SUCCESS").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["launch_id"] == spec.launch and sorted(summary["files"]) == ["errors", "history", "scores"]
     assert summary["counts"]["records"] == 4 and summary["counts"]["scored"] == 3
     assert summary["started_at"].startswith("1970-01-01T00:16:40")  # the launch time handed to the job
     assert summary["wall_s"] > 1_000 and summary["kernel"]["in_rows"] == ["xla"]
     assert summary["compile"]["count"] is None and summary["metrics"] == {}  # Beam metrics: the launcher's to add
-    # a local run's launcher writes the history row and report (after adding metrics); the job did not
-    assert not (run_dir / "history.parquet").exists() and not (run_dir / "report.html").exists()
+    # the history row is part of the commit; the report is the launcher's to write (after adding metrics)
+    assert (out / summary["files"]["history"][0]).exists() and not (run_dir / "report.html").exists()
     assert not (out / "_staging").exists()
 
 
@@ -119,7 +119,7 @@ def test_publish_step_waits_for_every_table_write(tmp_path, runner):
     for table, n in (("scores", 3000), ("errors", 3)):
         published, files = read_table(tmp_path / "out", table, "w1")
         assert len(published) == n and len(set(published.doc_id)) == n, (table, len(published), files)
-    assert sinks.read_summary(spec)["counts"] == STATS["counts"]
+    assert run_commit.committed_summary(spec.output, "w1")["counts"] == STATS["counts"]
     assert not (tmp_path / "out" / "_staging").exists()
 
 
@@ -127,85 +127,96 @@ def test_publish_step_waits_for_every_table_write(tmp_path, runner):
 
 
 def stage_run(root: Path, run_id: str = "r1") -> tuple[sinks.OutputSpec, dict[str, list[str]]]:
-    """Staged files as the Beam writes leave them (two scores parts, one errors part), an old
-    published partition of the same run_id, and the written file names the Publish step receives."""
+    """Staged files as the Beam writes leave them (two scores parts, one errors part), an old committed
+    run of the same run_id, and the written file names the Publish step receives."""
+    old = sinks.OutputSpec.for_run(str(root / "out"), run_id, "parquet")
+    publish.publish_run(old, dict(FACTS, run_id=run_id), OLD_STATS, stage(old, {"scores": 1, "errors": 1}, b"old"), derived=False)
     spec = sinks.OutputSpec.for_run(str(root / "out"), run_id, "parquet")
-    written = {"scores": [], "errors": []}
-    for table, n in (("scores", 2), ("errors", 1)):
+    return spec, stage(spec, {"scores": 2, "errors": 1}, b"new")
+
+
+def stage(spec: sinks.OutputSpec, parts: dict[str, int], tag: bytes) -> dict[str, list[str]]:
+    written = {}
+    for table, n in parts.items():
+        written[table] = []
         for i in range(n):
             path = Path(spec.staging) / table / f"part-{i:05d}-of-{n:05d}.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(f"new {table} {i}".encode())
+            path.write_bytes(tag + f" {table} {i}".encode())
             written[table].append(str(path))
-        old = Path(spec.partition(table))
-        old.mkdir(parents=True)
-        (old / "part-00000-of-00003.parquet").write_bytes(b"old")
-        (old / sinks.SUCCESS).write_bytes(b"")
-    return spec, written
+    return written
 
 
-def partition_files(spec: sinks.OutputSpec, table: str) -> dict[str, bytes]:
-    part = Path(spec.partition(table))
-    return {p.name: p.read_bytes() for p in sorted(part.iterdir())}
+def visible(spec: sinks.OutputSpec) -> dict[str, list[bytes]]:
+    """What a reader sees of the run: the contents of the files its committed summary names."""
+    return {table: [Path(f).read_bytes() for f in run_commit.committed_files(spec.output, spec.run_id, table)]
+            for table in sinks.TABLES}
 
 
-EXPECTED = {
-    "scores": {"_SUCCESS": b"", "part-00000-of-00002.parquet": b"new scores 0", "part-00001-of-00002.parquet": b"new scores 1"},
-    "errors": {"_SUCCESS": b"", "part-00000-of-00001.parquet": b"new errors 0"},
-}
+OLD = {"scores": [b"old scores 0"], "errors": [b"old errors 0"]}
+NEW = {"scores": [b"new scores 0", b"new scores 1"], "errors": [b"new errors 0"]}
 
 
-def test_publish_after_a_crash_mid_copy_gives_the_clean_result(tmp_path, monkeypatch):
+def test_publish_after_a_crash_mid_placement_gives_the_clean_result_and_readers_see_the_old_run_until_then(tmp_path, monkeypatch):
     spec, written = stage_run(tmp_path)
-    real_copy, calls = LocalFileSystem.cp_file, []
+    real_replace, calls = os.replace, []
 
-    def crash_on_second_copy(self, path1, path2, **kwargs):
-        calls.append(path1)
+    def crash_on_second_move(src, dst, *args, **kwargs):
+        calls.append(src)
         if len(calls) == 2:
             raise OSError("worker lost mid-publish")
-        return real_copy(self, path1, path2, **kwargs)
+        return real_replace(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(LocalFileSystem, "cp_file", crash_on_second_copy)
+    monkeypatch.setattr(os, "replace", crash_on_second_move)
     with pytest.raises(OSError, match="worker lost"):
-        sinks.publish(spec, {"run_id": "r1", "attempt": 1}, written)
-    # readers see no published scores partition (no marker, the old files gone) ...
-    assert partition_files(spec, "scores") == {"part-00000-of-00002.parquet": b"new scores 0"}
-    monkeypatch.setattr(LocalFileSystem, "cp_file", real_copy)
-    # ... and the retry publishes exactly the staged files
-    sinks.publish(spec, {"run_id": "r1", "attempt": 2}, written)
-    assert {t: partition_files(spec, t) for t in EXPECTED} == EXPECTED
-    assert sinks.read_summary(spec)["attempt"] == 2
+        publish.publish_run(spec, FACTS, STATS, written, derived=False)
+    assert visible(spec) == OLD  # the old run, whole, while the new one is half placed
+    monkeypatch.setattr(os, "replace", real_replace)
+    summary = publish.publish_run(spec, FACTS, STATS, written, derived=False)  # the retry
+    assert visible(spec) == NEW and summary["launch_id"] == spec.launch
+    # the old run's files are gone after the commit, and nothing but the new run's files is left
+    named = {f for names in summary["files"].values() for f in names}
+    on_disk = {str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*")
+               if p.is_file() and p.parts[-3] in ("scores", "errors", "runs") and p.name != "summary.json"}
+    assert on_disk == named
     assert not (tmp_path / "out" / "_staging").exists()
 
 
-def test_publish_repeated_after_it_completed_keeps_the_tables(tmp_path):
+def test_publish_repeated_after_it_completed_keeps_the_run(tmp_path):
     spec, written = stage_run(tmp_path)
-    sinks.publish(spec, {"run_id": "r1", "attempt": 1}, written)
-    marker = Path(spec.partition("scores")) / sinks.SUCCESS
-    before = marker.stat().st_mtime_ns
-    sinks.publish(spec, {"run_id": "r1", "attempt": 2}, written)  # the staging directory is gone by now
-    assert {t: partition_files(spec, t) for t in EXPECTED} == EXPECTED
-    assert marker.stat().st_mtime_ns == before, "a completed partition was replaced again"
-    assert sinks.read_summary(spec)["attempt"] == 2
+    first = publish.publish_run(spec, FACTS, STATS, written, derived=False)
+    summary_file = Path(spec.summary_path())
+    before = summary_file.stat().st_mtime_ns
+    again = publish.publish_run(spec, FACTS, STATS, written, derived=False)  # the staging directory is gone by now
+    assert visible(spec) == NEW and again["files"] == first["files"]
+    assert summary_file.stat().st_mtime_ns == before, "a committed run was committed again"
 
 
-def test_publish_repeated_after_a_half_removed_staging_keeps_the_tables(tmp_path):
+def test_publish_repeated_after_a_half_removed_staging_keeps_the_run(tmp_path):
     spec, written = stage_run(tmp_path)
-    sinks.publish(spec, {"run_id": "r1"}, written)
+    publish.publish_run(spec, FACTS, STATS, written, derived=False)
     survivor = Path(written["scores"][1])  # the removal of staging stopped after one scores file
     survivor.parent.mkdir(parents=True)
     survivor.write_bytes(b"new scores 1")
-    sinks.publish(spec, {"run_id": "r1"}, written)
-    assert {t: partition_files(spec, t) for t in EXPECTED} == EXPECTED
+    publish.publish_run(spec, FACTS, STATS, written, derived=False)
+    assert visible(spec) == NEW
     assert not (tmp_path / "out" / "_staging").exists()
 
 
-def test_publish_refuses_when_the_staged_files_are_gone_and_not_published(tmp_path):
+def test_publish_refuses_when_the_staged_files_are_gone_and_the_old_run_stays(tmp_path):
     spec, written = stage_run(tmp_path)
     fsspec.filesystem("file").rm(spec.staging, recursive=True)
-    with pytest.raises(FileNotFoundError, match="rerun with the same --run_id"):
-        sinks.publish(spec, {"run_id": "r1"}, written)
-    assert partition_files(spec, "scores") == {"_SUCCESS": b"", "part-00000-of-00003.parquet": b"old"}
+    with pytest.raises(run_commit.CommitError, match="rerun with the same --run_id"):
+        publish.publish_run(spec, FACTS, STATS, written, derived=False)
+    assert visible(spec) == OLD
+
+
+def test_a_failed_launch_is_discarded_and_the_old_run_is_untouched(tmp_path):
+    spec, written = stage_run(tmp_path)
+    run_commit.place_staged(spec.output, spec.run_id, spec.launch, "scores", written["scores"])  # then the job died
+    run_commit.discard_launch(spec.output, spec.run_id, spec.launch, spec.staging)
+    assert visible(spec) == OLD
+    assert not [p for p in (tmp_path / "out").rglob(f"*{spec.launch}*")], "the failed launch left files"
 
 
 # ---- the summary: in the job, then enriched by a waiting launcher ----------------------------------
@@ -218,6 +229,7 @@ FACTS = {
     "shadow": {"attention": "native", "impl": "xla", "fraction": 0.5, "tolerance": 0.01, "dtype": "bfloat16"},
     "notices": [],
 }
+OLD_STATS = {"counts": {"records": 2, "scored": 1, "errors": 1}, "stages": {"infer": {"total_ms": 1.0}}, "tokens": {"text_tokens": 8}}
 STATS = {
     "counts": {"records": 5, "scored": 4, "errors": 1}, "stages": {"infer": {"total_ms": 40.0}},
     "tokens": {"text_tokens": 80}, "worker_backend": ["tpu"], "attention_impl": ["pallas_tpu"],
@@ -247,12 +259,19 @@ def test_summary_leaves_metric_parts_null_until_the_launcher_adds_them():
     assert enriched["counts"] == summary["counts"] and enriched["metrics"] == metrics
 
 
-def test_waiting_launcher_republishes_the_enriched_summary(tmp_path):
+def test_waiting_launcher_rewrites_the_enriched_summary_and_history_row_of_its_own_launch(tmp_path):
     spec, written = stage_run(tmp_path)
-    sinks.publish(spec, summary_from_stats(FACTS, STATS, finished=110.0), written)
+    publish.publish_run(spec, FACTS, STATS, written, derived=False)
     enriched = publish.enrich_published_summary(spec, {"docscore_inference_pallas_tpu/compiles": 2})
-    assert enriched["compile"]["count"] == 2 and sinks.read_summary(spec)["compile"]["count"] == 2
-    assert (Path(spec.summary_path()).parent / sinks.SUCCESS).exists()
+    committed = run_commit.committed_summary(spec.output, spec.run_id)
+    assert enriched["compile"]["count"] == 2 and committed["compile"]["count"] == 2
+    assert committed["files"] == enriched["files"] and visible(spec) == NEW
+    import pyarrow.parquet as pq
+    row = pq.read_table(run_commit.committed_files(spec.output, spec.run_id, "history")[0]).to_pylist()[0]
+    assert row["compile_count"] == 2
+    other = sinks.OutputSpec.for_run(spec.output, spec.run_id, "parquet")  # a launch that never committed
+    with pytest.raises(run_commit.CommitError, match="no committed summary"):
+        publish.enrich_published_summary(other, {"x": 1})
     bq = sinks.OutputSpec("bq:docscore-test.evals.nightly", "r1", staging=str(tmp_path / "staging"))
     assert publish.enrich_published_summary(bq, {"x": 1}) is None
 

@@ -20,6 +20,7 @@ import pytest
 
 from conftest import common_flags
 from pipeline import launch
+from pipeline.io import run_commit
 from pipeline.runs import history, report
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -67,7 +68,6 @@ def finished_run(tmp_path_factory):
     assert launch.main(argv) == 0
     run_files = {p.name for p in (root / "out/runs/run_id=r1").iterdir()}
     summary = json.loads((root / "out/runs/run_id=r1/summary.json").read_text())
-    history.write_history_row(output, summary)  # what launch.py is to call at the end of a run (see below)
     assert report.main([f"{output}/runs/run_id=r1"]) == 0
     return output, summary, run_files
 
@@ -122,15 +122,16 @@ class PageOutline(HTMLParser):
 
 def test_the_run_itself_writes_report_history_and_progress(finished_run):
     *_, run_files = finished_run
-    assert {"summary.json", "progress.json", "history.parquet", "report.html"} <= run_files
+    assert {"summary.json", "progress.json", "report.html"} <= run_files
+    assert [name for name in run_files if name.startswith("history-")] == [name for name in run_files if name.endswith(".parquet")]
 
 
 def _scores(output):
-    return pq.read_table(f"{output}/scores/run_id=r1").to_pylist()
+    return pq.read_table(run_commit.committed_files(output, "r1", "scores"), partitioning=None).to_pylist()
 
 
 def _errors(output):
-    return pq.read_table(f"{output}/errors/run_id=r1").to_pylist()
+    return pq.read_table(run_commit.committed_files(output, "r1", "errors"), partitioning=None).to_pylist()
 
 
 def test_report_opens_in_chromium_with_every_chart(finished_run, tmp_path):
@@ -188,8 +189,7 @@ def _chromium(tmp_path):
 
 def test_history_row_agrees_with_the_tables(finished_run):
     output, summary, run_files = finished_run
-    rows = duckdb.sql(f"SELECT * FROM '{history.history_glob(output)}'").fetchall()
-    assert len(rows) == 1
+    assert history.read_history(output).num_rows == 1
     row = history.history_row(summary)
     scores, errors = _scores(output), _errors(output)
     assert (row["run_id"], row["task"], row["attention_impl"]) == ("r1", "classify", "xla")
@@ -212,7 +212,8 @@ def test_history_row_agrees_with_the_tables(finished_run):
     assert row["shadow_score_max_abs_diff"] == max(r["shadow_score_abs_diff"] for r in scores)
     assert gate["label_flips"] == sum(r["shadow_label_flip"] for r in scores) == 0
     # what was written is exactly that row
-    written = pq.read_table(history.history_path(output, "r1"))
+    (history_file,) = run_commit.committed_files(output, "r1", "history")
+    written = pq.read_table(history_file)
     assert written.schema == history.HISTORY_SCHEMA
     assert written.to_pylist()[0]["scored"] == row["scored"]
 
@@ -244,10 +245,10 @@ def test_every_query_in_docs_runs_on_the_run(finished_run):
     output, summary, run_files = finished_run
     queries = queries_from_docs()
     assert len(queries) >= 6
-    results = {}
+    results, con = {}, duckdb.connect()
     for title, sql in queries:
-        results[title] = duckdb.sql(sql.replace("DIR", output)).fetchall()
-        assert results[title], f"{title}: no rows"
+        results[title] = con.execute(sql.replace("DIR", output)).fetchall()
+        assert results[title] or sql.startswith("CREATE"), f"{title}: no rows"
     scores, errors = _scores(output), _errors(output)
     assert results["Documents per predicted label"] and sum(n for _, n in results["Documents per predicted label"]) == len(scores)
     assert sum(r[-1] for r in results["Errors by stage and type"]) == len(errors)
@@ -261,18 +262,29 @@ def test_every_query_in_docs_runs_on_the_run(finished_run):
     assert shadowed[4] == summary["shadow"]["output_max_abs_diff"] and shadowed[-1] == 0
 
 
+def test_the_documented_views_are_the_ones_the_code_makes():
+    (views,) = [sql for title, sql in queries_from_docs() if sql.startswith("CREATE")]
+    def flat(sql: str) -> str:
+        return re.sub(r"\(\s+", "(", " ".join(sql.split()))
+
+    assert flat(views) == flat(run_commit.duckdb_views_sql("DIR"))
+
+
 def test_report_reads_jsonl_tables_like_parquet(finished_run, tmp_path):
     """--output_format jsonl: the same run's rows as the JSON lines the sink writes, read back the same."""
     output, summary, _ = finished_run
     jsonl_out = tmp_path / "out"
+    files = {"history": []}
     for table in ("scores", "errors"):
         part = jsonl_out / table / "run_id=r1" / "part-00000-of-00001.jsonl"
         part.parent.mkdir(parents=True)
-        rows = pq.read_table(f"{output}/{table}/run_id=r1").to_pylist()
+        rows = pq.read_table(run_commit.committed_files(output, "r1", table), partitioning=None).to_pylist()
         part.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        files[table] = [f"{table}/run_id=r1/{part.name}"]
     run_dir = jsonl_out / "runs" / "run_id=r1"
     run_dir.mkdir(parents=True)
-    (run_dir / "summary.json").write_text(json.dumps({**summary, "config": {**summary["config"], "output_format": "jsonl"}}))
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "files": files,
+                                                      "config": {**summary["config"], "output_format": "jsonl"}}))
     from_jsonl = report.load_run(str(jsonl_out), "r1")
     from_parquet = report.load_run(output, "r1")
     for table in ("scores", "errors"):
@@ -363,12 +375,16 @@ def test_lowest_scores_scans_the_table_in_batches(tmp_path, monkeypatch, output_
     held = []
     real_concat = pa.concat_tables
     monkeypatch.setattr(report.pa, "concat_tables", lambda tables: held.append(sum(t.num_rows for t in tables)) or real_concat(tables))
+    files = []
     for n, start in enumerate(range(0, 300, 40)):
         chunk = rows[start:start + 40]
         if output_format == "parquet":
             pq.write_table(pa.Table.from_pylist(chunk), part_dir / f"part-{n:05d}.parquet", row_group_size=9)
         else:
             (part_dir / f"part-{n:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chunk))
+        files.append(f"scores/run_id=x/part-{n:05d}.{output_format}")
+    (tmp_path / "runs" / "run_id=x").mkdir(parents=True)
+    (tmp_path / "runs" / "run_id=x" / "summary.json").write_text(json.dumps({"run_id": "x", "files": {"scores": files}}))
     lowest = report.lowest_scores(str(tmp_path), "x", output_format, 10)
     expected = sorted((r for r in rows if r["score"] is not None), key=lambda r: (r["score"], r["doc_id"]))[:10]
     assert lowest.to_pylist() == [{k: r[k] for k in report.LEAST_CONFIDENT_COLUMNS} for r in expected]

@@ -215,7 +215,7 @@ def publish_script(output: BigQueryOutput, run_id: str) -> str:
 
 
 def publish(spec, summary: dict[str, Any], client=None) -> dict[str, str]:
-    """After the pipeline (called by sinks.publish for bq: outputs): make sure the final and
+    """After the pipeline (called by pipeline/runs/publish.py for bq: outputs): make sure the final and
     staging tables exist (a table without rows in this run has no staging table yet), load the run
     row, then run publish_script. Needs credentials and the BigQuery API; returns the table names."""
     from google.cloud import bigquery as bq

@@ -1,6 +1,6 @@
 """`docscore compare RUN_A RUN_B`: how run B differs from run A, and whether that is within limits.
 
-Holds the run loading (published partitions only: a partition without _SUCCESS is refused), the pure
+Holds the run loading (committed runs only, read through their summary: pipeline/io/run_commit.py), the pure
 comparison (score drift, label flips, embedding drift, count and timing changes), the threshold
 check and the report. Must not change either run (it only reads them); exit status 1 means a limit
 was exceeded, 2 that the runs cannot be compared (missing run, different tasks, no document in common).
@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.json as pa_json
 
+from pipeline.io import run_commit
 from pipeline.runs.history import STAGE_TIMING, STAGES, WALL_S, summary_value
 
-SUCCESS = "_SUCCESS"
 TABLES = ("scores", "errors", "runs")
 SCORE_COLUMNS = ("doc_id", "source", "record_index", "task", "score", "label", "embedding")
 KEYS = {"source_record": ("source", "record_index"), "doc_id": ("doc_id",)}
@@ -73,19 +73,15 @@ class LoadedRun:
 
 @dataclasses.dataclass
 class Partition:
-    """The files of a published partition (one that has _SUCCESS), on their file system."""
+    """The committed files of one table of a run, on their file system."""
 
     fs: Any
     files: list[str]
 
 
-def published(partition: str) -> Partition | None:
-    """The data files of `partition`, or None when it is missing or has no _SUCCESS."""
-    fs, path = fsspec.core.url_to_fs(partition)
-    if not fs.exists(posixpath.join(path, SUCCESS)):
-        return None
-    names = sorted(p for p in fs.ls(path, detail=False) if not posixpath.basename(p).startswith(("_", ".")))
-    return Partition(fs, names)
+def committed(ref: "RunRef", table: str, summary: dict[str, Any]) -> Partition:
+    fs, _ = fsspec.core.url_to_fs(ref.output_dir or ".")
+    return Partition(fs, [run_commit.fs_path(f) for f in run_commit.committed_files(ref.output_dir or ".", ref.run_id, table, summary)])
 
 
 def missing_directory(ref: RunRef) -> str | None:
@@ -119,28 +115,17 @@ def read_parts(partition: Partition, columns: tuple[str, ...]) -> pa.Table:
 
 
 def load_run(ref: RunRef) -> LoadedRun:
-    notes = []
-    scores = published(ref.partition("scores"))
-    if scores is None:
+    summary = run_commit.committed_summary(ref.output_dir or ".", ref.run_id)
+    if summary is None:
         missing = missing_directory(ref)
         if missing:
             raise CompareError(missing)
         raise CompareError(
-            f"{ref.partition('scores')} has no {SUCCESS}: the run did not finish publishing (or is being "
-            f"rewritten) and is ignored; compare runs whose partitions carry {SUCCESS}")
-    errors = published(ref.partition("errors"))
-    if errors is None:
-        notes.append(f"{ref.partition('errors')} has no {SUCCESS}: its errors are not counted")
-    summary = None
-    runs = published(ref.partition("runs"))
-    summary_files = [p for p in (runs.files if runs else []) if posixpath.basename(p) == "summary.json"]
-    if summary_files:
-        with runs.fs.open(summary_files[0], "r") as f:
-            summary = json.load(f)
-    else:
-        notes.append(f"{ref.partition('runs')} has no published summary.json: timing is not compared")
-    n_errors = read_parts(errors, ("run_id",)).num_rows if errors else 0
-    return LoadedRun(ref, read_parts(scores, SCORE_COLUMNS), n_errors, summary, notes)
+            f"run {ref.run_id!r} under {ref.output_dir or '.'} has no committed summary.json: it did not finish "
+            "publishing (or has not committed yet) and is ignored; compare runs that `docscore run` published")
+    errors = committed(ref, "errors", summary)
+    n_errors = read_parts(errors, ("run_id",)).num_rows
+    return LoadedRun(ref, read_parts(committed(ref, "scores", summary), SCORE_COLUMNS), n_errors, summary, [])
 
 
 # ---- the comparison (pure) ------------------------------------------------------------------------

@@ -1,22 +1,24 @@
-"""Run history: one row per finished run, written as DIR/runs/run_id=ID/history.parquet.
+"""Run history: one row per finished run, written as DIR/runs/run_id=ID/history-LAUNCH.parquet, a file
+of the run's commit (pipeline/io/run_commit.py: the committed summary.json names it).
 
 Holds the history table's schema and the flattening of a run's summary.json into that row; each
-run writes its own file, so analysts read DIR/runs/*/history.parquet. Must not compute anything the
-run did not record, nor read the scores or errors tables.
+run writes its own file, so analysts read every run's row through the committed summaries
+(docs/queries.md, the `history` view). Must not compute anything the run did not record, nor read the
+scores or errors tables.
 """
 from __future__ import annotations
 
 import datetime
-import uuid
+import posixpath
 from typing import Any
 
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.io import run_commit
 from pipeline.records import TIMING_COLUMNS
 
-HISTORY_FILE = "history.parquet"
 
 # Where each value lives in summary.json (dotted paths, as pipeline/runs/summary.py build_summary writes
 # it), in one place so a change of the summary's layout is one edit here. The report reads the
@@ -111,13 +113,8 @@ def stage_stats(summary: dict[str, Any], stage: str) -> dict[str, float]:
     return stats if isinstance(stats, dict) else {}
 
 
-def history_path(output_dir: str, run_id: str) -> str:
-    return f"{output_dir.rstrip('/')}/runs/run_id={run_id}/{HISTORY_FILE}"
-
-
-def history_glob(output_dir: str) -> str:
-    """The pattern that reads every run's row (DuckDB: SELECT * FROM 'DIR/runs/*/history.parquet')."""
-    return f"{output_dir.rstrip('/')}/runs/*/{HISTORY_FILE}"
+def history_path(output_dir: str, run_id: str, launch: str) -> str:
+    return posixpath.join(run_commit.partition(output_dir, "runs", run_id), run_commit.history_name(launch))
 
 
 def history_row(summary: dict[str, Any]) -> dict[str, Any]:
@@ -159,22 +156,24 @@ def history_table(summaries: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist([history_row(s) for s in summaries], schema=HISTORY_SCHEMA)
 
 
-def write_history_row(output_dir: str, summary: dict[str, Any]) -> str:
-    """Write this run's history row to DIR/runs/run_id=ID/history.parquet (replacing it whole) and return the path.
-
-    The file is written under a temporary name and then moved into place, so a reader globbing
-    DIR/runs/*/history.parquet never sees half a file.
-    """
+def write_history_row(output_dir: str, summary: dict[str, Any], launch: str) -> str:
+    """Write (or replace, atomically) the history row of this launch of the run; returns its path relative
+    to the output directory, as the committed summary names it."""
     table = history_table([summary])
-    path = history_path(output_dir, table["run_id"][0].as_py())
-    fs, fs_path = fsspec.core.url_to_fs(path)
-    parent = fs_path.rsplit("/", 1)[0]
-    fs.makedirs(parent, exist_ok=True)
-    tmp_path = f"{parent}/.{HISTORY_FILE}.{uuid.uuid4().hex}.tmp"
-    with fs.open(tmp_path, "wb") as f:
-        pq.write_table(table, f)
-    fs.mv(tmp_path, fs_path)
-    return path
+    path = history_path(output_dir, table["run_id"][0].as_py(), launch)
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer)
+    run_commit.write_atomic(path, buffer.getvalue().to_pybytes())
+    return run_commit.relative(output_dir, path)
+
+
+def read_history(output_dir: str) -> pa.Table:
+    """Every committed run's history row under output_dir."""
+    files = [f for run_id in run_commit.committed_run_ids(output_dir)
+             for f in run_commit.committed_files(output_dir, run_id, "history")]
+    fs, _ = fsspec.core.url_to_fs(output_dir)
+    tables = [pq.read_table(f, filesystem=None if run_commit.is_local(fs) else fs) for f in files]
+    return pa.concat_tables(tables, promote_options="permissive") if tables else HISTORY_SCHEMA.empty_table()
 
 
 def _timestamp(value: Any) -> datetime.datetime | None:

@@ -1,7 +1,7 @@
 """The end of a run as a step of the Beam job itself: once every table write is complete (their
 results are the step's side inputs: Beam's wait-on pattern), build summary.json from the in-pipeline
-run stats, publish the partitions atomically (pipeline/io/sinks.py), and write the files derived from a
-published run (history row, report). So a job nobody waits for (Flex Template, --template_location)
+run stats, commit the run's tables, history row and summary as one unit (pipeline/io/run_commit.py),
+and write the report of the committed run. So a job nobody waits for (Flex Template, --template_location)
 publishes its own tables. Also the launcher's side: whether it waits, and what it adds after a wait.
 Must not compute run statistics (pipeline/telemetry/stats.py) nor lay out the summary (pipeline/runs/summary.py).
 """
@@ -16,42 +16,61 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
-from pipeline.io import sinks
+from pipeline.io import run_commit, run_lease, sinks
+from pipeline.runs import history
 from pipeline.runs.summary import add_metrics, summary_from_stats, with_command_wall
 
 _LOG = logging.getLogger(__name__)
 
 
 def write_derived(spec: sinks.OutputSpec, summary: dict[str, Any]) -> dict[str, str]:
-    """The ONE place for files derived from a published run: its history row and its report, both
-    replaced whole (safe to repeat). Called by the job's Publish step, or by a waiting local launcher
-    once it has added what only it knows (Beam metrics, progress samples). A failure here leaves the
-    published tables as they are: it is logged with the command that redoes it."""
+    """The report of a committed run (replaced whole, safe to repeat). Called by the job's Publish step, or
+    by a waiting local launcher once it has added what only it knows (Beam metrics, progress samples). A
+    failure here leaves the committed run as it is: it is logged with the command that redoes it."""
     if spec.output.startswith(sinks.BQ_PREFIX):
         return {}  # the run's row in PREFIX_runs is its history; reports read file outputs only
-    from pipeline.runs import history, report
+    from pipeline.runs import report
 
-    written: dict[str, str] = {}
-    for name, write in (("history", lambda: history.write_history_row(spec.output, summary)),
-                        ("report", lambda: report.write_report(spec.output, spec.run_id))):
-        try:
-            written[name] = write()
-        except Exception as e:  # the tables are published; a missing report must not undo that
-            _LOG.warning("docscore run %s: the %s was not written (%s: %s); the tables are published; "
-                         "rerun `docscore report %s/runs/run_id=%s` for the report", spec.run_id, name,
-                         type(e).__name__, e, spec.output, spec.run_id)
-    return written
+    try:
+        return {"report": report.write_report(spec.output, spec.run_id)}
+    except Exception as e:  # the run is committed; a missing report must not undo that
+        _LOG.warning("docscore run %s: the report was not written (%s: %s); the run is published; "
+                     "rerun `docscore report %s/runs/run_id=%s` for the report", spec.run_id,
+                     type(e).__name__, e, spec.output, spec.run_id)
+        return {}
 
 
 def publish_run(spec: sinks.OutputSpec, facts: dict[str, Any], stats: dict[str, Any],
                 written: dict[str, list[str]] | None, *, derived: bool) -> dict[str, Any]:
-    """Summary from the run stats, then the atomic publish, then (derived=True) history and report.
-    Safe to repeat: a retried bundle republishes the same staged files (pipeline/io/sinks.py publish)."""
+    """Summary from the run stats, then the run committed as one unit (pipeline/io/run_commit.py), then
+    (derived=True) the report. Safe to repeat, as a retried Beam bundle does: a launch that already
+    committed only cleans up again."""
     summary = summary_from_stats(facts, stats, time.time())
-    sinks.publish(spec, summary, written)
+    if spec.output.startswith(sinks.BQ_PREFIX):
+        from pipeline.io import bigquery
+
+        run_commit.remove_staging(spec.staging)  # the load jobs are done; the BigQuery transaction publishes
+        bigquery.publish(spec, summary)  # the summary becomes the run's PREFIX_runs row
+        return summary
+    committed = run_commit.committed_summary(spec.output, spec.run_id)
+    if committed is None or committed.get(run_commit.LAUNCH_KEY) != spec.launch:
+        committed = commit_launch(spec, summary, written)
+    run_commit.clean_after_commit(spec.output, spec.run_id)
+    run_commit.remove_staging(spec.staging)
     if derived:
-        write_derived(spec, summary)
-    return summary
+        write_derived(spec, committed)
+    return committed
+
+
+def commit_launch(spec: sinks.OutputSpec, summary: dict[str, Any], written: dict[str, list[str]] | None) -> dict[str, Any]:
+    """Place this launch's staged tables and its history row beside the committed run, then commit."""
+    files = {table: run_commit.place_staged(spec.output, spec.run_id, spec.launch, table,
+                                            sinks.staged_files(spec, table, written))
+             for table in sinks.TABLES}
+    files["history"] = [history.write_history_row(spec.output, summary, spec.launch)]
+    if spec.leased:
+        run_lease.check_holder(spec.output, spec.run_id, spec.launch)
+    return run_commit.commit(spec.output, spec.run_id, summary, files, spec.launch)
 
 
 class _PublishFn(beam.DoFn):
@@ -106,18 +125,21 @@ def submitted_message(run_id: str, spec: sinks.OutputSpec, why: str) -> str:
 
 def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any], command_started: float | None = None,
                              finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any] | None:
-    """After a wait: the summary the job published, with the job's Beam metrics, (given when the command
-    started) the whole command's wall time and `finish`'s additions (the launcher's gates), republished once
-    behind its _SUCCESS marker when they add anything. None for BigQuery outputs (their summary is the run's
-    PREFIX_runs row, not read back here)."""
+    """After a wait: the summary the job committed, with the job's Beam metrics, (given when the command
+    started) the whole command's wall time and `finish`'s additions (the launcher's gates); when they add
+    anything, the history row and then the summary are rewritten (each atomically; same launch, same
+    files). None for BigQuery outputs (their summary is the run's PREFIX_runs row, not read back here)."""
     if spec.output.startswith(sinks.BQ_PREFIX):
         return None
-    summary = sinks.read_summary(spec)
+    summary = run_commit.committed_summary(spec.output, spec.run_id)
+    if summary is None or summary.get(run_commit.LAUNCH_KEY) != spec.launch:
+        raise run_commit.CommitError(f"run {spec.run_id}: this launch ({spec.launch}) has no committed summary under {spec.output}")
     enriched = add_metrics(summary, metrics)
     if command_started is not None:
         enriched = with_command_wall(enriched, command_started, time.time())
     if finish is not None:
         enriched = finish(enriched)
     if enriched is not summary:
-        sinks.publish_summary(spec, enriched)
+        history.write_history_row(spec.output, enriched, spec.launch)
+        run_commit.rewrite_summary(spec.output, enriched)
     return enriched

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pipeline import tasks
+from pipeline.io import run_commit
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs import history
 from pipeline.runs.history import STAGES, summary_value
@@ -101,15 +102,12 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
 
 
 def load_run(output_dir: str, run_id: str) -> RunData:
-    summary_file = posixpath.join(run_dir(output_dir, run_id), SUMMARY_FILE)
-    fs, fs_path = fsspec.core.url_to_fs(summary_file)
-    if not fs.exists(fs_path):
+    summary = run_commit.committed_summary(output_dir, run_id)
+    if summary is None:
         raise ReportError(
-            f"{summary_file} does not exist: run {run_id!r} did not finish or is not under {output_dir}; "
-            f"check --run_id and the output directory (`ls {output_dir}/runs`)"
+            f"{run_commit.summary_path(output_dir, run_id)} does not exist: run {run_id!r} did not finish or is not "
+            f"under {output_dir}; check --run_id and the output directory (`ls {output_dir}/runs`)"
         )
-    with fs.open(fs_path, "r") as f:
-        summary = json.load(f)
     output_format = summary_value(summary, "config.output_format") or "parquet"
     classify = chart_of(summary_value(summary, history.DESCRIPTION["task"])) == "labels"
     return RunData(
@@ -145,10 +143,9 @@ def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...
 
 
 def _table_parts(output_dir: str, table: str, run_id: str, output_format: str) -> tuple[Any, list[str]]:
-    """The filesystem and the part files of DIR/<table>/run_id=ID, in name order."""
-    fs, partition = fsspec.core.url_to_fs(posixpath.join(output_dir.rstrip("/"), table, f"run_id={run_id}"))
-    suffix = ".parquet" if output_format == "parquet" else ".jsonl"
-    return fs, sorted(p for p in fs.glob(posixpath.join(partition, f"*{suffix}")) if not posixpath.basename(p).startswith("_"))
+    """The filesystem and the committed files of the run's `table` (pipeline/io/run_commit.py), in name order."""
+    fs, _ = fsspec.core.url_to_fs(output_dir)
+    return fs, [run_commit.fs_path(f) for f in run_commit.committed_files(output_dir, run_id, table)]
 
 
 def lowest_scores(output_dir: str, run_id: str, output_format: str, k: int) -> pa.Table | None:
@@ -646,8 +643,7 @@ def write_report(output_dir: str, run_id: str) -> str:
     """Write DIR/runs/run_id=ID/report.html for a finished run and return its path."""
     run = load_run(output_dir, run_id)
     path = report_path(output_dir, run_id)
-    with fsspec.open(path, "w", encoding="utf-8") as f:
-        f.write(render_html(run))
+    run_commit.write_atomic(path, render_html(run).encode("utf-8"))
     return path
 
 

@@ -1,0 +1,377 @@
+"""A run becomes visible as one unit: its summary.json is the commit record, written last.
+
+Layout under the output root (file outputs; BigQuery publishes in one transaction instead):
+    scores/run_id=ID/part-LAUNCH-*.parquet   errors/run_id=ID/part-LAUNCH-*.parquet
+    runs/run_id=ID/history-LAUNCH.parquet    runs/run_id=ID/summary.json
+LAUNCH is unique per `docscore run` launch, so a new launch's files land beside the committed run's
+without touching them. summary.json names every file of the run (`files`, relative to the output root)
+and its `launch_id`; replacing it is the one atomic step (a rename locally, one object upload on gs://,
+where directories cannot be renamed). Before that step readers see the previous run; after it, the new
+one; files no committed summary names are left-overs of replaced or failed launches, removed after a
+commit. Readers therefore read through the summary (committed_files), never by listing a partition.
+
+Holds placing staged files, the commit, clean-up and the readers' side. Must not decide when to publish
+(pipeline/runs/publish.py) nor compute the summary (pipeline/runs/summary.py).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import posixpath
+import re
+import shutil
+import time
+import uuid
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+TABLES = ("scores", "errors")
+SUMMARY_FILE = "summary.json"
+FILES_KEY = "files"  # summary.json: {table: [paths relative to the output root]}
+LAUNCH_KEY = "launch_id"
+LEGACY_SUCCESS = "_SUCCESS"  # runs published before the run-level commit marked each partition
+# what docscore writes inside a partition (and may therefore remove there): part files, history rows,
+# its own temporary files and the old per-partition marker; anything else is left alone
+OWNED_NAME = re.compile(r"^(part-.*\.(parquet|jsonl)|history(-[0-9a-f]+)?\.parquet|\..*\.docscore-tmp|_SUCCESS)$")
+
+log = logging.getLogger(__name__)
+
+
+class CommitError(RuntimeError):
+    """The run cannot be committed (files gone, a link where a partition should be, another launch's
+    lease); the previous committed run, if any, is untouched."""
+
+
+# ---- paths ---------------------------------------------------------------------------------------
+
+
+def partition(output: str, table: str, run_id: str) -> str:
+    """DIR/<table>/run_id=ID (table: scores, errors or runs)."""
+    return posixpath.join(output.rstrip("/"), table, f"run_id={run_id}")
+
+
+def summary_path(output: str, run_id: str) -> str:
+    return posixpath.join(partition(output, "runs", run_id), SUMMARY_FILE)
+
+
+def placed_name(staged_name: str, launch: str) -> str:
+    """part-00000-of-00002.parquet -> part-LAUNCH-00000-of-00002.parquet: unique per launch."""
+    return f"part-{launch}-{staged_name[len('part-'):]}" if staged_name.startswith("part-") else f"part-{launch}-{staged_name}"
+
+
+def history_name(launch: str) -> str:
+    return f"history-{launch}.parquet"
+
+
+def relative(output: str, url: str) -> str:
+    return posixpath.relpath(fs_path(url), fs_path(output))
+
+
+# ---- writing -------------------------------------------------------------------------------------
+
+
+def write_atomic(url: str, data: bytes) -> None:
+    """Write `url` so that a reader sees the old content or the new, never part of it: locally a
+    temporary file in the same directory renamed over it (after fsync, so a crash cannot leave an
+    empty file under the final name); on object stores one upload, which appears whole or not at all."""
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    if not is_local(fs):
+        fs.pipe_file(path, data)
+        return
+    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.docscore-tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def place_staged(output: str, run_id: str, launch: str, table: str, staged: list[str]) -> list[str]:
+    """Move (locally) or copy (object stores) this launch's staged files of `table` into its partition
+    under launch-unique names; returns their paths relative to the output root. Safe to repeat: a file
+    already placed by an earlier attempt (staged copy gone, placed file there) is kept."""
+    fs, dest_dir = fsspec.core.url_to_fs(partition(output, table, run_id))
+    refuse_linked_partition(fs, dest_dir)
+    fs.makedirs(dest_dir, exist_ok=True)
+    placed = []
+    for src in sorted(staged):
+        src_path = fs_path(src)
+        dest = posixpath.join(dest_dir, placed_name(posixpath.basename(src_path), launch))
+        if fs.exists(src_path):
+            if is_local(fs):
+                _move_local(src_path, dest)
+            else:
+                fs.copy(src_path, dest)
+        elif not fs.exists(dest):
+            raise CommitError(
+                f"cannot publish {partition(output, table, run_id)}: the staged file {src} is gone and was not placed "
+                "(staging removed by hand?); the previous run, if any, stays published; rerun with the same --run_id")
+        placed.append(relative(output, fs.unstrip_protocol(dest) if not is_local(fs) else dest))
+    return placed
+
+
+def commit(output: str, run_id: str, summary: dict[str, Any], files: dict[str, list[str]], launch: str) -> dict[str, Any]:
+    """The one atomic step: summary.json, naming the run's files, replaces the previous one. Every named
+    file must exist (checked first: a summary must never name a missing file). Returns the summary written."""
+    fs, root = fsspec.core.url_to_fs(output)
+    missing = [f for names in files.values() for f in names if not fs.exists(posixpath.join(root, f))]
+    if missing:
+        raise CommitError(f"cannot commit run {run_id}: {missing[:3]} are missing; nothing was published")
+    committed = {**summary, LAUNCH_KEY: launch, FILES_KEY: {k: sorted(v) for k, v in files.items()},
+                 "committed_at": time.time()}
+    write_atomic(summary_path(output, run_id), _json(committed))
+    return committed
+
+
+def rewrite_summary(output: str, summary: dict[str, Any]) -> None:
+    """Replace a committed summary with an enriched one of the same launch (same files); refused when
+    another launch has committed since (its files are what readers must see)."""
+    current = committed_summary(output, summary["run_id"])
+    if current is None or current.get(LAUNCH_KEY) != summary.get(LAUNCH_KEY):
+        raise CommitError(f"run {summary['run_id']}: launch {summary.get(LAUNCH_KEY)} is no longer the committed one; "
+                          "its summary was not rewritten")
+    write_atomic(summary_path(output, summary["run_id"]), _json({**summary, FILES_KEY: current[FILES_KEY]}))
+
+
+def clean_after_commit(output: str, run_id: str) -> list[str]:
+    """Remove what the committed summary does not name from the run's partitions: files of replaced or
+    failed launches, and the old per-partition markers (a run never committed keeps nothing of them).
+    Only names docscore writes (OWNED_NAME) are removed, links as links (never their targets), never
+    directories; a run published before the run-level commit is left as it is. Call it only while no
+    other launch of the run is writing (after this launch's commit, or holding the run's lease). Errors
+    are logged, not raised. Returns what was removed (relative paths)."""
+    summary = committed_summary(output, run_id)
+    fs, root = fsspec.core.url_to_fs(output)
+    if summary is not None and FILES_KEY not in summary:
+        return []
+    if summary is None and fs.exists(fs_path(posixpath.join(partition(output, "scores", run_id), LEGACY_SUCCESS))):
+        return []
+    keep = {f for names in (summary or {}).get(FILES_KEY, {}).values() for f in names}
+    removed = []
+    for table in (*TABLES, "runs"):
+        directory = fs_path(partition(output, table, run_id))
+        if is_local(fs) and os.path.islink(directory):
+            continue
+        for path in _ls(fs, directory):
+            name = posixpath.basename(path)
+            rel = posixpath.relpath(path, root)
+            if rel in keep or not OWNED_NAME.match(name) or _is_dir(fs, path):
+                continue
+            try:
+                _delete_file(fs, path)
+                removed.append(rel)
+            except OSError as e:
+                log.warning("run %s: could not remove the left-over %s (%s)", run_id, rel, e)
+    return removed
+
+
+def discard_launch(output: str, run_id: str, launch: str, staging: str) -> None:
+    """After a launch failed: remove its staging and the files it placed, unless it committed. The
+    committed run (another launch's, or none) is untouched."""
+    summary = committed_summary(output, run_id)
+    if summary is not None and summary.get(LAUNCH_KEY) == launch:
+        return
+    fs, _ = fsspec.core.url_to_fs(output)
+    for table in (*TABLES, "runs"):
+        for path in _ls(fs, fs_path(partition(output, table, run_id))):
+            name = posixpath.basename(path)
+            if (name.startswith(f"part-{launch}-") or name == history_name(launch)) and not _is_dir(fs, path):
+                try:
+                    _delete_file(fs, path)
+                except OSError as e:
+                    log.warning("could not remove %s of the failed launch %s (%s)", path, launch, e)
+    remove_staging(staging)
+
+
+def refuse_linked_partition(fs, path: str) -> None:
+    """A partition that is a symlink would have docscore write (and later delete) in its target."""
+    if is_local(fs) and os.path.islink(path):
+        raise CommitError(f"{path} is a symlink (to {os.readlink(path)}); docscore does not write or delete through "
+                          "links: remove the link (its target is yours) or choose another --output")
+
+
+def linked_partitions(output: str, run_id: str) -> list[str]:
+    """The run's partition directories (or their parents) that are symlinks, for validation."""
+    fs, root = fsspec.core.url_to_fs(output)
+    if not is_local(fs):
+        return []
+    candidates = [posixpath.join(root, t) for t in (*TABLES, "runs")]
+    candidates += [fs_path(partition(output, t, run_id)) for t in (*TABLES, "runs")]
+    return [p for p in candidates if os.path.islink(p)]
+
+
+# ---- staging -------------------------------------------------------------------------------------
+
+
+def remove_staging(staging: str) -> None:
+    """Remove one launch's staging directory (unique per launch), then _staging/run_id=ID and _staging
+    only if empty: other launches stage beside it."""
+    fs, path = fsspec.core.url_to_fs(staging)
+    if (is_local(fs) and os.path.islink(path)) or fs.exists(path):
+        _delete_tree(fs, path)
+    _remove_if_empty(fs, posixpath.dirname(path))
+    _remove_if_empty(fs, posixpath.dirname(posixpath.dirname(path)))
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+
+def committed_summary(output: str, run_id: str) -> dict[str, Any] | None:
+    """The committed summary.json of run_id, or None when the run has none (never committed)."""
+    fs, path = fsspec.core.url_to_fs(summary_path(output, run_id))
+    try:
+        with fs.open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def committed_files(output: str, run_id: str, table: str, summary: dict[str, Any] | None = None) -> list[str]:
+    """The files (URLs/paths) of `table` (scores, errors, history) in the committed run, in name order;
+    [] when the run was never committed. Runs published before the run-level commit (no `files` in their
+    summary) are read as they were published then: the partition's part files behind its _SUCCESS."""
+    summary = committed_summary(output, run_id) if summary is None else summary
+    if summary is None:
+        return []
+    fs, root = fsspec.core.url_to_fs(output)
+    if FILES_KEY in summary:
+        return [_url(fs, posixpath.join(root, f)) for f in sorted(summary[FILES_KEY].get(table, []))]
+    directory = fs_path(partition(output, "runs" if table == "history" else table, run_id))
+    if table != "history" and not fs.exists(posixpath.join(directory, LEGACY_SUCCESS)):
+        return []
+    wanted = (lambda n: n == "history.parquet") if table == "history" else (lambda n: n.startswith("part"))
+    return [_url(fs, p) for p in sorted(_ls(fs, directory)) if wanted(posixpath.basename(p))]
+
+
+def committed_run_ids(output: str) -> list[str]:
+    """run_ids under `output` that have a committed summary."""
+    fs, root = fsspec.core.url_to_fs(output)
+    found = fs.glob(posixpath.join(root, "runs", "run_id=*", SUMMARY_FILE))
+    return sorted(posixpath.basename(posixpath.dirname(p))[len("run_id="):] for p in found)
+
+
+def duckdb_views_sql(output: str, views: tuple[str, ...] = ("scores", "errors", "history")) -> str:
+    """SQL creating the views scores, errors and history over the committed files of every run under
+    `output` (docs/queries.md shows the same statements). DuckDB refuses a view over a pattern that
+    matches no file: name only the tables that have some."""
+    root = output.rstrip("/")
+    committed = (f"SELECT parse_filename(unnest(files.TABLE)) FROM read_json('{root}/runs/*/{SUMMARY_FILE}', "
+                 "columns = {files: 'STRUCT(scores VARCHAR[], errors VARCHAR[], history VARCHAR[])'})")
+    statements = []
+    for view, glob in (("scores", "scores/*/*.parquet"), ("errors", "errors/*/*.parquet"),
+                       ("history", "runs/*/history-*.parquet")):
+        if view not in views:
+            continue
+        statements.append(
+            f"CREATE OR REPLACE VIEW {view} AS SELECT * EXCLUDE (filename) FROM read_parquet('{root}/{glob}', "
+            f"filename = true, union_by_name = true, hive_partitioning = false) "
+            f"WHERE parse_filename(filename) IN ({committed.replace('TABLE', view)});")
+    return "\n".join(statements)
+
+
+# ---- file-system helpers (never following links where they delete) --------------------------------
+
+
+def is_local(fs) -> bool:
+    return isinstance(fs, LocalFileSystem)
+
+
+def fs_path(url: str) -> str:
+    return fsspec.core.url_to_fs(url)[1]
+
+
+def _url(fs, path: str) -> str:
+    return path if is_local(fs) else fs.unstrip_protocol(path)
+
+
+def _json(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, indent=2, sort_keys=True, default=str).encode()
+
+
+def _ls(fs, path: str) -> list[str]:
+    fs.invalidate_cache(path)  # gcsfs caches listings; Beam's own GCS client wrote some of these files
+    try:
+        return list(fs.ls(path, detail=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _is_dir(fs, path: str) -> bool:
+    if is_local(fs):
+        return os.path.isdir(path) and not os.path.islink(path)
+    return fs.isdir(path)
+
+
+def _move_local(src: str, dest: str) -> None:
+    try:
+        os.replace(src, dest)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        # staging on another file system: copy under a temporary name, then rename
+        tmp = f"{dest}.{uuid.uuid4().hex[:8]}.docscore-tmp"
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+        os.remove(src)
+
+
+def _delete_file(fs, path: str) -> None:
+    if is_local(fs):
+        os.remove(path)  # a link is removed as a link
+    else:
+        fs.rm_file(path)
+
+
+def _delete_tree(fs, path: str) -> None:
+    if is_local(fs):
+        if os.path.islink(path) or not os.path.isdir(path):
+            os.remove(path)
+        else:
+            shutil.rmtree(path)  # does not follow links inside
+    else:
+        fs.rm(path, recursive=True)
+
+
+def _remove_if_empty(fs, path: str) -> None:
+    """Locally one os.rmdir, which the kernel refuses for a non-empty directory: a listing followed by a
+    recursive delete would take files another launch staged in between. Object stores have no empty
+    directories to remove."""
+    if is_local(fs):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def file_age_s(fs, path: str) -> float | None:
+    """Seconds since `path` was last modified, or None when unknown."""
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    modified = info.get("mtime") or info.get("updated") or info.get("created")
+    if modified is None:
+        return None
+    if isinstance(modified, str):
+        from datetime import datetime
+
+        modified = datetime.fromisoformat(modified.replace("Z", "+00:00")).timestamp()
+    elif hasattr(modified, "timestamp"):
+        modified = modified.timestamp()
+    return time.time() - float(modified)

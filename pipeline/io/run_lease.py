@@ -1,0 +1,216 @@
+"""One launch at a time per (output, run_id): a lease the launcher holds from validation until it exits.
+
+Local outputs: DIR/_leases/run_id=ID.lock held with flock, which the kernel releases when the holder
+dies however it dies, so a killed launch never blocks the next one. Object stores (gs://) have no
+locks: the lease is an object created only if absent (a generation precondition), holding an expiry
+that the holder renews while it runs; an expired lease is taken over. The lease file also names the
+holder (launch id, host, pid), which is what the message to a refused launch and the commit's check
+read. Must not publish or delete tables (pipeline/io/run_commit.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import posixpath
+import socket
+import threading
+import time
+from typing import Any
+
+import fsspec
+
+from pipeline.io import run_commit
+from pipeline.io.run_commit import is_local
+
+LEASE_DIR = "_leases"
+TTL_S = 120.0  # object-store leases: renewed every TTL_S / 3 by a live holder
+
+
+class LeaseHeld(RuntimeError):
+    """Another live launch holds the lease of this (output, run_id)."""
+
+
+@dataclasses.dataclass
+class Lease:
+    output: str
+    run_id: str
+    launch: str
+    _fd: int | None = None
+    _stop: threading.Event | None = None
+
+    def release(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        if self._fd is not None:
+            os.close(self._fd)  # the kernel drops the flock; the file stays for the next launch
+            self._fd = None
+        elif self._stop is not None:
+            fs, path = fsspec.core.url_to_fs(lease_path(self.output, self.run_id))
+            try:
+                if _read(fs, path).get("launch") == self.launch:
+                    fs.rm_file(path)
+            except (FileNotFoundError, ValueError):
+                pass
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lease_path(output: str, run_id: str) -> str:
+    return posixpath.join(output.rstrip("/"), LEASE_DIR, f"run_id={run_id}.lock")
+
+
+def acquire(output: str, run_id: str, launch: str, *, ttl_s: float = TTL_S) -> Lease:
+    """Take the lease or raise LeaseHeld naming the holder."""
+    fs, path = fsspec.core.url_to_fs(lease_path(output, run_id))
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    me = {"launch": launch, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    if is_local(fs):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fs, path)
+            os.close(fd)
+            raise LeaseHeld(_held_message(output, run_id, holder)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        os.fsync(fd)
+        return Lease(output, run_id, launch, _fd=fd)
+    me["expires"] = time.time() + ttl_s
+    if not _create(fs, path, me):
+        holder = _read(fs, path)
+        if holder.get("expires", 0) > time.time():
+            raise LeaseHeld(_held_message(output, run_id, holder))
+        fs.rm_file(path)  # expired: its holder stopped renewing (dead, or cut off); take it over
+        if not _create(fs, path, me):
+            raise LeaseHeld(_held_message(output, run_id, _read(fs, path)))
+    stop = threading.Event()
+    threading.Thread(target=_renew, args=(fs, path, me, ttl_s, stop), daemon=True, name="docscore-lease").start()
+    return Lease(output, run_id, launch, _stop=stop)
+
+
+def holder(output: str, run_id: str) -> dict[str, Any]:
+    """What the lease file says of its holder ({} when there is none)."""
+    fs, path = fsspec.core.url_to_fs(lease_path(output, run_id))
+    return _read(fs, path)
+
+
+def is_held(output: str, run_id: str) -> bool:
+    """Whether a live launch holds the lease (a local flock we cannot take, or an unexpired object)."""
+    fs, path = fsspec.core.url_to_fs(lease_path(output, run_id))
+    if not is_local(fs):
+        return _read(fs, path).get("expires", 0) > time.time()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def check_holder(output: str, run_id: str, launch: str) -> None:
+    """Raise unless `launch` holds the lease: called just before the commit, so a launch whose lease was
+    taken over (it was cut off past the expiry) does not overwrite the newer launch's run."""
+    current = holder(output, run_id)
+    if current.get("launch") != launch:
+        raise LeaseHeld(f"run {run_id}: this launch ({launch}) no longer holds the lease of {output}; "
+                        f"{_who(current)} does; nothing was published")
+
+
+def _create(fs, path: str, value: dict[str, Any]) -> bool:
+    try:
+        with fs.open(path, "xb") as f:  # gcsfs: an upload with ifGenerationMatch=0
+            f.write(json.dumps(value).encode())
+        return True
+    except FileExistsError:
+        return False
+
+
+def _renew(fs, path: str, me: dict[str, Any], ttl_s: float, stop: threading.Event) -> None:
+    while not stop.wait(ttl_s / 3):
+        try:
+            if _read(fs, path).get("launch") != me["launch"]:
+                return  # taken over: the commit's check_holder refuses this launch
+            fs.pipe_file(path, json.dumps({**me, "expires": time.time() + ttl_s}).encode())
+        except Exception:  # a missed renewal is retried; after TTL_S of them the lease may be taken over
+            continue
+
+
+def _read(fs, path: str) -> dict[str, Any]:
+    try:
+        with fs.open(path, "rb") as f:
+            return json.loads(f.read() or b"{}")
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _who(holder: dict[str, Any]) -> str:
+    if not holder:
+        return "another launch"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
+    return f"launch {holder.get('launch')} (pid {holder.get('pid')} on {holder.get('host')}, started {started})"
+
+
+def _held_message(output: str, run_id: str, holder: dict[str, Any]) -> str:
+    return (f"--run_id {run_id} is being written to {output} by {_who(holder)}; wait for it to finish, "
+            "or pass another --run_id")
+
+
+STALE_REMOTE_S = 24 * 3600.0  # gs:// staging without a live lease: launches nobody waits for hold none
+
+
+def remove_stale(output: str, *, own_launch: str) -> list[str]:
+    """Remove what dead launches left under `output`: their staging directories (_staging/run_id=ID/LAUNCH)
+    and the files they placed in partitions without committing. A launch is dead when no live lease of its
+    run names it (locally exact: flock; on gs:// also only once its staging is STALE_REMOTE_S old, since a
+    launch nobody waits for holds no lease). Never this launch's, never through a link. Returns what went."""
+    fs, root = fsspec.core.url_to_fs(output)
+    staging_root = posixpath.join(root, "_staging")
+    removed: list[str] = []
+    for run_dir in _dirs(fs, staging_root):
+        run_id = posixpath.basename(run_dir)[len("run_id="):]
+        if not posixpath.basename(run_dir).startswith("run_id=") or not run_id:
+            continue
+        live = holder(output, run_id).get("launch") if is_held(output, run_id) else None
+        for launch_dir in _dirs(fs, run_dir):
+            launch = posixpath.basename(launch_dir)
+            if launch in (own_launch, live):
+                continue
+            if not is_local(fs) and _youngest_file_age_s(fs, launch_dir) < STALE_REMOTE_S:
+                continue
+            run_commit.remove_staging(launch_dir if is_local(fs) else fs.unstrip_protocol(launch_dir))
+            removed.append(launch_dir)
+        if live is None:
+            removed += run_commit.clean_after_commit(output, run_id)
+    return removed
+
+
+def _dirs(fs, path: str) -> list[str]:
+    """Sub-directories of `path`, not following links (a linked one is not docscore's to clean)."""
+    if is_local(fs):
+        try:
+            return [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    fs.invalidate_cache(path)
+    try:
+        return [info["name"] for info in fs.ls(path, detail=True) if info.get("type") == "directory"]
+    except FileNotFoundError:
+        return []
+
+
+def _youngest_file_age_s(fs, path: str) -> float:
+    """Seconds since the most recent write under `path` (0 when unknown: then it is not stale)."""
+    ages = [run_commit.file_age_s(fs, p) for p in fs.find(path)]
+    return min((a for a in ages if a is not None), default=0.0)
