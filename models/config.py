@@ -117,11 +117,10 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
         raise ModelLoadError(f"{path}: {model_type} config lacks the field {missing}; "
                              f"save the model's config with transformers' save_pretrained") from None
     check_bounds(config, path)
-    if config.family == "llama":
-        if config.num_heads % config.kv_heads:
-            raise ModelLoadError(f"{path}: num_attention_heads {config.num_heads} is not a multiple of "
-                                 f"num_key_value_heads {config.kv_heads}")
-    elif config.hidden_size % config.num_heads:
+    if config.family == "llama" and config.num_heads % config.kv_heads:
+        raise ModelLoadError(f"{path}: num_attention_heads {config.num_heads} is not a multiple of "
+                             f"num_key_value_heads {config.kv_heads}")
+    if (config.family != "llama" or hf.get("head_dim") is None) and config.hidden_size % config.num_heads:
         raise ModelLoadError(f"{path}: hidden size {config.hidden_size} is not a multiple of "
                              f"{config.num_heads} attention heads")
     return config
@@ -199,10 +198,8 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
     if hf.get("pretraining_tp", 1) not in (1, None):
         raise ModelLoadError(f"pretraining_tp {hf['pretraining_tp']!r} is not supported (only 1)")
     head_size = hf.get("head_dim")
-    if head_size is None:  # as transformers: hidden_size // num_attention_heads, which must divide evenly
-        if type(hidden) is int and type(heads) is int and heads > 0 and hidden % heads:
-            raise ModelLoadError(f"hidden size {hidden} is not a multiple of {heads} attention heads")
-        head_size = hidden // heads if type(hidden) is int and type(heads) is int and heads > 0 else hidden
+    if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
+        head_size = max(1, hidden // heads) if type(hidden) is int and type(heads) is int and heads > 0 else 1
     kv_heads = hf.get("num_key_value_heads")
     attention_bias = bool(hf.get("attention_bias", False))
     return ModelConfig(

@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import models
-from models.config import Rope, config_from_hf
+from models.config import HF_KEYS, MAX_SIZES, Rope, config_from_hf
 from models.hf_import import convert_hf_dir, main as convert_main
 from tests.conftest import SENTENCES, common_flags, read_summary, read_table, run_docscore, write_jsonl
 
@@ -179,6 +179,33 @@ def test_transformers_4_config_layout_reads_the_same_rope():
     assert config_from_hf({**qwen, "use_sliding_window": False}).sliding_window == 0
     assert config_from_hf({**qwen, "use_sliding_window": True}).sliding_window == 32
     assert config_from_hf({**base, "model_type": "mistral", "sliding_window": None}).sliding_window == 0
+
+
+LLAMA = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256}
+OUT_OF_BOUNDS = [(key, value) for field, key in HF_KEYS["llama"].items()
+                 for value in (MAX_SIZES[field] + 1, 10**7, 0, -1, 2.5, "64", True)]
+
+
+@pytest.mark.parametrize("key, value", OUT_OF_BOUNDS, ids=[f"{k}-{v!r}" for k, v in OUT_OF_BOUNDS])
+def test_every_size_out_of_bounds_is_refused_naming_the_file_and_key(key, value):
+    with pytest.raises(models.ModelLoadError) as caught:
+        config_from_hf({**LLAMA, key: value}, "/models/x/config.json")
+    message = str(caught.value)
+    assert message.startswith("/models/x/config.json: ") and f"{key} is " in message, message
+
+
+def test_head_and_group_shapes_are_checked():
+    # null head_dim and num_key_value_heads mean hidden_size / heads and one kv head per head, as transformers
+    config = config_from_hf({**LLAMA, "head_dim": None, "num_key_value_heads": None})
+    assert (config.head_dim, config.kv_heads) == (16, 4)
+    assert config_from_hf({**LLAMA, "hidden_size": 62, "head_dim": 32}).head_dim == 32  # set apart: need not divide
+    with pytest.raises(models.ModelLoadError, match="hidden size 62 is not a multiple of 4 attention heads"):
+        config_from_hf({**LLAMA, "hidden_size": 62, "head_dim": None})
+    with pytest.raises(models.ModelLoadError, match="num_attention_heads 4 is not a multiple of num_key_value_heads 3"):
+        config_from_hf({**LLAMA, "num_key_value_heads": 3})
+    with pytest.raises(models.ModelLoadError, match="hidden_act 'gelu' is not supported for llama"):
+        config_from_hf({**LLAMA, "hidden_act": "gelu"})
 
 
 @pytest.mark.parametrize("rope_type, extra", [("yarn", {"factor": 4.0, "original_max_position_embeddings": 64}),
