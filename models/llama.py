@@ -91,6 +91,7 @@ class GroupedQueryAttention(nnx.Module):
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         batch, length, _ = x.shape
+        # per block, so blocks keep run_blocks' (x, segment_ids) call; elementwise work beside the projections
         cos, sin = rotary_tables(segment_ids, self.rope, self.head_dim)
         q = apply_rotary(self.query(x).reshape(batch, length, self.heads, self.head_dim), cos, sin)
         k = apply_rotary(self.key(x).reshape(batch, length, self.kv_heads, self.head_dim), cos, sin)

@@ -148,8 +148,13 @@ def test_token_logprobs_match_transformers_padded_and_packed(converted, attentio
 
 
 def test_config_reads_each_family(converted):
+    import jax
+
     family, hf_dir, model_dir = converted
-    config = models.load(str(model_dir), attention="native").config
+    loaded = models.load(str(model_dir), attention="native")
+    config = loaded.config
+    ids = np.ones((1, 16), np.int32)
+    assert str(jax.make_jaxpr(loaded.model)(ids, ids)).count("scan[") == 1  # the blocks run as one scanned body
     want = {
         "llama": dict(kv_heads=2, head_dim=16, qkv_bias=False, tie_word_embeddings=False, sliding_window=0,
                       rope=Rope(theta=500_000.0)),
