@@ -37,8 +37,9 @@ def layer_norm(features: int, eps: float, rngs: nnx.Rngs) -> nnx.LayerNorm:
 
 
 def matmul_precision(dtype: jnp.dtype) -> jax.lax.Precision | None:
-    """float32 means float32 on every backend (TPU/GPU default to bf16/tf32 passes); bfloat16 is native."""
-    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
+    """None: the dense layers' dots take the precision the program is traced under (LoadedModel traces
+    every program under models/precision.py's: float32 -> highest, or --matmul_precision's choice)."""
+    return None
 
 
 def linear(features_in: int, features_out: int, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:

@@ -63,6 +63,7 @@ class LoadedModel:
     attention: str
     dtype: str
     path: str = ""
+    precision_choice: str | None = None  # --matmul_precision (models/precision.py); None: the dtype's own
     _compiled: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     _compile_seconds: float = dataclasses.field(default=0.0, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
@@ -76,7 +77,7 @@ class LoadedModel:
         self.parallel = local_data_parallel()
         self._state = self.parallel.replicate(state)
         # Every dot without its own precision traces under this one: float32 means float32 (no TF32).
-        self.matmul_precision = matmul_precision(self.dtype)
+        self.matmul_precision = matmul_precision(self.dtype, self.precision_choice)
         precise = lambda fn: with_matmul_precision(fn, self.matmul_precision)
 
         def hidden(state, input_ids, segment_ids):
@@ -180,7 +181,7 @@ def longest_segment(segment_ids: np.ndarray) -> int:
 
 
 def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
-         cache_dir: str | None = None) -> LoadedModel:
+         cache_dir: str | None = None, matmul_precision: str | None = None) -> LoadedModel:
     """A built-in name (minilm-l6), a local model directory or a gs:// (any fsspec URL) model directory
     -> LoadedModel. Raises ModelLoadError naming the path and problem; KernelUnsupportedError when
     `attention` cannot run here."""
@@ -189,11 +190,11 @@ def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
     path, name = local_model_dir(name_or_path, cache_dir)
     if is_remote(name_or_path):
         try:
-            return load_model_dir(path, attention=attention, dtype=dtype, name=name)
+            return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision)
         except ModelLoadError as err:  # drop the bad copy so a fixed upload is fetched next time
             shutil.rmtree(path, ignore_errors=True)
             raise ModelLoadError(f"{name_or_path} (copied to {path}): {err}") from None
-    return load_model_dir(path, attention=attention, dtype=dtype, name=name)
+    return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision)
 
 
 def local_model_dir(name_or_path: str, cache_dir: str | None = None) -> tuple[str, str]:
@@ -219,7 +220,8 @@ def load_tokenizer(name_or_path: str, *, cache_dir: str | None = None) -> DocTok
                                  path=os.path.join(path, TOKENIZER))
 
 
-def load_model_dir(path: str, *, attention: str, dtype: str, name: str) -> LoadedModel:
+def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
+                   precision_choice: str | None = None) -> LoadedModel:
     """Load and verify the local docscore model directory `path`. Every file is read and checked before the
     model is built: metadata.json and config.json are JSON of the right shape, every config size is within
     bounds and fits the parameter shapes the checkpoint stores (Orbax metadata, no array read), the tokenizer
@@ -268,7 +270,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str) -> Loade
     nnx.replace_by_pure_dict(state, jax.device_put(params))
     return LoadedModel(model=nnx.merge(graphdef, state), tokenizer=tokenizer, config=config,
                        fingerprint=metadata.fingerprint, model_id=f"{name}@{metadata.fingerprint[:12]}",
-                       attention=impl, dtype=dtype, path=os.path.abspath(path))
+                       attention=impl, dtype=dtype, path=os.path.abspath(path), precision_choice=precision_choice)
 
 
 def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tuple[int, ...], Any]],

@@ -86,18 +86,11 @@ def check_reachable_backend(eo: EvalOptions, backend: str) -> None:
 def check_matmul_precision(eo: EvalOptions, backend: str) -> None:
     """--matmul_precision: known, with the dtype it applies to (float32), on a backend that runs it (tf32: GPU
     only); models/precision.py says why in each case."""
-    from models.precision import choice_problem, matmul_precision
+    from models.precision import choice_problem
 
     problem = choice_problem(eo.dtype, eo.matmul_precision, backend)
     if problem:
         raise ConfigError(problem)
-    if matmul_precision(eo.dtype, eo.matmul_precision) != matmul_precision(eo.dtype):
-        # ModelSpec (pipeline/stages/inference.py) and models.load take no precision yet: the workers would
-        # trace float32 at "highest" while the summary recorded the choice.
-        raise ConfigError(
-            f"--matmul_precision={eo.matmul_precision} is not available in this version yet: the workers load "
-            f"--dtype {eo.dtype} models at matmul precision {matmul_precision(eo.dtype)} only, so the run would not "
-            "use the precision its summary records; drop --matmul_precision")
 
 
 def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtype: str | None = None) -> str:
@@ -250,7 +243,8 @@ def validate(eo: EvalOptions) -> RunPlan:
             raise ConfigError(f"--output {eo.output}: {linked[0]} is a symlink; docscore does not write or delete through "
                               "links in its output: remove the link (its target is left as it is) or choose another --output")
 
-    model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir)
+    model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir,
+                           matmul_precision=eo.matmul_precision)
     loaded, same_backend = load_for_checks(model_spec, backend)
     if same_backend:
         kernel = loaded.attention  # what the model resolved for its own shapes (auto may depend on length)

@@ -40,6 +40,7 @@ class ModelSpec:
     attention: str = "auto"
     dtype: str = "float32"
     cache_dir: str | None = None
+    matmul_precision: str | None = None  # --matmul_precision (models/precision.py)
 
 
 # Not Beam's shared.Shared (RunInference already holds load_model's result in one): it holds weakly, with one keep-alive
@@ -55,7 +56,8 @@ def shared_model(spec: ModelSpec):
             import models
 
             apply_cpu_tuning(CpuTuning(attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir))  # before jax starts here
-            _MODELS[spec] = models.load(spec.name, attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir)
+            _MODELS[spec] = models.load(spec.name, attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir,
+                                         matmul_precision=spec.matmul_precision)
         return _MODELS[spec]
 
 
