@@ -1,0 +1,176 @@
+"""An operator's bad day, with real processes and real files: a run killed (SIGKILL) at each file step of
+its publish, a disk that fills during a rerun, a second launch of a run_id while the first holds it, a
+symlinked partition, and a lease on gs:// (the GCS emulator). After every fault readers see either the
+previous complete run or the new complete run, never a mix and never neither, and the records
+reconcile (scored + errors = records, no record twice)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import secrets
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.io import run_commit, run_lease
+from tests.conftest import SENTENCES, common_flags, run_docscore, write_jsonl
+from tests.gcs_support import gcs_emulator, gcs_target  # noqa: F401 - the session fixture
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_ID = "f1"
+FLAGS = ["--attention", "native", "--no_progress"]
+
+
+def corpus(path: Path, tag: str, n: int) -> Path:
+    records = [{"id": f"{tag}{i}", "text": SENTENCES[i % len(SENTENCES)]} for i in range(n)]
+    return write_jsonl(path, [*records, "{not json"])
+
+
+def visible(out: Path, run_id: str = RUN_ID) -> tuple[str | None, set[str]]:
+    """(launch, doc ids) of what readers see of the run; asserts that it is complete and reconciles."""
+    summary = run_commit.committed_summary(str(out), run_id)
+    if summary is None:
+        return None, set()
+    tables = {t: pq.read_table(run_commit.committed_files(str(out), run_id, t), partitioning=None).to_pylist()
+              for t in ("scores", "errors")}
+    counts = summary["counts"]
+    assert (len(tables["scores"]), len(tables["errors"])) == (counts["scored"], counts["errors"])
+    assert counts["scored"] + counts["errors"] == counts["records"]
+    keys = [(r["source"], r["record_index"]) for t in tables.values() for r in t]
+    assert len(keys) == len(set(keys)), "a record is in the run twice"
+    (history,) = run_commit.committed_files(str(out), run_id, "history")
+    assert pq.read_table(history).to_pylist()[0]["scored"] == counts["scored"]
+    return summary["launch_id"], {r["doc_id"] for r in tables["scores"]}
+
+
+def docscore_killed_at(n: int, out: Path, shard: Path, log: Path) -> subprocess.CompletedProcess:
+    args = ["--input", str(shard), *common_flags(RUN_ID, out), *FLAGS]
+    return subprocess.run([sys.executable, str(REPO / "tests" / "run_killed_at.py"), str(n), str(out), str(log), "--", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.integration
+def test_a_run_killed_at_each_file_step_of_its_publish_leaves_the_old_or_the_new_run(tmp_path):
+    out, log = tmp_path / "out", tmp_path / "steps.log"
+    shards = {tag: corpus(tmp_path / tag / "docs.jsonl", tag, n) for tag, n in (("a", 3), ("b", 5))}
+    ids = {tag: {f"{tag}{i}" for i in range(n)} for tag, n in (("a", 3), ("b", 5))}
+    first = docscore_killed_at(0, out, shards["a"], log)
+    assert first.returncode == 0, first.stderr[-2000:]
+    steps = log.read_text().splitlines()
+    commit_step = next(i for i, line in enumerate(steps, 1) if line.endswith("/summary.json"))
+    assert commit_step >= 4 and len(steps) > commit_step  # tables and history placed before it; rewrites after
+    now, notes = ids["a"], []
+    for n in range(1, len(steps) + 1):
+        tag = "b" if n % 2 else "a"
+        log.unlink()
+        killed = docscore_killed_at(n, out, shards[tag], log)
+        assert killed.returncode == -9, (n, killed.returncode, killed.stderr[-2000:])
+        launch, seen = visible(out)
+        assert seen in (now, ids[tag]), f"killed before step {n}: readers see neither run"
+        assert (seen == ids[tag]) == (n > commit_step) or now == ids[tag], f"step {n}: commit_step {commit_step}"
+        now = seen
+        notes.append(killed.stderr)
+    # each launch took the dead launch's lease and removed what it left (staging, unnamed files) ...
+    assert sum("left by a launch that did not finish" in err for err in notes) >= commit_step - 1
+    last = subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(shards["a"]),
+                           *common_flags(RUN_ID, out), *FLAGS], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert last.returncode == 0, last.stderr[-2000:]
+    launch, seen = visible(out)
+    assert seen == ids["a"]
+    summary = run_commit.committed_summary(str(out), RUN_ID)
+    named = {f for files in summary["files"].values() for f in files}
+    on_disk = {str(p.relative_to(out)) for t in ("scores", "errors", "runs") for p in (out / t).rglob("*") if p.is_file()}
+    assert on_disk - named == {f"runs/run_id={RUN_ID}/{n}" for n in ("summary.json", "report.html", "progress.json")}
+    assert not (out / "_staging").exists()  # ... so after a clean run only the run's own files remain
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs: a real file system that fills up."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"mounting a tmpfs needs root: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.integration
+def test_a_rerun_that_fills_the_disk_exits_1_and_the_previous_run_stays_whole(tmp_path, small_disk):
+    out = small_disk / "out"
+    small = corpus(tmp_path / "small" / "docs.jsonl", "s", 3)
+    assert run_docscore("--input", small, *common_flags(RUN_ID, out), *FLAGS) == 0
+    before = visible(out)
+    free_before = shutil.disk_usage(small_disk).free
+    # long ids make rows too big for the disk: ~8 MiB of doc_ids
+    big = write_jsonl(tmp_path / "big" / "docs.jsonl",
+                      [{"id": secrets.token_urlsafe(3000), "text": "short text"} for _ in range(2000)])
+    rerun = subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(big), *common_flags(RUN_ID, out), *FLAGS],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 1, rerun.stderr[-2000:]
+    assert "No space left on device" in rerun.stderr and "nothing was published" in rerun.stderr
+    assert visible(out) == before
+    assert shutil.disk_usage(small_disk).free >= free_before - 64 * 1024, "the failed rerun left its files behind"
+    assert not (out / "_staging").exists()
+
+
+@pytest.mark.integration
+def test_a_second_launch_of_a_running_run_id_is_refused_until_the_holder_dies(tmp_path, capsys, no_data_read):
+    out = tmp_path / "out"
+    shard = corpus(tmp_path / "in" / "docs.jsonl", "c", 2)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pipeline.io import run_lease\n"
+         "run_lease.acquire(sys.argv[1], sys.argv[2], 'holder000000')\nprint('held', flush=True)\ntime.sleep(600)",
+         str(out), RUN_ID], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert run_docscore("--input", shard, *common_flags(RUN_ID, out), *FLAGS) == 2
+        err = capsys.readouterr().err
+        assert f"--run_id {RUN_ID} is being written" in err and f"pid {holder.pid}" in err and "another --run_id" in err
+        assert run_commit.committed_summary(str(out), RUN_ID) is None  # no_data_read: no shard was read
+        # another run_id is not blocked
+        assert run_lease.is_held(str(out), RUN_ID) and not run_lease.is_held(str(out), "other")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not run_lease.is_held(str(out), RUN_ID)  # the kernel dropped the dead holder's lock
+
+
+@pytest.mark.integration
+def test_a_symlinked_partition_is_a_configuration_error_and_its_target_is_untouched(tmp_path, capsys, no_data_read):
+    out = tmp_path / "out"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "part-0.parquet").write_bytes(b"not docscore's")
+    (out / "scores").mkdir(parents=True)
+    (out / "scores" / f"run_id={RUN_ID}").symlink_to(elsewhere, target_is_directory=True)
+    shard = corpus(tmp_path / "in" / "docs.jsonl", "l", 2)
+    assert run_docscore("--input", shard, *common_flags(RUN_ID, out), *FLAGS) == 2
+    assert "is a symlink" in capsys.readouterr().err
+    assert [p.name for p in elsewhere.iterdir()] == ["part-0.parquet"]
+
+
+@pytest.mark.integration
+def test_a_gs_lease_is_exclusive_until_released_or_expired(gcs_emulator, tmp_path):  # noqa: F811
+    with gcs_target(gcs_emulator, tmp_path, fault_rate=0) as target:
+        out = target.url("out")
+        first = run_lease.acquire(out, "g1", "launch-one", ttl_s=3.0)
+        with pytest.raises(run_lease.LeaseHeld, match="launch launch-one"):
+            run_lease.acquire(out, "g1", "launch-two")
+        run_lease.check_holder(out, "g1", "launch-one")
+        first.release()
+        second = run_lease.acquire(out, "g1", "launch-two", ttl_s=3.0)
+        second._stop.set()  # the holder stops renewing (cut off): after the expiry the lease is taken over
+        time.sleep(3.5)
+        third = run_lease.acquire(out, "g1", "launch-three")
+        with pytest.raises(run_lease.LeaseHeld, match="no longer holds"):
+            run_lease.check_holder(out, "g1", "launch-two")
+        third.release()
+        assert run_lease.holder(out, "g1") == {}  # released: the object is gone
