@@ -26,7 +26,7 @@ from models.errors import ModelLoadError
 from models.heads import next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES
 from models.model_dir import CONFIG, PARAMS, TOKENIZER, fetch_remote, is_remote, local_cache_dir, read_metadata, read_text
-from models.precision import matmul_precision, with_matmul_precision
+from models.precision import choice_problem, matmul_precision, with_matmul_precision
 from models.sharding import DataParallel, local_data_parallel
 from models.tokenizer import DocTokenizer
 
@@ -76,7 +76,8 @@ class LoadedModel:
         graphdef, state = nnx.split(self.model)
         self.parallel = local_data_parallel()
         self._state = self.parallel.replicate(state)
-        # Every dot without its own precision traces under this one: float32 means float32 (no TF32).
+        # Every dot without its own precision (all of the model's) traces under this one: float32 means float32,
+        # TF32 only when chosen (models/precision.py); the summary records the same function of the same choice.
         self.matmul_precision = matmul_precision(self.dtype, self.precision_choice)
         precise = lambda fn: with_matmul_precision(fn, self.matmul_precision)
 
@@ -183,10 +184,15 @@ def longest_segment(segment_ids: np.ndarray) -> int:
 def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
          cache_dir: str | None = None, matmul_precision: str | None = None) -> LoadedModel:
     """A built-in name (minilm-l6), a local model directory or a gs:// (any fsspec URL) model directory
-    -> LoadedModel. Raises ModelLoadError naming the path and problem; KernelUnsupportedError when
-    `attention` cannot run here."""
+    -> LoadedModel, its float32 dots at `matmul_precision` (--matmul_precision: None, float32 or tf32, GPU
+    only). Raises ModelLoadError naming the path and problem; KernelUnsupportedError when `attention` cannot
+    run here."""
     if dtype not in COMPUTE_DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; use one of {sorted(COMPUTE_DTYPES)}")
+    # XLA compiles TF32 dots on GPUs only (XLA:CPU refuses the preset): refused here rather than at the first call.
+    problem = choice_problem(dtype, matmul_precision, jax.default_backend())
+    if problem:
+        raise ModelLoadError(problem)
     path, name = local_model_dir(name_or_path, cache_dir)
     if is_remote(name_or_path):
         try:

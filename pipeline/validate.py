@@ -411,8 +411,8 @@ def load_for_checks(spec: ModelSpec, backend: str):
     from kernels import KernelUnsupportedError
 
     same_backend = backend == jax.default_backend()
-    if not same_backend:
-        spec = dataclasses.replace(spec, attention="native")
+    if not same_backend:  # the kernel and matmul precision are the workers' (check_matmul_precision checked it)
+        spec = dataclasses.replace(spec, attention="native", matmul_precision=None)
     try:
         return shared_model(spec), same_backend
     except models.ModelLoadError as e:

@@ -85,9 +85,6 @@ def test_the_choice_reaches_the_compiled_matmuls(choice, mark):
     (["--matmul_precision", "tf32", "--dtype", "bfloat16"], "--matmul_precision=tf32 applies to --dtype float32 only"),
     (["--matmul_precision", "float32", "--dtype", "bfloat16"], "drop --matmul_precision, or use --dtype float32"),
     (["--matmul_precision", "tensorfloat32"], "--matmul_precision=tensorfloat32 is not known"),
-    # a GPU target on remote workers: the workers' loader cannot take it yet (models.load has no precision)
-    (["--matmul_precision", "tf32", "--target_backend", "gpu", "--runner", "DataflowRunner"],
-     "--matmul_precision=tf32 is not available in this version yet"),
 ])
 def test_an_impossible_choice_exits_2_before_reading_data(flags, message, tmp_path, corpus, no_data_read, capsys):
     rc = run_docscore("--input", corpus, "--output", tmp_path / "out", "--run_id", "r1", *flags)
@@ -105,3 +102,53 @@ def test_the_summary_records_the_precision(flags, expected, tmp_path, corpus):
     model = read_summary(out, "p1")["model"]
     assert model["matmul_precision"] == expected
     assert model["dtype"] == ("bfloat16" if "bfloat16" in flags else "float32")
+
+
+def _model_dots(loaded, method: str, *static: int) -> list[str]:
+    """The dot_general lines of the program LoadedModel.start compiles for `method`, lowered for a GPU from this
+    CPU machine (private _functions/_state: the lowered text is the only place precision shows)."""
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), loaded._state)
+    ids = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+    text = loaded._functions[method].trace(shapes, ids, ids, *static).lower(lowering_platforms=("cuda",)).as_text()
+    return re.findall(r"stablehlo\.dot_general.*", text)
+
+
+@pytest.mark.parametrize("choice,mark", [(None, "HIGHEST"), ("float32", "HIGHEST"), ("tf32", "lhs_precision_type = tf32")])
+def test_a_loaded_model_compiles_the_precision_it_records(choice, mark, minilm, tiny_gpt2_dir):
+    """models.load(matmul_precision=...) -> every dot of the model's programs at that precision (dense layers,
+    attention, GPT-2's tied LM head), the one LoadedModel.matmul_precision and the summary name; the encoder's
+    pooling einsum alone stays HIGHEST. tf32 cannot load on this CPU, so the loaded models are rebuilt with the
+    choice (dataclasses.replace runs LoadedModel's tracing set-up again)."""
+    import dataclasses
+
+    import models
+
+    gpt2 = models.load(tiny_gpt2_dir, attention="native")
+    for loaded, method, static in ((minilm, "embed_packed", (1,)), (gpt2, "token_logprobs", ())):
+        chosen = dataclasses.replace(loaded, precision_choice=choice)
+        assert chosen.matmul_precision == matmul_precision("float32", choice)
+        dots = _model_dots(chosen, method, *static)
+        others = [d for d in dots if mark not in d]  # the pooling einsum under tf32, nothing else
+        assert len(others) == (1 if method == "embed_packed" and choice == "tf32" else 0), others
+        assert len(dots) >= 6 and all("HIGHEST" in d for d in others), dots
+
+
+def test_tf32_is_refused_by_the_loader_off_gpu(minilm):
+    import models
+
+    with pytest.raises(models.ModelLoadError, match="--matmul_precision=tf32 needs a GPU"):
+        models.load("minilm-l6", attention="native", matmul_precision="tf32")
+
+
+def test_tf32_for_gpu_workers_reaches_their_model_spec_and_the_summary(corpus, tmp_path):
+    """A Dataflow GPU run: validation checks the model on this CPU at its own precision, and the workers'
+    ModelSpec (what shared_model loads) and the summary carry tf32."""
+    from pipeline.options import parse_options
+    from pipeline.runs.summary import launch_facts
+    from pipeline.validate import validate
+
+    _, eo = parse_options(["--input", str(corpus), "--output", str(tmp_path / "out"), "--run_id", "r1",
+                           "--matmul_precision", "tf32", "--target_backend", "gpu", "--runner", "DataflowRunner"])
+    plan = validate(eo)
+    assert plan.model_spec.matmul_precision == "tf32"
+    assert launch_facts(eo, plan, 0.0)["model"]["matmul_precision"] == "TF32_TF32_F32"

@@ -60,8 +60,8 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
             "model_id": plan.model_id,
             "fingerprint": plan.fingerprint,
             "dtype": eo.dtype,
-            # float32 means float32 matmuls; tf32 only by --matmul_precision (models/precision.py)
-            "matmul_precision": matmul_precision(eo.dtype, eo.matmul_precision),
+            # what the workers' LoadedModel traces with: the same function of the ModelSpec they load
+            "matmul_precision": matmul_precision(plan.model_spec.dtype, plan.model_spec.matmul_precision),
             "max_seq_len": plan.window_spec.max_len,
         },
         "shadow": plan.shadow.summary() if plan.shadow else None,
