@@ -52,13 +52,41 @@ def test_the_estimate_is_close_to_what_xla_compiles(hf, attention, dtype, rows, 
     assert 0.8 <= ratio <= 1.5, ratio
 
 
+def _loaded_parameters(loaded) -> int:
+    return sum(int(leaf.size) for leaf in jax.tree.leaves(nnx.state(loaded.model, nnx.Param)))
+
+
+def test_parameter_count_is_the_loaded_minilms(minilm):
+    assert memory.parameter_count(minilm.config) == _loaded_parameters(minilm) == 22_565_376  # all-MiniLM-L6-v2 less its unused pooler
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", ["llama", "llama3", "mistral", "qwen2"])
+def test_parameter_count_is_a_converted_llamas_and_transformers(family, tmp_path):
+    """No position table, three MLP matrices, k/v over the kv heads, head_dim apart from hidden/heads (llama3),
+    q/k/v biases (qwen2) or attention biases (llama3), tied (qwen2) or own LM head: the count of the config
+    equals the converted model's parameters and transformers' own count of the same model."""
+    import transformers
+
+    import models
+    from models.hf_import import convert_hf_dir
+    from tests.test_models_llama import build_hf
+
+    hf_dir = build_hf(tmp_path / "hf", family)
+    convert_hf_dir(str(hf_dir), str(tmp_path / "docscore"))
+    loaded = models.load(str(tmp_path / "docscore"), attention="native")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).num_parameters()  # tied counted once
+    assert memory.parameter_count(loaded.config) == _loaded_parameters(loaded) == reference
+
+
 def test_the_estimate_grows_with_rows_and_is_smaller_without_score_tensors():
     config = config_from_hf(LONG_BERT)
     one, many = (memory.call_estimate(config, batch_size=b, seq_len=2048, dtype="float32", attention="xla") for b in (1, 64))
     assert many.parameters == one.parameters and many.activations > 60 * one.activations
     flash = [memory.call_estimate(config, batch_size=64, seq_len=2048, dtype="float32", attention=k).activations
-             for k in ("blockwise", "cudnn")]
+             for k in ("blockwise", "cudnn", "splash_tpu")]
     assert many.activations > 5 * flash[0] > 5 * flash[1]
+    assert flash[2] == flash[1]  # splash, what auto runs on TPU, holds no [L, L] scores either
 
 
 def test_todays_defaults_and_test_settings_fit_this_machine():
