@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kernels import attention
+from models.sharding import constrain_rows
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -103,17 +104,18 @@ def run_blocks(blocks: nnx.List, x: jax.Array, segment_ids: jax.Array) -> jax.Ar
     holds it once. With a warm compilation cache, a MiniLM run's compile time (its 5 shapes) fell from
     1.2-1.4 s to 0.7-0.9 s; cold compiles and the time per call did not measurably change
     (benchmarks/README.md). The parameters stay per block (layers/0/...), as checkpoints and fingerprints
-    hold them; the stacking is one copy inside the program."""
+    hold them; the stacking is one copy inside the program. Under a model mesh (models/sharding.py) each
+    block's input and output stay split by rows and whole in hidden, the Megatron layout's activations."""
     parts = [nnx.split(block) for block in blocks]  # (graphdef, state) of each block
     graphdef = parts[0][0] if parts else None
     if len(parts) < 2 or any(other != graphdef for other, _ in parts[1:]):  # nothing to share
         for block in blocks:
-            x = block(x, segment_ids)
+            x = constrain_rows(block(constrain_rows(x), segment_ids))
         return x
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(state for _, state in parts))
 
     def step(x: jax.Array, state: nnx.State) -> tuple[jax.Array, None]:
-        return nnx.merge(graphdef, state)(x, segment_ids), None
+        return constrain_rows(nnx.merge(graphdef, state)(x, segment_ids)), None
 
-    x, _ = jax.lax.scan(step, x, stacked)
+    x, _ = jax.lax.scan(step, constrain_rows(x), stacked)
     return x

@@ -27,7 +27,7 @@ from models.heads import next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES
 from models.model_dir import CONFIG, PARAMS, TOKENIZER, fetch_remote, is_remote, local_cache_dir, read_metadata, read_text
 from models.precision import choice_problem, matmul_precision, with_matmul_precision
-from models.sharding import DataParallel, local_data_parallel
+from models.sharding import MeshLayout, ModelDoesNotFit, choose_layout, local_data_parallel
 from models.tokenizer import DocTokenizer
 
 
@@ -64,22 +64,23 @@ class LoadedModel:
     dtype: str
     path: str = ""
     precision_choice: str | None = None  # --matmul_precision (models/precision.py); None: the dtype's own
+    parallel: MeshLayout | None = dataclasses.field(default=None, repr=False)  # None: data parallel over all local devices
     _compiled: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     _compile_seconds: float = dataclasses.field(default=0.0, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
     cached_compiles: int = dataclasses.field(default=0, init=False)  # of compile_count: from the persistent cache
     cached_compile_seconds: float = dataclasses.field(default=0.0, init=False)
     _by_thread: Any = dataclasses.field(default_factory=threading.local, init=False, repr=False)
-    parallel: DataParallel = dataclasses.field(init=False, repr=False)  # rows split over all local devices
 
     def __post_init__(self) -> None:
         graphdef, state = nnx.split(self.model)
-        self.parallel = local_data_parallel()
-        self._state = self.parallel.replicate(state)
+        if self.parallel is None:
+            self.parallel = local_data_parallel()
+        self._state = self.parallel.place(state)  # a no-op for parameters load_model_dir already placed
         # Every dot without its own precision (all of the model's) traces under this one: float32 means float32,
         # TF32 only when chosen (models/precision.py); the summary records the same function of the same choice.
         self.matmul_precision = matmul_precision(self.dtype, self.precision_choice)
-        precise = lambda fn: with_matmul_precision(fn, self.matmul_precision)
+        precise = lambda fn: self.parallel.traced(with_matmul_precision(fn, self.matmul_precision))
 
         def hidden(state, input_ids, segment_ids):
             return nnx.merge(graphdef, state)(input_ids, segment_ids)
@@ -124,7 +125,7 @@ class LoadedModel:
     def start(self, method: str, input_ids: np.ndarray, segment_ids: np.ndarray, *static: int) -> jax.Array:
         """Dispatch `method` (embed_packed | token_logprobs) on the device and return at once
         (JAX runs it asynchronously; np.asarray of the result waits for it). The result may have extra
-        padding rows past the input's (rows are padded to a multiple of the local device count), and
+        padding rows past the input's (rows are padded to a multiple of the mesh's data axis), and
         its copy to the host starts as soon as it is computed."""
         self._require(method, encoder=method != "token_logprobs")
         if method == "embed_packed" and int(static[0]) < 1:
@@ -261,6 +262,10 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
                            head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
                            has_segments=True, q_len=metadata.max_seq_len, kv_len=metadata.max_seq_len)
     graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)
+    try:  # before the checkpoint is read: a model that cannot fit is refused without filling the host's memory
+        parallel = choose_layout(nnx.to_pure_dict(state))
+    except ModelDoesNotFit as err:
+        raise ModelLoadError(f"{path}: {err}") from None
     try:
         params = restore_params(params_dir, nnx.to_pure_dict(state))
     except Exception as err:  # Orbax/tensorstore raise many types for a damaged checkpoint
@@ -273,10 +278,11 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
                              "`docscore convert` wrote them (the fingerprint is a checksum that catches accidental "
                              "damage, such as a truncated copy; it is not a signature and cannot detect deliberate "
                              "edits); re-create the directory with `docscore convert`")
-    nnx.replace_by_pure_dict(state, jax.device_put(params))
+    nnx.replace_by_pure_dict(state, parallel.place(params))  # each device gets its share, never the whole model
     return LoadedModel(model=nnx.merge(graphdef, state), tokenizer=tokenizer, config=config,
                        fingerprint=metadata.fingerprint, model_id=f"{name}@{metadata.fingerprint[:12]}",
-                       attention=impl, dtype=dtype, path=os.path.abspath(path), precision_choice=precision_choice)
+                       attention=impl, dtype=dtype, path=os.path.abspath(path), precision_choice=precision_choice,
+                       parallel=parallel)
 
 
 def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tuple[int, ...], Any]],

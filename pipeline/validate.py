@@ -44,6 +44,7 @@ class RunPlan:
     batch: batching.BatchSettings  # rows per call, calls per Beam batch, local threads
     shadow: shadow.ShadowSpec | None = None  # --shadow_attention: a second kernel on a share of batches
     notices: tuple[str, ...] = ()  # choices that work but cost: the launcher prints them before the job
+    sharding: dict | None = None  # how the model is laid out over the devices (models/sharding.py MeshLayout.summary)
 
 
 def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
@@ -259,7 +260,7 @@ def validate(eo: EvalOptions) -> RunPlan:
     if eo.stride >= content:
         raise ConfigError(f"--stride={eo.stride} must be < {content} (window length minus special tokens)")
     if same_backend:
-        check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend)
+        check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend, loaded.parallel.data_size)
     shadow_spec = check_shadow(eo, model_spec, backend, kernel)
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
@@ -279,6 +280,8 @@ def validate(eo: EvalOptions) -> RunPlan:
         shadow=shadow_spec,
         notices=tuple(n for n in (notice, gold_notice) if n),
         batch=batch,
+        sharding=loaded.parallel.summary() if same_backend else {
+            "mesh": None, "reason": f"chosen by each {backend} worker from its devices' memory (models/sharding.py)"},
     )
 
 
@@ -377,13 +380,11 @@ def check_shadow_flags(eo: EvalOptions) -> None:
 
 
 def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, max_len: int, kernel: str,
-                       backend: str) -> None:
+                       backend: str, devices: int) -> None:
     """One model call of the run's batch size (rows of max_len tokens) must fit the memory of this machine's
     backend (memory.batch_size_problem: available RAM, or the device allocator's free bytes) before any data
     is read; --batch_size 10**6 used to fail out of memory after reading. Checked for local runs only: the
-    workers of a remote runner are other machines."""
-    import jax
-
+    workers of a remote runner are other machines. `devices`: the mesh's data axis, which a call's rows are split over."""
     if not runs_locally(eo):
         return
     room = memory.local_memory_room(backend)
@@ -395,7 +396,7 @@ def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, m
     concurrent = workers if backend == "cpu" or processes else 1  # an accelerator runs one process's calls in turn
     problem = memory.batch_size_problem(
         config, batch_size=batch.batch_size, seq_len=max_len, dtype=eo.dtype, attention=kernel, room=room,
-        devices=len(jax.local_devices(backend=backend)), concurrent_calls=concurrent,
+        devices=devices, concurrent_calls=concurrent,
         model_copies=workers if processes and backend == "cpu" else 0)
     if problem:
         raise ConfigError(problem)

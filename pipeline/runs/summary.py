@@ -63,6 +63,8 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
             # what the workers' LoadedModel traces with: the same function of the ModelSpec they load
             "matmul_precision": matmul_precision(plan.model_spec.dtype, plan.model_spec.matmul_precision),
             "max_seq_len": plan.window_spec.max_len,
+            # {"mesh": {"data": d, "model": m}, "devices", "reason"}: parameters split over m devices per row shard
+            "sharding": plan.sharding,
         },
         "shadow": plan.shadow.summary() if plan.shadow else None,
         "notices": list(plan.notices),
