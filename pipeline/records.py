@@ -69,12 +69,17 @@ SCORES_SCHEMA = pa.schema(
         pa.field("source", pa.string(), nullable=False),
         pa.field("record_index", pa.int64(), nullable=False),
         pa.field("task", pa.string(), nullable=False),
-        pa.field("score", pa.float64()),  # embed: null; similarity: cosine; classify: top prob; loglik: total log-likelihood
-        pa.field("label", pa.string()),  # classify: predicted label
-        pa.field("gold_label", pa.string()),  # the record's own `label` field, when present
+        # embed: null; similarity: cosine; classify: top prob; loglik: total log-likelihood; choice: the chosen
+        # candidate's probability among the candidates (softmax of their log-likelihoods)
+        pa.field("score", pa.float64()),
+        pa.field("label", pa.string()),  # classify: predicted label; choice: chosen index
+        pa.field("gold_label", pa.string()),  # the record's own `label` field, when present (choice: its index)
+        # classify: each label's probability; choice: each candidate's log-likelihood (label: its index)
         pa.field("scores", pa.list_(pa.struct([("label", pa.string()), ("score", pa.float64())]))),
         pa.field("embedding", pa.list_(pa.float32())),
         pa.field("perplexity", pa.float64()),  # loglik only
+        pa.field("choice_tokens", pa.list_(pa.int64())),  # choice only: each candidate's scored tokens
+        pa.field("choice_bytes", pa.list_(pa.int64())),  # choice only: each candidate's UTF-8 bytes
         pa.field("n_tokens", pa.int64(), nullable=False),
         pa.field("n_chunks", pa.int64(), nullable=False),
         pa.field("truncated", pa.bool_(), nullable=False),

@@ -159,11 +159,13 @@ def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec
             f"--id_field={eo.id_field}: {shards[0]} has no such field (it has: {shown}); "
             "pass --id_field with an existing field, or leave it out to use source#record_index"
         )
-    if tasks.get(eo.task).with_query and "query" not in fields:
-        raise ConfigError(
-            f"--task={eo.task} needs a `query` field in each record; {shards[0]} has: {shown}; "
-            "add it or choose another --task"
-        )
+    task = tasks.get(eo.task)
+    for field in ("query",) * task.with_query + task.record_fields:
+        if field not in fields:
+            raise ConfigError(
+                f"--task={eo.task} needs a `{field}` field in each record; {shards[0]} has: {shown}; "
+                "add it or choose another --task"
+            )
 
 
 def validate(eo: EvalOptions) -> RunPlan:
@@ -269,7 +271,7 @@ def validate(eo: EvalOptions) -> RunPlan:
         shards=tuple(shards),
         read_spec=read_spec,
         model_spec=model_spec,
-        window_spec=WindowSpec(max_len=max_len, stride=eo.stride, max_chunks=eo.max_chunks),
+        window_spec=WindowSpec(max_len=max_len, stride=eo.stride, max_chunks=eo.max_chunks, task=eo.task),
         labels=labels,
         kernel=kernel,
         target_backend=backend,

@@ -30,6 +30,8 @@ TEXT_SUFFIXES = (".txt", ".md")
 ARRAY_RECORD_MARK = ".array_record"
 SUPPORTED = ", ".join(JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES) + ", tfds:NAME"
 KEPT_FIELDS = ("query", "label")  # record fields the tasks use, carried on the Document (scalars only)
+# record fields carried as they are (lists): the task that uses them checks them, so that other tasks never fail on them
+KEPT_AS_IS = ("choices",)
 # A record (JSONL line, text file, Parquet text cell) larger than this becomes a `record_too_large` error
 # row; a JSONL reader holds at most this much of one line. 32 MiB: far above real documents (the model
 # reads at most --max_chunks windows of them) yet small enough that a few parallel readers fit a worker.
@@ -211,6 +213,7 @@ def make_document(
                 source, index, "parse", "bad_field_type",
                 f"{name!r} is a {type(value).__name__}; it must be a string or a number", raw=shown(), doc_id=doc_id,
             )
+    fields.update((k, record[k]) for k in KEPT_AS_IS if record.get(k) is not None)
     return Document(doc_id=doc_id, text=text, source=source, record_index=index, fields=fields, read_ms=read_ms)
 
 

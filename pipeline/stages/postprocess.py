@@ -37,7 +37,7 @@ class DocStats:
     n_tokens: int
     window_tokens: int  # real tokens the model computed (special tokens and query included)
     computed_tokens: float  # this document's share of the padded shapes computed
-    prediction: Any = None  # the task's (Task.prediction): similarity: cosine; classify: label; loglik: total log-likelihood
+    prediction: Any = None  # the task's (Task.prediction): similarity: cosine; classify: label; loglik: total log-likelihood; choice: chosen indexes
     gold: Any = None  # the record's `label` field; loglik: scored token count
     model_id: str = ""
     attention_impl: str = ""
@@ -47,14 +47,27 @@ class DocStats:
     doc_id: str = ""  # the summary counts doc_ids scored more than once
 
 
-def task_fields(spec: ScoreSpec, output: InferenceOutput) -> dict[str, Any]:
-    """The task's columns (score, label, scores, embedding, perplexity) from window outputs."""
-    return tasks.get(spec.task).score(output, spec)
+@dataclasses.dataclass
+class TaskInput:
+    """What a task scores one document from (pipeline/tasks/base.py, WindowOutputs): its model outputs and
+    what its task's own tokenize said of its windows."""
+
+    window_outputs: list
+    query_outputs: list
+    label_names: tuple[str, ...]
+    label_embeddings: Any
+    spans: Any = None
+
+
+def task_fields(spec: ScoreSpec, output: InferenceOutput, spans: Any = None) -> dict[str, Any]:
+    """The task's columns (score, label, scores, embedding, perplexity, ...) from window outputs."""
+    return tasks.get(spec.task).score(TaskInput(output.window_outputs, output.query_outputs, output.label_names,
+                                                output.label_embeddings, spans), spec)
 
 
 def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput) -> tuple[dict[str, Any], DocStats]:
     start = time.perf_counter()
-    fields = task_fields(spec, output)
+    fields = task_fields(spec, output, tokenized.spans)
     doc = tokenized.doc
     gold = doc.fields.get("label")
     row = {
@@ -65,10 +78,13 @@ def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput)
         "task": spec.task,
         "score": fields.get("score"),
         "label": fields.get("label"),
-        "gold_label": None if gold is None else str(gold),
+        # a task that reads the gold itself (choice: an index) says how it reads
+        "gold_label": fields["gold_label"] if "gold_label" in fields else None if gold is None else str(gold),
         "scores": fields.get("scores"),
         "embedding": fields.get("embedding"),
         "perplexity": fields.get("perplexity"),
+        "choice_tokens": fields.get("choice_tokens"),
+        "choice_bytes": fields.get("choice_bytes"),
         "n_tokens": tokenized.n_tokens,
         "n_chunks": len(tokenized.windows),
         "truncated": tokenized.truncated,
@@ -79,7 +95,7 @@ def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput)
         "infer_ms": output.infer_ms,
     }
     row["postprocess_ms"] = (time.perf_counter() - start) * 1000.0
-    divergence = shadow_divergence(spec, output, fields)  # after the timing: it is not the run's own work
+    divergence = shadow_divergence(spec, output, fields, tokenized.spans)  # after the timing: it is not the run's own work
     row.update(shadow_columns(output, divergence))
     prediction, stats_gold = tasks.get(spec.task).prediction(fields, gold)
     stats = DocStats(
@@ -99,7 +115,8 @@ def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput)
     return row, stats
 
 
-def shadow_divergence(spec: ScoreSpec, output: InferenceOutput, fields: dict[str, Any]) -> shadow.Divergence | None:
+def shadow_divergence(spec: ScoreSpec, output: InferenceOutput, fields: dict[str, Any],
+                      spans: Any = None) -> shadow.Divergence | None:
     """The document scored again from the shadow kernel's outputs, and how far both results are apart."""
     if output.shadow is None:
         return None
@@ -107,7 +124,7 @@ def shadow_divergence(spec: ScoreSpec, output: InferenceOutput, fields: dict[str
     shadow_fields = task_fields(spec, dataclasses.replace(
         output, window_outputs=other.window_outputs, query_outputs=other.query_outputs,
         label_embeddings=other.label_embeddings, shadow=None,
-    ))
+    ), spans)
     return shadow.measure(output.window_outputs + output.query_outputs, other.window_outputs + other.query_outputs,
                           fields, shadow_fields)
 

@@ -9,10 +9,14 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
+from typing import Any
+
 import apache_beam as beam
 import numpy as np
 
+from pipeline import tasks
 from pipeline.records import ERRORS_TAG, Batch, Document, ErrorRow
+from pipeline.tasks.base import RecordError
 
 # A text longer than this is tokenised only as far as --max_chunks windows need (a prefix cut at a space,
 # PREFIX_CHARS_PER_TOKEN characters a needed token, grown x4 until it holds them): a 20 MB document then
@@ -30,6 +34,7 @@ class WindowSpec:
     max_len: int  # tokens per window, special tokens included
     stride: int  # text tokens shared by consecutive windows
     max_chunks: int  # windows kept per document
+    task: str | None = None  # the run's task: one with its own tokenize (Task.tokenize, e.g. choice) makes the windows
 
 
 @dataclasses.dataclass
@@ -42,6 +47,7 @@ class TokenizedDoc:
     truncated: bool
     tokenize_ms: float
     query_windows: list[np.ndarray] = dataclasses.field(default_factory=list)  # similarity only
+    spans: Any = None  # what a task's own tokenize says of the windows, for its score (TaskWindows.spans)
 
 
 def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
@@ -50,6 +56,9 @@ def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
     every text up to FULL_TOKENIZE_CHARS (the tokenizer's Rust batch path, on its own threads without
     the GIL), encode_text for longer ones. A document that cannot be tokenised is an ErrorRow in its
     place. tokenize_ms is the batch's time shared in proportion to characters."""
+    task = tasks.get(spec.task) if spec.task else None
+    if task is not None and task.tokenize is not None:
+        return tokenize_by_task(docs, tokenizer, spec, task.tokenize)
     start = time.perf_counter()
     texts: list[str] = []  # per document: its text, then its query
     results: list[TokenizedDoc | ErrorRow | None] = []
@@ -85,6 +94,32 @@ def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
                 query_windows=list(query.windows) if with_query else [],
             )
     return results  # type: ignore[return-value]
+
+
+def tokenize_by_task(docs: Sequence[Document], tokenizer, spec: WindowSpec, tokenize) -> list[TokenizedDoc | ErrorRow]:
+    """The task's own tokenize (Task.tokenize) of the list, one document at a time when the list fails (so a
+    text the tokenizer cannot handle is one error row); tokenize_ms is the list's time shared by window tokens."""
+    start = time.perf_counter()
+    try:
+        made = tokenize(docs, tokenizer, spec.max_len)
+    except Exception:  # one bad text fails the whole list: find it below
+        made = []
+        for doc in docs:
+            try:
+                made += tokenize([doc], tokenizer, spec.max_len)
+            except Exception as e:  # a text the tokenizer cannot handle is an error row, not a crash
+                made.append(RecordError(type(e).__name__, str(e)))
+    elapsed = (time.perf_counter() - start) * 1000.0
+    tokens = max(1, sum(len(w) for m in made if not isinstance(m, RecordError) for w in m.windows))
+    results: list[TokenizedDoc | ErrorRow] = []
+    for doc, m in zip(docs, made, strict=True):
+        if isinstance(m, RecordError):
+            results.append(_error(doc, m.error_type, str(m)))
+            continue
+        results.append(TokenizedDoc(doc=dataclasses.replace(doc, text=""), windows=list(m.windows), n_tokens=m.n_tokens,
+                                    truncated=m.truncated, tokenize_ms=elapsed * sum(len(w) for w in m.windows) / tokens,
+                                    spans=m.spans))
+    return results
 
 
 def encode_texts(tokenizer, texts: Sequence[str], spec: WindowSpec) -> list:

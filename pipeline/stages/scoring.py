@@ -1,6 +1,6 @@
 """Task scoring and summary metrics, as pure functions of numpy arrays and plain values.
 
-Per document: window outputs -> one scores-row fragment (embed, similarity, classify, loglik).
+Per document: window outputs -> one scores-row fragment (embed, similarity, classify, loglik, choice).
 Per run: Spearman/Pearson (scipy.stats), accuracy/macro-F1, corpus perplexity.
 The task modules (pipeline/tasks/) call these; this module must not import them, Beam, files or the model.
 """
@@ -67,6 +67,17 @@ def score_loglik(window_logprobs: Sequence[np.ndarray], stride: int, prefix_len:
         total += float(picked.sum())
         count += int(picked.size)
     return {"score": total, "perplexity": math.exp(-total / count) if count else None, "loglik_tokens": count}
+
+
+def continuation_logliks(window_logprobs: Sequence[np.ndarray], continuation_tokens: Sequence[int]) -> list[float]:
+    """Per window, the log-likelihood of its last n tokens given the ones before (choice: a candidate after
+    its context): the next-token log-probs at the n positions before the window's last, summed in float64."""
+    logliks = []
+    for logprobs, n in zip(window_logprobs, continuation_tokens, strict=True):
+        if not 0 < n < len(logprobs):
+            raise ValueError(f"a window of {len(logprobs)} tokens cannot score a continuation of {n}")
+        logliks.append(float(np.asarray(logprobs, np.float64)[len(logprobs) - 1 - n : len(logprobs) - 1].sum()))
+    return logliks
 
 
 # ---------------------------------------------------------------- per run

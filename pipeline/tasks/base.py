@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pipeline.records import Document
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelFamily:
@@ -48,6 +50,7 @@ class WindowOutputs(Protocol):
     query_outputs: list[np.ndarray]
     label_names: tuple[str, ...]
     label_embeddings: np.ndarray | None
+    spans: Any  # what the task's own tokenize said of the windows (TaskWindows.spans); None for the others
 
 
 class ScoreSettings(Protocol):
@@ -65,6 +68,27 @@ class Prepared:
     label_names: tuple[str, ...] = ()
     label_embeddings: np.ndarray | None = None
 
+
+class RecordError(ValueError):
+    """A record the task cannot score (Task.tokenize): an error row of this snake_case error_type."""
+
+    def __init__(self, error_type: str, message: str):
+        super().__init__(message)
+        self.error_type = error_type
+
+
+@dataclasses.dataclass
+class TaskWindows:
+    """A document's model windows made by its task (Task.tokenize) and what its score needs to know of them."""
+
+    windows: list[np.ndarray]
+    n_tokens: int
+    truncated: bool
+    spans: Any = None
+
+
+# (documents, the model's DocTokenizer, tokens per window) -> per document its windows or why it cannot be scored
+Tokenize = Callable[[Sequence[Document], Any, int], list["TaskWindows | RecordError"]]
 
 EmbedTexts = Callable[[list[str]], np.ndarray]  # texts -> their pooled embeddings through the loaded model
 
@@ -106,6 +130,10 @@ class Task:
     per_token: bool = False  # the model returns per-token log-probs, not one embedding per window
     takes_labels: bool = False  # --labels: the classes documents are scored against
     numeric_gold: bool = False  # a record's `label` is a number (validate notices text ones)
+    record_fields: tuple[str, ...] = ()  # fields every record needs besides the text (validate checks the first records)
+    # a task whose record is several texts (choice: a context and its candidates) makes its own windows;
+    # None: the text in windows of --max_seq_len overlapping by --stride (pipeline/stages/preprocess.py)
+    tokenize: Tokenize | None = None
     prepare: Callable[[Mapping[str, str], EmbedTexts], Prepared] = prepare_nothing
     # (the document's columns, its record's `label`) -> DocStats (prediction, gold)
     prediction: Callable[[dict[str, Any], Any], tuple[Any, Any]] = prediction_none
