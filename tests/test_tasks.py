@@ -1,4 +1,4 @@
-"""The task registry (pipeline/tasks/): the four tasks and what each says about itself, and a fifth task
+"""The task registry (pipeline/tasks/): the five tasks and what each says about itself, and a fifth task
 defined here, registered with one line (monkeypatch), running through the real pipeline end to end."""
 from __future__ import annotations
 
@@ -26,22 +26,23 @@ def unit(v):
     return v / np.linalg.norm(v)
 
 
-def test_the_registry_lists_the_four_tasks_and_options_offer_them():
-    assert list(tasks.TASKS) == ["embed", "similarity", "classify", "loglik"]
+def test_the_registry_lists_the_five_tasks_and_options_offer_them():
+    assert list(tasks.TASKS) == ["embed", "similarity", "classify", "loglik", "choice"]
     assert options.TASKS == tuple(tasks.TASKS)
     assert all(task.name == name for name, task in tasks.TASKS.items())
-    with pytest.raises(ValueError, match="unknown task 'summarize'; the tasks are embed, similarity, classify, loglik"):
+    with pytest.raises(ValueError, match="unknown task 'summarize'; the tasks are embed, similarity, classify, loglik, choice"):
         tasks.get("summarize")
 
 
 def test_each_task_says_what_it_needs_and_computes():
-    embed, similarity, classify, loglik = (tasks.get(n) for n in ("embed", "similarity", "classify", "loglik"))
-    assert [t.model for t in (embed, similarity, classify)] == [ENCODER] * 3 and loglik.model is DECODER
-    assert [t.with_query for t in tasks.TASKS.values()] == [False, True, False, False]
-    assert [t.per_token for t in tasks.TASKS.values()] == [False, False, False, True]
-    assert [t.takes_labels for t in tasks.TASKS.values()] == [False, False, True, False]
-    assert [t.gathers for t in tasks.TASKS.values()] == ["nothing", "gold_pairs", "gold_pairs", "sums"]
-    assert [t.chart for t in tasks.TASKS.values()] == ["lengths", "scores", "labels", "scores"]
+    embed, similarity, classify, loglik, choice = (tasks.get(n) for n in tasks.TASKS)
+    assert [t.model for t in (embed, similarity, classify)] == [ENCODER] * 3 and loglik.model is choice.model is DECODER
+    assert [t.with_query for t in tasks.TASKS.values()] == [False, True, False, False, False]
+    assert [t.per_token for t in tasks.TASKS.values()] == [False, False, False, True, True]
+    assert [t.takes_labels for t in tasks.TASKS.values()] == [False, False, True, False, False]
+    assert [t.gathers for t in tasks.TASKS.values()] == ["nothing", "gold_pairs", "gold_pairs", "sums", "gold_pairs"]
+    assert [t.chart for t in tasks.TASKS.values()] == ["lengths", "scores", "labels", "scores", "labels"]
+    assert [t.tokenize is not None for t in tasks.TASKS.values()] == [False, False, False, False, True]
     assert loglik.chart_column == "perplexity" and similarity.chart_axis == "score (cosine)"
     assert ENCODER.refuse("embed", "gpt", "gpt2") == (
         "--task=embed needs an encoder (BERT-family) model but --model gpt is gpt2; "

@@ -2,7 +2,7 @@
 one module in this package and one line here; every stage asks the Task, none branches on its name."""
 from __future__ import annotations
 
-from pipeline.tasks import classify, embed, loglik, similarity
+from pipeline.tasks import choice, classify, embed, loglik, similarity
 from pipeline.tasks.base import Task
 
 TASKS: dict[str, Task] = {
@@ -10,6 +10,7 @@ TASKS: dict[str, Task] = {
     "similarity": similarity.TASK,
     "classify": classify.TASK,
     "loglik": loglik.TASK,
+    "choice": choice.TASK,
 }
 
 

@@ -1,0 +1,173 @@
+"""--task=choice: multiple-choice scoring as lm-evaluation-harness does it (decoder). A record's text
+(--text_field) is the context, its `choices` the candidate continuations, its `label` (optional) the gold
+index; each candidate's score is its log-likelihood given the context, and the run's accuracy compares
+the chosen index with the gold one.
+
+Tokens (lm-evaluation-harness's `_encode_pair`): trailing whitespace of the context moves to the front of
+each candidate; the candidate's tokens are tokenize(context + candidate) after the first
+len(tokenize(context)) tokens; the model reads the tokenizer's own leading special tokens (Llama's <s>,
+none for GPT-2), the context's tokens, then the candidate's. A context too long for the window loses its
+head (the special tokens stay), so that the candidate fits (truncated=True).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy import special
+
+from pipeline.stages import scoring
+from pipeline.tasks.base import DECODER, RecordError, Task, TaskWindows
+
+CHOICES_FIELD = "choices"  # the record's candidate continuations: a non-empty list of strings
+GOLD_FIELD = "label"  # the gold index, as for the other tasks' gold (`gold_label` in the scores table)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChoiceSpans:
+    """Per candidate (one window each, in order): its scored tokens and the UTF-8 bytes of its text; the gold."""
+
+    tokens: tuple[int, ...]
+    bytes: tuple[int, ...]
+    gold: int | None
+
+
+def check_choices(fields: dict[str, Any]) -> list[str]:
+    choices = fields.get(CHOICES_FIELD)
+    if choices is None:
+        raise RecordError("missing_choices", f"--task=choice needs a `{CHOICES_FIELD}` field: a list of the candidate "
+                                             "continuations")
+    if not isinstance(choices, (list, tuple)) or not all(isinstance(c, str) for c in choices):
+        raise RecordError("bad_choices", f"`{CHOICES_FIELD}` must be a list of strings, not {_kind(choices)}")
+    if not choices:
+        raise RecordError("empty_choices", f"`{CHOICES_FIELD}` is an empty list: there is nothing to choose from")
+    return list(choices)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        bad = next(c for c in value if not isinstance(c, str))
+        return f"a list holding a {type(bad).__name__}"
+    return f"a {type(value).__name__}"
+
+
+def gold_index(value: Any, n_choices: int) -> int | None:
+    """The record's gold as an index into its choices: an integer or a string of digits (None: no gold)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise RecordError("bad_gold", f"`{GOLD_FIELD}` must be the index of the right choice, not a {type(value).__name__}")
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, float):
+        if not (math.isfinite(text) and text.is_integer()):
+            raise RecordError("bad_gold", f"`{GOLD_FIELD}`={value!r} is not an index of `{CHOICES_FIELD}`")
+        text = int(text)
+    if isinstance(text, str):
+        if not text.isascii() or not text.lstrip("-").isdigit():
+            raise RecordError("bad_gold", f"`{GOLD_FIELD}`={value!r} is not an index of `{CHOICES_FIELD}` (0 is the first)")
+        text = int(text)
+    if not 0 <= text < n_choices:
+        raise RecordError("gold_out_of_range", f"`{GOLD_FIELD}`={value!r} is out of range: the record has {n_choices} "
+                                               f"choices, indexed 0 to {n_choices - 1}")
+    return text
+
+
+def split_pair(context: str, choice: str) -> tuple[str, str]:
+    """lm-evaluation-harness's whitespace rule: the context's trailing whitespace belongs to the continuation,
+    so that "Answer: " + "Paris" and "Answer:" + " Paris" are tokenized alike."""
+    n = len(context) - len(context.rstrip())
+    return (context[:-n], context[-n:] + choice) if n else (context, choice)
+
+
+def tokenize(docs: Sequence, tokenizer, max_len: int) -> list[TaskWindows | RecordError]:
+    """Each record's candidates as windows (prefix + the context's kept tail + the candidate's tokens), from
+    one batch encode of every context and context + candidate."""
+    texts: list[str] = []
+    plans: list[tuple[list[str], int | None] | RecordError] = []
+    for doc in docs:
+        try:
+            choices = check_choices(doc.fields)
+            plans.append((choices, gold_index(doc.fields.get(GOLD_FIELD), len(choices))))
+        except RecordError as e:
+            plans.append(e)
+            continue
+        context = split_pair(doc.text, "")[0]
+        texts += [context] + [context + split_pair(doc.text, c)[1] for c in choices]
+    encoded = iter(tokenizer.encode_ids(texts))
+    prefix = np.asarray(tokenizer.prefix, np.int32)
+    results: list[TaskWindows | RecordError] = []
+    for doc, plan in zip(docs, plans):
+        if isinstance(plan, RecordError):
+            results.append(plan)
+            continue
+        choices, gold = plan
+        context_ids = next(encoded)
+        continuations = [next(encoded)[len(context_ids):] for _ in choices]
+        try:
+            results.append(_windows(doc.text, choices, gold, prefix, context_ids, continuations, max_len))
+        except RecordError as e:
+            results.append(e)
+    return results
+
+
+def _windows(context: str, choices: list[str], gold: int | None, prefix: np.ndarray, context_ids: np.ndarray,
+             continuations: list[np.ndarray], max_len: int) -> TaskWindows:
+    if len(prefix) + len(context_ids) == 0:
+        raise RecordError("empty_text", "the context has no tokens (only whitespace, control, zero-width or combining "
+                                        "characters), so nothing predicts the first token of a choice")
+    windows, truncated = [], False
+    for i, cont in enumerate(continuations):
+        if len(cont) == 0:
+            raise RecordError("empty_choice", f"choice {i} ({choices[i][:80]!r}) has no tokens of its own after the context")
+        # at least one token must precede the continuation: it predicts the continuation's first token
+        room = max_len - len(prefix) - len(cont)
+        if room < (0 if len(prefix) else 1):
+            raise RecordError("choice_too_long", f"choice {i} has {len(cont)} tokens: with the context's first token it "
+                                                 f"does not fit a window of {max_len} (--max_seq_len)")
+        keep = min(len(context_ids), room)
+        truncated |= keep < len(context_ids)
+        windows.append(np.concatenate([prefix, context_ids[len(context_ids) - keep:], cont]).astype(np.int32))
+    spans = ChoiceSpans(tokens=tuple(len(c) for c in continuations),
+                        bytes=tuple(len(split_pair(context, c)[1].encode("utf-8", "surrogatepass")) for c in choices),
+                        gold=gold)
+    return TaskWindows(windows=windows, n_tokens=len(context_ids) + sum(spans.tokens), truncated=truncated, spans=spans)
+
+
+def score(outputs, settings):
+    """Each candidate's log-likelihood (its tokens' log-probs summed), the index chosen by it (and per token, per
+    byte), the chosen candidate's probability among the candidates (softmax of the log-likelihoods) as `score`."""
+    spans: ChoiceSpans = outputs.spans
+    logliks = scoring.continuation_logliks(outputs.window_outputs, spans.tokens)
+    per_token = [ll / n for ll, n in zip(logliks, spans.tokens)]
+    per_byte = [ll / n for ll, n in zip(logliks, spans.bytes)]
+    chosen = int(np.argmax(logliks))  # the first of equal scores, as lm-evaluation-harness
+    return {
+        "score": float(special.softmax(np.asarray(logliks, np.float64))[chosen]),
+        "label": str(chosen),
+        "gold_label": None if spans.gold is None else str(spans.gold),
+        "scores": [{"label": str(i), "score": ll} for i, ll in enumerate(logliks)],
+        "choice_tokens": list(spans.tokens),
+        "choice_bytes": list(spans.bytes),
+        "label_per_token": str(int(np.argmax(per_token))),
+        "label_per_byte": str(int(np.argmax(per_byte))),
+    }
+
+
+def prediction(fields, gold):
+    """(the chosen indexes: by log-likelihood, per token, per byte), the gold index; a record without gold has none."""
+    return (fields["label"], fields["label_per_token"], fields["label_per_byte"]), fields.get("gold_label")
+
+
+def metrics(totals):
+    pairs = totals.pairs
+    gold = [g for _, g in pairs]
+    accuracy = {name: scoring.accuracy([p[k] for p, _ in pairs], gold)
+                for k, name in enumerate(("accuracy", "accuracy_per_token", "accuracy_per_byte"))}
+    return {"n_docs": totals.documents, "n_gold": len(gold), **accuracy}
+
+
+TASK = Task(name="choice", model=DECODER, score=score, per_token=True, record_fields=(CHOICES_FIELD,), tokenize=tokenize,
+            prediction=prediction, gathers="gold_pairs", metrics=metrics, chart="labels")
