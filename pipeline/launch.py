@@ -9,9 +9,12 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -189,22 +192,49 @@ def main(argv: list[str] | None = None) -> int:
         for left in run_lease.remove_stale(eo.output, own_launch=out.launch):
             print(f"docscore run: note: removed {left}, left by a launch that did not finish", file=sys.stderr)
     try:
-        return run_and_report(options, eo, plan, out, why_not_wait, command_started)
-    except KeyboardInterrupt:
-        committed = (not eo.output.startswith(sinks.BQ_PREFIX)
-                     and (run_commit.committed_summary(eo.output, eo.run_id) or {}).get(run_commit.LAUNCH_KEY) == out.launch)
-        if runs_locally(options) and not committed:
-            run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)
-        what = ("the run was published before the interrupt" if committed else
-                "nothing was published: the previous run of this run_id, if any, is what readers see")
-        if not runs_locally(options):
-            what += "; the job itself was not cancelled"
-            lease = None  # the job still publishes: its lease expires instead of being dropped under it
-        print(f"\ndocscore run {eo.run_id}: interrupted; {what}", file=sys.stderr)
-        return 130
+        with exit_on_interrupt(lambda: interrupted(options, eo, out)):
+            return run_and_report(options, eo, plan, out, why_not_wait, command_started)
     finally:
         if lease is not None:
             lease.release()
+
+
+@contextlib.contextmanager
+def exit_on_interrupt(say: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C (SIGINT) ends the command with exit 130 and `say()`'s message, wherever the main thread is:
+    Python's own KeyboardInterrupt can land in a weakref callback or a finaliser mid-run, where it is
+    printed and dropped, and the run goes on. `say` runs under run_commit.COMMIT_LOCK, so it sees a
+    commit whole or not at all; os._exit then stops every thread (the kernel drops the lease's flock)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(_signum, _frame) -> None:
+        with run_commit.COMMIT_LOCK:
+            message = say()
+        print(f"\n{message}", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec) -> str:
+    """What an interrupt leaves: a local launch that had not committed removes its files; a remote job is
+    not cancelled (it publishes its own tables)."""
+    if eo.output.startswith(sinks.BQ_PREFIX):
+        return f"docscore run {eo.run_id}: interrupted; BigQuery publishes in one transaction: check {eo.output}"
+    committed = (run_commit.committed_summary(eo.output, eo.run_id) or {}).get(run_commit.LAUNCH_KEY) == out.launch
+    if runs_locally(options) and not committed:
+        run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)
+    what = ("the run was published before the interrupt" if committed else
+            "nothing was published: the previous run of this run_id, if any, is what readers see")
+    if not runs_locally(options):
+        what += "; the job itself was not cancelled and publishes when it finishes"
+    return f"docscore run {eo.run_id}: interrupted; {what}"
 
 
 def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_not_wait: str | None,

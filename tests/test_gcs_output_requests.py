@@ -140,11 +140,6 @@ def test_a_gs_run_renames_nothing_and_gets_no_server_error(gcs_emulator, tmp_pat
     assert sum(r.ms for r in requests) < 10_000, f"{len(requests)} requests, {sum(r.ms for r in requests):.0f} ms"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a gs:// run whose errors table gets no rows fails with CommitError: pipeline/io/sinks.py _empty_parquet "
-    "returns the staged file as a bare bucket path, which run_commit.place_staged's fs_path() resolves as a "
-    "local path (gcsfs then asks bucket 'tmp' for it); it should return fs.unstrip_protocol(path). Remove this "
-    "marker with that fix."))
 def test_a_gs_run_with_no_error_rows_publishes_and_renames_nothing(gcs_emulator, tmp_path, minilm):
     records = [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES[:6])]
     code, requests, _ = _run_to_gcs(gcs_emulator, tmp_path, records)

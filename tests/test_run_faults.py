@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -174,3 +175,26 @@ def test_a_gs_lease_is_exclusive_until_released_or_expired(gcs_emulator, tmp_pat
             run_lease.check_holder(out, "g1", "launch-two")
         third.release()
         assert run_lease.holder(out, "g1") == {}  # released: the object is gone
+
+
+@pytest.mark.integration
+def test_ctrl_c_ends_the_run_with_130_a_message_and_no_traceback_and_the_previous_run_stays(tmp_path):
+    out = tmp_path / "out"
+    first = corpus(tmp_path / "first" / "docs.jsonl", "p", 2)
+    assert subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(first), *common_flags(RUN_ID, out), *FLAGS],
+                          cwd=REPO, capture_output=True, text=True, timeout=600).returncode == 0
+    before = visible(out)
+    long = write_jsonl(tmp_path / "long" / "docs.jsonl",
+                       [{"id": f"q{i}", "text": " ".join(SENTENCES) * 3} for i in range(400)])
+    run = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--input", str(long), *common_flags(RUN_ID, out), *FLAGS],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    staging = out / "_staging" / f"run_id={RUN_ID}"
+    deadline = time.time() + 300
+    while not staging.exists() and run.poll() is None and time.time() < deadline:  # the job has started writing
+        time.sleep(0.2)
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 130, err[-2000:]
+    assert "interrupted; nothing was published" in err and "Traceback" not in err
+    assert visible(out) == before
+    assert not staging.exists()

@@ -22,6 +22,7 @@ import os
 import posixpath
 import re
 import shutil
+import threading
 import time
 import uuid
 from typing import Any
@@ -39,6 +40,9 @@ LEGACY_SUCCESS = "_SUCCESS"  # runs published before the run-level commit marked
 OWNED_NAME = re.compile(r"^(part-.*\.(parquet|jsonl)|history(-[0-9a-f]+)?\.parquet|\..*\.docscore-tmp|_SUCCESS)$")
 
 log = logging.getLogger(__name__)
+# held while a launch places and commits its files, so an interrupt handler in this process sees a commit
+# whole or not at all (pipeline/launch.py exit_on_interrupt)
+COMMIT_LOCK = threading.RLock()
 
 
 class CommitError(RuntimeError):

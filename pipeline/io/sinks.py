@@ -177,10 +177,10 @@ def staged_files(spec: OutputSpec, table: str, written: dict[str, list[str]] | N
         staged = list(written[table])
     else:
         fs.invalidate_cache(staging_dir)
-        staged = [p for p in (fs.ls(staging_dir, detail=False) if fs.exists(staging_dir) else [])
+        staged = [fs.unstrip_protocol(p) for p in (fs.ls(staging_dir, detail=False) if fs.exists(staging_dir) else [])
                   if posixpath.basename(p).startswith(PART_PREFIX)]
     if not staged and spec.output_format == "parquet":
-        staged = [_empty_parquet(fs, staging_dir, TABLES[table])]
+        staged = [fs.unstrip_protocol(_empty_parquet(fs, staging_dir, TABLES[table]))]
     return staged
 
 
