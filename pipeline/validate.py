@@ -267,6 +267,8 @@ def validate(eo: EvalOptions) -> RunPlan:
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     gold_notice = text_gold_notice(shards[0], read_spec) if task.numeric_gold else None
+    if task.gathers == "gold_pairs" and not gold_notice:
+        gold_notice = unread_gold_notice(eo.task, shards[0], read_spec)
     return RunPlan(
         shards=tuple(shards),
         read_spec=read_spec,
@@ -285,6 +287,20 @@ def validate(eo: EvalOptions) -> RunPlan:
         sharding=loaded.parallel.summary() if same_backend else {
             "mesh": None, "reason": f"chosen by each {backend} worker from its devices' memory (models/sharding.py)"},
     )
+
+
+GOLD_LOOKALIKES = ("gold", "answer", "target")  # fields other tools keep the gold in; docscore reads `label`
+
+
+def unread_gold_notice(task: str, shard: str, read_spec: sources.ReadSpec) -> str | None:
+    """Records with no `label` but a field that looks like the gold (lm-evaluation-harness's `gold`): a notice
+    that the run computes no accuracy from it, since a metric missing without a word is easy to miss."""
+    fields = first_record_fields(shard, read_spec)
+    lookalike = next((f for f in GOLD_LOOKALIKES if fields and f in fields), None)
+    if lookalike is None or "label" in fields:
+        return None
+    return (f"--task={task} reads the gold from a record's `label` field; {shard} has none but has `{lookalike}`, "
+            "which is not read, so the summary's task_metrics get no gold; rename it to `label` to score against it")
 
 
 def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) -> str | None:

@@ -305,3 +305,18 @@ def test_metrics_are_the_accuracy_of_each_normalisation():
         "n_docs": 4, "n_gold": 3, "accuracy": pytest.approx(2 / 3), "accuracy_per_token": pytest.approx(1 / 3),
         "accuracy_per_byte": pytest.approx(1 / 3)}
     assert choice.metrics(GoldTotals(2, [], 0.0, 0))["accuracy"] is None
+
+
+@pytest.mark.integration
+def test_a_gold_under_another_name_gets_a_notice_not_silence(tmp_path, tiny_gpt2_dir, capsys):
+    """lm-evaluation-harness's records keep the gold in `gold`: the run says it is not read instead of leaving the
+    accuracy out without a word."""
+    records = [{"id": r["id"], "context": r["text"], "choices": r["choices"], "gold": r["label"]} for r in make_records()[:3]]
+    shard = write_jsonl(tmp_path / "in" / "mc.jsonl", records)
+    assert run_docscore("--input", shard, *choice_flags("g", tmp_path / "out", tiny_gpt2_dir), "--text_field", "context") == 0
+    notice = "--task=choice reads the gold from a record's `label` field; "
+    captured = capsys.readouterr()
+    assert notice in captured.out + captured.err
+    summary = read_summary(tmp_path / "out", "g")
+    assert any(n.startswith(notice) and "has `gold`" in n for n in summary["notices"])
+    assert summary["task_metrics"]["n_gold"] == 0 and summary["task_metrics"]["accuracy"] is None
