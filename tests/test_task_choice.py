@@ -169,6 +169,7 @@ BAD_RECORDS = [
     ({"id": "gold-bool", "text": "A for loop", "choices": [" a", " b"], "label": True}, "tokenize", "bad_gold"),
     ({"id": "gold-half", "text": "A for loop", "choices": [" a", " b"], "label": 0.5}, "tokenize", "bad_gold"),
     ({"id": "empty-choice", "text": "A for loop", "choices": [" a", ""]}, "tokenize", "empty_choice"),
+    ({"id": "surrogate", "text": "A for loop", "choices": [" a", " \ud800"]}, "tokenize", "invalid_unicode"),
     ({"id": "too-long", "text": "A for loop", "choices": [" a", " " + LONG_TEXT]}, "tokenize", "choice_too_long"),
     ({"id": "no-context", "choices": [" a", " b"]}, "parse", "missing_field"),
     ({"id": "blank-context", "text": "  ", "choices": [" a", " b"]}, "parse", "empty_text"),

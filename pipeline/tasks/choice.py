@@ -44,6 +44,13 @@ def check_choices(fields: dict[str, Any]) -> list[str]:
         raise RecordError("bad_choices", f"`{CHOICES_FIELD}` must be a list of strings, not {_kind(choices)}")
     if not choices:
         raise RecordError("empty_choices", f"`{CHOICES_FIELD}` is an empty list: there is nothing to choose from")
+    for i, c in enumerate(choices):
+        if not c.isascii():
+            try:
+                c.encode("utf-8")
+            except UnicodeEncodeError:  # JSON allows a lone "\ud800" escape; no tokenizer or table takes it
+                raise RecordError("invalid_unicode", f"choice {i} holds a lone surrogate (an unpaired \\ud800-\\udfff "
+                                                     "escape), which is not valid Unicode text") from None
     return list(choices)
 
 
@@ -131,7 +138,7 @@ def _windows(context: str, choices: list[str], gold: int | None, prefix: np.ndar
         truncated |= keep < len(context_ids)
         windows.append(np.concatenate([prefix, context_ids[len(context_ids) - keep:], cont]).astype(np.int32))
     spans = ChoiceSpans(tokens=tuple(len(c) for c in continuations),
-                        bytes=tuple(len(split_pair(context, c)[1].encode("utf-8", "surrogatepass")) for c in choices),
+                        bytes=tuple(len(split_pair(context, c)[1].encode("utf-8")) for c in choices),
                         gold=gold)
     return TaskWindows(windows=windows, n_tokens=len(context_ids) + sum(spans.tokens), truncated=truncated, spans=spans)
 
