@@ -98,6 +98,7 @@ def check_run_against_reference(out: Path, run_id: str, records: list[dict], ref
         assert row.read_ms >= 0 and row.tokenize_ms > 0 and row.infer_ms > 0 and row.postprocess_ms > 0
     assert list(scores.label) == [str(c) for c in chosen]
     assert len(set(chosen)) > 1  # the reference's choices vary, so equal labels are not a constant
+    assert per_token != chosen and per_byte != chosen  # so each accuracy below tests its own normalisation
     gold = [None if "label" not in r else int(r["label"]) for r in records]
     assert list(scores.gold_label.fillna("none")) == ["none" if g is None else str(g) for g in gold]
     assert any(ref["truncated"] for ref in reference) and sum(ref["truncated"] for ref in reference) < len(records)
