@@ -23,7 +23,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
-BATCH_AXIS = DATA_AXIS  # the axis rows are split on
 
 # Per-device memory budget in bytes; overrides what the devices report (CPU devices report nothing).
 BUDGET_ENV = "DOCSCORE_DEVICE_MEMORY_BYTES"
@@ -239,7 +238,8 @@ def choose_layout(params: Any, devices: Sequence[jax.Device] | None = None) -> M
         f"the model's parameters ({_size(total)}) cannot fit this host: split over all {n} "
         f"{devices[0].platform} device(s) each would hold {_size(bytes_per_device(params, n))}, more than "
         f"{PARAM_SHARE:.0%} of the {_size(room)} per device ({source}); run on a machine with more or larger "
-        "devices (more accelerators, or more RAM for CPU workers)")
+        "devices (more accelerators, or more RAM for CPU workers)"
+        + (f", or raise {BUDGET_ENV}" if os.environ.get(BUDGET_ENV) else ""))
 
 
 def _size(n: float) -> str:

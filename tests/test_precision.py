@@ -151,4 +151,6 @@ def test_tf32_for_gpu_workers_reaches_their_model_spec_and_the_summary(corpus, t
                            "--matmul_precision", "tf32", "--target_backend", "gpu", "--runner", "DataflowRunner"])
     plan = validate(eo)
     assert plan.model_spec.matmul_precision == "tf32"
-    assert launch_facts(eo, plan, 0.0)["model"]["matmul_precision"] == "TF32_TF32_F32"
+    model = launch_facts(eo, plan, 0.0)["model"]
+    assert model["matmul_precision"] == "TF32_TF32_F32"
+    assert model["sharding"]["mesh"] is None and "each gpu worker" in model["sharding"]["reason"]  # not this CPU's
