@@ -183,15 +183,15 @@ def remove_stale(output: str, *, own_launch: str) -> list[str]:
         if not posixpath.basename(run_dir).startswith("run_id=") or not run_id:
             continue
         live = holder(output, run_id).get("launch") if is_held(output, run_id) else None
+        kept = False  # a launch of this run_id may still be placing files: leave its partitions alone
         for launch_dir in _dirs(fs, run_dir):
             launch = posixpath.basename(launch_dir)
-            if launch in (own_launch, live):
-                continue
-            if not is_local(fs) and _youngest_file_age_s(fs, launch_dir) < STALE_REMOTE_S:
+            if launch in (own_launch, live) or (not is_local(fs) and _youngest_file_age_s(fs, launch_dir) < STALE_REMOTE_S):
+                kept = True
                 continue
             run_commit.remove_staging(launch_dir if is_local(fs) else fs.unstrip_protocol(launch_dir))
             removed.append(launch_dir)
-        if live is None:
+        if live is None and not kept:
             removed += run_commit.clean_after_commit(output, run_id)
     return removed
 
