@@ -136,6 +136,29 @@ def test_the_mesh_follows_the_budget_on_one_device(minilm, monkeypatch):
         sharding.choose_layout(shapes)
 
 
+class FakeDevice:
+    def __init__(self, id: int, stats: dict | None, platform: str = "gpu"):
+        self.id, self.platform, self._stats = id, platform, stats
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_the_room_is_the_fullest_devices_free_memory_or_the_host_shared(monkeypatch):
+    import psutil
+
+    monkeypatch.delenv(sharding.BUDGET_ENV, raising=False)
+    gib = 2**30
+    devices = [FakeDevice(0, {"bytes_limit": 16 * gib, "bytes_in_use": gib}),
+               FakeDevice(1, {"bytes_limit": 16 * gib, "bytes_in_use": 4 * gib})]
+    assert sharding.device_room(devices) == (12 * gib, "free on gpu:1 (memory_stats)")
+    cpus = [FakeDevice(i, None, "cpu") for i in range(4)]  # CPU devices report no allocator: they share the host
+    room, source = sharding.device_room(cpus)
+    assert abs(room - psutil.virtual_memory().available // 4) < 2**28 and "shared by 4 cpu" in source
+    monkeypatch.setenv(sharding.BUDGET_ENV, str(3 * gib))
+    assert sharding.device_room(devices) == (3 * gib, f"the {sharding.BUDGET_ENV} budget")
+
+
 def test_a_model_no_layout_can_hold_is_refused_before_data_is_read(monkeypatch, corpus, tmp_path, capsys, no_data_read):
     from pipeline.stages import inference
 
