@@ -67,7 +67,7 @@ class LoadedRun:
     ref: RunRef
     scores: pa.Table
     n_errors: int
-    summary: dict[str, Any] | None  # None: the run's summary partition is missing or unpublished
+    summary: dict[str, Any]  # the committed summary.json
     notes: list[str]
 
 
