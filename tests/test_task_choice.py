@@ -228,7 +228,7 @@ def test_gold_index_accepts_integers_and_digit_strings_only():
     assert [choice.gold_index(v, 3) for v in (0, 2, "1", " 2 ", 1.0, None)] == [0, 2, 1, 2, 1, None]
     for value, kind in ((3, "gold_out_of_range"), (-1, "gold_out_of_range"), ("-1", "gold_out_of_range"),
                         ("x", "bad_gold"), (True, "bad_gold"), (1.5, "bad_gold"), (float("nan"), "bad_gold"),
-                        ([0], "bad_gold"), ("١", "bad_gold")):
+                        ([0], "bad_gold"), ("١", "bad_gold"), ("--1", "bad_gold"), ("1-2", "bad_gold")):
         with pytest.raises(RecordError) as raised:
             choice.gold_index(value, 3)
         assert raised.value.error_type == kind, value

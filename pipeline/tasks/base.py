@@ -88,7 +88,7 @@ class TaskWindows:
 
 
 # (documents, the model's DocTokenizer, tokens per window) -> per document its windows or why it cannot be scored
-Tokenize = Callable[[Sequence[Document], Any, int], list["TaskWindows | RecordError"]]
+TokenizeRecords = Callable[[Sequence[Document], Any, int], list["TaskWindows | RecordError"]]
 
 EmbedTexts = Callable[[list[str]], np.ndarray]  # texts -> their pooled embeddings through the loaded model
 
@@ -125,7 +125,8 @@ class Task:
 
     name: str
     model: ModelFamily
-    score: Callable[[WindowOutputs, ScoreSettings], dict[str, Any]]  # a document's columns from its window outputs
+    # a document's columns from its window outputs (gold_label too, for a task that reads its gold itself: choice)
+    score: Callable[[WindowOutputs, ScoreSettings], dict[str, Any]]
     with_query: bool = False  # records carry a `query` field, embedded alongside the document
     per_token: bool = False  # the model returns per-token log-probs, not one embedding per window
     takes_labels: bool = False  # --labels: the classes documents are scored against
@@ -133,7 +134,7 @@ class Task:
     record_fields: tuple[str, ...] = ()  # fields every record needs besides the text (validate checks the first records)
     # a task whose record is several texts (choice: a context and its candidates) makes its own windows;
     # None: the text in windows of --max_seq_len overlapping by --stride (pipeline/stages/preprocess.py)
-    tokenize: Tokenize | None = None
+    tokenize: TokenizeRecords | None = None
     prepare: Callable[[Mapping[str, str], EmbedTexts], Prepared] = prepare_nothing
     # (the document's columns, its record's `label`) -> DocStats (prediction, gold)
     prediction: Callable[[dict[str, Any], Any], tuple[Any, Any]] = prediction_none

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,7 +74,7 @@ def gold_index(value: Any, n_choices: int) -> int | None:
             raise RecordError("bad_gold", f"`{GOLD_FIELD}`={value!r} is not an index of `{CHOICES_FIELD}`")
         text = int(text)
     if isinstance(text, str):
-        if not text.isascii() or not text.lstrip("-").isdigit():
+        if not re.fullmatch(r"-?[0-9]+", text):
             raise RecordError("bad_gold", f"`{GOLD_FIELD}`={value!r} is not an index of `{CHOICES_FIELD}` (0 is the first)")
         text = int(text)
     if not 0 <= text < n_choices:
@@ -132,8 +133,9 @@ def _windows(context: str, choices: list[str], gold: int | None, prefix: np.ndar
         # at least one token must precede the continuation: it predicts the continuation's first token
         room = max_len - len(prefix) - len(cont)
         if room < (0 if len(prefix) else 1):
-            raise RecordError("choice_too_long", f"choice {i} has {len(cont)} tokens: with the context's first token it "
-                                                 f"does not fit a window of {max_len} (--max_seq_len)")
+            before = f"the {len(prefix)} special tokens" if len(prefix) else "the context's last token"
+            raise RecordError("choice_too_long", f"choice {i} has {len(cont)} tokens: after {before} it does not fit a "
+                                                 f"window of {max_len} tokens (--max_seq_len)")
         keep = min(len(context_ids), room)
         truncated |= keep < len(context_ids)
         windows.append(np.concatenate([prefix, context_ids[len(context_ids) - keep:], cont]).astype(np.int32))
