@@ -10,6 +10,8 @@ import importlib
 import os
 import sys
 
+from pipeline.interrupt import exit_on_interrupt
+
 # subcommand -> (module with main(argv) -> int, one-line help)
 SUBCOMMANDS = {
     "run": ("pipeline.launch", "run the evaluation pipeline (Beam) over document shards"),
@@ -35,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     before = os.environ.get("PYTHONSAFEPATH")
     os.environ["PYTHONSAFEPATH"] = "1"
     try:
-        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+        with exit_on_interrupt(lambda: "docscore: interrupted"):  # until the subcommand says more
+            return _dispatch(list(sys.argv[1:] if argv is None else argv))
     finally:
         if before is None:
             os.environ.pop("PYTHONSAFEPATH", None)

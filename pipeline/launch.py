@@ -9,12 +9,9 @@ import argparse
 import contextlib
 import dataclasses
 import gc
-import os
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -23,6 +20,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 from pipeline.graph import build_pipeline
+from pipeline.interrupt import exit_on_interrupt
 from pipeline.io import run_commit, run_lease, sinks
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.runs import publish
@@ -168,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         print_help()
         return 0
     command_started = psutil.Process().create_time()
+    with exit_on_interrupt(lambda: "docscore run: interrupted before the job started; nothing was published"):
+        return launch(argv, command_started)
+
+
+def launch(argv: list[str], command_started: float) -> int:
+    """Validate, take the run's lease, then run_and_report under an interrupt handler that knows the run."""
     try:
         options, eo = parse_options(argv)
         apply_cpu_tuning(CpuTuning(attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
@@ -192,34 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         for left in run_lease.remove_stale(eo.output, own_launch=out.launch):
             print(f"docscore run: note: removed {left}, left by a launch that did not finish", file=sys.stderr)
     try:
-        with exit_on_interrupt(lambda: interrupted(options, eo, out)):
+        with exit_on_interrupt(lambda: interrupted(options, eo, out), lock=run_commit.COMMIT_LOCK):
             return run_and_report(options, eo, plan, out, why_not_wait, command_started)
     finally:
         if lease is not None:
             lease.release()
-
-
-@contextlib.contextmanager
-def exit_on_interrupt(say: Callable[[], str]) -> Iterator[None]:
-    """Ctrl-C (SIGINT) ends the command with exit 130 and `say()`'s message, wherever the main thread is:
-    Python's own KeyboardInterrupt can land in a weakref callback or a finaliser mid-run, where it is
-    printed and dropped, and the run goes on. `say` runs under run_commit.COMMIT_LOCK, so it sees a
-    commit whole or not at all; os._exit then stops every thread (the kernel drops the lease's flock)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_sigint(_signum, _frame) -> None:
-        with run_commit.COMMIT_LOCK:
-            message = say()
-        print(f"\n{message}", file=sys.stderr, flush=True)
-        os._exit(130)
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec) -> str:

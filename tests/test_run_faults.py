@@ -185,16 +185,30 @@ def test_ctrl_c_ends_the_run_with_130_a_message_and_no_traceback_and_the_previou
                           cwd=REPO, capture_output=True, text=True, timeout=600).returncode == 0
     before = visible(out)
     long = write_jsonl(tmp_path / "long" / "docs.jsonl",
-                       [{"id": f"q{i}", "text": " ".join(SENTENCES) * 3} for i in range(400)])
+                       [{"id": f"q{i}", "text": " ".join(SENTENCES) * 3} for i in range(200)])
     run = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--input", str(long), *common_flags(RUN_ID, out), *FLAGS],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     staging = out / "_staging" / f"run_id={RUN_ID}"
     deadline = time.time() + 300
-    while not staging.exists() and run.poll() is None and time.time() < deadline:  # the job has started writing
-        time.sleep(0.2)
+    while run_lease.holder(str(out), RUN_ID).get("pid") != run.pid and run.poll() is None and time.time() < deadline:
+        time.sleep(0.2)  # until it has validated and taken the lease
+    time.sleep(3)  # the job is being built or running
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=300)
     assert run.returncode == 130, err[-2000:]
     assert "interrupted; nothing was published" in err and "Traceback" not in err
     assert visible(out) == before
     assert not staging.exists()
+
+
+@pytest.mark.integration
+def test_ctrl_c_while_starting_up_is_exit_130_without_a_traceback(tmp_path):
+    shard = corpus(tmp_path / "in" / "docs.jsonl", "u", 2)
+    run = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--input", str(shard),
+                            *common_flags(RUN_ID, tmp_path / "out"), *FLAGS],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)  # importing jax and Beam, or validating
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
