@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -42,6 +43,20 @@ def use_local_threads(options: beam.options.pipeline_options.PipelineOptions, th
         return
     direct = options.view_as(DirectOptions)
     direct.direct_running_mode, direct.direct_num_workers = "multi_threading", threads
+
+
+PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
+
+
+def share_device_memory(options: beam.options.pipeline_options.PipelineOptions) -> bool:
+    """A local multi_processing run starts a JAX client in every worker process, beside the launcher's own
+    (validation loads the model): on a GPU each would take 75% of its memory up front (JAX's default), so
+    the second process could not start. They allocate as they go instead, unless PREALLOCATE_ENV is set.
+    Call before JAX starts in this process; the workers inherit the environment. True when it was set."""
+    if options.view_as(DirectOptions).direct_running_mode != "multi_processing" or PREALLOCATE_ENV in os.environ:
+        return False
+    os.environ[PREALLOCATE_ENV] = "false"
+    return True
 
 
 @contextlib.contextmanager
@@ -174,6 +189,7 @@ def launch(argv: list[str], command_started: float) -> int:
     """Validate, take the run's lease, then run_and_report under an interrupt handler that knows the run."""
     try:
         options, eo = parse_options(argv)
+        share_device_memory(options)
         apply_cpu_tuning(CpuTuning(attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
         plan = validate(eo)
     except ConfigError as e:
