@@ -1,7 +1,8 @@
-"""docscore models: Flax NNX BERT encoder and GPT-2 decoder with injected attention, their model
-directories (Orbax params), Hugging Face import and tokenizer windows.
+"""docscore models: Flax NNX BERT encoder, GPT-2 decoder and Llama-family decoder (Llama, Mistral, Qwen2)
+with injected attention, their model directories (Orbax params), Hugging Face import, tokenizer windows,
+the device mesh (sharding.py) and float32 matmul precision.
 
-Public API: `load(name_or_path, attention=, dtype=, cache_dir=) -> LoadedModel`, `load_tokenizer`, `ModelLoadError`,
+Public API: `load(name_or_path, attention=, dtype=, cache_dir=, matmul_precision=) -> LoadedModel`, `load_tokenizer`, `ModelLoadError`,
 `ModelConfig`, `DocTokenizer`, `EncodedDoc`. Nothing here knows about kernels beyond `kernels.attention`.
 """
 from models.config import ModelConfig
