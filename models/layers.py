@@ -1,18 +1,21 @@
 """Transformer building blocks shared by the encoder and the decoder: self-attention through the
-kernels contract, feed-forward, float32 layer norm, position ids of packed segments, and the stack
-of blocks run as one scanned step.
+kernels contract, feed-forward, float32 layer norm, position ids of packed segments, and the blocks:
+per block as checkpoints hold them, or stacked once at load and run as one scanned step.
 
 Must not choose or implement an attention kernel: `SelfAttention` passes the name it was built
 with to `kernels.attention` and knows nothing else about kernels.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from kernels import attention
-from models.sharding import constrain_rows
+from models.sharding import STACKED, constrain_rows
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -97,25 +100,85 @@ class FeedForward(nnx.Module):
         return self.down(ACTIVATIONS[self.activation](self.up(x)))
 
 
-def run_blocks(blocks: nnx.List, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
-    """x through `blocks` in order. Blocks of one structure (the same graphdef: all of BERT's; GPT-2's
-    unless its attention scale varies by layer) run as one jax.lax.scan over their parameters stacked
-    on a new leading axis, so JAX traces and lowers one block, not every block, and the compiled program
-    holds it once. With a warm compilation cache, a MiniLM run's compile time (its 5 shapes) fell from
-    1.2-1.4 s to 0.7-0.9 s; cold compiles and the time per call did not measurably change
-    (benchmarks/README.md). The parameters stay per block (layers/0/...), as checkpoints and fingerprints
-    hold them; the stacking is one copy inside the program. Under a model mesh (models/sharding.py) each
-    block's input and output stay split by rows and whole in hidden, the Megatron layout's activations."""
-    parts = [nnx.split(block) for block in blocks]  # (graphdef, state) of each block
-    graphdef = parts[0][0] if parts else None
-    if len(parts) < 2 or any(other != graphdef for other, _ in parts[1:]):  # nothing to share
-        for block in blocks:
-            x = constrain_rows(block(constrain_rows(x), segment_ids))
+class StackedBlocks(nnx.Module):
+    """Blocks of one structure held as one block whose every parameter carries a leading layer axis
+    (parameter paths layers/stacked/..., models/sharding.py's STACKED), run as one jax.lax.scan over it.
+    Made once at load (stack_blocks) from the per-block form that checkpoints, fingerprints and the
+    Hugging Face conversion hold (layers/0/...), so no call copies the weights to stack them."""
+
+    def __init__(self, stacked: nnx.Module):
+        self.stacked = stacked  # the attribute name is sharding.STACKED
+
+    def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        graphdef, state = nnx.split(self.stacked)
+
+        def step(x: jax.Array, layer: nnx.State) -> tuple[jax.Array, None]:
+            return constrain_rows(nnx.merge(graphdef, layer)(x, segment_ids)), None
+
+        x, _ = jax.lax.scan(step, constrain_rows(x), state)
         return x
-    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(state for _, state in parts))
 
-    def step(x: jax.Array, state: nnx.State) -> tuple[jax.Array, None]:
-        return constrain_rows(nnx.merge(graphdef, state)(x, segment_ids)), None
 
-    x, _ = jax.lax.scan(step, constrain_rows(x), stacked)
+def run_blocks(blocks: nnx.List | StackedBlocks, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """x through `blocks` in order: stacked blocks as one scanned step (JAX traces and compiles one block,
+    not every block: faster compiles, benchmarks/README.md), a list of blocks (of different structure,
+    e.g. GPT-2's with a per-layer attention scale, or a model stack_blocks was not applied to) one after
+    another. Under a model mesh (models/sharding.py) each block's input and output stay split by rows and
+    whole in hidden."""
+    if isinstance(blocks, StackedBlocks):
+        return blocks(x, segment_ids)
+    for block in blocks:
+        x = constrain_rows(block(constrain_rows(x), segment_ids))
     return x
+
+
+def stack_blocks(model: nnx.Module) -> nnx.Module:
+    """`model` with its blocks (model.layers, an nnx.List) replaced by StackedBlocks when there are two or more
+    of one structure (the same graphdef), in place; unchanged when they differ or are stacked already. Works on
+    an abstract model (nnx.eval_shape) as on one with arrays (stacked with jnp.stack: one copy, at load)."""
+    blocks = model.layers
+    if isinstance(blocks, StackedBlocks) or len(blocks) < 2:
+        return model
+    parts = [nnx.split(block) for block in blocks]
+    graphdef = parts[0][0]
+    if any(other != graphdef for other, _ in parts[1:]):
+        return model
+    state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(state for _, state in parts))
+    model.layers = StackedBlocks(nnx.merge(graphdef, state))
+    return model
+
+
+def stacked_abstract(graphdef: nnx.GraphDef, state: nnx.State) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, state of ShapeDtypeStructs) of a per-block abstract model (models/architecture.py abstract_model)
+    -> those of the model stack_blocks makes of it: the layout the programs receive, nothing allocated."""
+    return nnx.split(nnx.eval_shape(lambda per_block: stack_blocks(nnx.merge(graphdef, per_block)), state))
+
+
+def stack_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A pure parameter dict in the checkpoint layout (layers/0/..., layers/1/...) -> StackedBlocks' layout
+    (layers/stacked/..., each parameter of every block stacked on a leading axis), for a model stack_blocks
+    stacks. Consumes params["layers"]: each block's array is let go once stacked, so the host holds the
+    layers' weights about once, not twice."""
+    blocks = params.pop("layers")
+    flat = []
+    for key in sorted(blocks, key=int):  # 0, 1, ..., n-1
+        leaves, treedef = jax.tree_util.tree_flatten(blocks.pop(key))
+        flat.append(leaves)
+    count = len(flat)
+    stacked = []
+    for leaf in range(len(flat[0])):
+        stacked.append(np.stack([flat[index][leaf] for index in range(count)]))
+        for index in range(count):
+            flat[index][leaf] = None
+    return {**params, "layers": {STACKED: jax.tree_util.tree_unflatten(treedef, stacked)}}
+
+
+def unstack_params(params: dict[str, Any]) -> dict[str, Any]:
+    """stack_params' inverse: a pure dict in StackedBlocks' layout -> the checkpoint layout (layers/0/...);
+    a dict in the checkpoint layout is returned as it is."""
+    blocks = params["layers"]
+    if STACKED not in blocks:
+        return params
+    count = int(jax.tree.leaves(blocks[STACKED])[0].shape[0])
+    return {**params, "layers": {index: jax.tree.map(lambda leaf: leaf[index], blocks[STACKED])
+                                 for index in range(count)}}

@@ -24,10 +24,10 @@ from models.checkpoint import fingerprint, restore_params, stored_shapes
 from models.config import HF_KEYS, ModelConfig, read_config
 from models.errors import ModelLoadError
 from models.heads import next_token_logprobs, segment_embeddings
-from models.layers import COMPUTE_DTYPES
+from models.layers import COMPUTE_DTYPES, stack_blocks, stack_params, stacked_abstract
 from models.model_dir import CONFIG, PARAMS, TOKENIZER, fetch_remote, is_remote, local_cache_dir, read_metadata, read_text
 from models.precision import choice_problem, matmul_precision, with_matmul_precision
-from models.sharding import MeshLayout, ModelDoesNotFit, choose_layout, local_data_parallel
+from models.sharding import STACKED, MeshLayout, ModelDoesNotFit, choose_layout, local_data_parallel
 from models.tokenizer import DocTokenizer
 
 
@@ -73,7 +73,9 @@ class LoadedModel:
     _by_thread: Any = dataclasses.field(default_factory=threading.local, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        graphdef, state = nnx.split(self.model)
+        # The programs receive each block parameter stacked on a leading layer axis (models/layers.py
+        # StackedBlocks); load_model_dir stacks on the host, a model built otherwise is stacked here, once.
+        graphdef, state = nnx.split(stack_blocks(self.model))
         if self.parallel is None:
             self.parallel = local_data_parallel()
         self._state = self.parallel.place(state)  # a no-op for parameters load_model_dir already placed
@@ -261,7 +263,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
     impl = kernels.resolve(attention, heads=config.num_heads, kv_heads=config.kv_heads,
                            head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
                            has_segments=True, q_len=metadata.max_seq_len, kv_len=metadata.max_seq_len)
-    graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)
+    graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)  # per block, as the checkpoint
     try:  # before the checkpoint is read: a model that cannot fit is refused without filling the host's memory
         parallel = choose_layout(nnx.to_pure_dict(state))
     except ModelDoesNotFit as err:
@@ -278,6 +280,11 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
                              "`docscore convert` wrote them (the fingerprint is a checksum that catches accidental "
                              "damage, such as a truncated copy; it is not a signature and cannot detect deliberate "
                              "edits); re-create the directory with `docscore convert`")
+    # The blocks' parameters stacked once, here on the host, into the layout the programs receive (models/layers.py
+    # StackedBlocks); the checkpoint and the fingerprint above keep one entry per block.
+    graphdef, state = stacked_abstract(graphdef, state)
+    if STACKED in nnx.to_pure_dict(state)["layers"]:
+        params = stack_params(params)
     nnx.replace_by_pure_dict(state, parallel.place(params))  # each device gets its share, never the whole model
     return LoadedModel(model=nnx.merge(graphdef, state), tokenizer=tokenizer, config=config,
                        fingerprint=metadata.fingerprint, model_id=f"{name}@{metadata.fingerprint[:12]}",

@@ -47,6 +47,10 @@ PARTITION_RULES: tuple[tuple[str, tuple[int, ...]], ...] = (
     (r"^lm_head/kernel$", (1, 0)),
 )
 
+# A path component whose parameters carry a leading layer axis (models/layers.py StackedBlocks: layers/stacked/...):
+# that axis is never split, the rest is laid out as one block's parameter of the same name.
+STACKED = "stacked"
+
 
 class ModelDoesNotFit(ValueError):
     """The parameters cannot be held by this host's devices, even split over all of them."""
@@ -65,7 +69,12 @@ def path_name(path: tuple[Any, ...]) -> str:
 
 def partition_spec(name: str, shape: Sequence[int], model_size: int) -> PartitionSpec:
     """How the parameter `name` of `shape` is laid out over a model axis of `model_size` devices: split on
-    the first of its rule's dimensions that divides evenly, else copied."""
+    the first of its rule's dimensions that divides evenly, else copied. A stacked parameter (STACKED in its
+    path) keeps its leading layer axis whole and lays out the rest as one block's."""
+    parts = name.split("/")
+    if STACKED in parts:
+        block = partition_spec("/".join(p for p in parts if p != STACKED), shape[1:], model_size)
+        return PartitionSpec(None, *block) if block != PartitionSpec() else PartitionSpec()
     if model_size > 1:
         for pattern, dims in PARTITION_RULES:
             if re.search(pattern, name):

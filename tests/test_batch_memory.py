@@ -13,6 +13,7 @@ from flax import nnx
 from models.architecture import abstract_model
 from models.config import config_from_hf
 from models.heads import next_token_logprobs, segment_embeddings
+from models.layers import stacked_abstract
 from pipeline.telemetry import memory
 from tests.conftest import TEST_BATCH, TEST_MAX_LEN, run_docscore
 
@@ -23,8 +24,9 @@ GPT2 = {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 2, 
 
 
 def compiled_bytes(config, attention: str, dtype: str, rows: int, length: int) -> int:
-    """Arguments + outputs + temporaries of the model call's program as XLA compiles it (no weights needed)."""
-    graphdef, state = abstract_model(config, attention_impl=attention, dtype=dtype)
+    """Arguments + outputs + temporaries of the model call's program as XLA compiles it (no weights needed), with
+    the blocks stacked as LoadedModel's programs receive them."""
+    graphdef, state = stacked_abstract(*abstract_model(config, attention_impl=attention, dtype=dtype))
     if config.is_encoder:
         call = jax.jit(lambda s, i, g: segment_embeddings(nnx.merge(graphdef, s)(i, g), g, max(1, length // 8)))
     else:

