@@ -42,7 +42,7 @@ def _pad(x: jax.Array, axis: int, size: int) -> jax.Array:
 
 def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                         segment_ids: jax.Array | None = None, causal: bool = False,
-                        scale: float | None = None, block_q: int = BLOCK_Q,
+                        scale: float | None = None, window: int | None = None, block_q: int = BLOCK_Q,
                         block_k: int = BLOCK_K) -> jax.Array:
     """Contract attention (BTNH) computed block by block with an online softmax."""
     batch, q_len, heads, head_dim = q.shape
@@ -70,7 +70,7 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     def kv_mask(q_index, q_seg_blk, kv_index, kv_seg_blk):
         mask = segment_mask(q_seg_blk, kv_seg_blk)
         if causal:  # static flag: Python branch on configuration, not on traced values
-            mask &= causal_mask(q_index * bq + jnp.arange(bq), kv_index * bk + jnp.arange(bk))[None]
+            mask &= causal_mask(q_index * bq + jnp.arange(bq), kv_index * bk + jnp.arange(bk), window)[None]
         return mask
 
     def one_q_block(args):
@@ -134,4 +134,4 @@ def _update(carry, q_blk, k_blk, v_blk, mask, scale):
 
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=blockwise_attention)
+                                is_supported=is_supported, call=blockwise_attention, local_window=True)

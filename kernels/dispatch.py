@@ -12,7 +12,7 @@ from kernels.policy import resolve
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
               causal: bool = False, scale: float | None = None, impl: str = "auto",
-              packed: bool = True) -> jax.Array:
+              packed: bool = True, window: int | None = None) -> jax.Array:
     """Scaled dot-product attention, BTNH: q [B, Lq, H, D], k/v [B, Lkv, KH, D], H % KH == 0.
 
     segment_ids int32 [B, L] (needs Lq == Lkv): 0 = padding, tokens attend only within their own
@@ -20,20 +20,25 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     impl: "auto" | "native" | "flash" | an implementation name (see kernels.available()).
     packed: False promises every row of segment_ids is one segment followed by padding, which lets
     kernels that take lengths instead of segments run (cudnn); a row breaking it comes back NaN there.
+    window (with causal): query i sees only keys i - window < j <= i, a sliding-window model's local
+    attention (Mistral, Qwen2); kernels without it (Implementation.local_window) are refused.
     """
     check_inputs(q, k, v, segment_ids)
-    name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed)
+    if window and not causal:
+        raise ValueError("attention's local window needs causal=True (it bounds how far back a query looks)")
+    name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed, window=window)
+    local = {"window": window} if window else {}  # only kernels with local_window take it
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     with jax.named_scope(f"attention/{name}"):
         return table.IMPLEMENTATIONS[name].call(q, k, v, segment_ids=segment_ids, causal=causal,
-                                                scale=scale)
+                                                scale=scale, **local)
 
 
 def resolve_for(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = None,
                 causal: bool = False, impl: str = "auto", backend: str | None = None,
-                packed: bool = True) -> str:
+                packed: bool = True, window: int | None = None) -> str:
     """The implementation name attention() runs for these arrays (for callers to record)."""
-    return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed))
+    return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed, window))
 
 
 def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> None:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 # shape, so a kernel cannot see this at trace time: the caller states it. Missing, it follows
 # has_segments (segment ids may be packed); False promises one segment per row followed by padding.
 SHAPE_KEYS = ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "has_segments",
-              "packed")
+              "packed", "window")
 
 
 class KernelUnsupportedError(ValueError):
@@ -40,6 +40,7 @@ class Implementation:
     limits: str
     is_supported: Callable[..., tuple[bool, str]]
     call: AttentionCall
+    local_window: bool = False  # takes window= (a sliding-window model's local causal attention)
 
 
 def dtype_name(dtype: Any) -> str:
@@ -48,8 +49,9 @@ def dtype_name(dtype: Any) -> str:
 
 
 def shape_info_of(q: jax.Array, k: jax.Array, segment_ids: jax.Array | None, causal: bool,
-                  packed: bool = True) -> dict:
+                  packed: bool = True, window: int | None = None) -> dict:
     """The shape info of one attention call (static under jit); `packed` as the caller states it."""
     return dict(q_len=q.shape[1], kv_len=k.shape[1], heads=q.shape[2], kv_heads=k.shape[2],
                 head_dim=q.shape[3], dtype=dtype_name(q.dtype), causal=bool(causal),
-                has_segments=segment_ids is not None, packed=segment_ids is not None and bool(packed))
+                has_segments=segment_ids is not None, packed=segment_ids is not None and bool(packed),
+                window=window or None)

@@ -18,20 +18,25 @@ def segment_mask(q_segments, kv_segments):
     return (q_segments == kv_segments[..., None, :]) & (q_segments != 0)
 
 
-def causal_mask(q_positions, kv_positions):
-    """[q, kv] booleans: a query at position i sees keys at positions <= i (top-left aligned)."""
-    return q_positions[:, None] >= kv_positions[None, :]
+def causal_mask(q_positions, kv_positions, window: int | None = None):
+    """[q, kv] booleans: a query at position i sees keys at positions <= i (top-left aligned); with a local
+    `window` only the last `window` of them, i - window < j <= i (Mistral's and Qwen2's sliding window)."""
+    sees = q_positions[:, None] >= kv_positions[None, :]
+    if window:
+        sees = sees & (q_positions[:, None] - kv_positions[None, :] < window)
+    return sees
 
 
 def allowed(q_segments: jax.Array | None, kv_segments: jax.Array | None,
-            q_positions: jax.Array, kv_positions: jax.Array, causal: bool) -> jax.Array | None:
-    """Boolean mask [batch or 1, q, kv] of segment_mask and (when causal) causal_mask; None when every
-    pair may attend."""
+            q_positions: jax.Array, kv_positions: jax.Array, causal: bool,
+            window: int | None = None) -> jax.Array | None:
+    """Boolean mask [batch or 1, q, kv] of segment_mask and (when causal) causal_mask with its local
+    window; None when every pair may attend."""
     mask = None
     if q_segments is not None:
         mask = segment_mask(q_segments, kv_segments)
     if causal:
-        causal_pairs = causal_mask(q_positions, kv_positions)[None]
+        causal_pairs = causal_mask(q_positions, kv_positions, window)[None]
         mask = causal_pairs if mask is None else mask & causal_pairs
     return mask
 

@@ -32,8 +32,9 @@ _logged_choices: set[str] = set()
 
 
 def available() -> dict[str, dict]:
-    """Each implementation: the backends it runs on, its limits, and where it is the flash kernel."""
-    return {name: {"backends": list(impl.backends), "limits": impl.limits,
+    """Each implementation: the backends it runs on, its limits, whether it takes a local (sliding) window,
+    and where it is the flash kernel."""
+    return {name: {"backends": list(impl.backends), "limits": impl.limits, "local_window": impl.local_window,
                    "flash_on": [b for b, names in table.FLASH.items() if name in names]}
             for name, impl in table.IMPLEMENTATIONS.items()}
 
@@ -109,6 +110,8 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
     if backend not in impl.backends:
         needs = _NEEDS[impl.backends[0]] if len(impl.backends) == 1 else " or ".join(impl.backends)
         return False, f"it needs {needs}"
+    if info.get("window") and not impl.local_window:
+        return False, f"it has no local (sliding-window) attention, which this model's window of {info['window']} needs"
     return impl.is_supported(**info)
 
 

@@ -12,7 +12,7 @@ from kernels.masking import causal_mask, segment_mask
 
 
 def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
-                        scale: float | None = None) -> np.ndarray:
+                        scale: float | None = None, window: int | None = None) -> np.ndarray:
     """Contract attention in float64: q [B, Lq, H, D], k/v [B, Lkv, KH, D]; returns float64."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     batch, q_len, heads, head_dim = q.shape
@@ -27,7 +27,7 @@ def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
         seg = np.asarray(segment_ids)
         mask &= segment_mask(seg, seg)
     if causal:
-        mask &= causal_mask(np.arange(q_len), np.arange(kv_len))
+        mask &= causal_mask(np.arange(q_len), np.arange(kv_len), window)
     mask = mask[:, None]
     scores = np.where(mask, scores, -np.inf)
     row_max = scores.max(axis=-1, keepdims=True)

@@ -23,7 +23,7 @@ def is_supported(**shape_info) -> tuple[bool, str]:
 
 
 def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
-                  causal: bool = False, scale: float | None = None) -> jax.Array:
+                  causal: bool = False, scale: float | None = None, window: int | None = None) -> jax.Array:
     """Contract attention (BTNH, grouped-query by reshaping, never repeating K/V)."""
     batch, q_len, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
@@ -35,7 +35,7 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.
     kt = k.transpose(0, 2, 3, 1)  # [b, kv_heads, d, kv]
     vt = v.transpose(0, 2, 1, 3)  # [b, kv_heads, kv, d]
     scores = jnp.einsum("bhgqd,bhdk->bhgqk", qt, kt, preferred_element_type=jnp.float32) * scale
-    mask = allowed(segment_ids, segment_ids, jnp.arange(q_len), jnp.arange(kv_len), causal)
+    mask = allowed(segment_ids, segment_ids, jnp.arange(q_len), jnp.arange(kv_len), causal, window)
     if mask is not None:
         # A finite fill keeps one fused pass over the scores (an -inf fill needs extra passes
         # to avoid NaN); rows with nothing to attend to are zeroed after the weighted sum.
@@ -50,4 +50,4 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.
     return out.astype(q.dtype)
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=xla_attention)
+                                is_supported=is_supported, call=xla_attention, local_window=True)

@@ -82,6 +82,7 @@ class ModelConfig:
     mlp_bias: bool = False                         # llama
     tie_word_embeddings: bool = False              # llama (GPT-2 is always tied)
     sliding_window: int = 0                        # llama: Mistral/Qwen2 local attention span (0: none)
+    sliding_layers: tuple[int, ...] = ()           # llama: the layers that attend within sliding_window
 
     @property
     def head_dim(self) -> int:
@@ -93,9 +94,18 @@ class ModelConfig:
 
     @property
     def longest_segment(self) -> int:
-        """Longest document segment the model computes exactly: its positions, and for a sliding-window
-        model its window, since the attention kernels have no local window (docs/DESIGN.md, models)."""
+        """Longest document segment the model computes: its positions (sliding windows are attention masks)."""
+        return self.max_positions
+
+    @property
+    def default_seq_len(self) -> int:
+        """Window length `docscore convert` picks when none is given: the positions, or a sliding-window
+        model's window (past it, memory grows while each token still sees only the window)."""
         return min(self.max_positions, self.sliding_window) if self.sliding_window else self.max_positions
+
+    def layer_window(self, layer: int) -> int:
+        """The local attention window of `layer` (0: it attends to its whole segment)."""
+        return self.sliding_window if layer in self.sliding_layers else 0
 
     @property
     def is_encoder(self) -> bool:
@@ -209,7 +219,7 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
         activation="silu", num_kv_heads=heads if kv_heads is None else kv_heads, head_size=head_size,
         rope=_rope(hf), qkv_bias=model_type == "qwen2" or attention_bias, output_bias=attention_bias,
         mlp_bias=bool(hf.get("mlp_bias", False)), tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        sliding_window=_sliding_window(hf))
+        **_sliding_window(hf))
 
 
 def _rope(hf: dict[str, Any]) -> Rope:
@@ -246,29 +256,32 @@ def _rope(hf: dict[str, Any]) -> Rope:
                              f"{_shown(params)}") from None
 
 
-def _sliding_window(hf: dict[str, Any]) -> int:
-    """The local attention span some layer uses (0: none): Mistral's sliding_window on every layer; Qwen2's
-    when use_sliding_window (layers from max_window_layers on), or layer_types says sliding_attention."""
+def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
+    """sliding_window and sliding_layers, as transformers applies them: Mistral's window on every layer;
+    Qwen2's when use_sliding_window, on the layers from max_window_layers on; or the layers layer_types
+    says are sliding_attention."""
     window = hf.get("sliding_window")
     layer_types = hf.get("layer_types")
+    none = {"sliding_window": 0, "sliding_layers": ()}
+    layers = hf["num_hidden_layers"] if type(hf.get("num_hidden_layers")) is int else 0
     if hf["model_type"] == "llama" or window is None:
-        return 0
+        return none
     if layer_types is not None:
         if not isinstance(layer_types, list) or set(map(str, layer_types)) - {"full_attention", "sliding_attention"}:
             raise ModelLoadError(f"layer_types {_shown(layer_types)} is not supported; each layer must be "
                                  "'full_attention' or 'sliding_attention'")
-        windowed = "sliding_attention" in layer_types
+        sliding = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
     elif hf["model_type"] == "qwen2":  # transformers 4.x: windows from layer max_window_layers on
-        first, layers = hf.get("max_window_layers", 0), hf["num_hidden_layers"]
-        windowed = bool(hf.get("use_sliding_window")) and not (type(first) is int and type(layers) is int
-                                                                and first >= layers)
+        first = hf.get("max_window_layers", 0)
+        first = first if type(first) is int else 0
+        sliding = tuple(range(first, layers)) if hf.get("use_sliding_window") else ()
     else:
-        windowed = True
-    if not windowed:
-        return 0
+        sliding = tuple(range(layers))
+    if not sliding:
+        return none
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ModelLoadError(f"sliding_window is {_shown(window)}; it must be a whole number >= 1 or null")
-    return window
+    return {"sliding_window": window, "sliding_layers": sliding}
 
 
 def read_config(path: str, text: str) -> ModelConfig:

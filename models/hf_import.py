@@ -212,15 +212,10 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
                    else "save the model with save_pretrained(dir)")
             raise ModelLoadError(f"{os.path.join(src, name)}: missing; {fix}") from None
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
-    seq_len = max_seq_len or sentence_transformers_max_len(src) or config.longest_segment
+    seq_len = max_seq_len or sentence_transformers_max_len(src) or config.default_seq_len
     if not 0 < seq_len <= config.max_positions:
         raise ModelLoadError(f"{src}: max_seq_len {seq_len} must be between 1 and the model's "
                              f"{config.max_positions} positions")
-    if seq_len > config.longest_segment:
-        raise ModelLoadError(f"{src}: max_seq_len {seq_len} is longer than the model's sliding_window "
-                             f"{config.sliding_window} ({os.path.join(src, 'config.json')}); docscore's attention "
-                             "kernels have no local window, so inputs are at most the window long: use --max_seq_len "
-                             f"<= {config.sliding_window} (longer documents are scored in windows)")
     tokenizer = DocTokenizer.from_str(texts["tokenizer.json"], max_seq_len=seq_len,
                                       path=os.path.join(src, "tokenizer.json"))
     tokenizer.check_vocab(config.vocab_size, os.path.join(src, "config.json"))

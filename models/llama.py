@@ -80,7 +80,7 @@ class GroupedQueryAttention(nnx.Module):
     """q/k/v projections (kv_heads <= heads), rotary positions on q and k, the injected causal kernel,
     output projection."""
 
-    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs, window: int = 0):
         hidden, heads, kv_heads, head_dim = config.hidden_size, config.num_heads, config.kv_heads, config.head_dim
         self.query = dense(hidden, heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
         self.key = dense(hidden, kv_heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
@@ -88,6 +88,7 @@ class GroupedQueryAttention(nnx.Module):
         self.output = dense(heads * head_dim, hidden, bias=config.output_bias, dtype=dtype, rngs=rngs)
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.rope, self.dtype, self.attention_impl = config.rope, dtype, attention_impl
+        self.window = window  # 0: the whole segment; else Mistral/Qwen2's sliding window
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         batch, length, _ = x.shape
@@ -98,7 +99,7 @@ class GroupedQueryAttention(nnx.Module):
         v = self.value(x).reshape(batch, length, self.kv_heads, self.head_dim)
         context = attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
                             segment_ids=segment_ids, causal=True, scale=self.head_dim ** -0.5,
-                            impl=self.attention_impl)
+                            impl=self.attention_impl, window=self.window or None)
         return self.output(context.reshape(batch, length, self.heads * self.head_dim))
 
 
@@ -117,9 +118,10 @@ class GatedFeedForward(nnx.Module):
 class LlamaBlock(nnx.Module):
     """One pre-norm causal block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs, window: int = 0):
         self.attention_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
-        self.attention = GroupedQueryAttention(config, attention_impl=attention_impl, dtype=dtype, rngs=rngs)
+        self.attention = GroupedQueryAttention(config, attention_impl=attention_impl, dtype=dtype, rngs=rngs,
+                                               window=window)
         self.feed_forward_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
         self.feed_forward = GatedFeedForward(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
                                              dtype=dtype, rngs=rngs)
@@ -136,7 +138,7 @@ class LlamaDecoder(nnx.Module):
         self.compute_dtype = COMPUTE_DTYPES[dtype]
         self.token_embedding = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
         self.layers = nnx.List([LlamaBlock(config, attention_impl=attention_impl, dtype=self.compute_dtype,
-                                           rngs=rngs) for _ in range(config.num_layers)])
+                                           rngs=rngs, window=config.layer_window(i)) for i in range(config.num_layers)])
         self.final_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
         # An untied head is its own [hidden, vocab] matrix; a tied one reads the embedding table.
         self.lm_head = None if config.tie_word_embeddings else dense(

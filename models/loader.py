@@ -166,8 +166,7 @@ class LoadedModel:
         if input_ids.shape[1] > limit:
             longest = longest_segment(segment_ids)
             if longest > limit:
-                what = "positions" if limit == self.config.max_positions else "tokens of sliding_window"
-                raise ValueError(f"a segment of {longest} tokens exceeds the {limit} {what} of {self.model_id}; "
+                raise ValueError(f"a segment of {longest} tokens exceeds the {limit} positions of {self.model_id}; "
                                  f"window documents to <= {self.tokenizer.max_seq_len} tokens")
         return input_ids.astype(np.int32, copy=False), segment_ids.astype(np.int32, copy=False)
 
@@ -247,10 +246,6 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
         raise ModelLoadError(f"{os.path.join(path, 'metadata.json')}: max_seq_len {metadata.max_seq_len} exceeds the "
                              f"{config.max_positions} positions of {config_path} "
                              f"({HF_KEYS[config.family]['max_positions']}); re-create the directory with `docscore convert`")
-    if metadata.max_seq_len > config.longest_segment:  # attention kernels have no local window
-        raise ModelLoadError(f"{os.path.join(path, 'metadata.json')}: max_seq_len {metadata.max_seq_len} exceeds the "
-                             f"sliding_window {config.sliding_window} of {config_path}; re-create the directory with "
-                             f"`docscore convert --max_seq_len {config.sliding_window}`")
     params_dir = os.path.join(path, PARAMS)
     if not os.path.isdir(params_dir):
         raise ModelLoadError(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
@@ -262,7 +257,8 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
 
     impl = kernels.resolve(attention, heads=config.num_heads, kv_heads=config.kv_heads,
                            head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
-                           has_segments=True, q_len=metadata.max_seq_len, kv_len=metadata.max_seq_len)
+                           has_segments=True, q_len=metadata.max_seq_len, kv_len=metadata.max_seq_len,
+                           window=config.sliding_window or None)
     graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)  # per block, as the checkpoint
     try:  # before the checkpoint is read: a model that cannot fit is refused without filling the host's memory
         parallel = choose_layout(nnx.to_pure_dict(state))

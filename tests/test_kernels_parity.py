@@ -348,3 +348,26 @@ def test_splash_tpu_interpreted_long(causal):
     """1000 tokens -> 1024: blocks of 512 (the kernel's largest here), packed segments, grouped-query."""
     check_against_reference(splash_interpreted, length=1000, kv_heads=4, causal=causal, segments=True,
                             seed=1000)
+
+
+@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+@pytest.mark.parametrize("window", [1, 17, 40])
+def test_local_window_matches_reference_with_packing_and_grouped_query(impl, window):
+    """A sliding window (Mistral, Qwen2): query i sees keys i - window < j <= i of its own segment. Blockwise
+    at 700 tokens spans several key blocks, so whole blocks fall outside the window and are skipped."""
+    def windowed(q, k, v, **kw):
+        return attention(q, k, v, impl=impl, window=window, **kw)
+
+    def reference(q, k, v, **kw):
+        return reference_attention(q, k, v, window=window, **kw)
+
+    length = 700 if impl == "blockwise" else 200
+    seg = segment_rows(length)
+    q, k, v = make_inputs(3, len(seg), length, length, 4, 32, "float32")
+    out = np.asarray(jax.jit(lambda q, k, v, s: windowed(q, k, v, segment_ids=s, causal=True))(q, k, v, jnp.asarray(seg)))
+    ref = reference(*(np.asarray(x) for x in (q, k, v)), segment_ids=seg, causal=True)
+    assert np.abs(out - ref).max() <= TOLERANCE["float32"]
+    full = reference_attention(*(np.asarray(x) for x in (q, k, v)), segment_ids=seg, causal=True)
+    assert np.abs(ref - full).max() > 1e-3  # the window changed what was attended to
+    with pytest.raises(ValueError, match="needs causal"):
+        attention(q, k, v, impl=impl, window=window)

@@ -199,7 +199,8 @@ def test_available_lists_every_kernel_with_backends_and_limits():
     assert listing["pallas_gpu"]["backends"] == ["gpu"] and "packed" in listing["pallas_gpu"]["limits"]
     assert all(entry["limits"] for entry in listing.values())
     assert kernels.SHAPE_KEYS == ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
-                                  "causal", "has_segments", "packed")
+                                  "causal", "has_segments", "packed", "window")
+    assert {name for name, entry in listing.items() if entry["local_window"]} == {"xla", "blockwise"}
 
 
 @pytest.mark.parametrize("impl,length,expected", [

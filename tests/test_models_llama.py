@@ -16,6 +16,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import models
+from kernels import KernelUnsupportedError, resolve
 from models.config import HF_KEYS, MAX_SIZES, Rope, config_from_hf
 from models.hf_import import convert_hf_dir, main as convert_main
 from tests.conftest import SENTENCES, common_flags, read_summary, read_table, run_docscore, write_jsonl
@@ -38,8 +39,11 @@ FAMILIES = {
                     rope_parameters={"rope_type": "llama3", "rope_theta": 10_000.0, "factor": 8.0,
                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                      "original_max_position_embeddings": 64})),
-    "mistral": ("MistralConfig", "MistralForCausalLM",
-                dict(num_hidden_layers=2, max_position_embeddings=1024, sliding_window=600)),
+    "mistral": ("MistralConfig", "MistralForCausalLM",  # the 40- and 552-token documents pass its window
+                dict(num_hidden_layers=2, max_position_embeddings=1024, sliding_window=32)),
+    "qwen2-window": ("Qwen2Config", "Qwen2ForCausalLM",  # layer 0 attends to everything, layers 1-2 to 24 tokens
+                     dict(num_hidden_layers=3, max_position_embeddings=640, use_sliding_window=True,
+                          sliding_window=24, max_window_layers=1)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",  # q/k/v biases, tied head, linear rope scaling
               dict(num_hidden_layers=4, max_position_embeddings=640, tie_word_embeddings=True,
                    rope_parameters={"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 2.0})),
@@ -154,20 +158,23 @@ def test_config_reads_each_family(converted):
     loaded = models.load(str(model_dir), attention="native")
     config = loaded.config
     ids = np.ones((1, 16), np.int32)
-    assert str(jax.make_jaxpr(loaded.model)(ids, ids)).count("scan[") == 1  # the blocks run as one scanned body
+    scans = str(jax.make_jaxpr(loaded.model)(ids, ids)).count("scan[")
+    assert scans == (0 if family == "qwen2-window" else 1)  # one scanned body; mixed layer kinds run one by one
     want = {
         "llama": dict(kv_heads=2, head_dim=16, qkv_bias=False, tie_word_embeddings=False, sliding_window=0,
                       rope=Rope(theta=500_000.0)),
         "llama3": dict(head_dim=32, qkv_bias=True, output_bias=True,
                        rope=Rope(10_000.0, "llama3", 8.0, 1.0, 4.0, 64)),
-        "mistral": dict(sliding_window=600, longest_segment=600, qkv_bias=False),
+        "mistral": dict(sliding_window=32, sliding_layers=(0, 1), longest_segment=1024, qkv_bias=False),
+        "qwen2-window": dict(sliding_window=24, sliding_layers=(1, 2), qkv_bias=True),
         "qwen2": dict(qkv_bias=True, output_bias=False, tie_word_embeddings=True, sliding_window=0,
                       rope=Rope(1_000_000.0, "linear", 2.0)),
     }[family]
     assert {key: getattr(config, key) for key in want} == want
     metadata = json.loads((model_dir / "metadata.json").read_text())
     assert metadata["family"] == "llama"
-    assert metadata["max_seq_len"] == (600 if family == "mistral" else 640)  # the sliding window caps the default
+    # the default window length: the sliding window where there is one (longer is allowed: --max_seq_len)
+    assert metadata["max_seq_len"] == {"mistral": 32, "qwen2-window": 24}.get(family, 640)
 
 
 def test_transformers_4_config_layout_reads_the_same_rope():
@@ -183,6 +190,9 @@ def test_transformers_4_config_layout_reads_the_same_rope():
     qwen = {**base, "model_type": "qwen2", "sliding_window": 32, "max_window_layers": 1}
     assert config_from_hf({**qwen, "use_sliding_window": False}).sliding_window == 0
     assert config_from_hf({**qwen, "use_sliding_window": True}).sliding_window == 32
+    assert config_from_hf({**qwen, "use_sliding_window": True}).sliding_layers == (1,)
+    layer_types = {**base, "model_type": "qwen2", "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+    assert config_from_hf(layer_types).sliding_layers == (0,)
     assert config_from_hf({**base, "model_type": "mistral", "sliding_window": None}).sliding_window == 0
 
 
@@ -233,31 +243,22 @@ def test_unsupported_rope_scaling_is_refused_naming_field_and_value(rope_type, e
     assert code == 2 and f'rope_scaling.rope_type "{rope_type}" is not supported' in message
 
 
-def test_sliding_window_caps_the_input_length(tmp_path, capsys):
-    """The kernels have no local window, so a Mistral/Qwen2 model takes inputs up to its sliding window, and
-    there it equals transformers (which applies the window)."""
-    src = build_hf(tmp_path / "hf", "mistral", sliding_window=48, max_position_embeddings=128)
-    code, message = convert(src, tmp_path / "long", capsys, "--max_seq_len", "64")
-    assert code == 2 and "max_seq_len 64 is longer than the model's sliding_window 48" in message
-    assert "--max_seq_len <= 48" in message and not (tmp_path / "long").exists()
-
-    code, message = convert(src, tmp_path / "out", capsys)
-    assert code == 0, message
-    loaded = models.load(str(tmp_path / "out"), attention="native")
-    assert loaded.tokenizer.max_seq_len == 48
-    docs = [d[:48] for d in documents(loaded.config.vocab_size)[2:]] + [documents(loaded.config.vocab_size)[3][:47]]
-    ids, segments = padded(docs)  # exactly the window, and one short of it
-    assert np.abs(loaded.token_logprobs(ids, segments) - transformers_logprobs(src, ids, segments)).max() <= 1e-4
-    with pytest.raises(ValueError, match="a segment of 52 tokens exceeds the 48 tokens of sliding_window"):
-        loaded.token_logprobs(np.ones((1, 52), np.int32), np.ones((1, 52), np.int32))
-    two = np.repeat([[1, 2]], 26, axis=1)  # two segments of 26 in one 52-token row: fine
-    assert loaded.token_logprobs(np.ones((1, 52), np.int32), two).shape == (1, 52)
-
-    # a directory edited to a longer max_seq_len than the window is refused at load
-    metadata = json.loads((tmp_path / "out" / "metadata.json").read_text())
-    (tmp_path / "out" / "metadata.json").write_text(json.dumps({**metadata, "max_seq_len": 64}))
-    with pytest.raises(models.ModelLoadError, match="max_seq_len 64 exceeds the sliding_window 48"):
-        models.load(str(tmp_path / "out"))
+def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(converted):
+    """Past its window a Mistral/Qwen2 token sees only the last `window` tokens in each sliding layer (the
+    parity test above runs documents longer than the window); the window rides the kernel contract, and a
+    kernel without local attention is refused, not silently run without it."""
+    family, _, model_dir = converted
+    config = models.load(str(model_dir), attention="native").config
+    expected = {"mistral": (32, (0, 1)), "qwen2-window": (24, (1, 2))}.get(family, (0, ()))
+    assert (config.sliding_window, config.sliding_layers) == expected
+    if not config.sliding_window:
+        return
+    assert config.longest_segment == config.max_positions  # the window no longer caps the input
+    with pytest.raises(KernelUnsupportedError, match="sliding-window"):
+        resolve("flash", "gpu", heads=4, kv_heads=2, head_dim=16, dtype="bfloat16", causal=True,
+                has_segments=True, q_len=4096, kv_len=4096, window=config.sliding_window)
+    assert resolve("auto", "gpu", heads=4, kv_heads=2, head_dim=16, dtype="bfloat16", causal=True,
+                   has_segments=True, q_len=4096, kv_len=4096, window=config.sliding_window) in ("xla", "blockwise")
 
 
 def test_pickle_weights_and_leftover_tensors_are_refused(tmp_path, capsys):
