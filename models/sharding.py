@@ -188,6 +188,21 @@ def local_data_parallel(devices: Sequence[jax.Device] | None = None) -> MeshLayo
     return layout(devices, 1, "data parallel: parameters copied to every device")
 
 
+def smallest_free(devices: Sequence[jax.Device]) -> tuple[int, jax.Device] | None:
+    """The smallest bytes_limit - bytes_in_use of the devices' memory_stats() and that device; None when a
+    device reports no limit (CPU, some backends)."""
+    rooms = []
+    for device in devices:
+        try:
+            stats = device.memory_stats()
+        except Exception:  # a backend without an allocator to ask
+            stats = None
+        if not stats or not stats.get("bytes_limit"):
+            return None
+        rooms.append((max(0, int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))), device))
+    return min(rooms, key=lambda r: r[0]) if rooms else None
+
+
 def device_room(devices: Sequence[jax.Device]) -> tuple[int, str]:
     """(bytes each device can give the parameters, where that number comes from): BUDGET_ENV when set, else
     the smallest bytes_limit - bytes_in_use of memory_stats(), else (CPU devices, which report none) the
@@ -198,19 +213,10 @@ def device_room(devices: Sequence[jax.Device]) -> tuple[int, str]:
             return int(float(budget)), f"the {BUDGET_ENV} budget"
         except ValueError:
             raise ModelDoesNotFit(f"{BUDGET_ENV}={budget!r} is not a number of bytes per device") from None
-    rooms = []
-    for device in devices:
-        try:
-            stats = device.memory_stats()
-        except Exception:  # a backend without an allocator to ask
-            stats = None
-        if not stats or not stats.get("bytes_limit"):
-            rooms = []
-            break
-        rooms.append((int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), device))
-    if rooms:
-        room, device = min(rooms, key=lambda r: r[0])
-        return max(0, room), f"free on {device.platform}:{device.id} (memory_stats)"
+    free = smallest_free(devices)
+    if free is not None:
+        room, device = free
+        return room, f"free on {device.platform}:{device.id} (memory_stats)"
     import psutil
 
     return (int(psutil.virtual_memory().available) // max(1, len(devices)),

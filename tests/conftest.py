@@ -189,3 +189,29 @@ def no_data_read(monkeypatch):
     monkeypatch.setattr(sources, "read_shard", read_shard)
     monkeypatch.setattr(validate, "first_record_fields", lambda *a, **k: peeks.append(a) or real_peek(*a, **k))
     return peeks
+
+
+def padded(docs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists as right-padded rows: (ids, segment ids 1 on tokens, 0 on padding)."""
+    length = max(map(len, docs))
+    ids, segments = np.zeros((len(docs), length), np.int32), np.zeros((len(docs), length), np.int32)
+    for row, doc in enumerate(docs):
+        ids[row, :len(doc)], segments[row, :len(doc)] = doc, 1
+    return ids, segments
+
+
+def transformers_logprobs(hf_dir, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    """Reference: transformers' AutoModelForCausalLM log p(ids[t+1] | ids[:t+1]) over right-padded rows
+    (float32 model, float64 log-softmax); 0 past each row's last real token."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(segments)).logits
+    logprobs = torch.log_softmax(logits.double(), dim=-1).numpy()
+    expected = np.zeros(ids.shape, np.float64)
+    for row in range(len(ids)):
+        for t in range(int(segments[row].sum()) - 1):
+            expected[row, t] = logprobs[row, t, ids[row, t + 1]]
+    return expected

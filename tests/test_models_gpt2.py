@@ -19,6 +19,7 @@ import pytest
 
 import models
 from models.hf_import import convert_hf_dir
+from tests.conftest import padded, transformers_logprobs
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
@@ -65,30 +66,6 @@ def model_dir(hf_dir, tmp_path_factory) -> Path:
     assert result.returncode == 0, result.stderr
     assert "wrote" in result.stdout and "gpt2" in result.stdout
     return out
-
-
-def padded(windows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    length = max(len(w) for w in windows)
-    ids, segments = np.zeros((len(windows), length), np.int32), np.zeros((len(windows), length), np.int32)
-    for row, window in enumerate(windows):
-        ids[row, :len(window)], segments[row, :len(window)] = window, 1
-    return ids, segments
-
-
-def transformers_logprobs(hf_dir: Path, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """Reference: GPT2LMHeadModel log p(ids[t+1] | ids[:t+1]); 0 past each row's last real token."""
-    import torch
-    import transformers
-
-    model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
-    with torch.no_grad():
-        logits = model(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(segments)).logits
-    logprobs = torch.log_softmax(logits.double(), dim=-1).numpy()
-    expected = np.zeros(ids.shape, np.float64)
-    for row in range(len(ids)):
-        for t in range(int(segments[row].sum()) - 1):
-            expected[row, t] = logprobs[row, t, ids[row, t + 1]]
-    return expected
 
 
 def test_convert_writes_a_model_directory(model_dir, hf_dir):

@@ -19,7 +19,8 @@ import models
 from kernels import KernelUnsupportedError, resolve
 from models.config import HF_KEYS, MAX_SIZES, Rope, config_from_hf
 from models.hf_import import convert_hf_dir, main as convert_main
-from tests.conftest import SENTENCES, common_flags, read_summary, read_table, run_docscore, write_jsonl
+from tests.conftest import (SENTENCES, common_flags, padded, read_summary, read_table, run_docscore,
+                            transformers_logprobs, write_jsonl)
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
@@ -101,30 +102,6 @@ def documents(vocab_size: int) -> list[np.ndarray]:
     """Random token ids of LENGTHS, each starting with BOS (id 1), as a tokenized document does."""
     rng = np.random.default_rng(7)
     return [np.concatenate([[1], rng.integers(3, vocab_size, n - 1)]).astype(np.int32) for n in LENGTHS]
-
-
-def padded(docs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    length = max(map(len, docs))
-    ids, segments = np.zeros((len(docs), length), np.int32), np.zeros((len(docs), length), np.int32)
-    for row, doc in enumerate(docs):
-        ids[row, :len(doc)], segments[row, :len(doc)] = doc, 1
-    return ids, segments
-
-
-def transformers_logprobs(hf_dir: Path, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """Reference: AutoModelForCausalLM log p(ids[t+1] | ids[:t+1]) over right-padded rows; 0 past each row."""
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(segments)).logits
-    logprobs = torch.log_softmax(logits.double(), dim=-1).numpy()
-    expected = np.zeros(ids.shape, np.float64)
-    for row in range(len(ids)):
-        for t in range(int(segments[row].sum()) - 1):
-            expected[row, t] = logprobs[row, t, ids[row, t + 1]]
-    return expected
 
 
 @pytest.mark.parametrize("attention", ["native", "flash"])

@@ -16,6 +16,8 @@ from typing import Any
 
 import apache_beam as beam
 
+from models.sharding import smallest_free
+
 NAMESPACE = "docscore_memory"
 WARMUP_BATCHES = 20  # batches after which memory should be flat: compiles, caches and pools are warm
 MB = 2**20
@@ -226,19 +228,11 @@ def cgroup_memory_room(root: str = "/sys/fs/cgroup") -> MemoryRoom | None:
 def device_memory_room(devices) -> MemoryRoom | None:
     """The smallest bytes_limit - bytes_in_use of the devices' memory_stats() (the loaded model's parameters
     are already in use there); None when a device reports no limit (CPU, some backends)."""
-    rooms = []
-    for device in devices:
-        try:
-            stats = device.memory_stats()
-        except Exception:  # a backend without an allocator to ask
-            stats = None
-        if not stats or not stats.get("bytes_limit"):
-            return None
-        rooms.append((int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), device))
-    if not rooms:
+    free = smallest_free(devices)
+    if free is None:
         return None
-    room, device = min(rooms, key=lambda r: r[0])
-    return MemoryRoom(max(0, room), f"free on {device.platform}:{device.id} (memory_stats bytes_limit - bytes_in_use)",
+    room, device = free
+    return MemoryRoom(room, f"free on {device.platform}:{device.id} (memory_stats bytes_limit - bytes_in_use)",
                       per_device=True)
 
 
