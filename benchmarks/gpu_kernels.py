@@ -530,6 +530,26 @@ def _speedups(row: dict) -> str:
                       for n in ("tf32", "default"))
 
 
+def precision_cells(run: Run, base: dict, what: str, fn, args: tuple, error) -> str:
+    """One table row's cells: `fn(*args)` timed at each of PRECISIONS with error(setting) beside it, each
+    entry (`base` + the precision) added to run.results["precision"], then the speed-ups."""
+    row, cells = {}, []
+    for label, setting in PRECISIONS:
+        entry = dict(base, matmul_precision=label, setting=setting)
+        if run.out_of_time(f"precision {what} {label}"):
+            cells += ["skipped", "-"]
+            continue
+        _precision_call(run, entry, fn, setting, args)
+        if "ms" in entry:
+            entry["error"] = error(setting)
+            cells += [f"{entry['ms']:.3f}", f"{entry['error']:.1e}"]
+        else:
+            cells += ["unsupported", "-"]
+        row[label] = entry
+        run.results["precision"].append(entry)
+    return " | ".join(cells) + f" | {_speedups(row)} |"
+
+
 def dense_precision(run: Run) -> None:
     """The model's dense matmuls at a pipeline call's size, float32: ms per precision and the max error
     relative to max |exact| over the first 256 rows against float64 NumPy."""
@@ -545,24 +565,14 @@ def dense_precision(run: Run) -> None:
         w = jax.random.normal(keys[1], (n_in, n_out), jnp.float32) * 0.05  # std of random model weights
         exact = np.asarray(x[:256], np.float64) @ np.asarray(w, np.float64)
         scale = float(np.abs(exact).max())
-        row, cells = {}, []
-        for label, setting in PRECISIONS:
-            entry = dict(case="dense", matmul=name, tokens=tokens, n_in=n_in, n_out=n_out,
-                         matmul_precision=label, setting=setting)
-            if run.out_of_time(f"precision dense {name} {label}"):
-                cells += ["skipped", "-"]
-                continue
-            _precision_call(run, entry, lambda a, b: a @ b, setting, (x, w))
-            if "ms" in entry:
-                with jax.default_matmul_precision(setting):
-                    out = np.asarray(jax.jit(lambda a, b: a[:256] @ b)(x, w), np.float64)
-                entry["error"] = float(np.abs(out - exact).max()) / scale
-                cells += [f"{entry['ms']:.3f}", f"{entry['error']:.1e}"]
-            else:
-                cells += ["unsupported", "-"]
-            row[label] = entry
-            run.results["precision"].append(entry)
-        print(f"| {name} [{n_in}x{n_out}] | " + " | ".join(cells) + f" | {_speedups(row)} |", flush=True)
+        def error(setting: str) -> float:
+            with jax.default_matmul_precision(setting):
+                out = np.asarray(jax.jit(lambda a, b: a[:256] @ b)(x, w), np.float64)
+            return float(np.abs(out - exact).max()) / scale
+
+        base = dict(case="dense", matmul=name, tokens=tokens, n_in=n_in, n_out=n_out)
+        cells = precision_cells(run, base, f"dense {name}", lambda a, b: a @ b, (x, w), error)
+        print(f"| {name} [{n_in}x{n_out}] | {cells}", flush=True)
 
 
 def attention_precision(run: Run) -> None:
@@ -584,22 +594,13 @@ def attention_precision(run: Run) -> None:
             run.fail(f"precision reference {batch}x{length}: {type(error).__name__}: {str(error)[:300]}")
             continue
         fn = kernel_fn(run, "xla", False, True)
-        row, cells = {}, []
-        for label, setting in PRECISIONS:
-            entry = dict(case="attention", batch=batch, length=length, matmul_precision=label, setting=setting)
-            if run.out_of_time(f"precision attention {batch}x{length} {label}"):
-                cells += ["skipped", "-"]
-                continue
-            _precision_call(run, entry, fn, setting, (q, k, v, seg))
-            if "ms" in entry:
-                out = jax.jit(with_matmul_precision(fn, setting))(q, k, v, seg)
-                entry["error"] = float(compare(out, ref, seg)[0])
-                cells += [f"{entry['ms']:.3f}", f"{entry['error']:.1e}"]
-            else:
-                cells += ["unsupported", "-"]
-            row[label] = entry
-            run.results["precision"].append(entry)
-        print(f"| {batch}x{length} | " + " | ".join(cells) + f" | {_speedups(row)} |", flush=True)
+
+        def error(setting: str) -> float:
+            return float(compare(jax.jit(with_matmul_precision(fn, setting))(q, k, v, seg), ref, seg)[0])
+
+        cells = precision_cells(run, dict(case="attention", batch=batch, length=length),
+                                f"attention {batch}x{length}", fn, (q, k, v, seg), error)
+        print(f"| {batch}x{length} | {cells}", flush=True)
 
 
 def attention_precision_long(run: Run) -> None:
