@@ -74,4 +74,4 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=cudnn_attention)
+                                is_supported=is_supported, call=cudnn_attention, custom_call=True)

@@ -1,11 +1,12 @@
 """The one entry point: check the inputs against the contract, resolve the implementation, and
-call it inside jax.named_scope("attention/<name>"). Must not hold kernel math or policy rules.
+call it inside jax.named_scope("attention/<name>"); a custom-call kernel under a mesh of several
+devices runs per shard (kernels/mesh.py). Must not hold kernel math or policy rules.
 """
 from __future__ import annotations
 
 import jax
 
-from kernels import table
+from kernels import mesh, table
 from kernels.interface import shape_info_of
 from kernels.policy import resolve
 
@@ -22,6 +23,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     kernels that take lengths instead of segments run (cudnn); a row breaking it comes back NaN there.
     window (with causal): query i sees only keys i - window < j <= i, a sliding-window model's local
     attention (Mistral, Qwen2); kernels without it (Implementation.local_window) are refused.
+    Under a mesh of several devices in context (jax.sharding.get_abstract_mesh(); models trace under
+    theirs) a custom-call kernel (Pallas, cuDNN) runs under jax.shard_map: batch on "data", heads on
+    "model" (kernels/mesh.py says how grouped-query and axes that do not divide are split).
     """
     check_inputs(q, k, v, segment_ids)
     if window and not causal:
@@ -29,9 +33,12 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed, window=window)
     local = {"window": window} if window else {}  # only kernels with local_window take it
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    implementation = table.IMPLEMENTATIONS[name]
     with jax.named_scope(f"attention/{name}"):
-        return table.IMPLEMENTATIONS[name].call(q, k, v, segment_ids=segment_ids, causal=causal,
-                                                scale=scale, **local)
+        if implementation.custom_call:
+            return mesh.call_per_shard(implementation.call, q, k, v, segment_ids=segment_ids,
+                                       causal=causal, scale=scale, name=name, **local)
+        return implementation.call(q, k, v, segment_ids=segment_ids, causal=causal, scale=scale, **local)
 
 
 def resolve_for(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = None,

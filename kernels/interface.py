@@ -33,13 +33,16 @@ class AttentionCall(Protocol):
 @dataclasses.dataclass(frozen=True)
 class Implementation:
     """One attention kernel: its name, the backends it runs on, its limits in words,
-    `is_supported(**shape_info) -> (ok, reason)` and the call itself (contract layout BTNH)."""
+    `is_supported(**shape_info) -> (ok, reason)` and the call itself (contract layout BTNH).
+    custom_call: the kernel is a custom call XLA's SPMD partitioner cannot split (Pallas, cuDNN), so
+    under a mesh of several devices dispatch runs it per shard (kernels/mesh.py)."""
 
     name: str
     backends: tuple[str, ...]
     limits: str
     is_supported: Callable[..., tuple[bool, str]]
     call: AttentionCall
+    custom_call: bool = False
     local_window: bool = False  # takes window= (a sliding-window model's local causal attention)
 
 

@@ -91,4 +91,4 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=pallas_gpu_attention)
+                                is_supported=is_supported, call=pallas_gpu_attention, custom_call=True)

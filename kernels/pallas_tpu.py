@@ -78,4 +78,4 @@ def pallas_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=pallas_tpu_attention)
+                                is_supported=is_supported, call=pallas_tpu_attention, custom_call=True)

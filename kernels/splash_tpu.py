@@ -105,4 +105,4 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=splash_tpu_attention)
+                                is_supported=is_supported, call=splash_tpu_attention, custom_call=True)
