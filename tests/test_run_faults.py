@@ -162,14 +162,14 @@ def test_a_symlinked_partition_is_a_configuration_error_and_its_target_is_untouc
 def test_a_gs_lease_is_exclusive_until_released_or_expired(gcs_emulator, tmp_path):  # noqa: F811
     with gcs_target(gcs_emulator, tmp_path, fault_rate=0) as target:
         out = target.url("out")
-        first = run_lease.acquire(out, "g1", "launch-one", ttl_s=3.0)
+        first = run_lease.acquire(out, "g1", "launch-one", ttl_s=60.0)  # far from expiring on a loaded machine
         with pytest.raises(run_lease.LeaseHeld, match="launch launch-one"):
             run_lease.acquire(out, "g1", "launch-two")
         run_lease.check_holder(out, "g1", "launch-one")
         first.release()
-        second = run_lease.acquire(out, "g1", "launch-two", ttl_s=3.0)
+        second = run_lease.acquire(out, "g1", "launch-two", ttl_s=2.0)
         second._stop.set()  # the holder stops renewing (cut off): after the expiry the lease is taken over
-        time.sleep(3.5)
+        time.sleep(2.5)
         third = run_lease.acquire(out, "g1", "launch-three")
         with pytest.raises(run_lease.LeaseHeld, match="no longer holds"):
             run_lease.check_holder(out, "g1", "launch-two")

@@ -138,7 +138,7 @@ def test_job_file_of_the_docscore_graph(cloud_env, gcs, tmp_path):
         "--input", gcs.url("in", "*.jsonl"), "--output", gcs.url("out"), "--run_id", "nightly-1",
         "--task", "embed", "--max_seq_len", "64"])
     plan = validate(eo)
-    assert plan.target_backend == "tpu" and plan.kernel == "pallas_tpu"
+    assert plan.target_backend == "tpu" and plan.kernel == "splash_tpu"  # TPU's first flash kernel
     out = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format)
     job = build_template(options, lambda p: build_pipeline(p, eo, plan, out))
     job_options = assert_accelerator_job(

@@ -2,8 +2,9 @@
 
 Local outputs: DIR/_leases/run_id=ID.lock held with flock, which the kernel releases when the holder
 dies however it dies, so a killed launch never blocks the next one. Object stores (gs://) have no
-locks: the lease is an object created only if absent (a generation precondition), holding an expiry
-that the holder renews while it runs; an expired lease is taken over. The lease file also names the
+locks: the lease is an object read first and then created only if absent (a generation precondition,
+for two launches at the same moment), holding an expiry that the holder renews while it runs; an expired
+lease is taken over. The lease file also names the
 holder (launch id, host, pid), which is what the message to a refused launch and the commit's check
 read. Must not publish or delete tables (pipeline/io/run_commit.py).
 """
@@ -83,13 +84,13 @@ def acquire(output: str, run_id: str, launch: str, *, ttl_s: float = TTL_S) -> L
         os.fsync(fd)
         return Lease(output, run_id, launch, _fd=fd)
     me["expires"] = time.time() + ttl_s
-    if not _create(fs, path, me):
-        holder = _read(fs, path)
-        if holder.get("expires", 0) > time.time():
-            raise LeaseHeld(_held_message(output, run_id, holder))
+    current = _read(fs, path)  # read first: a store that ignores the precondition must not let us overwrite it
+    if current.get("expires", 0) > time.time():
+        raise LeaseHeld(_held_message(output, run_id, current))
+    if current:
         fs.rm_file(path)  # expired: its holder stopped renewing (dead, or cut off); take it over
-        if not _create(fs, path, me):
-            raise LeaseHeld(_held_message(output, run_id, _read(fs, path)))
+    if not _create(fs, path, me):  # another launch created it since we read: the precondition says so
+        raise LeaseHeld(_held_message(output, run_id, _read(fs, path)))
     stop = threading.Event()
     threading.Thread(target=_renew, args=(fs, path, me, ttl_s, stop), daemon=True, name="docscore-lease").start()
     return Lease(output, run_id, launch, _stop=stop)
