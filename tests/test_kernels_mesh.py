@@ -180,6 +180,8 @@ KERNELS_ON_FOUR_DEVICES = """
             out.block_until_ready()
             hlo = fn.lower(*placed).compile().as_text()
             jaxpr = str(jax.make_jaxpr(sharded)(*placed))
+            # the problem shard_map removes: the same kernel on the same placed inputs without it (compiled only)
+            unwrapped = collectives(jax.jit(whole).lower(*placed).compile().as_text()) if interpret else None
         if interpret:
             pltpu.reset_tpu_interpret_mode_state()
         faulthandler.cancel_dump_traceback_later()
@@ -193,7 +195,8 @@ KERNELS_ON_FOUR_DEVICES = """
             "vs_whole": float(np.abs(out64 - f32(one)).max()), "vs_reference": float(np.abs(out64 - ref).max()),
             "nan": bool(np.isnan(out64).any()),
             "padding_zero": None if seg is None else bool((out64[seg == 0] == 0).all()),
-            "collectives": collectives(hlo), "shard_map": "shard_map" in jaxpr, "kv_repeat": split.kv_repeat,
+            "collectives": collectives(hlo), "unwrapped_collectives": unwrapped, "shard_map": "shard_map" in jaxpr,
+            "kv_repeat": split.kv_repeat,
         }), flush=True)
 """
 
@@ -251,6 +254,14 @@ def test_custom_call_kernels_per_shard_equal_unsharded_and_reference(kernel_repo
         assert report["collectives"] == {"all-gather": 0, "all-to-all": 0, "collective-permute": 0,
                                          "all-reduce": 0}, (where, report)
         assert report["kv_repeat"] == (model // np.gcd(kv_heads, model) if model > 1 else 1), where
+
+
+def test_without_shard_map_the_partitioner_gathers_the_tpu_kernels_inputs(kernel_reports):
+    """What the check above would catch: the interpreted TPU kernels called as they are on the same placed inputs
+    compile to a program that gathers q/k/v (XLA: "Involuntary full rematerialization")."""
+    unwrapped = [r["unwrapped_collectives"] for r in kernel_reports
+                 if r["case"]["kernel"] in ("pallas_tpu", "splash_tpu")]
+    assert len(unwrapped) == 14 and all(c["all-gather"] > 0 for c in unwrapped), unwrapped
 
 
 # argv: {"ids": [[...]], "seg": [[...]]}; prints one JSON report.
