@@ -23,7 +23,9 @@ How one call is split (`plan`), with the mesh axes named as models/sharding.py n
   result on each; logged once, logger "kernels.mesh", as the redundant work it is);
 - an axis nothing divides is left whole (every device of it computes the same thing), never gathered
   silently by the partitioner. Axes that are already manual (inside the caller's own shard_map) are not
-  touched; any other axis of the mesh leaves the kernel's inputs whole.
+  touched; any other axis of the mesh leaves the kernel's inputs whole. Under Explicit mesh axes
+  (jax.make_mesh's default) the inputs are resharded to these specs first (jax.sharding.reshard); under Auto
+  axes (models/sharding.py's mesh) shard_map's in_specs place them.
 Must not choose kernels (kernels/policy.py) nor compute attention.
 """
 from __future__ import annotations
@@ -126,6 +128,8 @@ def call_per_shard(call: AttentionCall, q: jax.Array, k: jax.Array, v: jax.Array
 
     args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
     in_specs = (qkv,) * 3 + ((seg_spec,) if segment_ids is not None else ())
+    if set(getattr(mesh, "explicit_axes", ()) or ()) & set(sizes):  # explicit axes: inputs must carry the specs
+        args = tuple(jax.sharding.reshard(x, spec) for x, spec in zip(args, in_specs))
     mapped = jax.shard_map(one_shard, mesh=mesh, in_specs=in_specs, out_specs=qkv,
                            axis_names=frozenset(sizes), check_vma=False)
     return mapped(*args)

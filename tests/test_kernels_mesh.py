@@ -3,7 +3,9 @@ shard (batch on "data", heads on "model"), never on inputs the partitioner gathe
 
 On 4 CPU devices in a subprocess (jax in this process already has one): splash_tpu and pallas_tpu in TPU
 interpret mode, pallas_gpu in Pallas's interpreter (mha(interpret=True)), and cudnn's adapter through jax's XLA
-path, each under a 2x2, a 4x1 and a 1x4 mesh, inside jax.jit on inputs placed on the mesh. The subprocess has 5
+path, each under a 2x2, a 4x1 and a 1x4 mesh (Auto axes, as models/sharding.py builds it; and pallas_gpu
+once under jax.make_mesh's Explicit axes, entered with jax.set_mesh), inside jax.jit on inputs placed on the
+mesh. The subprocess has 5
 devices (XLA_FLAGS=--xla_force_host_platform_device_count=5) and its meshes take devices 1-4: TPU interpret mode's
 callbacks copy their arguments to CPU device 0 (jax.io_callback), which hangs when device 0 is itself running the
 interpreted kernel that waits on them (seen here with jax 0.10.2 at 129 tokens on a mesh over devices 0-3).
@@ -141,7 +143,9 @@ KERNELS_ON_FOUR_DEVICES = """
 
     for case in json.loads(sys.argv[1]):
         data, model = case["mesh"]
-        m = Mesh(np.array(jax.devices()[1:]).reshape(data, model), ("data", "model"))
+        explicit = case.get("explicit", False)  # jax.make_mesh's Explicit axes, entered with jax.set_mesh
+        m = (jax.make_mesh((data, model), ("data", "model"), devices=jax.devices()[1:]) if explicit
+             else Mesh(np.array(jax.devices()[1:]).reshape(data, model), ("data", "model")))  # Auto, as models
         batch, length, heads, kv_heads, dim = case["shape"]
         rng = np.random.default_rng(case.get("seed", 0))
         dtype = case.get("dtype", "float32")
@@ -153,13 +157,15 @@ KERNELS_ON_FOUR_DEVICES = """
         split = kmesh.plan(dict(m.shape), batch, heads, kv_heads)
         qkv_spec, seg_spec = split.specs()
         kv_spec = qkv_spec if kv_heads % model == 0 else P(qkv_spec[0])  # indivisible kv heads: placed whole
+        if explicit:  # rows split, heads whole: the kernel's specs are not the inputs'
+            qkv_spec = kv_spec = P(qkv_spec[0])
         placed = [jax.device_put(q, NamedSharding(m, qkv_spec)), jax.device_put(k, NamedSharding(m, kv_spec)),
                   jax.device_put(v, NamedSharding(m, kv_spec))]
         if seg is not None:
             placed.append(jax.device_put(jnp.asarray(seg), NamedSharding(m, seg_spec)))
 
         def sharded(q, k, v, *s):
-            with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+            with contextlib.nullcontext() if explicit else jax.sharding.use_abstract_mesh(m.abstract_mesh):
                 return kmesh.call_per_shard(call, q, k, v, segment_ids=s[0] if s else None, causal=causal,
                                             scale=scale, name=case["kernel"])
 
@@ -174,7 +180,7 @@ KERNELS_ON_FOUR_DEVICES = """
             one.block_until_ready()
         if interpret:  # the interpreter's simulated devices are set up per run: one device, then four
             pltpu.reset_tpu_interpret_mode_state()
-        with mode():
+        with mode(), jax.set_mesh(m) if explicit else contextlib.nullcontext():  # set_mesh: outside jit only
             fn = jax.jit(sharded)
             out = fn(*placed)
             out.block_until_ready()
@@ -226,6 +232,9 @@ def kernel_cases() -> list[dict]:
             ]
         cases.append({"kernel": kernel, "mesh": [2, 2], "shape": [4, 7, 4, 4, 32],
                       "causal": False, "segments": True, "seed": 3, "dtype": "bfloat16"})
+    # Explicit mesh axes: the inputs (rows split, heads whole) are resharded to the kernel's specs first
+    cases.append({"kernel": "pallas_gpu", "mesh": [2, 2], "shape": [4, 7, 4, 2, 32], "causal": True,
+                  "segments": True, "seed": 4, "explicit": True})
     return cases
 
 
