@@ -23,7 +23,7 @@ How one call is split (`plan`), with the mesh axes named as models/sharding.py n
   result on each; logged once, logger "kernels.mesh", as the redundant work it is);
 - an axis nothing divides is left whole (every device of it computes the same thing), never gathered
   silently by the partitioner. Axes that are already manual (inside the caller's own shard_map) are not
-  touched; any other axis of the mesh leaves the kernel's inputs whole. Under Explicit mesh axes
+  touched; any other axis of the mesh leaves the kernel's inputs whole (logged). Under Explicit mesh axes
   (jax.make_mesh's default) the inputs are resharded to these specs first (jax.sharding.reshard); under Auto
   axes (models/sharding.py's mesh) shard_map's in_specs place them.
 Must not choose kernels (kernels/policy.py) nor compute attention.
@@ -101,6 +101,10 @@ def plan(axis_sizes: dict[str, int], batch: int, heads: int, kv_heads: int) -> S
         else:
             notes.append(f"{heads} heads do not divide the model axis ({model}) nor does the batch: every model "
                          "shard computes all heads of its rows")
+    others = sorted(a for a, n in axis_sizes.items() if a not in (DATA_AXIS, MODEL_AXIS) and n > 1)
+    if others:
+        notes.append(f"mesh axes {others} are neither {DATA_AXIS} nor {MODEL_AXIS}: their devices compute the same "
+                     "shard")
     return Split(batch=batch_axes, heads=head_axis, kv_repeat=kv_repeat, note="; ".join(notes))
 
 

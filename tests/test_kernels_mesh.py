@@ -75,6 +75,8 @@ def test_what_does_not_divide_is_left_whole_and_said():
     assert (split.batch, split.heads) == (("data",), None) and "every model shard computes all heads" in split.note
     split = mesh.plan({"data": 4, "model": 1}, batch=3, heads=4, kv_heads=4)
     assert split.batch == () and "batch 3 does not divide the data axis (4)" in split.note
+    split = mesh.plan({"data": 2, "model": 1, "stage": 2}, batch=4, heads=4, kv_heads=4)
+    assert split.batch == ("data",) and "mesh axes ['stage'] are neither data nor model" in split.note
 
 
 def test_only_the_custom_call_kernels_are_split_by_dispatch():
