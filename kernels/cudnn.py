@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.interface import Implementation
+from kernels.masking import zero_padding_rows
 
 NAME = "cudnn"
 BACKENDS = ("gpu",)
@@ -67,8 +68,8 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     out = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
                                        query_seq_lengths=lengths, key_value_seq_lengths=lengths,
                                        implementation=implementation)
-    if segment_ids is not None:  # padding rows come back undefined; a broken promise comes back NaN
-        out = jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
+    out = zero_padding_rows(out, segment_ids)  # padding rows come back undefined
+    if segment_ids is not None:  # a broken promise (several segments in a row) comes back NaN
         out = jnp.where(ok[:, None, None, None], out, jnp.full((), jnp.nan, out.dtype))
     return out
 

@@ -1,10 +1,12 @@
 """Which (query, key) pairs may attend: the contract's segment and causal masks, written once, and the
 finite fill kernels give masked scores. Used by xla, blockwise and the float64 reference (pure array
-expressions, so they run on NumPy and JAX arrays alike); no kernel choice and no softmax here.
+expressions, so they run on NumPy and JAX arrays alike), and the zeroing of padding rows the custom-call
+kernels need; no kernel choice and no softmax here.
 """
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 # The fill for masked float32 scores where a kernel wants one fused pass (no -inf): exp(MASKED_SCORE - row max)
 # is exactly 0 whenever the row attends to anything; a row that attends to nothing must be zeroed by the kernel.
@@ -40,3 +42,11 @@ def allowed(q_segments: jax.Array | None, kv_segments: jax.Array | None,
         mask = causal_pairs if mask is None else mask & causal_pairs
     return mask
 
+
+
+def zero_padding_rows(out, segment_ids):
+    """out [B, L, H, D] with the rows of padding tokens (segment 0) set to 0, as the contract says; for the
+    kernels that compute something there (custom calls attend padding to padding, or leave it undefined)."""
+    if segment_ids is None:
+        return out
+    return jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))

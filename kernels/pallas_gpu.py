@@ -19,6 +19,7 @@ with warnings.catch_warnings():  # jax 0.11 deprecates the module in favour of t
     from jax.experimental.pallas.ops.gpu import attention as gpu_attention
 
 from kernels.interface import Implementation
+from kernels.masking import zero_padding_rows
 
 NAME = "pallas_gpu"
 BACKENDS = ("gpu",)
@@ -85,8 +86,7 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                             block_sizes=gpu_attention.BlockSizes(block_q=bq, block_k=bk),
                             num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     out = out[:, :length, :, :head_dim]
-    if segment_ids is not None:  # padding tokens attended to each other inside the kernel
-        out = jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
+    out = zero_padding_rows(out, segment_ids)  # padding tokens attended to each other inside the kernel
     return out.astype(q.dtype)
 
 

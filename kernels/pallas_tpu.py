@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
 from kernels.interface import Implementation
+from kernels.masking import zero_padding_rows
 
 NAME = "pallas_tpu"
 BACKENDS = ("tpu",)
@@ -72,8 +73,7 @@ def pallas_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     out = tpu_flash.flash_attention(qt, kt, vt, segment_ids=segments, causal=causal,
                                     sm_scale=float(scale), block_sizes=blocks)
     out = out.transpose(0, 2, 1, 3)[:, :q_len]
-    if segment_ids is not None:  # padding tokens attended to each other inside the kernel
-        out = jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
+    out = zero_padding_rows(out, segment_ids)  # padding tokens attended to each other inside the kernel
     return out.astype(q.dtype)
 
 

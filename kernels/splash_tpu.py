@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
 from kernels.interface import Implementation
+from kernels.masking import zero_padding_rows
 
 NAME = "splash_tpu"
 BACKENDS = ("tpu",)
@@ -99,8 +100,7 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
         args = (qt, kt, vt, segments.q, segments.kv)
     out = jax.lax.map(one, args) if batch_loop else jax.vmap(one)(args)
     out = out.transpose(0, 2, 1, 3)[:, :q_len]
-    if segment_ids is not None:  # padding tokens attended to each other inside the kernel
-        out = jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
+    out = zero_padding_rows(out, segment_ids)  # padding tokens attended to each other inside the kernel
     return out.astype(q.dtype)
 
 
