@@ -5,19 +5,26 @@ Parquet), write_derived (history row and HTML report, matplotlib import included
 compile_s: the part of the model calls spent tracing, lowering and compiling (or loading from JAX's
 compilation cache: every round after the first finds it warm), from the run's summary; job_gc_s and
 job_gc_full_s: time in Python's cyclic garbage collector during the Beam job (all collections / full ones).
-With --model stand_in, LoadedModel.embed_packed returns zeros at once instead of running the model, so
+With --model stand_in, LoadedModel.start (every model call) returns zeros at once instead of running the model, so
 the job's time is Beam and docscore's own per-document work (the outputs are meaningless; this measures
 time only). One fresh process per round; each phase's fastest round is printed. Not a test.
 
     .venv/bin/python benchmarks/pipeline_overhead.py --model stand_in
     .venv/bin/python benchmarks/pipeline_overhead.py --model real --dtype bfloat16
+    .venv/bin/python benchmarks/pipeline_overhead.py --corpus corpus.jsonl.gz --docs 20000 \
+        --flags "--batch_size 256 --calls_per_beam_batch 4"     # a GPU run's batch settings, host work only
+
+--corpus reads JSONL(.gz) records with a `text` field (e.g. the GPU recipe's corpus) instead of the help
+pages (~1,900 paragraphs); --flags are added to the `docscore run` command line.
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import gc
+import gzip
 import json
+import shlex
 import os
 import subprocess
 import sys
@@ -53,18 +60,19 @@ def child(args) -> dict[str, float]:
                 seconds[_name] = time.perf_counter() - start
                 running.discard(_name)
         setattr(module, name, functools.wraps(getattr(module, name))(timed))
-    real_embed = LoadedModel.embed_packed
+    real_start = LoadedModel.start  # every model call of the pipeline goes through it (dispatch; results read later)
 
-    def embed_packed(self, input_ids, segment_ids, max_segments):
-        start = time.perf_counter()
+    def start(self, method, input_ids, segment_ids, *static):
+        begin = time.perf_counter()
         if args.model == "stand_in":
-            out = np.zeros((input_ids.shape[0], max_segments, self.config.hidden_size), np.float32)
+            width = static[0] if method == "embed_packed" else None
+            out = np.zeros((input_ids.shape[0], width, self.config.hidden_size) if width else input_ids.shape, np.float32)
         else:
-            out = real_embed(self, input_ids, segment_ids, max_segments)
-        seconds["model_calls"] += time.perf_counter() - start
+            out = np.asarray(real_start(self, method, input_ids, segment_ids, *static))  # waits: model time counted here
+        seconds["model_calls"] += time.perf_counter() - begin
         return out
 
-    LoadedModel.embed_packed = embed_packed
+    LoadedModel.start = start
     seconds.update(job_gc_s=0.0, job_gc_full_s=0.0)
     collection_started = [0.0]
 
@@ -80,7 +88,7 @@ def child(args) -> dict[str, float]:
     start = time.perf_counter()
     code = pipeline.launch.main(["--input", args.input, "--output", args.output, "--task", "embed", "--attention", args.attention,
                               "--dtype", args.dtype, "--max_seq_len", "256", "--batch_size", "16", "--run_id", "overhead",
-                              "--no_progress"])
+                              "--no_progress", *shlex.split(args.flags)])
     if code:
         raise SystemExit(f"docscore run exited {code}")
     command = time.perf_counter() - start
@@ -96,6 +104,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--attention", default="native")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--corpus", help="JSONL(.gz) records with a `text` field (default: the help pages)")
+    parser.add_argument("--flags", default="", help="more `docscore run` flags, one string (later flags win)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
@@ -107,13 +117,18 @@ def main() -> None:
     from compare_peers import load_documents, write_jsonl
 
     work = tempfile.mkdtemp(prefix="docscore-overhead-")
-    docs = load_documents(args.docs)
+    if args.corpus:
+        with (gzip.open if args.corpus.endswith(".gz") else open)(args.corpus, "rt", encoding="utf-8") as f:
+            docs = [{"id": str(i), "text": json.loads(line)["text"]} for i, line in zip(range(args.docs), f)]
+    else:
+        docs = load_documents(args.docs)
     path = os.path.join(work, "docs.jsonl")
     write_jsonl(docs, path)
     best: dict[str, float] = {}
     for k in range(args.rounds):
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--dtype", args.dtype,
-                               "--attention", args.attention, "--input", path, "--output", os.path.join(work, f"out{k}")],
+                               "--attention", args.attention, "--input", path, "--output", os.path.join(work, f"out{k}"),
+                               "--flags=" + args.flags],
                               capture_output=True, text=True, check=True)
         seconds = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"round {k + 1}: " + ", ".join(f"{name} {s:.2f} s" for name, s in seconds.items()), flush=True)

@@ -32,17 +32,18 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     -> Publish, after every table write (`started`: the launch time, for the summary's wall time). The
     returned "scores" and "errors" PCollections hold lists of table rows."""
     # documents travel in lists (ReadShard's chunks) so that every stage pays Beam's per-element cost
-    # once per list; the reshuffle lets a runner spread one shard's lists over parallel bundles/threads
+    # once per list; the reshuffle lets a runner spread one shard's lists over parallel bundles/threads.
+    # Lists declared as Batch get records.BatchCoder, whose size estimate does not pickle the list.
     read = (
         p
         | "Shards" >> beam.Create(list(plan.shards))  # Create reshuffles 2+ shards over the workers itself
-        | "ReadShards" >> beam.ParDo(ReadShard(plan.read_spec)).with_outputs(ERRORS_TAG, main="docs")
+        | "ReadShards" >> beam.ParDo(ReadShard(plan.read_spec)).with_output_types(Batch).with_outputs(ERRORS_TAG, main="docs")
     )
     tokenized = (
         read.docs
         | "SpreadDocs" >> beam.Reshuffle()
         | "Tokenize" >> beam.ParDo(Tokenize(plan.model_spec, plan.window_spec, with_query=tasks.get(eo.task).with_query))
-        .with_outputs(ERRORS_TAG, main="docs")
+        .with_output_types(Batch).with_outputs(ERRORS_TAG, main="docs")
     )
     handler = FlaxModelHandler(
         plan.model_spec,
@@ -67,7 +68,8 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         stride=plan.window_spec.stride,
         prefix_len=plan.prefix_len,
     )
-    scored = predictions | "Score" >> beam.ParDo(ScoreDocuments(score_spec)).with_outputs(ERRORS_TAG, STATS_TAG, main="rows")
+    scored = (predictions | "Score" >> beam.ParDo(ScoreDocuments(score_spec)).with_output_types(Batch)
+              .with_outputs(ERRORS_TAG, STATS_TAG, main="rows"))
     errors = (read[ERRORS_TAG], tokenized[ERRORS_TAG], infer_errors, scored[ERRORS_TAG]) | "AllErrors" >> beam.Flatten()
     error_rows = errors | "ErrorRows" >> beam.Map(lambda error: Batch([error_to_row(error, eo.run_id)]))
     # progress: records read (documents + unreadable records) and finished: documents as their model call

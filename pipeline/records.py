@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import apache_beam as beam
 import pyarrow as pa
+from apache_beam.coders.coder_impl import CallbackCoderImpl
 
 RAW_PREVIEW_CHARS = 1000  # errors table keeps at most this much of the raw record
 ERRORS_TAG = "errors"  # the tagged output every stage sends its ErrorRows to
@@ -24,6 +26,11 @@ class Document:
     record_index: int
     fields: dict[str, Any] = dataclasses.field(default_factory=dict)  # query, label, ...
     read_ms: float = 0.0
+
+    def without_text(self) -> "Document":
+        """The document once tokenised: its text is not needed downstream (dataclasses.replace costs ~5x more)."""
+        return Document(doc_id=self.doc_id, text="", source=self.source, record_index=self.record_index,
+                        fields=self.fields, read_ms=self.read_ms)
 
 
 @dataclasses.dataclass
@@ -58,6 +65,26 @@ class Batch(list):
 
     def __reduce__(self):
         return Batch, (list(self),)
+
+
+class BatchCoder(beam.coders.PickleCoder):
+    """Beam's coder for a PCollection of Batch (graph.py declares them): Beam's pickling of the whole list,
+    with a size estimate from the first record. Beam samples the size of most elements of a PCollection
+    that has few, and a pickle of every sampled list cost ~40 us a document of host time
+    (benchmarks/PERF_NOTES.md, "Host time per document")."""
+
+    def estimate_size(self, value: Batch) -> int:
+        return len(self.encode(Batch(value[:1]))) * len(value) if value else 8
+
+    def _create_impl(self):
+        whole = super()._create_impl()
+        return CallbackCoderImpl(whole.encode, whole.decode, self.estimate_size)
+
+    def to_type_hint(self):
+        return Batch
+
+
+beam.coders.registry.register_coder(Batch, BatchCoder)
 
 
 TIMING_COLUMNS = ("read_ms", "tokenize_ms", "infer_ms", "postprocess_ms")

@@ -86,7 +86,7 @@ def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
         else:
             share = elapsed * (len(doc.text) + (len(doc.fields["query"]) if with_query else 0)) / chars
             results[k] = TokenizedDoc(
-                doc=dataclasses.replace(doc, text=""),
+                doc=doc.without_text(),
                 windows=list(text.windows),
                 n_tokens=int(text.n_tokens),
                 truncated=bool(text.truncated),
@@ -116,7 +116,7 @@ def tokenize_by_task(docs: Sequence[Document], tokenizer, spec: WindowSpec, toke
         if isinstance(m, RecordError):
             results.append(_error(doc, m.error_type, str(m)))
             continue
-        results.append(TokenizedDoc(doc=dataclasses.replace(doc, text=""), windows=list(m.windows), n_tokens=m.n_tokens,
+        results.append(TokenizedDoc(doc=doc.without_text(), windows=list(m.windows), n_tokens=m.n_tokens,
                                     truncated=m.truncated, tokenize_ms=elapsed * sum(len(w) for w in m.windows) / tokens,
                                     spans=m.spans))
     return results

@@ -19,8 +19,11 @@ from scipy import special
 
 def pool_windows(window_embeddings: Sequence[np.ndarray]) -> np.ndarray:
     """Document embedding: the mean of its (normalised) window embeddings, L2-normalised again."""
-    mean = np.mean(np.stack([np.asarray(w, np.float64) for w in window_embeddings]), axis=0)
-    norm = np.linalg.norm(mean)
+    if len(window_embeddings) == 1:  # most documents: the mean is the window itself (np.mean costs ~10 us)
+        mean = np.asarray(window_embeddings[0], np.float64)
+    else:
+        mean = np.mean(np.stack([np.asarray(w, np.float64) for w in window_embeddings]), axis=0)
+    norm = math.sqrt(float(mean @ mean))  # np.linalg.norm's own formula, without its checks
     return (mean / norm if norm > 0 else mean).astype(np.float32)
 
 
