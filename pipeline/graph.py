@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 
 import apache_beam as beam
-from apache_beam.ml.inference.base import RunInference
 
 from pipeline import tasks
 from pipeline.io import sinks
@@ -17,7 +16,7 @@ from pipeline.options import EvalOptions
 from pipeline.records import ERRORS_TAG, Batch, error_to_row
 from pipeline.runs import publish
 from pipeline.runs.summary import launch_facts
-from pipeline.stages.inference import RECORD_ERRORS, FlaxModelHandler
+from pipeline.stages.inference import RECORD_ERRORS, FlaxModelHandler, RunInference  # Beam's, imported without torch
 from pipeline.stages.postprocess import STATS_TAG, ScoreDocuments, ScoreSpec, inference_failures_to_errors
 from pipeline.stages.preprocess import Tokenize
 from pipeline.telemetry import progress

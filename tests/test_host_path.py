@@ -263,3 +263,19 @@ def test_progress_counts_documents_as_each_model_call_finishes(tmp_path, minilm)
     assert sum(len(r.inference) for r in results) == len(docs)
     assert len(seen) > 3 and sum(seen) == len(docs)  # call by call, each document once
     assert progress.read_counter_files(str(tmp_path)).done == len(docs)
+
+
+def test_the_launcher_builds_its_job_without_importing_torch_which_stays_importable():
+    """Beam's RunInference module would import torch (for a model manager docscore does not use): in a fresh
+    process with torch installed, the launcher's imports and a graph build leave it out, and a later
+    `import torch` still works (the test venv has torch; the runtime install does not)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import pipeline.launch, pipeline.graph; "
+            "from pipeline.stages.inference import RunInference, torch_hidden; "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "import torch; print('torch', torch.__version__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("torch ")

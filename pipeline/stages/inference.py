@@ -6,15 +6,36 @@ and latency metrics come from Beam. Must not score documents (pipeline/stages/sc
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+
+@contextlib.contextmanager
+def torch_hidden() -> Iterator[None]:
+    """Imports inside run as on docscore's runtime install, which has no torch: Beam 2.77 imports torch at
+    the top of RunInference's optional model manager (docscore does not use it; Beam sets it to None when
+    that import fails). Where torch is installed as well (a user's environment, the test venv) that import
+    cost ~1.2 s and ~200 MB of every command (benchmarks/PERF_NOTES.md). torch stays importable afterwards."""
+    if "torch" in sys.modules:  # imported already (or hidden by an enclosing call): nothing to save
+        yield
+        return
+    sys.modules["torch"] = None  # `import torch` raises ImportError while this entry is None
+    try:
+        yield
+    finally:
+        del sys.modules["torch"]
+
+
+with torch_hidden():
+    from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference  # noqa: E402
 
 from pipeline import tasks
 from pipeline.records import Batch
