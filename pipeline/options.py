@@ -246,8 +246,10 @@ BEAM_NOISE = (
     ("apache_beam.runners.portability.local_job_service", "Discarding unparseable args"),
     # apache_beam.ml.inference.base sets `resource = None` whenever its optional model_manager import
     # (torch, scipy) fails, not only where the platform lacks `resource`, and then warns at every model
-    # load; docscore does not use the memory figure it would have measured.
+    # load; docscore does not use the memory figure it would have measured. docscore's processes import it
+    # without torch (pipeline/stages/inference.py); the launcher relays a multi_processing worker's warning.
     ("", "Resource module is not available"),
+    ("apache_beam.runners.portability.local_job_service", "Resource module is not available"),
     # gcsfs logs every request that ran out of retries with its traceback, also when docscore then reports
     # the failure itself (an unreachable --input: exit 2 naming it) or a retry one level up succeeds.
     ("gcsfs", "out of retries on exception"),

@@ -70,7 +70,7 @@ class Batch(list):
 class BatchCoder(beam.coders.PickleCoder):
     """Beam's coder for a PCollection of Batch (graph.py declares them): Beam's pickling of the whole list,
     with a size estimate from the first record. Beam samples the size of most elements of a PCollection
-    that has few, and a pickle of every sampled list cost ~40 us a document of host time
+    that has few, and pickling every sampled list whole took ~20% of a job's host time
     (benchmarks/PERF_NOTES.md, "Host time per document")."""
 
     def estimate_size(self, value: Batch) -> int:
