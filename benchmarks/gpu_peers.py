@@ -259,6 +259,11 @@ def main(argv: list[str] | None = None) -> None:
     write_markdown(results, os.path.join(args.out, "gpu_peers.md"))
 
 
+def shown(value, spec: str) -> str:
+    """A figure for the table; "-" where the summary has none (e.g. busy fraction with worker processes)."""
+    return "-" if value is None else format(value, spec)
+
+
 def write_markdown(results: dict, path: str) -> None:
     env = results["env"]
     lines = [f"GPU {env['gpu']}, CPU {env['cpu']} ({env['cores']} cores), torch {env['torch']}, jax {env['jax']}, "
@@ -278,7 +283,7 @@ def write_markdown(results: dict, path: str) -> None:
         cos = f"{r['min_cos_vs_st_f32']:.7f} / {r['mean_cos_vs_st_f32']:.7f}" if "min_cos_vs_st_f32" in r else ""
         lines.append(
             f"| docscore {key[3:]} ({r['kernel']['resolved']}) | {r['cache']} | {r['docs_per_s']} | {r.get('x_best_peer')} | "
-            f"{r['pipeline_docs_per_s']} | {d.get('busy_fraction') or 0:.2f} | {d.get('host_us_per_doc') or 0:.0f} | "
+            f"{r['pipeline_docs_per_s']} | {shown(d.get('busy_fraction'), '.2f')} | {shown(d.get('host_us_per_doc'), '.0f')} | "
             f"{c.get('cold_count')} ({(c.get('cold_ms') or 0) / 1000:.1f}) / {c.get('cached_count')} | {cos} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -313,9 +313,11 @@ def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
     print(f"  throughput {summary['throughput']['docs_per_s']:.1f} docs/s, {summary['throughput']['tokens_per_s']:.0f} tokens/s; "
           f"padding efficiency {summary['tokens']['padding_efficiency'] or 0:.2f}; compiles {summary['compile']['count']}")
     device, batching = summary.get("device") or {}, summary.get("batching") or {}
-    if device.get("busy_fraction") is not None:
-        print(f"  device busy {device['busy_s']:.1f}s ({device['busy_fraction']:.0%} of the pipeline), host "
-              f"{device['host_us_per_doc'] or 0:.0f} us/doc; batch_size {batching.get('batch_size')}, "
+    if device.get("busy_s") is not None:
+        busy = (f"({device['busy_fraction']:.0%} of the pipeline), host {device['host_us_per_doc'] or 0:.0f} us/doc"
+                if device.get("busy_fraction") is not None else
+                f"summed over {device.get('busy_processes') or 'the'} worker processes")
+        print(f"  device busy {device['busy_s']:.1f}s {busy}; batch_size {batching.get('batch_size')}, "
               f"{batching.get('calls_per_beam_batch')} calls per Beam batch; compiles {summary['compile']['cold_count']} "
               f"cold ({summary['compile']['cold_ms'] / 1000:.1f}s), {summary['compile']['cached_count']} cached")
     memory = summary.get("memory") or {}

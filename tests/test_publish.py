@@ -243,7 +243,7 @@ def test_summary_leaves_metric_parts_null_until_the_launcher_adds_them():
     assert summary["backend"]["workers"] == ["tpu"] and summary["kernel"]["in_rows"] == ["pallas_tpu"]
     assert summary["compile"] == {"count": None, "time_ms": None, "model_calls": None, "cached_count": None,
                                   "cached_ms": None, "cold_count": None, "cold_ms": None}
-    assert summary["device"] == {"busy_s": None, "busy_fraction": None, "host_us_per_doc": None}
+    assert summary["device"] == {"busy_s": None, "busy_processes": None, "busy_fraction": None, "host_us_per_doc": None}
     assert summary["shadow"]["passed"] and summary["shadow"]["batches"] is None
     assert add_metrics(summary, {}) is summary  # nothing to add: nothing to republish
     ns = "docscore_inference_pallas_tpu"
@@ -253,8 +253,14 @@ def test_summary_leaves_metric_parts_null_until_the_launcher_adds_them():
     enriched = add_metrics(summary, metrics)
     assert enriched["compile"] == {"count": 2, "time_ms": 900, "model_calls": 7, "cached_count": 1, "cached_ms": 100,
                                    "cold_count": 1, "cold_ms": 800}
-    # 4 of the pipeline's 10 s with a model batch in flight; 6 s of host time over 4 scored documents
-    assert enriched["device"] == {"busy_s": 4.0, "busy_fraction": 0.4, "host_us_per_doc": 1.5e6}
+    # Dataflow's workers: their busy seconds add up, and no fraction of one chip's time follows from the sum
+    assert enriched["device"] == {"busy_s": 4.0, "busy_processes": None, "busy_fraction": None, "host_us_per_doc": None}
+    # one local process: 4 of the pipeline's 10 s with a model batch in flight; 6 s of host time over 4 documents
+    local = add_metrics({**summary, "runner": {"direct_running_mode": "multi_threading", "direct_num_workers": 4}}, metrics)
+    assert local["device"] == {"busy_s": 4.0, "busy_processes": 1, "busy_fraction": 0.4, "host_us_per_doc": 1.5e6}
+    workers = add_metrics({**summary, "runner": {"direct_running_mode": "multi_processing", "direct_num_workers": 3}},
+                          metrics)
+    assert workers["device"]["busy_processes"] == 3 and workers["device"]["busy_fraction"] is None
     assert enriched["shadow"]["batches"] == 3 and enriched["shadow"]["time_ms"] == 4.5
     assert enriched["counts"] == summary["counts"] and enriched["metrics"] == metrics
 

@@ -10,6 +10,8 @@ import platform
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
+from pipeline.telemetry.progress import LOCAL_RUNNERS
+
 if TYPE_CHECKING:  # the job's Publish step imports this module: keep it light
     from pipeline.options import EvalOptions
     from pipeline.validate import RunPlan
@@ -99,7 +101,7 @@ def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: f
         "batching": facts.get("batching"),
         "compile": {"count": None, "time_ms": None, "model_calls": None, "cached_count": None, "cached_ms": None,
                     "cold_count": None, "cold_ms": None},
-        "device": {"busy_s": None, "busy_fraction": None, "host_us_per_doc": None},
+        "device": {"busy_s": None, "busy_processes": None, "busy_fraction": None, "host_us_per_doc": None},
         "memory": {"peak_rss_mb": None, "start_rss_mb": None},
         "task_metrics": stats.get("task_metrics", {}),
         "metrics": {},
@@ -147,16 +149,32 @@ def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, A
     return enriched
 
 
-def device_time(summary: dict[str, Any], busy_s: float) -> dict[str, float | None]:
+def device_time(summary: dict[str, Any], busy_s: float) -> dict[str, Any]:
     """How busy the model kept its device: busy_s (wall time with a model batch in flight, per process, summed
     over worker processes), its fraction of the pipeline's wall time, and the host's time per scored document
-    (pipeline wall minus busy time, over documents): what the chip waited on."""
+    (pipeline wall minus busy time, over documents): what the chip waited on. The fraction and the host time
+    are given for one process only: a sum over processes (a multi_processing run's workers sharing one chip, or
+    a remote runner's workers) can exceed the wall time and says nothing of one chip's idle time."""
     wall, scored = summary["wall_s"], summary["counts"]["scored"]
+    processes = busy_processes(summary.get("runner") or {})
+    one = processes == 1
     return {
         "busy_s": busy_s,
-        "busy_fraction": busy_s / wall if wall > 0 else None,
-        "host_us_per_doc": max(wall - busy_s, 0.0) / scored * 1e6 if scored else None,
+        "busy_processes": processes,
+        "busy_fraction": busy_s / wall if one and wall > 0 else None,
+        "host_us_per_doc": max(wall - busy_s, 0.0) / scored * 1e6 if one and scored else None,
     }
+
+
+def busy_processes(runner: dict[str, Any]) -> int | None:
+    """How many processes a run's device busy time is summed over: 1 for a local run in the launcher's process
+    (threads share one busy clock), --direct_num_workers for local multi_processing, None (not known to the
+    launcher) for a remote runner's workers."""
+    if runner.get("runner") not in LOCAL_RUNNERS:
+        return None
+    if runner.get("direct_running_mode") == "multi_processing":
+        return int(runner.get("direct_num_workers") or 1)
+    return 1
 
 
 def with_command_wall(summary: dict[str, Any], command_started: float, now: float) -> dict[str, Any]:
