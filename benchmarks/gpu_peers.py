@@ -43,13 +43,16 @@ RUNS = {
     # worker processes: host work (tokenize, pack, score, write) on several cores, each process's calls on the one GPU
     "bf16_flash_4procs": ("minilm", "flash", "bfloat16",
                           ["--direct_running_mode", "multi_processing", "--direct_num_workers", "4"], "c1"),
+    # cold with XLA's GPU autotuning off (its own cache): how much of a cold start autotuning is, and what it buys
+    "bf16_flash_autotune0": ("minilm", "flash", "bfloat16", [], "c7"),
     "bf16_native": ("minilm", "native", "bfloat16", [], "c3"),
     "f32_native": ("minilm", "native", "float32", [], "c4"),
     "bert12_bf16_flash": ("bert12", "flash", "bfloat16", [], "c6"),
 }
+RUN_ENV = {"bf16_flash_autotune0": {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}}  # added to a run's environment
 # most telling first: a run cut short by a time limit keeps what it measured
 DEFAULT_RUNS = ["bf16_flash", "bf16_flash", "bf16_flash_4procs", "bf16_flash_1thread", "bert12_bf16_flash",
-                "bert12_bf16_flash", "f32_native", "f32_native", "bf16_native", "bf16_native"]
+                "bert12_bf16_flash", "bf16_flash_autotune0", "f32_native", "f32_native", "bf16_native", "bf16_native"]
 BERT_BASE = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072, "num_hidden_layers": 12}
 
 
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         os.makedirs(cache_dir, exist_ok=True)
         seen[label] = seen.get(label, 0) + 1
         record = run_docscore(corpus, converted[model], os.path.join(work, f"out_{label}"), attention, dtype, flags,
-                              dict(env, JAX_COMPILATION_CACHE_DIR=cache_dir))
+                              dict(env, JAX_COMPILATION_CACHE_DIR=cache_dir, **RUN_ENV.get(label, {})))
         record["cache"] = state
         embeddings, single = record.pop("embeddings", None), record.pop("single_window", None)
         if embeddings is not None and model == "minilm" and reference is not None and len(embeddings) == len(reference):
