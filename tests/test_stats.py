@@ -59,6 +59,13 @@ def test_a_tagged_partial_merges_like_the_parts_themselves():
     via_partial, direct = summary([part]), summary([("doc", d) for d in docs])
     assert via_partial == direct
     assert via_partial["counts"]["scored"] == 3 and via_partial["stages"]["infer"]["total_ms"] == 9.0
+    reads = TaggedPartial(fn, "read")  # a list of reads is counted in one step, as its documents one by one
+    read_part = reads.extract_output(reads.merge_accumulators([reads.add_input(reads.create_accumulator(), ["x"] * 4),
+                                                               reads.add_input(reads.create_accumulator(), ["y"])]))
+    one_by_one = fn.create_accumulator()
+    for _ in range(5):
+        one_by_one = fn.add_input(one_by_one, ("read", "doc"))
+    assert read_part[1]["read"] == one_by_one["read"] == 5
 
 
 def test_compute_run_stats_on_the_direct_runner():

@@ -11,7 +11,7 @@ from typing import Any
 import apache_beam as beam
 
 from pipeline import tasks
-from pipeline.records import ERRORS_TAG, Batch, ErrorRow
+from pipeline.records import ERRORS_TAG, TIMING_COLUMNS, Batch, ErrorRow
 from pipeline.stages import shadow
 from pipeline.stages.inference import InferenceOutput
 from pipeline.stages.preprocess import TokenizedDoc
@@ -99,7 +99,7 @@ def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput)
     row.update(shadow_columns(output, divergence))
     prediction, stats_gold = tasks.get(spec.task).prediction(fields, gold)
     stats = DocStats(
-        timings={c: row[c] for c in (timing.stage_column(s) for s in timing.STAGES)},
+        timings={c: row[c] for c in TIMING_COLUMNS},
         n_tokens=tokenized.n_tokens,
         window_tokens=sum(len(w) for w in tokenized.windows + tokenized.query_windows),
         computed_tokens=output.computed_tokens,

@@ -191,6 +191,15 @@ class RunStatsFn(beam.CombineFn):
             raise ValueError(f"unknown run-stats part {tag!r}")
         return acc
 
+    def add_tagged_list(self, acc, tag: str, values: list):
+        """add_input of (tag, value) for each of a list's values; a list's reads are counted in one step."""
+        if tag == "read":
+            acc["read"] += len(values)
+            return acc
+        for value in values:
+            acc = self.add_input(acc, (tag, value))
+        return acc
+
     def merge_accumulators(self, accumulators):
         accumulators = list(accumulators)
         merged = self.create_accumulator()
@@ -233,9 +242,7 @@ class TaggedPartial(beam.CombineFn):
         return self._fn.create_accumulator()
 
     def add_input(self, acc, values: list):
-        for value in values:
-            acc = self._fn.add_input(acc, (self._tag, value))
-        return acc
+        return self._fn.add_tagged_list(acc, self._tag, values)
 
     def merge_accumulators(self, accumulators):
         return self._fn.merge_accumulators(accumulators)
