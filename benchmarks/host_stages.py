@@ -13,23 +13,14 @@ run-stats CombineFn's add_input of every DocStats).
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-
-
-def cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
@@ -41,7 +32,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    import numpy as np
     import pyarrow as pa
 
     import models
@@ -53,17 +43,14 @@ def main() -> None:
     from pipeline.stages.preprocess import WindowSpec, tokenize_documents
     from pipeline.telemetry.stats import RunStatsFn
 
+    from compare_peers import environment, write_jsonl
+    from gpu_peers import read_texts
+    from pipeline_overhead import stand_in_start
+
     work = tempfile.mkdtemp(prefix="docscore-host-")
     path = os.path.join(work, "docs.jsonl")
-    with (gzip.open if args.corpus.endswith(".gz") else open)(args.corpus, "rt", encoding="utf-8") as f, open(path, "w") as out:
-        for i, line in zip(range(args.docs), f):
-            out.write(json.dumps({"id": str(i), "text": json.loads(line)["text"]}) + "\n")
-
-    def stand_in(self, method, input_ids, segment_ids, *static):
-        width = static[0] if method == "embed_packed" else None
-        return np.zeros((input_ids.shape[0], width, self.config.hidden_size) if width else input_ids.shape, np.float32)
-
-    LoadedModel.start = stand_in
+    write_jsonl([{"id": str(i), "text": text} for i, text in enumerate(read_texts(args.corpus, args.docs))], path)
+    LoadedModel.start = stand_in_start
     spec = ModelSpec("minilm-l6", attention="native", dtype="float32")
     tokenizer = models.load_tokenizer(spec.name)
     window_spec = WindowSpec(max_len=256, stride=0, max_chunks=8)
@@ -115,7 +102,7 @@ def main() -> None:
         seconds, n = run_once()
         best = {k: min(v, best.get(k, v)) for k, v in seconds.items()}
     print(f"{n} documents of {args.corpus}, batch_size {args.batch_size}, {args.calls_per_beam_batch} calls per Beam batch; "
-          f"{cpu_name()}, {os.cpu_count()} cores; best of {args.rounds} rounds, us per document:")
+          f"{environment()['cpu']}; best of {args.rounds} rounds, us per document:")
     for name, s in best.items():
         print(f"  {name:10} {1e6 * s / n:7.1f}")
     print(f"  {'all':10} {1e6 * sum(best.values()) / n:7.1f}")
