@@ -184,8 +184,9 @@ def test_ctrl_c_ends_the_run_with_130_a_message_and_no_traceback_and_the_previou
     assert subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(first), *common_flags(RUN_ID, out), *FLAGS],
                           cwd=REPO, capture_output=True, text=True, timeout=600).returncode == 0
     before = visible(out)
+    # minutes of work, so the run is still going when it is interrupted however fast the machine
     long = write_jsonl(tmp_path / "long" / "docs.jsonl",
-                       [{"id": f"q{i}", "text": " ".join(SENTENCES) * 3} for i in range(200)])
+                       [{"id": f"q{i}", "text": " ".join(SENTENCES) * 3} for i in range(2000)])
     run = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--input", str(long), *common_flags(RUN_ID, out), *FLAGS],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     staging = out / "_staging" / f"run_id={RUN_ID}"
