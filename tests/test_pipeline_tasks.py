@@ -57,7 +57,10 @@ def test_similarity_scores_and_summary_correlations(tmp_path, minilm):
     assert metrics["pearson"] == pytest.approx(stats.pearsonr(scores.score, gold)[0], abs=1e-9)
 
 
-def test_classify_from_a_config_file_and_summary_accuracy_and_macro_f1(tmp_path, minilm):
+def test_classify_from_a_config_file_and_summary_accuracy_and_macro_f1(tmp_path, minilm, monkeypatch):
+    from pipeline.stages import inference
+
+    monkeypatch.setattr(inference, "_MODELS", {})  # this run loads its own model: its compiles are all this run's
     shard = write_jsonl(tmp_path / "in" / "c.jsonl",
                         [{"id": f"c{i}", "text": t, "label": g} for i, (t, g) in enumerate(CLASSIFY)])
     config = tmp_path / "classify.yaml"
@@ -86,6 +89,9 @@ def test_classify_from_a_config_file_and_summary_accuracy_and_macro_f1(tmp_path,
     assert metrics["accuracy"] == pytest.approx(np.mean([p == g for p, g in zip(predicted, gold)]))
     assert metrics["macro_f1"] == pytest.approx(np.mean(f1))
     assert metrics["accuracy"] >= 0.5  # zero-shot MiniLM gets most of these right
+    # the compile count includes what the labels' embeddings compiled while the model loaded
+    [loaded] = inference._MODELS.values()
+    assert read_summary(tmp_path / "out", "cls")["compile"]["count"] == loaded.compile_count >= 1
 
 
 def test_loglik_matches_the_transformers_reference(tmp_path, tiny_gpt2_dir, tiny_gpt2_hf):

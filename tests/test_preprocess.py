@@ -45,3 +45,18 @@ def test_text_without_tokens_is_an_empty_text_error_in_its_place(minilm):
     out = tokenize_documents(docs, minilm.tokenizer, WindowSpec(32, 8, 8), with_query=False)
     assert [type(x).__name__ for x in out] == ["TokenizedDoc", "ErrorRow", "TokenizedDoc"]
     assert (out[1].error_type, out[1].doc_id, out[1].stage) == ("empty_text", "z", "tokenize")
+
+
+def test_similarity_query_problems_are_error_rows_of_documented_types(minilm):
+    """A similarity record whose `query` is absent, not a string, blank or without tokens is an error row of
+    the type README lists, in its place; the records around it are scored."""
+    queries = {"ok": "a query", "absent": None, "number": 5, "flag": True, "blank": "  \t", "no_tokens": "\u200b\u0301"}
+    docs = [Document(name, "fine text", "s", i, fields={} if q is None else {"query": q})
+            for i, (name, q) in enumerate(queries.items())]
+    out = tokenize_documents(docs, minilm.tokenizer, WindowSpec(32, 8, 8), with_query=True)
+    assert type(out[0]).__name__ == "TokenizedDoc" and len(out[0].query_windows) == 1
+    assert [(e.doc_id, e.stage, e.error_type) for e in out[1:]] == [
+        ("absent", "tokenize", "missing_field"), ("number", "tokenize", "bad_field_type"),
+        ("flag", "tokenize", "bad_field_type"), ("blank", "tokenize", "empty_text"),
+        ("no_tokens", "tokenize", "empty_text")]
+    assert all("query" in e.message for e in out[1:])

@@ -139,6 +139,9 @@ class ScoringModel:
     label_embeddings: np.ndarray | None = None
     shadow_loaded: Any = None  # the same model with the --shadow_attention kernel
     shadow_label_embeddings: np.ndarray | None = None
+    # what the task's prepare compiled at load ([count, seconds, cached count, cached seconds]); the first batch
+    # adds it to the compile metrics (Beam records metrics while bundles run, not while a model loads)
+    load_compiles: np.ndarray | None = None
 
 
 class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, ScoringModel]):
@@ -186,7 +189,9 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         if self._shadow is not None:
             model.shadow_loaded = shared_model(dataclasses.replace(self._spec, attention=self._shadow.attention))
         task = tasks.get(self._task)
+        compiles_before = loaded.compiles_by_this_thread()
         prepared = task.prepare(self._labels, self._embed_with(loaded))
+        model.load_compiles = loaded.compiles_by_this_thread() - compiles_before
         model.label_names, model.label_embeddings = prepared.label_names, prepared.label_embeddings
         if model.shadow_loaded is not None:  # what the task prepares through the shadow kernel too: scores compare end to end
             model.shadow_label_embeddings = task.prepare(self._labels, self._embed_with(model.shadow_loaded)).label_embeddings
@@ -218,7 +223,9 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
             )
         batch_ms = (time.perf_counter() - t0) * 1000.0
         self._done.flush()  # the batch's last counts show now, not at the next flush tick
-        self._record_metrics(totals, loaded.compiles_by_this_thread() - compiles_before, batch_ms)
+        compiles = loaded.compiles_by_this_thread() - compiles_before
+        at_load = model.__dict__.pop("load_compiles", None)  # dict.pop: one thread takes it when threads share the model
+        self._record_metrics(totals, compiles if at_load is None else compiles + at_load, batch_ms)
         shadow_outputs = self._run_shadow(docs, rows, model)
         model_id = f"{loaded.model_id}/{loaded.attention}"  # RunInference's model id names the kernel
         per_doc, k = [], 0

@@ -64,8 +64,8 @@ def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
     results: list[TokenizedDoc | ErrorRow | None] = []
     for doc in docs:
         query = doc.fields.get("query") if with_query else None
-        if with_query and (not isinstance(query, str) or not query.strip()):
-            results.append(_error(doc, "ValueError", "similarity needs a non-empty string `query` field in each record"))
+        if with_query and (problem := query_problem(query)):
+            results.append(_error(doc, *problem))
             continue
         texts += [doc.text, query] if with_query else [doc.text]
         results.append(None)
@@ -82,6 +82,9 @@ def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
             results[k] = _error(doc, type(failed).__name__, str(failed))
         elif text.n_tokens == 0:
             results[k] = _error(doc, "empty_text", "the text has no tokens (only whitespace, control, zero-width or "
+                                "combining characters)")
+        elif with_query and query.n_tokens == 0:
+            results[k] = _error(doc, "empty_text", "`query` has no tokens (only whitespace, control, zero-width or "
                                 "combining characters)")
         else:
             share = elapsed * (len(doc.text) + (len(doc.fields["query"]) if with_query else 0)) / chars
@@ -140,6 +143,17 @@ def encode_texts(tokenizer, texts: Sequence[str], spec: WindowSpec) -> list:
             except Exception as e:  # a text the tokenizer cannot handle is an error row, not a crash
                 out[i] = e
     return out
+
+
+def query_problem(query) -> tuple[str, str] | None:
+    """Why a similarity record's `query` field cannot be scored, as (error_type, message), or None."""
+    if query is None:
+        return "missing_field", "--task similarity needs a `query` field (a string) in each record"
+    if not isinstance(query, str):
+        return "bad_field_type", f"`query` is a {type(query).__name__}; --task similarity needs a string"
+    if not query.strip():
+        return "empty_text", "`query` is empty or whitespace"
+    return None
 
 
 def _error(doc: Document, error_type: str, message: str) -> ErrorRow:
