@@ -25,6 +25,9 @@ RUNTIME = [
     "scipy==1.17.1",  # correlations and softmax in pipeline/stages/scoring.py
 ]
 
+# Querying the tables (README, "Querying the tables"); not needed to run a job.
+QUERY = ["duckdb==2.0.1", "pandas==3.1.1"]
+
 # Reference implementations and test services. torch must be installed first as
 # torch==2.13.0 (a CPU build); the Makefile does that, see README.
 TEST = [
@@ -33,10 +36,9 @@ TEST = [
     "transformers==5.24.0",
     "sentence-transformers==6.3.0",
     "gcp-storage-emulator==2026.7.19",
-    "duckdb==2.0.1",
-    "pandas==3.1.1",
     "tensorflow-datasets==4.9.10",  # builds TFDS array_record fixtures in tests; no TensorFlow needed
     "selenium==4.51.0",  # drives headless Chromium (Debian chromium + chromium-driver) for the report test
+    *QUERY,
 ]
 
 TOP_LEVEL = ("pipeline", "models", "kernels", "runners")
@@ -57,6 +59,6 @@ setup(
     package_dir={"": "."},
     package_data={"runners": ["presets/*.yaml", "schedules/*.yaml", "Dockerfile", "*.json", "*.md"]},
     install_requires=RUNTIME,
-    extras_require={"test": TEST, "bench": TEST},
+    extras_require={"test": TEST, "bench": TEST, "query": QUERY},
     entry_points={"console_scripts": ["docscore=pipeline.cli:main"]},
 )

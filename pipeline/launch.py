@@ -162,12 +162,22 @@ def failed_gates(summary: dict[str, Any]) -> list[tuple[int, str]]:
             if name in gates and gates[name]["passed"] is False]
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Adds "(default: X)" to a flag's help unless it has no default or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, argparse.SUPPRESS) or "default" in text.lower():
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def print_help() -> None:
     parser = argparse.ArgumentParser(
         prog="docscore run",
         description="Score document shards with a Flax model on Beam. Any Beam option (--runner, "
         "--direct_num_workers, --direct_running_mode, --project, ...) is accepted as well.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,  # every flag's help shows its default
+        formatter_class=DefaultsHelpFormatter,
     )
     EvalOptions._add_argparse_args(parser)
     parser.add_argument("--labels", help='classify labels "name=description;name=description" (in --config: a mapping; '

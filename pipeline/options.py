@@ -36,7 +36,7 @@ class EvalOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        parser.add_argument("--input", help="shard pattern (local, gs://, memory://) or tfds:NAME[:VERSION]")
+        parser.add_argument("--input", help="a directory, a file or a glob (local, gs://, memory://), or tfds:NAME[:VERSION]")
         parser.add_argument("--output", help="output directory (local or gs://) or bq:PROJECT.DATASET.PREFIX")
         parser.add_argument("--task", default="embed", help=" | ".join(TASKS))
         parser.add_argument("--model", default="minilm-l6", help="built-in model name or model directory")

@@ -2,6 +2,8 @@
 configuration error exiting 2 with a message naming the flag - before any data is read."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 
@@ -88,3 +90,18 @@ def test_help_lists_the_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--input", "--output", "--task", "--attention", "--labels", "--run_id", "--config"):
         assert flag in out
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    """`docscore --help | head -1`: the reader is gone before docscore writes; no traceback, SIGPIPE's status."""
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe now fails with EPIPE
+    try:
+        done = subprocess.run([sys.executable, "-m", "pipeline", "--help"], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
