@@ -97,6 +97,25 @@ def test_discover_shards_glob_directory_and_refusals(tmp_path):
         discover_shards(str(tmp_path / "d" / "*"))
 
 
+def test_a_directory_is_read_with_its_subfolders_except_hidden_ones(tmp_path):
+    """Files under `_`/`.` folders (Hadoop's _temporary, docscore's own _staging, .git) are skipped like `_`/`.`
+    files, locally and through fsspec; a hidden folder named as the input itself is read."""
+    for folder in ("", "sub", "sub/deeper", "_staging", ".git", "sub/_temporary", "sub/.cache"):
+        (tmp_path / "d" / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "d" / folder / "x.jsonl").write_text("")
+    expected = [str(tmp_path / "d" / f / "x.jsonl").replace("//", "/") for f in ("", "sub", "sub/deeper")]
+    assert discover_shards(str(tmp_path / "d")) == sorted(expected)
+    assert discover_shards(str(tmp_path / "d" / "_staging")) == [str(tmp_path / "d" / "_staging" / "x.jsonl")]
+    fs = fsspec.filesystem("memory")
+    for folder in ("", "sub/", "_staging/", ".git/"):
+        fs.pipe(f"/docscore-hidden/{folder}x.jsonl", b"")
+    try:
+        assert discover_shards("memory://docscore-hidden") == [
+            "memory:///docscore-hidden/sub/x.jsonl", "memory:///docscore-hidden/x.jsonl"]
+    finally:
+        fs.rm("/docscore-hidden", recursive=True)
+
+
 def test_memory_filesystem_through_fsspec():
     fs = fsspec.filesystem("memory")
     fs.pipe("/docscore-test/x/one.jsonl", b'{"id": "m1", "text": "in memory"}\n')

@@ -69,7 +69,7 @@ def shard_format(path: str) -> str | None:
 
 def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: str = "test") -> list[str]:
     """Expand --input to a sorted list of shard paths/URLs. A directory means every regular file of a
-    readable format under it; a glob every regular file it matches. Named pipes, sockets and devices are
+    readable format under it, except under `_`/`.` folders; a glob every regular file it matches. Named pipes, sockets and devices are
     skipped (opening a named pipe waits for a writer forever); symlinked directories are followed, each
     real directory once, never into a directory that holds the link (a loop) (local_regular_files).
 
@@ -88,7 +88,9 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
     if one_path and fs.isdir(paths[0]):
         files = (local_regular_files(paths[0]) if local
                  else [p for p, info in fs.find(paths[0], detail=True).items() if info.get("type") == "file"])
-        found = [p for p in files if not hidden(p) and shard_format(p)]
+        root = paths[0].rstrip("/") + "/"
+        # a file under a `_`/`.` folder is hidden too (_staging/, _temporary/, .git/): only the part below the root counts
+        found = [p for p in files if not _hidden_below(root, p) and shard_format(p)]
     else:
         if one_path and local and os.path.lexists(paths[0]) and not _is_regular(paths[0]):
             raise ValueError(
@@ -111,6 +113,12 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
         raise ValueError(f"--input {pattern}: the file name {_printable(undecodable[0])!r} is not valid UTF-8; rename it")
     protocol = fsspec.core.split_protocol(pattern)[0]
     return sorted(fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in found)
+
+
+def _hidden_below(root: str, path: str) -> bool:
+    """Some part of `path` below the directory `root` (ending in /) starts with `_` or `.`."""
+    below = path[len(root):] if path.startswith(root) else path.rsplit("/", 1)[-1]
+    return any(part.startswith(("_", ".")) for part in below.split("/"))
 
 
 def local_regular_files(root: str) -> list[str]:
