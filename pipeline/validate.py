@@ -241,6 +241,9 @@ def validate(eo: EvalOptions) -> RunPlan:
             sinks.check_writable(eo.output)
         except OSError as e:
             raise ConfigError(f"--output {eo.output} is not writable ({e}); choose a directory you can write to") from None
+        except ValueError as e:
+            raise ConfigError(f"--output {eo.output}: {e}; use a local directory, gs://BUCKET/PATH or "
+                              "bq:PROJECT.DATASET.PREFIX") from None
         linked = run_commit.linked_partitions(eo.output, eo.run_id)
         if linked:
             raise ConfigError(f"--output {eo.output}: {linked[0]} is a symlink; docscore does not write or delete through "

@@ -62,6 +62,8 @@ CASES = {
     "kernel_unsupported_on_target": (lambda t: ["--target_backend", "cpu", "--attention", "cudnn"], "--attention=cudnn", False),
     "input_matching_nothing": (lambda t: ["--input", str(t / "nothing" / "*.jsonl")], "--input", False),
     "output_not_writable": (lambda t: ["--output", not_writable(t)], "--output", False),
+    "output_file_url": (lambda t: ["--output", f"file://{t}/out"], "(for a local directory write /", False),
+    "output_no_beam_file_system": (lambda t: ["--output", "memory://docscore/out"], "--output memory://", False),
     "missing_model": (lambda t: ["--model", str(t / "no_such_model")], "--model", False),
     "task_incompatible_with_model": (lambda t: ["--task", "loglik"], "--task=loglik", False),
     "classify_without_labels": (lambda t: ["--task", "classify"], "--task=classify", False),

@@ -151,8 +151,18 @@ def json_value(value: Any) -> Any:
 
 
 def check_writable(output: str) -> None:
-    """Create the output directory and write/delete a probe file; raises OSError when that fails."""
-    fs, root = fsspec.core.url_to_fs(output)
+    """Create the output directory and write/delete a probe file; raises OSError when that fails, and
+    ValueError when Beam (which writes the tables) or fsspec (which publishes them) has no file system
+    for that kind of path."""
+    from apache_beam.io.filesystem import BeamIOError
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        FileSystems.get_filesystem(output)
+        fs, root = fsspec.core.url_to_fs(output)
+    except (ValueError, ImportError, BeamIOError) as e:
+        hint = f" (for a local directory write {output[len('file://'):]})" if output.startswith("file://") else ""
+        raise ValueError(f"no file system writes this kind of path{hint}: {str(e)[:200]}") from None
     fs.makedirs(root, exist_ok=True)
     probe = posixpath.join(root, f".docscore-probe-{uuid.uuid4().hex[:8]}")
     fs.pipe_file(probe, b"ok")
