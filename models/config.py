@@ -223,9 +223,11 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
 
 
 def _rope(hf: dict[str, Any]) -> Rope:
-    """Rope of `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x); refuses the
-    scalings the decoder does not compute (yarn, dynamic, longrope, ...) naming the field and value."""
-    field = "rope_parameters" if hf.get("rope_parameters") is not None else "rope_scaling"
+    """Rope of `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x), read as transformers
+    5 reads them (a non-empty rope_scaling wins over rope_parameters; a top-level
+    original_max_position_embeddings wins over the one in the rope settings); refuses the scalings the
+    decoder does not compute (yarn, dynamic, longrope, ...) naming the field and value."""
+    field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
     params = hf.get(field) or {}
     if not isinstance(params, dict):
         raise ModelLoadError(f"{field} is {_shown(params)}; expected a JSON object")
@@ -247,8 +249,9 @@ def _rope(hf: dict[str, Any]) -> Rope:
         return Rope(theta=float(theta), kind=kind, factor=float(params["factor"]),
                     low_freq_factor=float(params["low_freq_factor"]),
                     high_freq_factor=float(params["high_freq_factor"]),
-                    original_max_positions=int(params.get("original_max_position_embeddings",
-                                                          hf.get("max_position_embeddings"))))
+                    original_max_positions=int(hf.get("original_max_position_embeddings")
+                                               or params.get("original_max_position_embeddings",
+                                                             hf.get("max_position_embeddings"))))
     except KeyError as missing:
         raise ModelLoadError(f"{field} of rope_type {kind!r} lacks {missing}") from None
     except (TypeError, ValueError):
@@ -256,27 +259,45 @@ def _rope(hf: dict[str, Any]) -> Rope:
                              f"{_shown(params)}") from None
 
 
+# transformers' config defaults where a config.json leaves the key out (MistralConfig, Qwen2Config)
+DEFAULT_SLIDING_WINDOW = 4096
+QWEN2_MAX_WINDOW_LAYERS = 28
+
+
 def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
-    """sliding_window and sliding_layers, as transformers applies them: Mistral's window on every layer;
-    Qwen2's when use_sliding_window, on the layers from max_window_layers on; or the layers layer_types
-    says are sliding_attention."""
-    window = hf.get("sliding_window")
-    layer_types = hf.get("layer_types")
+    """sliding_window and sliding_layers, as transformers applies them: Mistral's window (4096 when the key
+    is absent) on every layer; Qwen2's only when use_sliding_window, on the layers layer_types says are
+    sliding_attention, else on those from max_window_layers (28 when absent) on. A config transformers
+    itself cannot run (a sliding layer without a window) or would run otherwise than it reads is refused."""
+    model_type, layer_types = hf["model_type"], hf.get("layer_types")
     none = {"sliding_window": 0, "sliding_layers": ()}
     layers = hf["num_hidden_layers"] if type(hf.get("num_hidden_layers")) is int else 0
-    if hf["model_type"] == "llama" or window is None:
+    if model_type == "llama":
         return none
-    if layer_types is not None:
-        if not isinstance(layer_types, list) or set(map(str, layer_types)) - {"full_attention", "sliding_attention"}:
-            raise ModelLoadError(f"layer_types {_shown(layer_types)} is not supported; each layer must be "
-                                 "'full_attention' or 'sliding_attention'")
-        sliding = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
-    elif hf["model_type"] == "qwen2":  # transformers 4.x: windows from layer max_window_layers on
-        first = hf.get("max_window_layers", 0)
-        first = first if type(first) is int else 0
-        sliding = tuple(range(first, layers)) if hf.get("use_sliding_window") else ()
-    else:
-        sliding = tuple(range(layers))
+    if layer_types is not None and (not isinstance(layer_types, list)
+                                    or set(map(str, layer_types)) - {"full_attention", "sliding_attention"}):
+        raise ModelLoadError(f"layer_types {_shown(layer_types)} is not supported; each layer must be "
+                             "'full_attention' or 'sliding_attention'")
+    marked = None if layer_types is None else tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    if model_type == "mistral":
+        window = hf.get("sliding_window", DEFAULT_SLIDING_WINDOW)
+        if window is not None and marked is not None and len(marked) != layers:
+            raise ModelLoadError(f"layer_types {_shown(layer_types)} mixes full and sliding attention, which "
+                                 "transformers' MistralForCausalLM ignores (its window applies to every layer); "
+                                 "remove layer_types or set sliding_window to null")
+        sliding = tuple(range(layers)) if window is not None else ()
+    else:  # qwen2
+        window = hf.get("sliding_window", DEFAULT_SLIDING_WINDOW) if hf.get("use_sliding_window") else None
+        if marked is not None:
+            if marked and window is None:
+                raise ModelLoadError(f"layer_types marks layers {list(marked)} sliding_attention but the config has "
+                                     "no window (use_sliding_window false or sliding_window null), so transformers "
+                                     "cannot run it; set use_sliding_window and sliding_window, or drop layer_types")
+            sliding = marked
+        else:
+            first = hf.get("max_window_layers", QWEN2_MAX_WINDOW_LAYERS)
+            first = first if type(first) is int else QWEN2_MAX_WINDOW_LAYERS
+            sliding = tuple(range(first, layers)) if window is not None else ()
     if not sliding:
         return none
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:

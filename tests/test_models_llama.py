@@ -19,6 +19,7 @@ import models
 from kernels import KernelUnsupportedError, resolve
 from models.config import HF_KEYS, MAX_SIZES, Rope, config_from_hf
 from models.hf_import import convert_hf_dir, main as convert_main
+from models.llama import rope_frequencies
 from tests.conftest import (SENTENCES, common_flags, padded, read_summary, read_table, run_docscore,
                             transformers_logprobs, write_jsonl)
 
@@ -168,9 +169,88 @@ def test_transformers_4_config_layout_reads_the_same_rope():
     assert config_from_hf({**qwen, "use_sliding_window": False}).sliding_window == 0
     assert config_from_hf({**qwen, "use_sliding_window": True}).sliding_window == 32
     assert config_from_hf({**qwen, "use_sliding_window": True}).sliding_layers == (1,)
-    layer_types = {**base, "model_type": "qwen2", "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+    layer_types = {**base, "model_type": "qwen2", "sliding_window": 8, "use_sliding_window": True,
+                   "layer_types": ["sliding_attention", "full_attention"]}
     assert config_from_hf(layer_types).sliding_layers == (0,)
     assert config_from_hf({**base, "model_type": "mistral", "sliding_window": None}).sliding_window == 0
+
+
+ROPE_BASE = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 512}
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+ROPE_CASES = {  # config.json rope keys as different transformers versions (and hand edits) leave them
+    "4.x-theta-only": {"rope_theta": 300_000.0},
+    "5.x-linear": {"rope_parameters": {"rope_type": "linear", "rope_theta": 20_000.0, "factor": 2.0}},
+    "both-fields-scaling-wins": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+                                 "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    "both-fields-top-level-theta": {"rope_theta": 300_000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+                                    "rope_scaling": {"type": "linear", "factor": 4.0}},
+    "empty-scaling": {"rope_scaling": {}, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+    "llama3-in-dict": {"rope_parameters": {**LLAMA3, "original_max_position_embeddings": 64}},
+    "llama3-top-level-only": {"original_max_position_embeddings": 32, "rope_parameters": LLAMA3},
+    "llama3-both": {"original_max_position_embeddings": 32, "rope_parameters": {**LLAMA3, "original_max_position_embeddings": 64}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROPE_CASES))
+def test_rope_frequencies_are_the_ones_transformers_builds_from_the_same_config_json(case, tmp_path):
+    """transformers 5 prefers a non-empty rope_scaling over rope_parameters, and a top-level
+    original_max_position_embeddings over the one in the rope settings (llama3); docscore reads them alike."""
+    import torch
+    import transformers
+
+    (tmp_path / "config.json").write_text(json.dumps({**ROPE_BASE, **ROPE_CASES[case]}))
+    reference = transformers.AutoConfig.from_pretrained(str(tmp_path))
+    with torch.no_grad():
+        theirs = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(reference).inv_freq.numpy()
+    config = config_from_hf(json.loads((tmp_path / "config.json").read_text()))
+    np.testing.assert_allclose(rope_frequencies(config.rope, config.head_dim), theirs, rtol=1e-6)
+
+
+WINDOW_BASE = {"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 30, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 8192}
+WINDOW_CASES = {  # config.json keys that decide local attention, as saved (absent keys take transformers' defaults)
+    "mistral-absent": {"model_type": "mistral"},
+    "mistral-null": {"model_type": "mistral", "sliding_window": None},
+    "mistral-64": {"model_type": "mistral", "sliding_window": 64},
+    "mistral-all-sliding-types": {"model_type": "mistral", "sliding_window": 64, "layer_types": ["sliding_attention"] * 30},
+    "qwen2-absent": {"model_type": "qwen2"},
+    "qwen2-on-defaults": {"model_type": "qwen2", "use_sliding_window": True},
+    "qwen2-on-window": {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16},
+    "qwen2-on-from-layer-3": {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 3},
+    "qwen2-off-window": {"model_type": "qwen2", "use_sliding_window": False, "sliding_window": 16, "max_window_layers": 0},
+    "qwen2-types": {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16,
+                    "layer_types": ["full_attention", "sliding_attention"] * 15},
+}
+
+
+@pytest.mark.parametrize("case", sorted(WINDOW_CASES))
+def test_sliding_windows_are_what_transformers_applies(case):
+    """Each layer's window equals the one transformers' own config class gives the same config.json (its
+    defaults for absent keys, Qwen2's use_sliding_window switch, layer_types); the modeling code windows
+    every layer of Mistral when sliding_window is set, and Qwen2's sliding_attention layers."""
+    import transformers
+
+    hf = {**WINDOW_BASE, **WINDOW_CASES[case]}
+    reference = transformers.AutoConfig.for_model(**hf)
+    window = reference.sliding_window
+    if hf["model_type"] == "mistral":
+        layers = tuple(range(hf["num_hidden_layers"])) if window is not None else ()
+    else:
+        layers = tuple(i for i, kind in enumerate(reference.layer_types) if kind == "sliding_attention")
+    config = config_from_hf(hf)
+    assert (config.sliding_window, config.sliding_layers) == ((window, layers) if layers else (0, ()))
+
+
+@pytest.mark.parametrize("hf, refusal", [
+    ({"model_type": "qwen2", "use_sliding_window": False, "sliding_window": 16,
+      "layer_types": ["full_attention", "sliding_attention"] * 15}, "transformers cannot run it"),
+    ({"model_type": "mistral", "sliding_window": 16, "layer_types": ["full_attention", "sliding_attention"] * 15},
+     "MistralForCausalLM ignores"),
+], ids=["qwen2-sliding-layer-without-window", "mistral-mixed-layer-types"])
+def test_windows_transformers_would_not_apply_as_written_are_refused(hf, refusal):
+    with pytest.raises(models.ModelLoadError, match=refusal):
+        config_from_hf({**WINDOW_BASE, **hf})
 
 
 LLAMA = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
