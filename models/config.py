@@ -171,6 +171,10 @@ def _activation(name: str) -> str:
 
 
 def _bert(hf: dict[str, Any]) -> ModelConfig:
+    for key in ("is_decoder", "add_cross_attention"):  # causal / encoder-decoder BERT: docscore's encoder attends both ways
+        if hf.get(key):
+            raise ModelLoadError(f"BERT with {key}=true is not supported; docscore's BERT is an encoder (every token "
+                                 "attends to the whole text): convert the model saved as an encoder")
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise ModelLoadError(f"position_embedding_type {hf['position_embedding_type']!r} is not "
                              "supported; only 'absolute' BERT position embeddings are")

@@ -180,9 +180,35 @@ def tensor_prefix(tensors: dict[str, np.ndarray], family: str, marker: str) -> s
     return ""
 
 
+# sentence-transformers modules whose computation docscore's embeddings are: the encoder, mean pooling,
+# L2 normalisation (docscore normalises every embedding)
+SENTENCE_TRANSFORMERS_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+def sentence_transformers_modules(src: str) -> dict[str, str]:
+    """{module type's last name: its folder} from a sentence-transformers directory's modules.json (the
+    usual three when there is none); refuses a module docscore does not compute (Dense, LayerNorm, ...),
+    which sentence-transformers would apply after pooling."""
+    listing = os.path.join(src, "modules.json")
+    if not os.path.exists(listing):
+        return {"Pooling": "1_Pooling"}
+    with open(listing) as f:
+        modules = json.load(f)
+    found = {}
+    for module in modules if isinstance(modules, list) else []:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else ""
+        if kind not in SENTENCE_TRANSFORMERS_MODULES:
+            raise ModelLoadError(f"{listing}: module {module!r} is not supported; docscore computes only "
+                                 f"{', '.join(SENTENCE_TRANSFORMERS_MODULES)} (encoder, mean pooling, normalisation), "
+                                 "so its embeddings would differ from the sentence-transformers model's")
+        found[kind] = str(module.get("path", ""))
+    return found
+
+
 def sentence_transformers_max_len(src: str) -> int | None:
-    """max_seq_length of a sentence-transformers directory; refuse pooling other than mean tokens."""
-    pooling = os.path.join(src, "1_Pooling", "config.json")
+    """max_seq_length of a sentence-transformers directory; refuse pooling other than mean tokens and
+    modules after pooling that docscore does not compute."""
+    pooling = os.path.join(src, sentence_transformers_modules(src).get("Pooling", "1_Pooling"), "config.json")
     if os.path.exists(pooling):
         with open(pooling) as f:
             modes = {k: v for k, v in json.load(f).items() if k.startswith("pooling_mode") and v}
@@ -212,7 +238,8 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
                    else "save the model with save_pretrained(dir)")
             raise ModelLoadError(f"{os.path.join(src, name)}: missing; {fix}") from None
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
-    seq_len = max_seq_len or sentence_transformers_max_len(src) or config.default_seq_len
+    st_len = sentence_transformers_max_len(src)  # also refuses pooling and modules docscore does not compute
+    seq_len = max_seq_len or st_len or config.default_seq_len
     if not 0 < seq_len <= config.max_positions:
         raise ModelLoadError(f"{src}: max_seq_len {seq_len} must be between 1 and the model's "
                              f"{config.max_positions} positions")

@@ -152,3 +152,37 @@ def test_existing_output_is_not_overwritten(hf_bert, tmp_path, capsys):
     code, message = convert(hf_bert, out, capsys)
     assert code == 2 and f"{out}: cannot write the model directory" in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("key", ["is_decoder", "add_cross_attention"])
+def test_a_bert_saved_as_a_decoder_is_refused(hf_bert, tmp_path, capsys, key):
+    """transformers' BertModel with is_decoder attends causally; docscore's BERT attends both ways."""
+    src = broken_copy(hf_bert, tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, key: True}))
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and f"BERT with {key}=true is not supported" in message
+    assert not (tmp_path / "out").exists()
+
+
+ST_MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+              {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+              {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+
+
+def test_sentence_transformers_modules_after_pooling_that_docscore_does_not_compute_are_refused(hf_bert, tmp_path, capsys):
+    """A Dense layer after pooling (modules.json) changes the embedding; converting without it would be silently
+    wrong, with or without --max_seq_len. The usual Transformer + Pooling(mean) + Normalize converts."""
+    src = broken_copy(hf_bert, tmp_path)
+    (src / "1_Pooling").mkdir()
+    (src / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                               "pooling_mode_mean_tokens": True}))
+    (src / "modules.json").write_text(json.dumps(ST_MODULES))
+    assert convert(src, tmp_path / "ok", capsys)[0] == 0
+    dense = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    (src / "modules.json").write_text(json.dumps(ST_MODULES[:2] + [dense] + ST_MODULES[2:]))
+    for extra in ([], ["--max_seq_len", "32"]):
+        code = main(["--hf", str(src), "--out", str(tmp_path / "dense"), *extra])
+        message = capsys.readouterr().err
+        assert code == 2 and "modules.json: module" in message and "Dense" in message, message
+        assert not (tmp_path / "dense").exists()
