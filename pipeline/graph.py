@@ -66,6 +66,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         temperature=eo.temperature,
         stride=plan.window_spec.stride,
         prefix_len=plan.prefix_len,
+        suffix_len=plan.suffix_len,
     )
     scored = (predictions | "Score" >> beam.ParDo(ScoreDocuments(score_spec)).with_output_types(Batch)
               .with_outputs(ERRORS_TAG, STATS_TAG, main="rows"))

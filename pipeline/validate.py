@@ -41,6 +41,7 @@ class RunPlan:
     model_id: str
     fingerprint: str
     prefix_len: int  # special tokens before the text in each window
+    suffix_len: int  # special tokens after the text in each window
     batch: batching.BatchSettings  # rows per call, calls per Beam batch, local threads
     shadow: shadow.ShadowSpec | None = None  # --shadow_attention: a second kernel on a share of batches
     notices: tuple[str, ...] = ()  # choices that work but cost: the launcher prints them before the job
@@ -264,6 +265,10 @@ def validate(eo: EvalOptions) -> RunPlan:
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
     if eo.stride >= content:
         raise ConfigError(f"--stride={eo.stride} must be < {content} (window length minus special tokens)")
+    if task.per_token and task.tokenize is None and eo.stride == 0 and not len(getattr(loaded.tokenizer, "prefix", ())):
+        raise ConfigError(f"--stride=0 with --task={eo.task}: {eo.model}'s tokenizer starts a window with no special "
+                          "token, so the first token of every window after the first could not be predicted from "
+                          "anything and would go unscored; use --stride >= 1 (default 32)")
     if same_backend:
         check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend, loaded.parallel.data_size)
     shadow_spec = check_shadow(eo, model_spec, backend, kernel)
@@ -284,6 +289,7 @@ def validate(eo: EvalOptions) -> RunPlan:
         model_id=loaded.model_id,
         fingerprint=loaded.fingerprint,
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
+        suffix_len=len(getattr(loaded.tokenizer, "suffix", ())),
         shadow=shadow_spec,
         notices=tuple(n for n in (notice, gold_notice) if n),
         batch=batch,

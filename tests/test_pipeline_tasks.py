@@ -94,6 +94,16 @@ def test_classify_from_a_config_file_and_summary_accuracy_and_macro_f1(tmp_path,
     assert read_summary(tmp_path / "out", "cls")["compile"]["count"] == loaded.compile_count >= 1
 
 
+def test_loglik_with_stride_0_is_refused_when_windows_start_without_a_special_token(tmp_path, tiny_gpt2_dir, capsys):
+    """GPT-2 windows start with text: with no overlap the first token of each later window has no context to be
+    scored from, so the run would count fewer tokens than the text holds. Refused before any data is read."""
+    shard = write_jsonl(tmp_path / "in" / "l.jsonl", [{"id": "l0", "text": SENTENCES[0]}])
+    assert run_docscore("--input", shard, *common_flags("s0", tmp_path / "out"), "--task", "loglik",
+                        "--model", tiny_gpt2_dir, "--max_seq_len", "64", "--stride", "0") == 2
+    assert "--stride=0 with --task=loglik" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "scores").exists()
+
+
 def test_loglik_matches_the_transformers_reference(tmp_path, tiny_gpt2_dir, tiny_gpt2_hf):
     texts = SENTENCES[:6]
     shard = write_jsonl(tmp_path / "in" / "l.jsonl", [{"id": f"l{i}", "text": t} for i, t in enumerate(texts)])

@@ -50,6 +50,21 @@ def test_loglik_counts_each_token_once_across_overlapping_windows():
     assert result["perplexity"] == pytest.approx(math.exp(-result["score"] / 9))
 
 
+def test_loglik_scores_the_end_of_sequence_token_once_in_the_last_window():
+    # windows <s> text </s> (prefix 1, suffix 1) of 8 tokens, 6 of text, 2 overlapping: text tokens 0..5, 4..9, 8..11
+    logp_text = {t: -0.1 * (t + 1) for t in range(12)}  # log p(text token t | the tokens before it)
+    logp_eos = -3.0  # log p(</s> | the text so far)
+
+    def window(first: int, last: int) -> np.ndarray:  # position i predicts token i + 1
+        predicts = [logp_text[t] for t in range(first, last + 1)] + [logp_eos]
+        return np.array(predicts + [0.0])
+
+    windows = [window(0, 5), window(4, 9), window(8, 11)]
+    result = scoring.score_loglik(windows, stride=2, prefix_len=1, suffix_len=1)
+    assert result["loglik_tokens"] == 12 + 1  # every text token once, and one end of sequence
+    assert result["score"] == pytest.approx(sum(logp_text.values()) + logp_eos)
+
+
 def test_spearman_and_pearson_by_hand_with_ties_and_undefined_cases():
     x, y = [1.0, 2.0, 3.0, 4.0], [10.0, 10.0, 20.0, 40.0]  # y's tie shares ranks 1 and 2: 1.5 each
     assert scoring.pearson(x, y) == pytest.approx(np.corrcoef(x, y)[0, 1], abs=1e-12)

@@ -18,7 +18,7 @@ class Outputs:
 
 
 class Settings:
-    temperature, stride, prefix_len = 0.05, 0, 0
+    temperature, stride, prefix_len, suffix_len = 0.05, 0, 0, 0
 
 
 def unit(v):

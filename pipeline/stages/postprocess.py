@@ -27,6 +27,7 @@ class ScoreSpec:
     temperature: float = 0.05
     stride: int = 0
     prefix_len: int = 0  # special tokens before the text in each window (loglik overlap)
+    suffix_len: int = 0  # special tokens after the text in each window (loglik scores them in the last window only)
 
 
 @dataclasses.dataclass

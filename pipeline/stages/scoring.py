@@ -54,19 +54,22 @@ def score_classify(
     }
 
 
-def loglik_positions(window_len: int, window_index: int, stride: int, prefix_len: int) -> slice:
+def loglik_positions(window_len: int, window_index: int, stride: int, prefix_len: int, suffix_len: int = 0,
+                     last: bool = True) -> slice:
     """Positions t of a window's next-token log-probs (t predicts token t+1) that score tokens not
     already scored by the previous window (windows overlap by `stride` text tokens after `prefix_len`
-    special tokens)."""
+    special tokens). The `suffix_len` special tokens the tokenizer ends every window with (an end of
+    sequence) are scored once, in the document's last window: elsewhere the text goes on."""
     first_new = 1 if window_index == 0 else max(1, prefix_len + stride)
-    return slice(first_new - 1, window_len - 1)
+    return slice(first_new - 1, window_len - 1 - (0 if last else suffix_len))
 
 
-def score_loglik(window_logprobs: Sequence[np.ndarray], stride: int, prefix_len: int) -> dict[str, Any]:
+def score_loglik(window_logprobs: Sequence[np.ndarray], stride: int, prefix_len: int, suffix_len: int = 0) -> dict[str, Any]:
     """Total log-likelihood of the document's tokens (each counted once), their count, perplexity."""
     total, count = 0.0, 0
     for i, logprobs in enumerate(window_logprobs):
-        picked = np.asarray(logprobs, np.float64)[loglik_positions(len(logprobs), i, stride, prefix_len)]
+        positions = loglik_positions(len(logprobs), i, stride, prefix_len, suffix_len, last=i == len(window_logprobs) - 1)
+        picked = np.asarray(logprobs, np.float64)[positions]
         total += float(picked.sum())
         count += int(picked.size)
     return {"score": total, "perplexity": math.exp(-total / count) if count else None, "loglik_tokens": count}

@@ -59,6 +59,7 @@ class ScoreSettings(Protocol):
     temperature: float
     stride: int
     prefix_len: int
+    suffix_len: int
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ from pipeline.tasks.base import DECODER, Task
 
 
 def score(outputs, settings):
-    return scoring.score_loglik(outputs.window_outputs, settings.stride, settings.prefix_len)
+    return scoring.score_loglik(outputs.window_outputs, settings.stride, settings.prefix_len, settings.suffix_len)
 
 
 def prediction(fields, gold):
