@@ -4,6 +4,8 @@ devices runs per shard (kernels/mesh.py). Must not hold kernel math or policy ru
 """
 from __future__ import annotations
 
+import numbers
+
 import jax
 
 from kernels import mesh, table
@@ -28,6 +30,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     "model" (kernels/mesh.py says how grouped-query and axes that do not divide are split).
     """
     check_inputs(q, k, v, segment_ids)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1):
+        raise ValueError(f"attention's window must be None or a whole number of positions >= 1; got {window!r}")
     if window and not causal:
         raise ValueError("attention's local window needs causal=True (it bounds how far back a query looks)")
     name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed, window=window)

@@ -51,4 +51,6 @@ def check_param_shapes(params: dict[str, Any], config: ModelConfig, where: str) 
         array = got[name]
         if tuple(array.shape) != tuple(spec.shape) or np.dtype(array.dtype) != np.dtype(spec.dtype):
             raise ValueError(f"{where}: parameter {name} is {array.dtype}{list(array.shape)}, the config "
-                             f"needs {np.dtype(spec.dtype)}{list(spec.shape)}")
+                             f"needs {np.dtype(spec.dtype)}{list(spec.shape)}; the weights were saved with other "
+                             "sizes than config.json names (check its hidden, head, key/value head, intermediate "
+                             "and vocabulary sizes)")
