@@ -237,6 +237,10 @@ def validate(eo: EvalOptions) -> RunPlan:
 
     if eo.output.startswith(sinks.BQ_PREFIX) and not eo.get_all_options().get("temp_location"):
         raise ConfigError(f"--output {eo.output} needs --temp_location gs://BUCKET/tmp (where BigQuery loads are staged)")
+    if (not runs_locally(eo) and not eo.output.startswith(sinks.BQ_PREFIX)
+            and fsspec.core.split_protocol(eo.output)[0] in (None, "file", "memory")):
+        raise ConfigError(f"--output {eo.output} is on this machine, but the runner runs the job on remote workers, "
+                          "whose writes would stay on their own disks; use gs://BUCKET/PATH or bq:PROJECT.DATASET.PREFIX")
     if not eo.output.startswith(sinks.BQ_PREFIX):
         try:
             sinks.check_writable(eo.output)

@@ -147,7 +147,8 @@ def test_tf32_for_gpu_workers_reaches_their_model_spec_and_the_summary(corpus, t
     from pipeline.runs.summary import launch_facts
     from pipeline.validate import validate
 
-    _, eo = parse_options(["--input", str(corpus), "--output", str(tmp_path / "out"), "--run_id", "r1",
+    _, eo = parse_options(["--input", str(corpus), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
+                           "--temp_location", "gs://docscore-test-bucket/tmp",
                            "--matmul_precision", "tf32", "--target_backend", "gpu", "--runner", "DataflowRunner"])
     plan = validate(eo)
     assert plan.model_spec.matmul_precision == "tf32"
