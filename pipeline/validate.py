@@ -10,6 +10,8 @@ import dataclasses
 import itertools
 import json
 import re
+from collections.abc import Sequence
+from typing import Any
 
 import fsspec
 
@@ -279,6 +281,8 @@ def validate(eo: EvalOptions) -> RunPlan:
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     gold_notice = text_gold_notice(shards[0], read_spec) if task.numeric_gold else None
+    if task.takes_labels and not gold_notice:
+        gold_notice = unknown_gold_notice(shards[0], read_spec, tuple(labels))
     if task.gathers == "gold_pairs" and not gold_notice:
         gold_notice = unread_gold_notice(eo.task, shards[0], read_spec)
     return RunPlan(
@@ -323,6 +327,30 @@ def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) ->
     means a class must still be scorable."""
     from pipeline.stages.scoring import as_number
 
+    values = first_labels(shard, read_spec, peek)
+    text = sorted({str(v) for v in values if v is not None and as_number(v) is None})
+    if not text:
+        return None
+    shown = ", ".join(repr(v) for v in text[:5])
+    return (f"--task=similarity takes a record's `label` as a numeric gold score, but {shard} has text labels "
+            f"({shown}): records with them are scored, but give no spearman/pearson (the summary's n_gold counts "
+            "only numeric labels); use numbers for the gold scores, or --task=classify for named classes")
+
+
+def unknown_gold_notice(shard: str, read_spec: sources.ReadSpec, label_names: Sequence[str], peek: int = 20) -> str | None:
+    """--task=classify compares a record's `label` with the --labels names as text; gold labels in the first
+    `peek` records that name no class (`Sports` for `sports`) -> a notice that they count as wrong predictions."""
+    unknown = sorted({str(v) for v in first_labels(shard, read_spec, peek) if v is not None} - set(label_names))
+    if not unknown:
+        return None
+    return (f"{shard} has gold labels that are not among --labels ({', '.join(map(repr, unknown[:5]))}; the labels are "
+            f"{', '.join(map(repr, label_names))}): records with them count as wrong in accuracy and macro-F1; "
+            "name the classes in --labels as the records' `label` field does")
+
+
+def first_labels(shard: str, read_spec: sources.ReadSpec, peek: int) -> list[Any]:
+    """The `label` field of the first `peek` records of a JSONL or Parquet shard ([] for other formats, or a
+    shard that cannot be read: the reader reports that as an error row)."""
     fmt = sources.shard_format(shard)
     try:
         if fmt == "parquet":
@@ -331,22 +359,16 @@ def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) ->
             with fsspec.open(shard, "rb") as f:
                 parquet = pq.ParquetFile(f)
                 if "label" not in parquet.schema_arrow.names:
-                    return None
+                    return []
                 batch = next(parquet.iter_batches(batch_size=peek, columns=["label"]), None)
                 values = batch.column(0).to_pylist() if batch is not None else []
         elif fmt == "jsonl":
             values = [record.get("label") for record in first_jsonl_records(shard, read_spec, peek)]
         else:
-            return None
+            return []
     except Exception:  # an unreadable shard is the reader's to report as an error row
-        return None
-    text = sorted({str(v) for v in values if v is not None and as_number(v) is None})
-    if not text:
-        return None
-    shown = ", ".join(repr(v) for v in text[:5])
-    return (f"--task=similarity takes a record's `label` as a numeric gold score, but {shard} has text labels "
-            f"({shown}): records with them are scored, but give no spearman/pearson (the summary's n_gold counts "
-            "only numeric labels); use numbers for the gold scores, or --task=classify for named classes")
+        return []
+    return values
 
 
 def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:

@@ -2,6 +2,7 @@
 configuration error exiting 2 with a message naming the flag - before any data is read."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -110,3 +111,24 @@ def test_help_into_a_closed_pipe_ends_quietly():
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_classify_gold_labels_that_name_no_class_get_a_notice(tmp_path):
+    """Gold labels compared as text with the --labels names: `Sports` for `sports`, or a number, would count as
+    wrong predictions without a word. JSONL and Parquet shards alike; none when every gold label is a class."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.io.sources import ReadSpec
+    from pipeline.validate import unknown_gold_notice
+
+    records = [{"id": "a", "text": "x", "label": "Sports"}, {"id": "b", "text": "y", "label": "politics"},
+               {"id": "c", "text": "z", "label": 3}, {"id": "d", "text": "w"}]
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    pq.write_table(pa.table({"text": ["x", "y"], "label": ["Sports", "politics"]}), tmp_path / "b.parquet")
+    names = ("sports", "politics")
+    for shard, unknown in ((jsonl, "'3', 'Sports'"), (tmp_path / "b.parquet", "'Sports'")):
+        notice = unknown_gold_notice(str(shard), ReadSpec(), names)
+        assert notice and f"not among --labels ({unknown};" in notice and "count as wrong" in notice
+    assert unknown_gold_notice(str(jsonl), ReadSpec(), ("Sports", "politics", "3")) is None
