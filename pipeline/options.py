@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import difflib
+import json
 import logging
 from typing import Any
 
@@ -96,6 +97,8 @@ def parse_labels(spec: str | dict[str, str] | None) -> dict[str, str]:
     """'name=desc;name=desc' (or a mapping from a config file) -> ordered {label: description}."""
     if spec is None or spec == "":
         return {}
+    if isinstance(spec, str) and spec.startswith(LABELS_MAPPING_MARK):  # a --config mapping, carried whole
+        spec = json.loads(spec[len(LABELS_MAPPING_MARK):])
     if isinstance(spec, dict):
         return {str(k): str(v) for k, v in spec.items()}
     labels: dict[str, str] = {}
@@ -105,14 +108,21 @@ def parse_labels(spec: str | dict[str, str] | None) -> dict[str, str]:
         name, sep, desc = part.partition("=")
         if not sep or not name.strip() or not desc.strip():
             raise ConfigError(
-                f"--labels: {part!r} is not name=description; write --labels \"sports=an article about sport;...\""
+                f"--labels: {part!r} is not name=description; write --labels \"sports=an article about sport;...\" "
+                "(a description holding ; or =: use a `labels:` mapping in --config)"
             )
+        if name.strip() in labels:
+            raise ConfigError(f"--labels names {name.strip()!r} twice; give each class one description")
         labels[name.strip()] = desc.strip()
     return labels
 
 
-def dict_to_flags(values: dict[str, Any]) -> list[str]:
-    """A config mapping -> command-line flags (lists repeat the flag, True is a bare flag)."""
+# A `labels:` mapping from --config travels as this prefix + JSON, so descriptions may hold ; and =
+LABELS_MAPPING_MARK = "json:"
+
+
+def dict_to_flags(values: dict[str, Any], origin: str = "--config") -> list[str]:
+    """A config mapping -> command-line flags (lists repeat a repeatable flag, True is a bare flag)."""
     flags: list[str] = []
     for key, value in values.items():
         if value is None or value is False:
@@ -120,12 +130,28 @@ def dict_to_flags(values: dict[str, Any]) -> list[str]:
         if value is True:
             flags.append(f"--{key}")
         elif isinstance(value, list):
+            if not repeatable(key):
+                raise ConfigError(f"{origin}: `{key}` is a list ({value!r}) but takes one value; give one")
             flags += [f"--{key}={item}" for item in value]
         elif isinstance(value, dict) and key == "labels":
-            flags.append("--labels=" + ";".join(f"{k}={v}" for k, v in value.items()))
+            flags.append(f"--labels={LABELS_MAPPING_MARK}" + json.dumps({str(k): str(v) for k, v in value.items()}))
+        elif isinstance(value, dict):
+            raise ConfigError(f"{origin}: `{key}` is a mapping but takes one value; give one")
         else:
             flags.append(f"--{key}={value}")
     return flags
+
+
+def repeatable(name: str) -> bool:
+    """--name may be given several times, each adding a value (Beam's --experiments, docscore's --job_labels)."""
+    parsers: list[argparse.ArgumentParser] = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
+    refuse_bad_values(parsers[0])
+    try:
+        parsed, _ = parsers[0].parse_known_args([f"--{name}=a", f"--{name}=b"])
+    except ConfigError:  # a flag that takes no value
+        return False
+    return isinstance(getattr(parsed, name, None), list)
 
 
 def known_option_names() -> set[str]:
@@ -143,6 +169,10 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: file not found; pass an existing YAML file") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"--config {path}: not valid YAML ({e}); fix the file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path}: not UTF-8 text; pass a YAML file") from None
+    except OSError as e:  # a directory, no permission, ...
+        raise ConfigError(f"--config {path}: cannot be read ({type(e).__name__}: {e}); pass a YAML file") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: must be a mapping of option: value, got {type(data).__name__}")
     return data
@@ -187,9 +217,27 @@ def layered_flags(argv: list[str]) -> list[str]:
 
 def unknown_flags(flags: list[str]) -> list[str]:
     """Flags no PipelineOptions class defines (Beam would silently drop them). Asked with
-    retain_unknown_options, so Beam does not log its own "Discarding unparseable args" about them."""
-    every = set(PipelineOptions(flags).get_all_options(retain_unknown_options=True).keys())
+    retain_unknown_options, so Beam does not log its own "Discarding unparseable args" about them. A value
+    argparse refuses (--batch_size abc) is a ConfigError naming the flag, not Beam's page of usage."""
+    every = set(PipelineOptions(flags).get_all_options(retain_unknown_options=True,
+                                                       add_extra_args_fn=refuse_bad_values).keys())
     return sorted(every - known_option_names())
+
+
+def refuse_bad_values(parser: argparse.ArgumentParser) -> None:
+    """get_all_options' parser raises ConfigError on a value of the wrong type instead of printing usage and exiting."""
+    def error(message: str) -> None:
+        raise ConfigError(f"{message.replace('argument ', '', 1)}; `docscore run --help` lists the flags and their values")
+    parser.error = error  # type: ignore[method-assign]
+
+
+def stray_words(flags: list[str]) -> list[str]:
+    """Arguments that are neither a flag nor a flag's value (Beam only logs "Unparseable argument" and drops
+    them): most often the second and later file names of a glob the shell expanded."""
+    parsers: list[argparse.ArgumentParser] = []
+    PipelineOptions(flags).get_all_options(add_extra_args_fn=parsers.append)
+    _, unknown = parsers[0].parse_known_args(flags)
+    return [arg for arg in unknown if not arg.startswith("-")]
 
 
 def unknown_flags_message(unknown: list[str]) -> str:
@@ -298,6 +346,12 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, EvalOptions]:
     unknown = unknown_flags(flags)
     if unknown:
         raise ConfigError(unknown_flags_message(unknown))
+    stray = stray_words(flags)
+    if stray:
+        raise ConfigError(
+            f"unexpected argument{'s' if len(stray) > 1 else ''} {', '.join(map(repr, stray[:3]))}"
+            f"{' ...' if len(stray) > 3 else ''}: docscore run takes only --flags. A glob the shell expanded passes its "
+            "second and later files this way: quote it (--input 'data/*.jsonl')")
     job_labels = PipelineOptions(flags).view_as(EvalOptions).job_labels or []
     options = PipelineOptions(flags + [f"--labels={label}" for label in job_labels])
     check_runner(options.view_as(StandardOptions).runner)

@@ -18,6 +18,17 @@ def test_labels_parse_and_reject_malformed():
     assert parse_labels({"a": "x", "b": "y"}) == {"a": "x", "b": "y"}
     with pytest.raises(ConfigError, match="--labels"):
         parse_labels("sports")
+    with pytest.raises(ConfigError, match="names 'sports' twice"):
+        parse_labels("sports=about sport;politics=about elections;sports=about cooking")
+
+
+def test_a_config_labels_mapping_keeps_descriptions_with_separators(tmp_path):
+    """A `labels:` mapping in --config reaches the task whole: `;` and `=` in a description or name stay text."""
+    config = tmp_path / "c.yaml"
+    labels = {"sports": "sport; games and athletics", "a=b": "x = y", "politics": "elections"}
+    config.write_text(yaml.safe_dump({"task": "classify", "labels": labels}))
+    _, eo = parse_options(["--config", str(config)])
+    assert parse_labels(eo.classify_labels) == labels
 
 
 def test_command_line_beats_config_beats_preset(tmp_path):
@@ -36,6 +47,12 @@ def test_command_line_beats_config_beats_preset(tmp_path):
     assert eo.run_id  # default: a UTC timestamp
     _, eo = parse_options(["--config", str(config), "--labels", "x=one;y=two"])
     assert parse_labels(eo.classify_labels) == {"x": "one", "y": "two"}
+
+
+def config_file(tmp_path, text: str | bytes) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
 
 
 def bad_config_file(tmp_path):
@@ -62,6 +79,13 @@ CASES = {
     "kernel_unsupported_on_backend": (lambda t: ["--attention", "pallas_tpu"], "--attention=pallas_tpu", False),
     "kernel_unsupported_on_target": (lambda t: ["--target_backend", "cpu", "--attention", "cudnn"], "--attention=cudnn", False),
     "input_matching_nothing": (lambda t: ["--input", str(t / "nothing" / "*.jsonl")], "--input", False),
+    "stray_word_from_an_unquoted_glob": (lambda t: ["second_file.jsonl"], "unexpected argument 'second_file.jsonl'", False),
+    "value_of_the_wrong_type": (lambda t: ["--batch_size", "abc"], "--batch_size: invalid int value: 'abc'", False),
+    "value_not_a_choice": (lambda t: ["--direct_running_mode", "bogus"], "--direct_running_mode: invalid choice", False),
+    "config_is_a_directory": (lambda t: ["--config", str(t)], "cannot be read (IsADirectoryError", False),
+    "config_not_text": (lambda t: ["--config", config_file(t, b"\xff\xfe bad")], "not UTF-8 text", False),
+    "config_list_for_one_value": (lambda t: ["--config", config_file(t, "task: [embed, classify]\n")],
+                                  "`task` is a list", False),
     "output_not_writable": (lambda t: ["--output", not_writable(t)], "--output", False),
     "output_file_url": (lambda t: ["--output", f"file://{t}/out"], "(for a local directory write /", False),
     "output_local_for_remote_workers": (lambda t: ["--runner", "DataflowRunner", "--project", "p", "--region", "r",
