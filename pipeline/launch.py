@@ -200,7 +200,11 @@ def launch(argv: list[str], command_started: float) -> int:
     try:
         options, eo = parse_options(argv)
         share_device_memory(options)
-        apply_cpu_tuning(CpuTuning(attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
+        try:
+            apply_cpu_tuning(CpuTuning(attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
+        except OSError as e:  # the compilation cache's directory cannot be made
+            raise ConfigError(f"--cache_dir {eo.cache_dir}: cannot hold the compilation cache ({type(e).__name__}: {e}); "
+                              "choose a directory you can write to") from None
         plan = validate(eo)
     except ConfigError as e:
         print(f"docscore run: {e}", file=sys.stderr)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -147,28 +149,79 @@ def first_jsonl_records(shard: str, read_spec: sources.ReadSpec, peek: int) -> l
     return records
 
 
+PEEKED_SHARDS = 8  # shards whose first record check_fields reads
+
+
 def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec) -> None:
-    fields = first_record_fields(shards[0], read_spec)
-    if fields is None:
+    """The fields --text_field, --id_field and the task need, in the first record (or schema) of each of the
+    first PEEKED_SHARDS shards: a configuration error when none of them has them all. One shard without them
+    among others with them is bad input, not a bad flag: its records become error rows."""
+    problems = []
+    for shard in shards[:PEEKED_SHARDS]:
+        fields = first_record_fields(shard, read_spec)
+        if fields is None:  # a format without fields, or a shard the reader will report
+            continue
+        problem = missing_field(eo, shard, fields)
+        if problem is None:
+            return
+        problems.append(problem)
+    if problems:
+        raise ConfigError(problems[0] + (f" (nor do the {len(problems) - 1} other shards looked at)" if len(problems) > 1 else ""))
+
+
+DATAFLOW_REQUIRED = ("project", "region", "temp_location")
+
+
+def check_dataflow_options(eo: EvalOptions) -> None:
+    """DataflowRunner needs a project, a region and a gs:// temp_location (Beam checks them only when the
+    pipeline is built, after the model has loaded, with a traceback)."""
+    runner = eo.get_all_options().get("runner") or ""
+    if "dataflow" not in str(runner).lower():
         return
+    given = eo.get_all_options()
+    missing = [f"--{name}" for name in DATAFLOW_REQUIRED if not given.get(name)]
+    if missing:
+        raise ConfigError(f"--runner={runner} needs {', '.join(missing)}; pass them, or use a preset that reads them "
+                          "from the environment (--preset dataflow-cpu, runners/DATAFLOW.md)")
+    if not str(given["temp_location"]).startswith("gs://"):
+        raise ConfigError(f"--temp_location={given['temp_location']} must be a gs:// path for --runner={runner}")
+
+
+def check_output_outside_input(eo: EvalOptions, shards: Sequence[str]) -> None:
+    """--output must not lie inside a directory --input reads, nor hold a shard it matches: each run would
+    read the tables of the runs before it as input."""
+    if eo.output.startswith(sinks.BQ_PREFIX) or eo.input.startswith(tfds_reader.TFDS_PREFIX):
+        return
+    output = _comparable(eo.output) + "/"
+    reads_output = any(_comparable(shard).startswith(output) for shard in shards)
+    input_dir = not fsspec.core.has_magic(eo.input) and len(shards) and _comparable(shards[0]) != _comparable(eo.input)
+    if reads_output or (input_dir and output.startswith(_comparable(eo.input) + "/")):
+        raise ConfigError(f"--output {eo.output} is inside what --input {eo.input} reads, so every run would read "
+                          "the tables of the runs before it as input; write the output outside the input")
+
+
+def _comparable(path: str) -> str:
+    """A path or URL in one spelling: local ones absolute and resolved, URLs without a trailing /."""
+    protocol, rest = fsspec.core.split_protocol(path)
+    if protocol in (None, "file"):
+        return os.path.realpath(rest)
+    return f"{protocol}://{rest.strip('/')}"
+
+
+def missing_field(eo: EvalOptions, shard: str, fields: Sequence[str]) -> str | None:
+    """Why a record with these fields cannot be scored as configured, or None."""
     shown = ", ".join(sorted(fields)[:20])
     if eo.text_field not in fields:
-        raise ConfigError(
-            f"--text_field={eo.text_field}: {shards[0]} has no such field (it has: {shown}); "
-            "pass --text_field with the field holding the document text"
-        )
+        return (f"--text_field={eo.text_field}: {shard} has no such field (it has: {shown}); "
+                "pass --text_field with the field holding the document text")
     if eo.id_field and eo.id_field != DEFAULT_ID_FIELD and eo.id_field not in fields:
-        raise ConfigError(
-            f"--id_field={eo.id_field}: {shards[0]} has no such field (it has: {shown}); "
-            "pass --id_field with an existing field, or leave it out to use source#record_index"
-        )
+        return (f"--id_field={eo.id_field}: {shard} has no such field (it has: {shown}); "
+                "pass --id_field with an existing field, or leave it out to use source#record_index")
     task = tasks.get(eo.task)
     for field in ("query",) * task.with_query + task.record_fields:
         if field not in fields:
-            raise ConfigError(
-                f"--task={eo.task} needs a `{field}` field in each record; {shards[0]} has: {shown}; "
-                "add it or choose another --task"
-            )
+            return f"--task={eo.task} needs a `{field}` field in each record; {shard} has: {shown}; add it or choose another --task"
+    return None
 
 
 def validate(eo: EvalOptions) -> RunPlan:
@@ -193,8 +246,11 @@ def validate(eo: EvalOptions) -> RunPlan:
         )
     if eo.max_seq_len is not None and eo.max_seq_len < 8:
         raise ConfigError(f"--max_seq_len={eo.max_seq_len} is too short; use at least 8 (default: the model's)")
-    if not eo.temperature > 0:
-        raise ConfigError(f"--temperature={eo.temperature} must be > 0 (e.g. 0.05)")
+    if not 0 < eo.temperature < math.inf:
+        raise ConfigError(f"--temperature={eo.temperature} must be a finite number > 0 (e.g. 0.05)")
+    workers = eo.get_all_options().get("direct_num_workers")
+    if workers is not None and workers < 0:
+        raise ConfigError(f"--direct_num_workers={workers} must be >= 1 (or 0: one per CPU core)")
     check_shadow_flags(eo)
     task = tasks.get(eo.task)
     labels = parse_labels(eo.classify_labels)
@@ -210,6 +266,7 @@ def validate(eo: EvalOptions) -> RunPlan:
             f"would ignore it: drop --labels (or the `labels:` key of --config), or pass {label_tasks}"
         )
 
+    check_dataflow_options(eo)
     backend = target_backend(eo.target_backend)
     check_reachable_backend(eo, backend)
     check_matmul_precision(eo, backend)
@@ -236,6 +293,7 @@ def validate(eo: EvalOptions) -> RunPlan:
     read_spec = sources.ReadSpec(
         text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes
     )
+    check_output_outside_input(eo, shards)
 
     if eo.output.startswith(sinks.BQ_PREFIX) and not eo.get_all_options().get("temp_location"):
         raise ConfigError(f"--output {eo.output} needs --temp_location gs://BUCKET/tmp (where BigQuery loads are staged)")
@@ -251,6 +309,12 @@ def validate(eo: EvalOptions) -> RunPlan:
         except ValueError as e:
             raise ConfigError(f"--output {eo.output}: {e}; use a local directory, gs://BUCKET/PATH or "
                               "bq:PROJECT.DATASET.PREFIX") from None
+        if eo.profile_dir:
+            try:
+                sinks.check_writable(eo.profile_dir)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"--profile_dir {eo.profile_dir} is not a writable directory ({e}); choose one "
+                                  "you can write to") from None
         linked = run_commit.linked_partitions(eo.output, eo.run_id)
         if linked:
             raise ConfigError(f"--output {eo.output}: {linked[0]} is a symlink; docscore does not write or delete through "
@@ -270,7 +334,8 @@ def validate(eo: EvalOptions) -> RunPlan:
         raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max}; use <= {model_max}")
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
     if eo.stride >= content:
-        raise ConfigError(f"--stride={eo.stride} must be < {content} (window length minus special tokens)")
+        raise ConfigError(f"--stride={eo.stride} (tokens shared by consecutive windows) must be < {content}, the text "
+                          f"tokens of a --max_seq_len={max_len} window; lower --stride or raise --max_seq_len")
     if task.per_token and task.tokenize is None and eo.stride == 0 and not len(getattr(loaded.tokenizer, "prefix", ())):
         raise ConfigError(f"--stride=0 with --task={eo.task}: {eo.model}'s tokenizer starts a window with no special "
                           "token, so the first token of every window after the first could not be predicted from "
@@ -418,8 +483,9 @@ def check_shadow_flags(eo: EvalOptions) -> None:
             f"--shadow_fraction={eo.shadow_fraction} must be in (0, 1]; e.g. 0.1 also runs a tenth of the batches "
             "through --shadow_attention"
         )
-    if eo.shadow_tolerance is not None and not eo.shadow_tolerance > 0:
-        raise ConfigError(f"--shadow_tolerance={eo.shadow_tolerance} must be > 0 (or left out for the --dtype default)")
+    if eo.shadow_tolerance is not None and not 0 < eo.shadow_tolerance < math.inf:
+        raise ConfigError(f"--shadow_tolerance={eo.shadow_tolerance} must be a finite number > 0 (or left out for the "
+                          "--dtype default): an infinite tolerance is a gate that cannot fail")
     if eo.shadow_attention:
         return
     given = eo.get_all_options(drop_default=True)
@@ -474,4 +540,7 @@ def load_for_checks(spec: ModelSpec, backend: str):
     except KernelUnsupportedError as e:
         raise ConfigError(f"--attention={spec.attention}: {e}") from None
     except (FileNotFoundError, OSError) as e:
+        if spec.cache_dir and spec.cache_dir in str(e):  # converting a built-in model into --cache_dir failed
+            raise ConfigError(f"--cache_dir {spec.cache_dir}: models cannot be cached there ({e}); choose a directory "
+                              "you can write to") from None
         raise ConfigError(f"--model {spec.name}: cannot be loaded ({e}); pass minilm-l6 or a model directory") from None

@@ -86,6 +86,17 @@ CASES = {
     "config_not_text": (lambda t: ["--config", config_file(t, b"\xff\xfe bad")], "not UTF-8 text", False),
     "config_list_for_one_value": (lambda t: ["--config", config_file(t, "task: [embed, classify]\n")],
                                   "`task` is a list", False),
+    "output_inside_the_input_directory": (lambda t: ["--input", str(t / "in"), "--output", str(t / "in" / "out")],
+                                          "is inside what --input", False),
+    "profile_dir_not_a_directory": (lambda t: ["--profile_dir", str(not_writable(t))], "--profile_dir", False),
+    "cache_dir_under_a_file": (lambda t: ["--cache_dir", str(not_writable(t))], "--cache_dir", False),
+    "temperature_infinite": (lambda t: ["--task", "classify", "--labels", "a=x;b=y", "--temperature", "inf"],
+                             "--temperature=inf must be a finite number", False),
+    "shadow_tolerance_infinite": (lambda t: ["--shadow_attention", "flash", "--shadow_tolerance", "inf"],
+                                  "--shadow_tolerance=inf must be a finite number", False),
+    "negative_direct_num_workers": (lambda t: ["--direct_num_workers", "-2"], "--direct_num_workers=-2", False),
+    "dataflow_without_project": (lambda t: ["--runner", "DataflowRunner", "--dry_run=True"],
+                                 "--runner=DataflowRunner needs --project, --region, --temp_location", False),
     "output_not_writable": (lambda t: ["--output", not_writable(t)], "--output", False),
     "output_file_url": (lambda t: ["--output", f"file://{t}/out"], "(for a local directory write /", False),
     "output_local_for_remote_workers": (lambda t: ["--runner", "DataflowRunner", "--project", "p", "--region", "r",
@@ -156,3 +167,23 @@ def test_classify_gold_labels_that_name_no_class_get_a_notice(tmp_path):
         notice = unknown_gold_notice(str(shard), ReadSpec(), names)
         assert notice and f"not among --labels ({unknown};" in notice and "count as wrong" in notice
     assert unknown_gold_notice(str(jsonl), ReadSpec(), ("Sports", "politics", "3")) is None
+
+
+def test_a_shard_without_the_text_field_among_others_is_bad_input_not_a_bad_flag(tmp_path):
+    """check_fields looks at the first record of several shards: a wrong --text_field (no shard has it) is refused
+    whatever the file names' order; one shard without it beside shards with it is left to become error rows."""
+    from pipeline.io.sources import ReadSpec
+    from pipeline.validate import check_fields
+
+    good = write_shard(tmp_path / "b.jsonl", {"id": "1", "text": "a document"})
+    odd = write_shard(tmp_path / "a.jsonl", {"id": "2", "body": "no text field"})
+    _, eo = parse_options(["--input", str(tmp_path), "--output", str(tmp_path / "out")])
+    for shards in ([odd, good], [good, odd]):
+        check_fields(eo, shards, ReadSpec())  # no error either way
+    with pytest.raises(ConfigError, match="--text_field=text: .*a.jsonl has no such field"):
+        check_fields(eo, [odd, write_shard(tmp_path / "c.jsonl", {"body": "x"})], ReadSpec())
+
+
+def write_shard(path, record: dict) -> str:
+    path.write_text(json.dumps(record) + "\n")
+    return str(path)

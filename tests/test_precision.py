@@ -148,7 +148,7 @@ def test_tf32_for_gpu_workers_reaches_their_model_spec_and_the_summary(corpus, t
     from pipeline.validate import validate
 
     _, eo = parse_options(["--input", str(corpus), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
-                           "--temp_location", "gs://docscore-test-bucket/tmp",
+                           "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "p", "--region", "r",
                            "--matmul_precision", "tf32", "--target_backend", "gpu", "--runner", "DataflowRunner"])
     plan = validate(eo)
     assert plan.model_spec.matmul_precision == "tf32"
