@@ -178,7 +178,10 @@ def test_a_gs_lease_is_exclusive_until_released_or_expired(gcs_emulator, tmp_pat
 
 
 @pytest.mark.integration
-def test_ctrl_c_ends_the_run_with_130_a_message_and_no_traceback_and_the_previous_run_stays(tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_ends_the_run_with_a_message_and_no_traceback_and_the_previous_run_stays(tmp_path, signum, code):
+    """Ctrl-C, or SIGTERM (a scheduler or container stopping the command): 130 / 143, one line, the launch's files
+    removed, the previous run of the run_id still what readers see."""
     out = tmp_path / "out"
     first = corpus(tmp_path / "first" / "docs.jsonl", "p", 2)
     assert subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(first), *common_flags(RUN_ID, out), *FLAGS],
@@ -194,9 +197,9 @@ def test_ctrl_c_ends_the_run_with_130_a_message_and_no_traceback_and_the_previou
     while run_lease.holder(str(out), RUN_ID).get("pid") != run.pid and run.poll() is None and time.time() < deadline:
         time.sleep(0.2)  # until it has validated and taken the lease
     time.sleep(3)  # the job is being built or running
-    run.send_signal(signal.SIGINT)
+    run.send_signal(signum)
     _, err = run.communicate(timeout=300)
-    assert run.returncode == 130, err[-2000:]
+    assert run.returncode == code, err[-2000:]
     assert "interrupted; nothing was published" in err and "Traceback" not in err
     assert visible(out) == before
     assert not staging.exists()
