@@ -6,6 +6,7 @@ check reads at most one shard's schema (Parquet footer, TFDS features, first JSO
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -225,6 +226,31 @@ def missing_field(eo: EvalOptions, shard: str, fields: Sequence[str]) -> str | N
 
 
 def validate(eo: EvalOptions) -> RunPlan:
+    """All checks (validate_plan); a configuration error leaves no directory behind that the checks made (the
+    writability probe of a local --output creates it)."""
+    missing = _missing_dirs(eo.output) if eo.output else []
+    try:
+        return validate_plan(eo)
+    except ConfigError:
+        for directory in reversed(missing):  # deepest first; one that holds something now is left alone
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        raise
+
+
+def _missing_dirs(output: str) -> list[str]:
+    """The local directories of `output` and its parents that do not exist yet, outermost first."""
+    protocol, path = fsspec.core.split_protocol(output)
+    if protocol not in (None, "file"):
+        return []
+    missing, path = [], os.path.abspath(path)
+    while not os.path.exists(path) and path != os.path.dirname(path):
+        missing.insert(0, path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def validate_plan(eo: EvalOptions) -> RunPlan:
     """All checks, cheapest first; the model is loaded last (once per process, reused by the pipeline)."""
     if not eo.input:
         raise ConfigError("--input is required: a shard pattern (e.g. 'data/*.jsonl', gs://bucket/x/*.parquet) or tfds:NAME")

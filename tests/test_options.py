@@ -115,13 +115,13 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_configuration_error_exits_2_before_reading_data(case, tmp_path, corpus, no_data_read, capsys):
     extra, names, may_peek = CASES[case]
-    args = ["--input", str(corpus), "--output", str(tmp_path / "out"), "--run_id", "r1"]
+    args = ["--input", str(corpus), "--output", str(tmp_path / "out" / "deeper"), "--run_id", "r1"]
     # later flags win, so a case's own --input/--output/--run_id replaces the defaults
     rc = run_docscore(*args, *extra(tmp_path))
     err = capsys.readouterr().err
     assert rc == 2, err
     assert names in err, err
-    assert not (tmp_path / "out" / "scores").exists()
+    assert not (tmp_path / "out").exists()  # not even the directories the writability probe made
     if not may_peek:
         assert no_data_read == [], "validation looked at data before reporting a non-field error"
 
