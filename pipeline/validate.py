@@ -293,6 +293,14 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         )
 
     check_dataflow_options(eo)
+    for label in eo.job_labels or []:
+        key, sep, _ = label.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--job_labels {label!r} is not KEY=VALUE; write e.g. --job_labels team=eval")
+    tfds_flags = [f"--{flag}" for flag in ("tfds_data_dir", "split") if flag in eo.get_all_options(drop_default=True)]
+    if tfds_flags and not eo.input.startswith(tfds_reader.TFDS_PREFIX):
+        raise ConfigError(f"{' and '.join(tfds_flags)} only apply to a tfds:NAME --input, and --input {eo.input} is not "
+                          "one; drop them")
     backend = target_backend(eo.target_backend)
     check_reachable_backend(eo, backend)
     check_matmul_precision(eo, backend)

@@ -144,3 +144,13 @@ def test_whole_shard_errors_have_documented_types_and_keep_the_exception_in_the_
         shard_errors = [e for e in errors if e.record_index is None]
         assert [(e.stage, e.error_type) for e in shard_errors] == [("read", error_type)], name
         assert exception in shard_errors[0].message, (name, shard_errors[0].message)
+
+
+def test_ids_that_are_json_scalars_keep_their_json_spelling_and_others_fall_back_to_the_position():
+    from pipeline.io.sources import make_document
+
+    ids = {True: "true", False: "false", 7: "7", "x": "x", None: "s#3"}
+    for value, expected in ids.items():
+        assert make_document({"id": value, "text": "t"}, "s", 3, SPEC, 0.0).doc_id == expected
+    for value in ([1], {"a": 1}):
+        assert make_document({"id": value, "text": "t"}, "s", 3, SPEC, 0.0).doc_id == "s#3"

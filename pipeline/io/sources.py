@@ -244,6 +244,8 @@ def _doc_id(record: dict, source: str, index: int, id_field: str | None) -> str:
     value = record.get(id_field) if id_field else None
     if value is None or isinstance(value, (dict, list)):
         return f"{source}#{index}"
+    if isinstance(value, bool):  # JSON's spelling, not Python's True
+        return "true" if value else "false"
     return str(value)
 
 
