@@ -273,7 +273,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     if eo.max_seq_len is not None and eo.max_seq_len < 8:
         raise ConfigError(f"--max_seq_len={eo.max_seq_len} is too short; use at least 8 (default: the model's)")
     if not 0 < eo.temperature < math.inf:
-        raise ConfigError(f"--temperature={eo.temperature} must be a finite number > 0 (e.g. 0.05)")
+        raise ConfigError(f"--temperature={eo.temperature} must be > 0 and finite (e.g. 0.05)")
     workers = eo.get_all_options().get("direct_num_workers")
     if workers is not None and workers < 0:
         raise ConfigError(f"--direct_num_workers={workers} must be >= 1 (or 0: one per CPU core)")
@@ -518,8 +518,8 @@ def check_shadow_flags(eo: EvalOptions) -> None:
             "through --shadow_attention"
         )
     if eo.shadow_tolerance is not None and not 0 < eo.shadow_tolerance < math.inf:
-        raise ConfigError(f"--shadow_tolerance={eo.shadow_tolerance} must be a finite number > 0 (or left out for the "
-                          "--dtype default): an infinite tolerance is a gate that cannot fail")
+        raise ConfigError(f"--shadow_tolerance={eo.shadow_tolerance} must be > 0 and finite (or left out for the "
+                          "--dtype default; an infinite one is a gate that cannot fail)")
     if eo.shadow_attention:
         return
     given = eo.get_all_options(drop_default=True)

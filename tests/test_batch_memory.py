@@ -120,6 +120,15 @@ def test_a_call_larger_than_the_room_names_the_flag_the_estimate_the_limit_and_a
     message = memory.batch_size_problem(config, batch_size=8, seq_len=256, dtype="float32", attention="xla",
                                         room=memory.MemoryRoom(2**20, "left"))
     assert "even --batch_size=1 does not fit: use a shorter --max_seq_len or --attention=flash" in message, message
+    assert "--direct_num_workers" not in message  # one call at a time: fewer workers would not help
+    # many worker processes, each with its call and its copy of the model: fewer workers is a fix too, and the
+    # per-row figure is one call's
+    many = memory.batch_size_problem(config, batch_size=16, seq_len=256, dtype="float32", attention="xla",
+                                     room=room, concurrent_calls=1000, model_copies=1000)
+    one = memory.batch_size_problem(config, batch_size=16, seq_len=256, dtype="float32", attention="xla",
+                                    room=memory.MemoryRoom(2**20, "left"))
+    assert many.endswith("or fewer --direct_num_workers") and "for 1000 calls at once" in many, many
+    assert many.split("float32: ")[1].split(" per row")[0] == one.split("float32: ")[1].split(" per row")[0]
 
 
 def test_the_room_is_the_cgroup_limit_when_that_is_smaller_than_available_ram(tmp_path):

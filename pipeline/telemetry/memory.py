@@ -261,7 +261,7 @@ def batch_size_problem(config, *, batch_size: int, seq_len: int, dtype: str, att
 
     if needed(share) <= room.bytes:
         return None
-    per_row = needed(2) - needed(1)  # the estimate grows linearly in rows
+    per_row = (needed(2) - needed(1)) // max(1, concurrent_calls)  # one call's row (the estimate grows linearly in rows)
     fits = 0
     while needed((2 * fits or 1)) <= room.bytes // HEADROOM:  # the largest power of two with room to spare
         fits = 2 * fits or 1
@@ -271,7 +271,8 @@ def batch_size_problem(config, *, batch_size: int, seq_len: int, dtype: str, att
         fix = f"use --batch_size={fits * (devices if room.per_device else 1)} or less"
     else:
         fix = (f"even --batch_size={devices if room.per_device else 1} does not fit: use a shorter --max_seq_len"
-               + (" or --attention=flash (no [L, L] scores)" if attention not in FLASH_KERNELS + ("blockwise",) else ""))
+               + (" or --attention=flash (no [L, L] scores)" if attention not in FLASH_KERNELS + ("blockwise",) else "")
+               + (" or fewer --direct_num_workers" if concurrent_calls > 1 or model_copies > 1 else ""))
     return (f"--batch_size={batch_size}: a model call of {batch_size} rows x {seq_len} tokens needs about "
             f"{_size(needed(share))}{where}{workers} ({attention} attention, {dtype}: {_size(per_row)} per row), more "
             f"than the {_size(room.bytes)} {room.source}; {fix}")
