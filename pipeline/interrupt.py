@@ -28,9 +28,16 @@ def exit_on_interrupt(say: Callable[[], str], lock: Any = None) -> Iterator[None
         return
 
     def on_signal(signum, _frame) -> None:
+        # the process is ending: what its other threads and child processes say about the ending (Beam's
+        # workers and their connections breaking) is noise, so stderr is closed to them and the one line
+        # goes to a copy of it
+        sys.stderr.flush()
+        stderr = os.dup(2)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+        stop_child_processes()
         with lock if lock is not None else contextlib.nullcontext():
             message = say()
-        print(f"\n{message}", file=sys.stderr, flush=True)
+        os.write(stderr, f"\n{message}\n".encode())
         os._exit(EXIT_CODES[signum])
 
     previous = {signum: signal.signal(signum, on_signal) for signum in EXIT_CODES}
@@ -39,3 +46,15 @@ def exit_on_interrupt(say: Callable[[], str], lock: Any = None) -> Iterator[None
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def stop_child_processes() -> None:
+    """Kill this process's children (Beam's multi_processing workers) before it exits: left running, each
+    prints the traceback of its broken connection to the launcher, a page of noise after the one line."""
+    import psutil  # here: the handler's first use, not the command's start-up
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=5)

@@ -206,6 +206,31 @@ def test_ctrl_c_or_sigterm_ends_the_run_with_a_message_and_no_traceback_and_the_
 
 
 @pytest.mark.integration
+def test_ctrl_c_on_worker_processes_stops_them_and_prints_only_the_one_line(tmp_path):
+    """A multi_processing run: the interrupt kills Beam's worker processes before the launcher exits, and what
+    the launcher's threads and the workers say about their connections breaking never reaches the terminal."""
+    import psutil
+
+    long = write_jsonl(tmp_path / "long" / "docs.jsonl",
+                       [{"id": f"q{i}", "text": " ".join(SENTENCES) * 3} for i in range(2000)])
+    run = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--input", str(long),
+                            *common_flags(RUN_ID, tmp_path / "out"), *FLAGS,
+                            "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher, deadline = psutil.Process(run.pid), time.time() + 300
+    workers: list = []
+    while len(workers) < 2 and run.poll() is None and time.time() < deadline:
+        time.sleep(0.5)  # until both workers run (each is `sh -c python -m ...sdk_worker_main`)
+        workers = [p for p in launcher.children(recursive=True) if "sdk_worker_main" in " ".join(p.cmdline())]
+    time.sleep(3)  # the workers are processing bundles
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 130, err[-2000:]
+    assert "interrupted; nothing was published" in err and "Traceback" not in err, err[-3000:]
+    assert workers and not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+
+
+@pytest.mark.integration
 def test_ctrl_c_while_starting_up_is_exit_130_without_a_traceback(tmp_path):
     shard = corpus(tmp_path / "in" / "docs.jsonl", "u", 2)
     run = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--input", str(shard),
