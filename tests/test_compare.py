@@ -259,3 +259,29 @@ def test_compare_runs_on_gcs(gcs, capsys):
     assert result["run_a"] == gcs.url("out", "scores", "run_id=a")
     assert result["embedding_drift"]["compared"] == 6
     assert result["embedding_drift"]["max"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_runs_that_cannot_be_paired_or_read_exit_2_not_1(tmp_path, capsys):
+    """Exit 1 means a limit was exceeded; runs that cannot be compared, or a damaged table, are exit 2."""
+    # embeddings of different sizes (another model): nothing was compared, so no "within every limit"
+    a = write_run(str(tmp_path), "a", score_rows("a", "embed", 4, embeddings=np.eye(4, 8)))
+    small = write_run(str(tmp_path), "small", score_rows("small", "embed", 4, embeddings=np.eye(4, 3)))
+    code = compare([a, small])
+    captured = capsys.readouterr()
+    assert code == 2 and "different sizes (A: 8, B: 3)" in captured.err and "within every limit" not in captured.out
+    # --key doc_id over duplicated doc_ids would pair rows arbitrarily
+    rows = score_rows("d", "classify", 3, scores=np.ones(3), labels=["tech"] * 3)
+    twice = [dict(r, run_id="d") for r in rows] + [dict(rows[0], run_id="d", record_index=99)]
+    d = write_run(str(tmp_path), "d", twice)
+    e = write_run(str(tmp_path), "e", [dict(r, run_id="e") for r in twice])
+    assert compare([d, e, "--key", "doc_id"]) == 2 and "--key source_record" in capsys.readouterr().err
+    assert compare([d, e]) == 0  # by source record every row pairs with its own
+    capsys.readouterr()
+    # a limit that is not a number compares nothing
+    assert compare([d, e, "--max_mean_drift", "nan"]) == 2 and "finite number" in capsys.readouterr().err
+    # a committed table damaged after the commit, or an unwritable --json
+    part = next((tmp_path / "scores" / "run_id=e").glob("*.parquet"))
+    part.write_bytes(part.read_bytes()[:100])
+    assert compare([d, e]) == 2 and "cannot compare" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("x")
+    assert compare([d, d, "--json", str(tmp_path / "a_file" / "x.json")]) == 2 and "cannot compare" in capsys.readouterr().err

@@ -168,12 +168,15 @@ def compare_tables(scores_a: pa.Table, scores_b: pa.Table, key: str = "source_re
     flips = sum(a != b for a, b in labelled)
 
     emb_a, emb_b = _column(scores_a, "embedding"), _column(scores_b, "embedding")
-    cos_drift = []
+    cos_drift, sizes = [], set()
     for i, j in zip(ia, ib):
-        if emb_a[i] is not None and emb_b[j] is not None and len(emb_a[i]) == len(emb_b[j]) and len(emb_a[i]):
+        if emb_a[i] is not None and emb_b[j] is not None and len(emb_a[i]) != len(emb_b[j]):
+            sizes.add((len(emb_a[i]), len(emb_b[j])))
+        elif emb_a[i] is not None and emb_b[j] is not None and len(emb_a[i]):
             a, b = np.asarray(emb_a[i], np.float64), np.asarray(emb_b[j], np.float64)
             denominator = np.linalg.norm(a) * np.linalg.norm(b)
-            cos_drift.append(1.0 - float(a @ b / denominator) if denominator else math.nan)
+            # rounding can put the cosine of equal vectors a hair above 1: no drift is 0, never negative
+            cos_drift.append(max(0.0, 1.0 - float(a @ b / denominator)) if denominator else math.nan)
     tasks_a, tasks_b = sorted(set(filter(None, _column(scores_a, "task")))), sorted(set(filter(None, _column(scores_b, "task"))))
     return {
         "key": key,
@@ -193,7 +196,8 @@ def compare_tables(scores_a: pa.Table, scores_b: pa.Table, key: str = "source_re
             "flipped": int(flips),
             "fraction": flips / len(labelled) if labelled else None,
         },
-        "embedding_drift": {"compared": len(cos_drift), **_stats(np.array(cos_drift, dtype=np.float64))},
+        "embedding_drift": {"compared": len(cos_drift), **_stats(np.array(cos_drift, dtype=np.float64)),
+                            "different_sizes": sorted(sizes)},
     }
 
 
@@ -253,6 +257,14 @@ def not_comparable(result: dict[str, Any]) -> str | None:
                 if result["key"] == "source_record" else "")
         return (f"no document of run A ({d['a']}) matches one of run B ({d['b']}) on {result['key']}: "
                 f"nothing could be compared{hint}")
+    sizes = result["embedding_drift"].get("different_sizes")
+    if sizes:
+        return (f"the runs' embeddings have different sizes (A: {sizes[0][0]}, B: {sizes[0][1]}): different models' "
+                "embeddings cannot be compared")
+    duplicated = {side: d[f"duplicate_keys_{side}"] for side in ("a", "b") if d[f"duplicate_keys_{side}"]}
+    if result["key"] == "doc_id" and duplicated:
+        shown = ", ".join(f"run {side.upper()} has {n} duplicated doc_id rows" for side, n in duplicated.items())
+        return f"{shown}, which --key doc_id cannot pair; match on --key source_record (the default)"
     return None
 
 
@@ -347,11 +359,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+    bad = [f"--{name}={value}" for name, value in dataclasses.asdict(limits).items()
+           if value is not None and not 0 <= value < math.inf]
+    if bad:
+        print(f"docscore compare: {', '.join(bad)}: a limit must be a finite number >= 0", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        a, b = load_run(RunRef.parse(args.run_a)), load_run(RunRef.parse(args.run_b))
+        return compare_and_report(args, limits)
     except CompareError as e:
         print(f"docscore compare: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except (OSError, ValueError, pa.ArrowException) as e:  # a table or summary damaged or gone, --json unwritable
+        print(f"docscore compare: cannot compare: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def compare_and_report(args: argparse.Namespace, limits: Limits) -> int:
+    """Load both runs, print (or write) the comparison; the exit code of its verdict."""
+    a, b = load_run(RunRef.parse(args.run_a)), load_run(RunRef.parse(args.run_b))
     result = compare_runs(a, b, args.key)
     reason = not_comparable(result)
     problems = [] if reason else violations(result, limits)
