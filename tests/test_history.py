@@ -7,6 +7,7 @@ import json
 
 import duckdb
 import fsspec
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -83,3 +84,17 @@ def test_history_goes_through_fsspec():
     assert table.schema == history.HISTORY_SCHEMA
     assert table.to_pylist()[0]["run_id"] == "m1"
     fs.rm("/docscore-history-test", recursive=True)
+
+
+@pytest.mark.parametrize("name", ["o'quote", "brackets[1]", "star*and?mark"])
+def test_the_views_read_an_output_directory_whose_name_holds_quotes_or_glob_characters(tmp_path, name):
+    import duckdb
+
+    from tests.test_compare import score_rows, write_run
+
+    out = str(tmp_path / name)
+    write_run(out, "a", score_rows("a", "embed", 4, embeddings=np.eye(4, 8)))
+    write_run(str(tmp_path / "brackets1"), "b", score_rows("b", "embed", 2, embeddings=np.eye(2, 8)))  # [1] must not match it
+    con = duckdb.connect()
+    con.execute(run_commit.duckdb_views_sql(out, views=("scores",)))
+    assert con.sql("SELECT run_id, count(*) FROM scores GROUP BY run_id").fetchall() == [("a", 4)]

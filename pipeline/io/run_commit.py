@@ -267,7 +267,7 @@ def duckdb_views_sql(output: str, views: tuple[str, ...] = ("scores", "errors", 
     """SQL creating the views scores, errors and history over the committed files of every run under
     `output` (docs/queries.md shows the same statements). DuckDB refuses a view over a pattern that
     matches no file: name only the tables that have some."""
-    root = output.rstrip("/")
+    root = duckdb_glob_literal(output.rstrip("/"))
     committed = (f"SELECT parse_filename(unnest(files.TABLE)) FROM read_json('{root}/runs/*/{SUMMARY_FILE}', "
                  "columns = {files: 'STRUCT(scores VARCHAR[], errors VARCHAR[], history VARCHAR[])'})")
     statements = []
@@ -280,6 +280,13 @@ def duckdb_views_sql(output: str, views: tuple[str, ...] = ("scores", "errors", 
             f"filename = true, union_by_name = true, hive_partitioning = false) "
             f"WHERE parse_filename(filename) IN ({committed.replace('TABLE', view)});")
     return "\n".join(statements)
+
+
+def duckdb_glob_literal(path: str) -> str:
+    """`path` as the literal start of a DuckDB glob inside a '...' string: glob characters matched as
+    themselves (bracketed), quotes doubled."""
+    escaped = "".join(f"[{c}]" if c in "*?[" else c for c in path)
+    return escaped.replace("'", "''")
 
 
 # ---- file-system helpers (never following links where they delete) --------------------------------
