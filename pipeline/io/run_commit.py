@@ -259,8 +259,19 @@ def committed_files(output: str, run_id: str, table: str, summary: dict[str, Any
 def committed_run_ids(output: str) -> list[str]:
     """run_ids under `output` that have a committed summary."""
     fs, root = fsspec.core.url_to_fs(output)
-    found = fs.glob(posixpath.join(root, "runs", "run_id=*", SUMMARY_FILE))
-    return sorted(posixpath.basename(posixpath.dirname(p))[len("run_id="):] for p in found)
+    return sorted(posixpath.basename(posixpath.dirname(p))[len("run_id="):] for p in summary_files(fs, root))
+
+
+def summary_files(fs, root: str) -> list[str]:
+    """Paths of root/runs/run_id=*/summary.json, found by listing (not a glob: the root may hold * [ ?)."""
+    runs = posixpath.join(root, "runs")
+    fs.invalidate_cache(runs)
+    try:
+        found = fs.find(runs, maxdepth=2)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(p for p in found if posixpath.basename(p) == SUMMARY_FILE
+                  and posixpath.basename(posixpath.dirname(p)).startswith("run_id="))
 
 
 def duckdb_views_sql(output: str, views: tuple[str, ...] = ("scores", "errors", "history")) -> str:

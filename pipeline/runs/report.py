@@ -87,7 +87,7 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
     if run_id:
         return path, run_id
     fs, fs_path = fsspec.core.url_to_fs(path)
-    summaries = fs.glob(posixpath.join(fs_path, "runs", "run_id=*", SUMMARY_FILE))
+    summaries = run_commit.summary_files(fs, fs_path)
     if not summaries:
         raise ReportError(
             f"no finished run under {path}: expected {path}/runs/run_id=ID/{SUMMARY_FILE}; pass the --output "
