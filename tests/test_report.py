@@ -391,3 +391,17 @@ def test_lowest_scores_scans_the_table_in_batches(tmp_path, monkeypatch, output_
     assert len(held) > 300 // 40 and max(held) <= 10 + 40  # never more than k rows + one batch (jsonl: <= a part)
     if output_format == "parquet":
         assert max(held) <= 10 + 7
+
+
+def test_class_labels_from_the_data_never_break_the_label_chart():
+    """A label is data: `$...$` would be matplotlib mathtext (an unparsable one failed the whole report) and a
+    label of thousands of characters collapsed the axes. Both are drawn as plain, cut text."""
+    import pyarrow as pa
+
+    from pipeline.runs.report import CHART_TEXT_CHARS, chart_text, outcome_chart
+
+    labels = ["$\\foo{$", "$\\alpha$", "x" * 5000, "plain"]
+    scores = pa.table({"label": labels, "gold_label": labels[::-1]})
+    png, title = outcome_chart(scores, "classify")
+    assert title == "Label distribution" and png.startswith(b"\x89PNG")
+    assert chart_text("$\\alpha$") == "\\$\\alpha\\$" and len(chart_text("x" * 5000)) == CHART_TEXT_CHARS

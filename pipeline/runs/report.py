@@ -293,6 +293,18 @@ def chart_of(task: str | None) -> str:
     return tasks.TASKS[task].chart if task in tasks.TASKS else "lengths"
 
 
+CHART_TEXT_CHARS = 40  # a class label on an axis: longer ones are cut (the tables below show them whole)
+
+
+def chart_text(value: Any) -> str:
+    """Text from the data as matplotlib shows it literally: `$` would start mathtext (a label such as
+    `$\\foo{$` failed the whole report), and a label of thousands of characters collapses the axes."""
+    text = str(value)
+    if len(text) > CHART_TEXT_CHARS:
+        text = text[: CHART_TEXT_CHARS - 1] + "\u2026"
+    return text.replace("$", r"\$")
+
+
 def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | None, str]:
     """The task's chart (Task.chart): labels (classify): predicted (and gold) label counts; scores
     (similarity, loglik): a histogram of its chart_column; lengths (embed): tokens per document."""
@@ -311,7 +323,7 @@ def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | No
         ax.bar(x - (width / 2 if gold else 0), [predicted.count(l) for l in labels], width, label="predicted", color="#4c72b0")
         if gold:
             ax.bar(x + width / 2, [gold.count(l) for l in labels], width, label="gold", color="#dd8452")
-        ax.set_xticks(x, labels, rotation=30, ha="right")
+        ax.set_xticks(x, [chart_text(label) for label in labels], rotation=30, ha="right")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("documents")
         ax.legend(fontsize="small")
