@@ -286,7 +286,7 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     if summary is None:  # BigQuery: the run's summary is its PREFIX_runs row
         print(f"docscore run {eo.run_id}: published " + ", ".join(published.values()))
         return 0
-    reporter.write_samples(progress.samples_path(eo.output, eo.run_id))
+    reporter.write_samples(progress.samples_path(eo.output, eo.run_id), out.launch)
     derived = publish.write_derived(out, summary)  # the report
     if "report" in derived:
         published["report"] = derived["report"]

@@ -180,6 +180,12 @@ def test_bar_on_a_terminal_and_silence_with_display_off(tmp_path):
     assert path == f"{tmp_path}/runs/run_id=r1/progress.json"
     assert progress.read_samples(path) == silent.samples
     assert progress.read_samples(str(tmp_path / "none.json")) == []
+    # the samples name their launch: a reader of another launch's summary (a rerun that died after its commit,
+    # before writing its own samples) gets none rather than the previous launch's curve
+    silent.write_samples(path, launch_id="launch-1")
+    assert progress.read_samples(path, "launch-1") == silent.samples and progress.read_samples(path, "launch-2") == []
+    Path(path).write_text('{"samples": [{"t_s"')  # cut short: no chart, no crash
+    assert progress.read_samples(path, "launch-1") == []
 
 
 def test_a_failing_count_source_never_breaks_the_run():

@@ -116,7 +116,7 @@ def load_run(output_dir: str, run_id: str) -> RunData:
         summary=summary,
         scores=read_table(output_dir, "scores", run_id, SCORE_COLUMNS, output_format),
         errors=read_table(output_dir, "errors", run_id, ERROR_COLUMNS, output_format),
-        samples=progress.read_samples(progress.samples_path(output_dir, run_id)),
+        samples=progress.read_samples(progress.samples_path(output_dir, run_id), summary.get(run_commit.LAUNCH_KEY)),
         least_confident=lowest_scores(output_dir, run_id, output_format, LEAST_CONFIDENT_LISTED) if classify else None,
     )
 

@@ -351,9 +351,9 @@ class ProgressReporter:
             self.stream.flush()
             self._last_log = sample.t_s
 
-    def write_samples(self, path: str) -> str:
+    def write_samples(self, path: str, launch_id: str | None = None) -> str:
         """Write the time series (for the report's throughput chart) as JSON to `path`."""
-        write_samples(path, self.samples, self.started_at, self.interval_s)
+        write_samples(path, self.samples, self.started_at, self.interval_s, launch_id)
         return path
 
 
@@ -484,23 +484,30 @@ def write_samples(
     samples: Iterable[ProgressSample],
     started_at: datetime.datetime | None,
     interval_s: float,
+    launch_id: str | None = None,
 ) -> None:
+    """The samples as JSON, written whole or not at all, naming the launch they belong to."""
+    from pipeline.io.run_commit import write_atomic
+
     data = {
+        "launch_id": launch_id,
         "started_at": started_at.isoformat() if started_at else None,
         "interval_s": interval_s,
         "samples": [dataclasses.asdict(s) for s in samples],
     }
-    fs, fs_path = fsspec.core.url_to_fs(path)
-    fs.makedirs(fs_path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(fs_path, "w") as f:
-        json.dump(data, f)
+    write_atomic(path, json.dumps(data).encode())
 
 
-def read_samples(path: str) -> list[ProgressSample]:
-    """The samples a run wrote, or [] when it wrote none (e.g. a run from before progress existed)."""
+def read_samples(path: str, launch_id: str | None = None) -> list[ProgressSample]:
+    """The samples a run wrote; [] when it wrote none (a run from before progress existed, a remote run), when
+    they are another launch's than `launch_id` (a rerun that died after its commit, before writing its
+    own), or when the file cannot be read: the report then draws no throughput chart rather than a wrong one."""
     fs, fs_path = fsspec.core.url_to_fs(path)
-    if not fs.exists(fs_path):
+    try:
+        with fs.open(fs_path, "r") as f:
+            data = json.load(f)
+        if launch_id is not None and data.get("launch_id") not in (None, launch_id):
+            return []
+        return [ProgressSample(**s) for s in data.get("samples", [])]
+    except (OSError, ValueError, TypeError, AttributeError):
         return []
-    with fs.open(fs_path, "r") as f:
-        data = json.load(f)
-    return [ProgressSample(**s) for s in data.get("samples", [])]
