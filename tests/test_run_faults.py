@@ -89,6 +89,31 @@ def test_a_run_killed_at_each_file_step_of_its_publish_leaves_the_old_or_the_new
     assert not (out / "_staging").exists()  # ... so after a clean run only the run's own files remain
 
 
+@pytest.mark.integration
+def test_the_next_launch_removes_a_dead_launchs_placed_files_even_if_it_does_not_commit_itself(tmp_path):
+    """A launch killed after placing a table file, then a launch of the same run_id stopped (SIGTERM) before its
+    commit: the dead launch's file is gone all the same (the next launch cleans under its lease before its job;
+    it used to wait for a commit, so the file stayed while no launch committed)."""
+    out, log = tmp_path / "out", tmp_path / "steps.log"
+    shard = corpus(tmp_path / "a" / "docs.jsonl", "a", 3)
+    assert docscore_killed_at(0, out, shard, log).returncode == 0
+    assert docscore_killed_at(2, out, shard, log).returncode == -9  # killed after placing its first file
+    named = lambda: {f for files in run_commit.committed_summary(str(out), RUN_ID)["files"].values() for f in files}  # noqa: E731
+    parts = lambda: {str(p.relative_to(out)) for t in ("scores", "errors") for p in (out / t).rglob("part-*")}  # noqa: E731
+    assert parts() - named(), "the killed launch placed no file: the test kills at the wrong step"
+    long = write_jsonl(tmp_path / "long" / "docs.jsonl", [{"id": f"q{i}", "text": " ".join(SENTENCES) * 3} for i in range(2000)])
+    run = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--input", str(long), *common_flags(RUN_ID, out), *FLAGS],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while run_lease.holder(str(out), RUN_ID).get("pid") != run.pid and run.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # past its clean-up, into its job
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 143 and "left by a launch that did not finish" in err, err[-2000:]
+    assert parts() == {f for f in named() if "/part-" in f}  # only the committed run's files
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs: a real file system that fills up."""

@@ -187,12 +187,14 @@ def remove_stale(output: str, *, own_launch: str) -> list[str]:
         kept = False  # a launch of this run_id may still be placing files: leave its partitions alone
         for launch_dir in _dirs(fs, run_dir):
             launch = posixpath.basename(launch_dir)
-            if launch in (own_launch, live) or (not is_local(fs) and _youngest_file_age_s(fs, launch_dir) < STALE_REMOTE_S):
+            if launch == own_launch:  # this launch has placed nothing yet (it cleans before its job runs)
+                continue
+            if launch == live or (not is_local(fs) and _youngest_file_age_s(fs, launch_dir) < STALE_REMOTE_S):
                 kept = True
                 continue
             run_commit.remove_staging(launch_dir if is_local(fs) else fs.unstrip_protocol(launch_dir))
             removed.append(launch_dir)
-        if live is None and not kept:
+        if live in (None, own_launch) and not kept:  # our own run's partitions too: we hold its lease
             removed += run_commit.clean_after_commit(output, run_id)
     return removed
 
