@@ -227,6 +227,12 @@ def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_
     assert "no finished run under" in err and "DIR/runs/run_id=ID" in err
     assert report.main([output, "--run_id", "r9"]) == 2
     assert "run 'r9' did not finish" in capsys.readouterr().err
+    # any of the run's directories names it, as for compare; a --run_id saying otherwise is refused, not ignored
+    for table in ("runs", "scores", "errors"):
+        assert report.main([f"{output}/{table}/run_id=r1"]) == 0
+        assert capsys.readouterr().out.strip() == report.report_path(output, "r1")
+    assert report.main([f"{output}/runs/run_id=r1", "--run_id", "r9"]) == 2
+    assert "but --run_id says 'r9'" in capsys.readouterr().err
 
 
 def queries_from_docs() -> list[tuple[str, str]]:

@@ -77,12 +77,15 @@ def report_path(output_dir: str, run_id: str) -> str:
 def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
     """RUN_DIR argument -> (output DIR, run_id).
 
-    Accepts the run's own directory (DIR/runs/run_id=ID), or the output DIR with run_id given, or
+    Accepts one of the run's directories (DIR/runs/run_id=ID, or its scores or errors partition, as compare
+    does), or the output DIR with run_id given, or
     the output DIR alone (then the run that finished last).
     """
     path = path.rstrip("/")
     base = posixpath.basename(path)
-    if base.startswith("run_id=") and posixpath.basename(posixpath.dirname(path)) == "runs":
+    if base.startswith("run_id=") and posixpath.basename(posixpath.dirname(path)) in ("runs", "scores", "errors"):
+        if run_id and run_id != base[len("run_id=") :]:
+            raise ReportError(f"{path} is run {base[len('run_id='):]!r} but --run_id says {run_id!r}; pass one of them")
         return posixpath.dirname(posixpath.dirname(path)), base[len("run_id=") :]
     if run_id:
         return path, run_id
