@@ -154,3 +154,35 @@ def test_ids_that_are_json_scalars_keep_their_json_spelling_and_others_fall_back
         assert make_document({"id": value, "text": "t"}, "s", 3, SPEC, 0.0).doc_id == expected
     for value in ([1], {"a": 1}):
         assert make_document({"id": value, "text": "t"}, "s", 3, SPEC, 0.0).doc_id == "s#3"
+
+
+def test_a_store_that_cannot_be_reached_is_raised_for_the_runner_not_turned_into_error_rows():
+    """A refused connection (what gcsfs raises, from aiohttp, when the store is down) says nothing about the
+    shard: read_shard raises it, so the runner retries the bundle or the job fails and nothing is published; as
+    error rows the run would publish as complete without the shard's records. A missing file stays a row."""
+    import asyncio
+    import socket
+
+    import aiohttp
+
+    from pipeline.io.sources import is_transient
+
+    with socket.socket() as probe:  # a free port, closed again: connections to it are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def fetch() -> None:
+        async with aiohttp.ClientSession() as session:
+            await session.get(f"http://127.0.0.1:{port}/b/o/docs.jsonl")
+
+    refused = []
+    for attempt in (lambda: socket.create_connection(("127.0.0.1", port), timeout=5), lambda: asyncio.run(fetch())):
+        with pytest.raises(OSError) as caught:
+            attempt()
+        refused.append(caught.value)
+    assert all(is_transient(e) for e in refused), refused
+    with pytest.raises(FileNotFoundError) as missing:
+        open("/no/such/dir/docs.jsonl")
+    assert not is_transient(missing.value)
+    _, errors = split(list(read_shard("/no/such/dir/docs.jsonl", SPEC)))
+    assert [e.error_type for e in errors] == ["unreadable_shard"]

@@ -268,8 +268,19 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
         for item in readers[fmt](path, spec):
             yield _printable_error(item) if isinstance(item, ErrorRow) else item
     except Exception as e:  # a shard that cannot be opened or breaks mid-way
+        if is_transient(e):
+            raise
         yield _printable_error(ErrorRow(path, None, "read", read_error_type(e),
                                         f"{fmt} shard could not be read ({type(e).__name__}: {e})"))
+
+
+def is_transient(error: BaseException) -> bool:
+    """The store could not be reached (connection refused or reset, a timeout, an HTTP client error): not a
+    fault of the shard, so it is raised for the runner to retry the bundle (or fail the job, nothing
+    published) instead of becoming error rows of a run that then publishes as complete without them."""
+    import aiohttp  # gcsfs's HTTP client, a dependency of every install
+
+    return isinstance(error, (ConnectionError, TimeoutError, aiohttp.ClientError))
 
 
 def read_error_type(error: BaseException) -> str:
@@ -368,6 +379,8 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                     except ValueError as e:  # JSONDecodeError, or a number too long to convert
                         yield index, ErrorRow(path, index, "parse", "invalid_json", str(e)[:300], raw=line), None
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as e:
+                if is_transient(e):
+                    raise
                 yield 0, ErrorRow(path, None, "read", read_error_type(e),
                                   f"shard ends early or is corrupt ({type(e).__name__}: {e})"), None
 
