@@ -91,6 +91,9 @@ def test_discover_shards_glob_directory_and_refusals(tmp_path):
         (tmp_path / "d" / name).write_text("")
     assert discover_shards(str(tmp_path / "d")) == [str(tmp_path / "d" / n) for n in ("a.parquet", "b.jsonl", "c.jsonl.gz")]
     assert discover_shards(str(tmp_path / "d" / "*.jsonl")) == [str(tmp_path / "d" / "b.jsonl")]
+    # a glob of ? or [...] alone (fsspec expands only patterns with a *)
+    assert discover_shards(str(tmp_path / "d" / "?.jsonl")) == [str(tmp_path / "d" / "b.jsonl")]
+    assert discover_shards(str(tmp_path / "d" / "[ab].parquet")) == [str(tmp_path / "d" / "a.parquet")]
     with pytest.raises(FileNotFoundError, match="matches no readable shard"):
         discover_shards(str(tmp_path / "d" / "*.txt"))
     with pytest.raises(ValueError, match="cannot read .*notes.yaml"):

@@ -82,6 +82,8 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
         dataset = tfds_reader.locate_dataset(pattern, tfds_data_dir)
         return dataset.shard_paths(split)
     fs, _, paths = fsspec.get_fs_token_paths(pattern)
+    if fsspec.core.has_magic(pattern) and "*" not in pattern:  # fsspec expands a pattern only when it holds a *
+        paths = sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1]))
     local = isinstance(fs, LocalFileSystem)
     hidden = lambda p: p.rsplit("/", 1)[-1].startswith(("_", "."))  # noqa: E731 - _SUCCESS, .crc, ...
     one_path = not fsspec.core.has_magic(pattern) and len(paths) == 1
