@@ -226,21 +226,24 @@ def launch(argv: list[str], command_started: float) -> int:
         for left in run_lease.remove_stale(eo.output, own_launch=out.launch):
             print(f"docscore run: note: removed {left}, left by a launch that did not finish", file=sys.stderr)
     try:
-        with exit_on_interrupt(lambda: interrupted(options, eo, out), lock=run_commit.COMMIT_LOCK):
+        with exit_on_interrupt(lambda: interrupted(options, eo, out, lease), lock=run_commit.COMMIT_LOCK):
             return run_and_report(options, eo, plan, out, why_not_wait, command_started)
     finally:
         if lease is not None:
             lease.release()
 
 
-def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec) -> str:
-    """What an interrupt leaves: a local launch that had not committed removes its files; a remote job is
-    not cancelled (it publishes its own tables)."""
+def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec, lease: run_lease.Lease | None = None) -> str:
+    """What an interrupt leaves: a local launch that had not committed removes its files and releases its
+    lease (the process ends with os._exit, past launch()'s own release: a gs:// lease would hold the run_id
+    until it expired); a remote job is not cancelled (it publishes its own tables)."""
     if eo.output.startswith(sinks.BQ_PREFIX):
         return f"docscore run {eo.run_id}: interrupted; BigQuery publishes in one transaction: check {eo.output}"
     committed = (run_commit.committed_summary(eo.output, eo.run_id) or {}).get(run_commit.LAUNCH_KEY) == out.launch
     if runs_locally(options) and not committed:
         run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)
+    if lease is not None:
+        lease.release()
     what = ("the run was published before the interrupt" if committed else
             "nothing was published: the previous run of this run_id, if any, is what readers see")
     if not runs_locally(options):

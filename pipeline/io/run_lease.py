@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import logging
 import os
 import posixpath
 import socket
@@ -24,6 +25,8 @@ import fsspec
 
 from pipeline.io import run_commit
 from pipeline.io.run_commit import is_local
+
+log = logging.getLogger(__name__)
 
 LEASE_DIR = "_leases"
 TTL_S = 120.0  # object-store leases: renewed every TTL_S / 3 by a live holder
@@ -54,6 +57,8 @@ class Lease:
                     fs.rm_file(path)
             except (FileNotFoundError, ValueError):
                 pass
+            except Exception as e:  # the store is unreachable: the lease expires on its own; never hide the run's outcome
+                log.warning("could not release the lease %s (%s: %s); it expires by itself", path, type(e).__name__, e)
 
     def __enter__(self) -> "Lease":
         return self
