@@ -144,11 +144,8 @@ def dict_to_flags(values: dict[str, Any], origin: str = "--config") -> list[str]
 
 def repeatable(name: str) -> bool:
     """--name may be given several times, each adding a value (Beam's --experiments, docscore's --job_labels)."""
-    parsers: list[argparse.ArgumentParser] = []
-    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
-    refuse_bad_values(parsers[0])
     try:
-        parsed, _ = parsers[0].parse_known_args([f"--{name}=a", f"--{name}=b"])
+        parsed, _ = beam_parser().parse_known_args([f"--{name}=a", f"--{name}=b"])
     except ConfigError:  # a flag that takes no value
         return False
     return isinstance(getattr(parsed, name, None), list)
@@ -234,10 +231,17 @@ def refuse_bad_values(parser: argparse.ArgumentParser) -> None:
 def stray_words(flags: list[str]) -> list[str]:
     """Arguments that are neither a flag nor a flag's value (Beam only logs "Unparseable argument" and drops
     them): most often the second and later file names of a glob the shell expanded."""
-    parsers: list[argparse.ArgumentParser] = []
-    PipelineOptions(flags).get_all_options(add_extra_args_fn=parsers.append)
-    _, unknown = parsers[0].parse_known_args(flags)
+    _, unknown = beam_parser().parse_known_args(flags)
     return [arg for arg in unknown if not arg.startswith("-")]
+
+
+def beam_parser() -> argparse.ArgumentParser:
+    """The parser of every registered option (Beam's and docscore's) that PipelineOptions builds, its errors
+    raised as ConfigError (refuse_bad_values)."""
+    parsers: list[argparse.ArgumentParser] = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
+    refuse_bad_values(parsers[0])
+    return parsers[0]
 
 
 def unknown_flags_message(unknown: list[str]) -> str:

@@ -105,9 +105,9 @@ def test_the_next_launch_removes_a_dead_launchs_placed_files_even_if_it_does_not
     run = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--input", str(long), *common_flags(RUN_ID, out), *FLAGS],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while run_lease.holder(str(out), RUN_ID).get("pid") != run.pid and run.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(3)  # past its clean-up, into its job
+    while (parts() - named() or run_lease.holder(str(out), RUN_ID).get("pid") != run.pid) and run.poll() is None \
+            and time.time() < deadline:
+        time.sleep(0.2)  # until it holds the lease and has cleaned up after the dead launch
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=300)
     assert run.returncode == 143 and "left by a launch that did not finish" in err, err[-2000:]
@@ -247,7 +247,6 @@ def test_ctrl_c_on_worker_processes_stops_them_and_prints_only_the_one_line(tmp_
     while len(workers) < 2 and run.poll() is None and time.time() < deadline:
         time.sleep(0.5)  # until both workers run (each is `sh -c python -m ...sdk_worker_main`)
         workers = [p for p in launcher.children(recursive=True) if "sdk_worker_main" in " ".join(p.cmdline())]
-    time.sleep(3)  # the workers are processing bundles
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=300)
     assert run.returncode == 130, err[-2000:]
@@ -267,8 +266,7 @@ def test_ctrl_c_releases_a_gs_lease_so_the_run_id_can_be_launched_again_at_once(
                                 *FLAGS], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 300
         while run_lease.holder(out, RUN_ID).get("pid") != run.pid and run.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
-        time.sleep(2)
+            time.sleep(0.2)  # until it holds the lease
         run.send_signal(signal.SIGINT)
         _, err = run.communicate(timeout=300)
         assert run.returncode == 130, err[-2000:]
