@@ -39,14 +39,19 @@ def upload_inputs(fs, bucket: str) -> dict[str, str]:
 
 
 def read_partition(fs, path: str) -> tuple[pa.Table, dict[str, int]]:
-    """A committed partition's rows (sorted by source, record_index) and {file: generation}; the partition
-    holds the files its run's summary names and nothing else (left-overs are removed after the commit)."""
+    """A committed partition's rows (sorted by source, record_index) and {file: generation} of the files its
+    run's summary names; the partition holds those and the files of launches the run replaced within the
+    grace period (summary `retired`), nothing else (failed launches' left-overs are removed at the commit)."""
     from pipeline.io import run_commit
 
     bucket, table_name, partition = path.split("/")[0], path.split("/")[-2], path.split("/")[-1]
-    committed = run_commit.committed_files(f"gs://{bucket}/out", partition[len("run_id="):], table_name)
-    files = {p: int(fs.info(p)["generation"]) for p in fs.ls(path, detail=False, refresh=True)}
-    assert sorted(files) == sorted(run_commit.fs_path(f) for f in committed), f"{path}: {sorted(files)} vs {committed}"
+    out = f"gs://{bucket}/out"
+    summary = run_commit.committed_summary(out, partition[len("run_id="):])
+    committed = [run_commit.fs_path(f) for f in run_commit.committed_files(out, summary["run_id"], table_name, summary)]
+    retired = [f"{bucket}/out/{f}" for r in summary["retired"] for f in r["files"] if f.startswith(f"{table_name}/")]
+    listed = fs.ls(path, detail=False, refresh=True)
+    assert sorted(listed) == sorted(committed + retired), f"{path}: {sorted(listed)} vs {committed} + {retired}"
+    files = {p: int(fs.info(p)["generation"]) for p in committed}
     table = pa.concat_tables([pq.read_table(fs.open(p, "rb")) for p in files])
     return table.sort_by([("source", "ascending"), ("record_index", "ascending")]), files
 
@@ -110,11 +115,13 @@ def test_gs_to_gs_run_and_faulty_rerun_give_the_same_tables(gcs_emulator, tmp_pa
     finally:
         check.stop()
 
-    # the rerun replaced every file (its own launch's names, newer generations; the first run's files gone) ...
+    # the rerun replaced every file (its own launch's names, newer generations; the first run's files only
+    # kept, as retired, for readers that read the first summary just before the commit) ...
     newest_before = max([*score_files.values(), *error_files.values()])
     for files, before in ((rerun_score_files, score_files), (rerun_error_files, error_files)):
-        assert min(files.values()) > newest_before and not set(files) & set(before), "a file of the first run survived"
+        assert min(files.values()) > newest_before and not set(files) & set(before), "a file of the first run is named"
     assert rerun_summary["launch_id"] != summary["launch_id"]
+    assert [r["launch_id"] for r in rerun_summary["retired"]] == [summary["launch_id"]]
     assert rerun_summary["finished_at"] > summary["finished_at"]
     assert not leftovers, leftovers
     # ... with the same rows: nothing lost, nothing duplicated

@@ -143,7 +143,10 @@ def test_rerun_of_a_run_id_replaces_its_partition(tmp_path):
     embedding = scores.embedding[0]  # written from the row's float32 array (pipeline/io/sinks.py json_value)
     assert len(embedding) == 384 and all(isinstance(x, float) for x in embedding)
     assert abs(np.linalg.norm(embedding) - 1.0) < 1e-5
-    assert sorted(p.name for p in (out / "scores" / "run_id=same").iterdir()) == [f.name for f in files]  # the first run's files went
+    # the first run's files stay beside them only as the replaced run's, for readers that read its summary
+    retired = [f.rsplit("/", 1)[-1] for r in read_summary(out, "same")["retired"] for f in r["files"] if f.startswith("scores/")]
+    assert len(retired) == 1 and retired[0].endswith(".parquet")
+    assert sorted(p.name for p in (out / "scores" / "run_id=same").iterdir()) == sorted([f.name for f in files] + retired)
     assert not (out / "_staging").exists()
     assert read_summary(out, "same")["counts"]["records"] == 1
 

@@ -174,12 +174,44 @@ def test_publish_after_a_crash_mid_placement_gives_the_clean_result_and_readers_
     monkeypatch.setattr(os, "replace", real_replace)
     summary = publish.publish_run(spec, FACTS, STATS, written, derived=False)  # the retry
     assert visible(spec) == NEW and summary["launch_id"] == spec.launch
-    # the old run's files are gone after the commit, and nothing but the new run's files is left
+    # nothing but the new run's files and the replaced run's (kept for readers, as retired) is left
     named = {f for names in summary["files"].values() for f in names}
-    on_disk = {str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*")
-               if p.is_file() and p.parts[-3] in ("scores", "errors", "runs") and p.name != "summary.json"}
-    assert on_disk == named
+    retired = {f for r in summary["retired"] for f in r["files"]}
+    assert on_disk(tmp_path / "out") == named | retired and len(retired) == 3 and not named & retired
     assert not (tmp_path / "out" / "_staging").exists()
+
+
+def on_disk(out: Path) -> set[str]:
+    """The data files in the run partitions, relative to the output root (summary.json left out)."""
+    return {str(p.relative_to(out)) for p in out.rglob("*")
+            if p.is_file() and p.parts[-3] in ("scores", "errors", "runs") and p.name != "summary.json"}
+
+
+def test_a_reader_that_read_the_replaced_summary_still_reads_its_files_until_the_grace_period_ends(tmp_path):
+    """A rerun commits while a reader holds the previous summary: the files it names stay readable (they are
+    the previous run, whole); the first clean-up at least REPLACED_GRACE_S after the commit removes them,
+    and a third launch's commit lists only the launches replaced within the grace period."""
+    spec, written = stage_run(tmp_path)
+    before = run_commit.committed_summary(spec.output, spec.run_id)  # a reader takes the old run's summary ...
+    summary = publish.publish_run(spec, FACTS, STATS, written, derived=False)  # ... and the rerun commits
+    old_files = {t: run_commit.committed_files(spec.output, spec.run_id, t, before) for t in sinks.TABLES}
+    assert {t: [Path(f).read_bytes() for f in files] for t, files in old_files.items()} == OLD
+    assert [r["launch_id"] for r in summary["retired"]] == [before["launch_id"]]
+
+    # within the grace period a clean-up (the next launch's, a repeated publish) keeps them ...
+    assert run_commit.clean_after_commit(spec.output, spec.run_id, now=summary["committed_at"] + 1) == []
+    # ... after it they go, and only they
+    removed = run_commit.clean_after_commit(spec.output, spec.run_id,
+                                            now=summary["committed_at"] + run_commit.REPLACED_GRACE_S)
+    assert sorted(removed) == sorted(summary["retired"][0]["files"])
+    assert on_disk(tmp_path / "out") == {f for names in summary["files"].values() for f in names}
+    assert visible(spec) == NEW
+
+    third = sinks.OutputSpec.for_run(spec.output, spec.run_id, "parquet")
+    latest = publish.publish_run(third, FACTS, STATS, stage(third, {"scores": 1, "errors": 1}, b"third"), derived=False)
+    # two reruns within the grace period: both replaced launches are listed (and their files kept)
+    assert [r["launch_id"] for r in latest["retired"]] == [before["launch_id"], spec.launch]
+    assert {f for names in summary["files"].values() for f in names} <= on_disk(tmp_path / "out")
 
 
 def test_publish_repeated_after_it_completed_keeps_the_run(tmp_path):

@@ -84,9 +84,10 @@ def test_a_run_killed_at_each_file_step_of_its_publish_leaves_the_old_or_the_new
     assert seen == ids["a"]
     summary = run_commit.committed_summary(str(out), RUN_ID)
     named = {f for files in summary["files"].values() for f in files}
+    retired = {f for r in summary["retired"] for f in r["files"]}  # the replaced runs', kept for their readers
     on_disk = {str(p.relative_to(out)) for t in ("scores", "errors", "runs") for p in (out / t).rglob("*") if p.is_file()}
-    assert on_disk - named == {f"runs/run_id={RUN_ID}/{n}" for n in ("summary.json", "report.html", "progress.json")}
-    assert not (out / "_staging").exists()  # ... so after a clean run only the run's own files remain
+    assert on_disk - named - retired == {f"runs/run_id={RUN_ID}/{n}" for n in ("summary.json", "report.html", "progress.json")}
+    assert not (out / "_staging").exists()  # ... so after a clean run only the run's own files (and its predecessors') remain
 
 
 @pytest.mark.integration
@@ -111,6 +112,8 @@ def test_the_next_launch_removes_a_dead_launchs_placed_files_even_if_it_does_not
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=300)
     assert run.returncode == 143 and "left by a launch that did not finish" in err, err[-2000:]
+    summary = run_commit.committed_summary(str(out), RUN_ID)
+    assert summary["retired"] == []  # the first launch replaced none, so nothing but its files is kept
     assert parts() == {f for f in named() if "/part-" in f}  # only the committed run's files
 
 

@@ -7,8 +7,11 @@ LAUNCH is unique per `docscore run` launch, so a new launch's files land beside 
 without touching them. summary.json names every file of the run (`files`, relative to the output root)
 and its `launch_id`; replacing it is the one atomic step (a rename locally, one object upload on gs://,
 where directories cannot be renamed). Before that step readers see the previous run; after it, the new
-one; files no committed summary names are left-overs of replaced or failed launches, removed after a
-commit. Readers therefore read through the summary (committed_files), never by listing a partition.
+one. Files no committed summary names are left-overs of failed launches, removed after a commit; the
+replaced launch's files stay for REPLACED_GRACE_S (the summary lists them under `retired`), so a reader
+that read the previous summary just before the commit can still open them, and go at the first commit
+or launch after that. Readers therefore read through the summary (committed_files), never by listing a
+partition.
 
 Holds placing staged files, the commit, clean-up and the readers' side. Must not decide when to publish
 (pipeline/runs/publish.py) nor compute the summary (pipeline/runs/summary.py).
@@ -34,6 +37,10 @@ TABLES = ("scores", "errors")
 SUMMARY_FILE = "summary.json"
 FILES_KEY = "files"  # summary.json: {table: [paths relative to the output root]}
 LAUNCH_KEY = "launch_id"
+# summary.json: the launches this run replaced within the last REPLACED_GRACE_S, [{launch_id, retired_at, files}]:
+# a reader that read the previous summary just before the commit still finds the files it names
+RETIRED_KEY = "retired"
+REPLACED_GRACE_S = 600.0
 LEGACY_SUCCESS = "_SUCCESS"  # runs published before the run-level commit marked each partition
 # what docscore writes inside a partition (and may therefore remove there): part files, history rows,
 # its own temporary files and the old per-partition marker; anything else is left alone
@@ -130,8 +137,9 @@ def commit(output: str, run_id: str, summary: dict[str, Any], files: dict[str, l
     missing = [f for names in files.values() for f in names if not fs.exists(posixpath.join(root, f))]
     if missing:
         raise CommitError(f"cannot commit run {run_id}: {missing[:3]} are missing; nothing was published")
+    now = time.time()
     committed = {**summary, LAUNCH_KEY: launch, FILES_KEY: {k: sorted(v) for k, v in files.items()},
-                 "committed_at": time.time()}
+                 RETIRED_KEY: retired_after(committed_summary(output, run_id), launch, now), "committed_at": now}
     write_atomic(summary_path(output, run_id), _json(committed))
     return committed
 
@@ -143,12 +151,32 @@ def rewrite_summary(output: str, summary: dict[str, Any]) -> None:
     if current is None or current.get(LAUNCH_KEY) != summary.get(LAUNCH_KEY):
         raise CommitError(f"run {summary['run_id']}: launch {summary.get(LAUNCH_KEY)} is no longer the committed one; "
                           "its summary was not rewritten")
-    write_atomic(summary_path(output, summary["run_id"]), _json({**summary, FILES_KEY: current[FILES_KEY]}))
+    write_atomic(summary_path(output, summary["run_id"]),
+                 _json({**summary, FILES_KEY: current[FILES_KEY], RETIRED_KEY: current.get(RETIRED_KEY, [])}))
 
 
-def clean_after_commit(output: str, run_id: str) -> list[str]:
-    """Remove what the committed summary does not name from the run's partitions: files of replaced or
-    failed launches, and the old per-partition markers (a run never committed keeps nothing of them).
+def retired_after(previous: dict[str, Any] | None, launch: str, now: float) -> list[dict[str, Any]]:
+    """The `retired` list of a summary that replaces `previous`: previous's own launch (its files) and the
+    launches it still listed, each kept while younger than REPLACED_GRACE_S."""
+    if previous is None or FILES_KEY not in previous or previous.get(LAUNCH_KEY) == launch:
+        return []
+    kept = [r for r in previous.get(RETIRED_KEY, []) if now - r["retired_at"] < REPLACED_GRACE_S]
+    files = sorted(f for names in previous[FILES_KEY].values() for f in names)
+    return [*kept, {LAUNCH_KEY: previous.get(LAUNCH_KEY), "retired_at": now, "files": files}]
+
+
+def kept_files(summary: dict[str, Any], now: float) -> set[str]:
+    """What clean-up must leave: the files the summary names and those of launches it replaced less than
+    REPLACED_GRACE_S ago."""
+    named = {f for names in summary.get(FILES_KEY, {}).values() for f in names}
+    return named | {f for r in summary.get(RETIRED_KEY, []) if now - r["retired_at"] < REPLACED_GRACE_S
+                    for f in r["files"]}
+
+
+def clean_after_commit(output: str, run_id: str, now: float | None = None) -> list[str]:
+    """Remove what the committed summary does not keep (kept_files) from the run's partitions: files of
+    failed launches, of launches replaced REPLACED_GRACE_S or more before `now`, and the old
+    per-partition markers (a run never committed keeps nothing of them).
     Only names docscore writes (OWNED_NAME) are removed, links as links (never their targets), never
     directories; a run published before the run-level commit is left as it is. Call it only while no
     other launch of the run is writing (after this launch's commit, or holding the run's lease). Errors
@@ -159,7 +187,7 @@ def clean_after_commit(output: str, run_id: str) -> list[str]:
         return []
     if summary is None and fs.exists(fs_path(posixpath.join(partition(output, "scores", run_id), LEGACY_SUCCESS))):
         return []
-    keep = {f for names in (summary or {}).get(FILES_KEY, {}).values() for f in names}
+    keep = kept_files(summary or {}, time.time() if now is None else now)
     removed = []
     for table in (*TABLES, "runs"):
         directory = fs_path(partition(output, table, run_id))
