@@ -27,7 +27,8 @@ from pipeline.options import ConfigError, EvalOptions, given_option_names, parse
 from pipeline.runs import publish
 from pipeline.telemetry import progress
 from pipeline.telemetry.progress import runs_locally
-from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+from pipeline.telemetry.cpu_tuning import (CpuTuning, apply_cpu_tuning, check_compilation_cache, compilation_cache_dir,
+                                           compilation_cache_setting)
 from pipeline.telemetry.timing import STAGES
 from pipeline.validate import validate
 
@@ -200,11 +201,13 @@ def launch(argv: list[str], command_started: float) -> int:
     try:
         options, eo = parse_options(argv)
         share_device_memory(options)
+        cache = compilation_cache_dir(eo.cache_dir)
         try:
-            apply_cpu_tuning(CpuTuning(attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
-        except OSError as e:  # the compilation cache's directory cannot be made
-            raise ConfigError(f"--cache_dir {eo.cache_dir}: cannot hold the compilation cache ({type(e).__name__}: {e}); "
-                              "choose a directory you can write to") from None
+            check_compilation_cache(cache)  # before anything is exported or configured for it
+        except OSError as e:
+            raise ConfigError(f"{compilation_cache_setting(eo.cache_dir)}: cannot hold the compilation cache {cache} "
+                              f"({type(e).__name__}: {e}); choose a directory you can write to") from None
+        apply_cpu_tuning(CpuTuning(attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
         plan = validate(eo)
     except ConfigError as e:
         print(f"docscore run: {e}", file=sys.stderr)

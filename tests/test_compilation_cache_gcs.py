@@ -52,3 +52,42 @@ def test_models_stay_in_the_local_cache_when_cache_dir_is_on_gcs(tmp_path, monke
     path, name = local_model_dir("minilm-l6", "gs://some-bucket/docscore-cache")
     assert name == "minilm-l6" and path.startswith(default_cache_dir()) and os.path.isdir(path)
     assert not (tmp_path / "gs:").exists()
+
+
+@pytest.mark.integration
+def test_a_cache_dir_that_cannot_hold_the_cache_is_refused_before_any_data_is_read(gcs, tmp_path, monkeypatch, corpus,
+                                                                                    no_data_read, capsys):
+    """A gs:// --cache_dir in a bucket that does not exist: exit 2 naming --cache_dir (JAX itself only warns, per
+    program, and every run compiles cold), with nothing exported or configured for the refused location."""
+    import jax
+
+    from tests.conftest import common_flags, run_docscore
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    before = jax.config.jax_compilation_cache_dir
+    missing = f"gs://{gcs.bucket}-missing/cache"
+    rc = run_docscore("--input", corpus, *common_flags("c1", tmp_path / "out"), "--cache_dir", missing)
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--cache_dir {missing}: cannot hold the compilation cache {missing}/jax-compilation-cache" in err, err
+    assert "JAX_COMPILATION_CACHE_DIR" not in os.environ and jax.config.jax_compilation_cache_dir == before
+    assert not (tmp_path / "out").exists()
+
+
+def test_two_runs_in_one_process_each_use_their_own_cache_dir(tmp_path, monkeypatch, corpus):
+    """The compilation cache the first run exported does not hold the second run, which names another --cache_dir;
+    a JAX_COMPILATION_CACHE_DIR the user set still wins over --cache_dir."""
+    from models.builtin import builtin_dir
+    from models.model_dir import default_cache_dir
+    from tests.conftest import common_flags, run_docscore
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    model = builtin_dir("minilm-l6", default_cache_dir())  # converted once, outside the caches under test
+    for name in ("a", "b"):
+        rc = run_docscore("--input", corpus, *common_flags(name, tmp_path / "out"), "--model", model,
+                          "--cache_dir", str(tmp_path / name), "--attention", "native")
+        assert rc == 0
+        assert any((tmp_path / name / "jax-compilation-cache").iterdir()), f"run {name} cached nothing in its own --cache_dir"
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "users"))
+    assert run_docscore("--input", corpus, *common_flags("c", tmp_path / "out"), "--model", model,
+                        "--cache_dir", str(tmp_path / "c"), "--attention", "native") == 0
+    assert any((tmp_path / "users").iterdir()) and not (tmp_path / "c" / "jax-compilation-cache").exists()

@@ -13,7 +13,9 @@ import dataclasses
 import logging
 import os
 import platform
+import posixpath
 import shlex
+import uuid
 
 log = logging.getLogger(__name__)
 
@@ -180,13 +182,47 @@ def add_xla_flags(flags: tuple[str, ...] | list[str]) -> list[str]:
     return added
 
 
+_exported_cache_dir: str | None = None  # what enable_compilation_cache exported: this process's, not the user's
+
+
 def compilation_cache_dir(cache_dir: str | None) -> str:
-    """$JAX_COMPILATION_CACHE_DIR when set, else <docscore cache dir>/jax-compilation-cache."""
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return os.environ["JAX_COMPILATION_CACHE_DIR"]
+    """$JAX_COMPILATION_CACHE_DIR when the user set it, else <docscore cache dir>/jax-compilation-cache (a
+    value this process exported for an earlier run does not hold a later run with another --cache_dir)."""
+    env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if env and env != _exported_cache_dir:
+        return env
     from models.model_dir import default_cache_dir
 
-    return os.path.join(cache_dir or default_cache_dir(), COMPILATION_CACHE_SUBDIR)
+    return posixpath.join(cache_dir or default_cache_dir(), COMPILATION_CACHE_SUBDIR)
+
+
+def compilation_cache_setting(cache_dir: str | None) -> str:
+    """Which setting chose compilation_cache_dir(cache_dir), for messages."""
+    env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if env and env != _exported_cache_dir:
+        return f"JAX_COMPILATION_CACHE_DIR={env}"
+    if cache_dir:
+        return f"--cache_dir {cache_dir}"
+    from models.model_dir import default_cache_dir
+
+    return f"--cache_dir (default {default_cache_dir()})"
+
+
+def check_compilation_cache(path: str) -> None:
+    """Raise OSError unless `path` (local or gs://) can hold the compilation cache: the directory is made and
+    a probe file written and removed there. JAX itself only warns, per program, when it cannot write."""
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(path)
+        fs.makedirs(root, exist_ok=True)
+        probe = posixpath.join(root, f".docscore-probe-{uuid.uuid4().hex[:12]}")
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except OSError:
+        raise
+    except Exception as e:  # gcsfs raises its own HttpError for what has no OSError of its own
+        raise OSError(f"{type(e).__name__}: {e}") from e
 
 
 def enable_compilation_cache(cache_dir: str | None) -> str:
@@ -198,11 +234,17 @@ def enable_compilation_cache(cache_dir: str | None) -> str:
     worker processes share it."""
     import jax
 
+    global _exported_cache_dir
     path = compilation_cache_dir(cache_dir)
     if "://" not in path:
         os.makedirs(path, exist_ok=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") != path:
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = _exported_cache_dir = path
     os.environ.setdefault(MIN_COMPILE_TIME_ENV, "0")
+    if jax.config.jax_compilation_cache_dir not in (None, path):  # JAX opens its cache once; a later run moves it
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(os.environ[MIN_COMPILE_TIME_ENV]))
     return path
