@@ -1,25 +1,54 @@
 """Scheduled runs: read a runners/schedules/*.yaml file and turn it into what a scheduler sends -
 the Flex Template launch request (Cloud Scheduler, Composer) and the `docscore compare` gate.
 
-Holds the schedule format and pure conversions; `python -m runners.scheduling FILE` prints the
-launch request body. Must not call Google APIs or run pipelines.
+Holds the schedule format, its checks and pure conversions; `python -m runners.scheduling FILE` prints
+the launch request body. Must not call Google APIs or run pipelines.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import re
 import sys
+import zoneinfo
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 LAUNCHERS = ("cloud-scheduler", "composer")
-_PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")  # Airflow macros ({{ ds_nodash }}), rendered by Composer
-# A shape check only (Cloud Scheduler and Composer parse the schedule): no cron library is installed or pinned.
-_CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
+TEMPLATE_METADATA = Path(__file__).with_name("flex_template_metadata.json")
+COMPARE_KEYS = ("baseline", "candidate", "limits")
+
+# The Airflow template values a composer schedule may use (Airflow 2.2+ and 3 have them all): strings as
+# {{ name }}, datetimes through a date filter as {{ name | ds_nodash }} (a bare datetime has spaces and colons).
+AIRFLOW_STRINGS = ("ds", "ds_nodash")
+AIRFLOW_DATES = ("data_interval_start", "data_interval_end", "prev_data_interval_start_success")
+AIRFLOW_FILTERS = {"ds": "%Y-%m-%d", "ds_nodash": "%Y%m%d"}
+# Deprecated since Airflow 2.2 and gone in 3; on a manually triggered run prev_ds* is the run's own date.
+AIRFLOW_REMOVED = {
+    "prev_ds": "{{ prev_data_interval_start_success | ds }}",
+    "prev_ds_nodash": "{{ prev_data_interval_start_success | ds_nodash }}",
+    "next_ds": "{{ data_interval_end | ds }}",
+    "next_ds_nodash": "{{ data_interval_end | ds_nodash }}",
+    "yesterday_ds": "{{ prev_data_interval_start_success | ds }}",
+    "yesterday_ds_nodash": "{{ prev_data_interval_start_success | ds_nodash }}",
+    "tomorrow_ds": "{{ data_interval_end | ds }}",
+    "tomorrow_ds_nodash": "{{ data_interval_end | ds_nodash }}",
+    "execution_date": "{{ ds }}",
+}
+_TEMPLATE = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.S)  # anything Jinja would render
+_PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*(?:\|\s*(\w+)\s*)?\}\}")  # the forms render() fills
+
+# unix-cron, as Cloud Scheduler documents it: field, lowest, highest, names (numbered from lowest).
+MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
+WEEKDAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
+CRON_FIELDS = (("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 31, ()),
+               ("month", 1, 12, MONTHS), ("day of week", 0, 7, WEEKDAYS))  # day of week 7 is Sunday too
+_CRON_PART = re.compile(r"^(?:(\*)|(\w+)(?:-(\w+))?)(?:/(\d+))?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +63,137 @@ class Schedule:
     compare: dict[str, Any] | None = None  # baseline, candidate, limits: the `docscore compare` gate
 
 
+def _cron_value(text: str, name: str, low: int, high: int, names: tuple[str, ...]) -> int:
+    if text in names:
+        return low + names.index(text)
+    if not text.isdigit() or not low <= int(text) <= high:
+        spelled = f" or {names[0]}-{names[-1]}" if names else ""
+        raise ValueError(f"{name} {text!r} is not {low}-{high}{spelled}")
+    return int(text)
+
+
 def check_cron(cron: str) -> None:
+    """Five unix-cron fields: numbers in range or names (JAN, MON), *, a-b ranges, lists, /steps."""
     fields = cron.split()
-    if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
-        raise ValueError(f"cron {cron!r}: write five fields (minute hour day month weekday), e.g. '0 3 * * *'")
+    if len(fields) != 5:
+        raise ValueError(f"cron {cron!r}: write five fields (minute hour day month weekday), e.g. '0 3 * * MON-FRI'")
+    for text, (name, low, high, names) in zip(fields, CRON_FIELDS):
+        for part in text.split(","):
+            match = _CRON_PART.match(part)
+            try:
+                if not match or (match.group(4) and not (match.group(1) or match.group(3))):
+                    raise ValueError(f"{name} {part!r} is not N, a-b, *, a-b/step or */step")
+                if match.group(2):
+                    first = _cron_value(match.group(2), name, low, high, names)
+                    if match.group(3) and _cron_value(match.group(3), name, low, high, names) < first:
+                        raise ValueError(f"{name} range {part!r} runs backwards")
+                if match.group(4) and int(match.group(4)) < 1:
+                    raise ValueError(f"{name} step {part!r} must be at least 1")
+            except ValueError as e:
+                raise ValueError(f"cron {cron!r}: {e}") from None
+
+
+def check_time_zone(time_zone: str) -> None:
+    try:
+        zoneinfo.ZoneInfo(time_zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"time_zone {time_zone!r} is not an IANA time zone; write e.g. Etc/UTC or Europe/Berlin") from None
+
+
+def template_parameters() -> dict[str, dict[str, Any]]:
+    """The Flex Template's parameters by name (runners/flex_template_metadata.json)."""
+    return {p["name"]: p for p in json.loads(TEMPLATE_METADATA.read_text())["parameters"]}
+
+
+def template_strings(value: Any, where: str):
+    """(where, text) of every string in a schedule section, where as run.input, compare.baseline, ..."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from template_strings(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from template_strings(item, f"{where}[{index}]")
+
+
+def check_templates(schedule: Schedule) -> None:
+    """Refuse any {{ ... }} the launcher cannot render: all of them on Cloud Scheduler (its body is sent
+    as written), and on Composer all but the Airflow forms render() fills and checks."""
+    for path, text in template_strings(dataclasses.asdict(schedule), "schedule"):
+        where = path.removeprefix("schedule.")
+        for found in _TEMPLATE.findall(text):
+            if schedule.launcher == "cloud-scheduler":
+                raise ValueError(f"{where}: Cloud Scheduler sends a fixed body, so {found} would reach Dataflow as "
+                                 f"written; templates need launcher: composer")
+            match = _PLACEHOLDER.fullmatch(found)
+            name, date_filter = match.groups() if match else (None, None)
+            if name in AIRFLOW_REMOVED:
+                raise ValueError(f"{where}: {found} is gone in Airflow 3 (deprecated since 2.2) and is the run's "
+                                 f"own date on a manual run; write {AIRFLOW_REMOVED[name]}")
+            fits = (name in AIRFLOW_STRINGS and not date_filter) or (
+                name in AIRFLOW_DATES and date_filter in AIRFLOW_FILTERS)
+            if not fits:
+                raise ValueError(
+                    f"{where}: {found} is not a template this module renders and checks; use "
+                    f"{', '.join('{{ %s }}' % s for s in AIRFLOW_STRINGS)}, or "
+                    f"{{{{ NAME | {' or '.join(AIRFLOW_FILTERS)} }}}} with NAME one of {', '.join(AIRFLOW_DATES)}")
+
+
+def check_run(schedule: Schedule, context: dict[str, Any]) -> None:
+    """The run section as Flex Template parameters: known names, scalar values that (rendered with
+    `context`) match the parameter's regexes, the required ones present - what Dataflow checks at launch."""
+    parameters = template_parameters()
+    for key, value in schedule.run.items():
+        if key not in parameters:
+            close = difflib.get_close_matches(key, parameters, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]}?" if close else f"the parameters are {', '.join(parameters)}"
+            raise ValueError(f"run.{key} is not a parameter of the Flex Template (runners/{TEMPLATE_METADATA.name}); {hint}")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ValueError(f"run.{key}: {value!r} is not a string or number; template parameters are strings "
+                             f"(a YAML true would arrive as 'True')")
+        text = str(render(value, context))
+        regexes = parameters[key].get("regexes", [])
+        if regexes and not any(re.fullmatch(r, text) for r in regexes):
+            raise ValueError(f"run.{key}: {text!r} does not match the template's {regexes[0]}: "
+                             f"{parameters[key]['helpText']}")
+    missing = [name for name, p in parameters.items() if not p.get("isOptional") and name not in schedule.run]
+    if missing:
+        raise ValueError(f"run: the template needs {', '.join(missing)}")
+
+
+def airflow_context(logical_date: datetime, interval_start: datetime, prev_success_start: datetime) -> dict[str, Any]:
+    """The Airflow values render() fills, for a daily DAG run (data interval of one day)."""
+    return {"ds": logical_date.strftime("%Y-%m-%d"), "ds_nodash": logical_date.strftime("%Y%m%d"),
+            "data_interval_start": interval_start, "data_interval_end": interval_start + timedelta(days=1),
+            "prev_data_interval_start_success": prev_success_start}
+
+
+# The night run of 2026-01-02 (its logical date is its interval's start), and a run triggered by hand the next
+# morning: Airflow gives it the trigger time as logical date and the last complete interval, which is the one
+# the previous (successful) scheduled run covered. That is CronDataIntervalTimetable (Airflow 2's cron default);
+# under CronTriggerTimetable (Airflow 3's) a manual run on the day of a scheduled one gets that run's date, which
+# no date-named run id can tell apart: `docscore compare X X` then exits 2 and fails the DAG run.
+_NIGHT = datetime(2026, 1, 2, 2, 30, tzinfo=timezone.utc)
+SCHEDULED_RUN = airflow_context(_NIGHT, _NIGHT, _NIGHT - timedelta(days=1))
+MANUAL_RUN = airflow_context(_NIGHT + timedelta(days=1, hours=8), _NIGHT, _NIGHT)
+
+
+def check_compare(schedule: Schedule) -> None:
+    """The gate compares two different runs, on a scheduled and on a manually triggered DAG run."""
+    compare = schedule.compare
+    if not isinstance(compare, dict) or set(compare) - set(COMPARE_KEYS) or not {"baseline", "candidate"} <= set(compare):
+        raise ValueError(f"compare: write baseline, candidate and optionally limits (got {compare!r})")
+    if schedule.launcher == "cloud-scheduler":
+        raise ValueError("compare: a Cloud Scheduler schedule only launches the job, nothing runs its gate; "
+                         "gate from launcher: composer (a task after the launch) or remove compare")
+    for kind, context in (("scheduled", SCHEDULED_RUN), ("manually triggered", MANUAL_RUN)):
+        baseline, candidate = render([compare["baseline"], compare["candidate"]], context)
+        if baseline == candidate:
+            raise ValueError(f"compare: baseline and candidate are both {baseline} on a {kind} run, so the gate "
+                             f"would compare a run with itself; name the baseline after the previous successful "
+                             f"run ({{{{ prev_data_interval_start_success | ds_nodash }}}}) and the candidate after "
+                             f"this one ({{{{ ds_nodash }}}})")
 
 
 def load_schedule(path: str | Path) -> Schedule:
@@ -49,28 +205,40 @@ def load_schedule(path: str | Path) -> Schedule:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}; "
                          f"a schedule has {', '.join(sorted(known))}")
     schedule = Schedule(**data)
-    check_cron(schedule.cron)
     if schedule.launcher not in LAUNCHERS:
         raise ValueError(f"{path}: launcher {schedule.launcher!r}; use one of {', '.join(LAUNCHERS)}")
-    if schedule.launcher == "cloud-scheduler" and placeholders(schedule):
-        raise ValueError(f"{path}: Cloud Scheduler sends a fixed body; {{{{ ... }}}} placeholders need launcher: composer")
+    try:
+        check_cron(schedule.cron)
+        check_time_zone(schedule.time_zone)
+        check_templates(schedule)
+        check_run(schedule, SCHEDULED_RUN)
+        if schedule.compare is not None:
+            check_compare(schedule)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return schedule
 
 
 def placeholders(schedule: Schedule) -> set[str]:
+    """The Airflow values the run and compare sections use."""
     text = json.dumps([schedule.run, schedule.compare])
-    return set(_PLACEHOLDER.findall(text))
+    return {name for name, _ in _PLACEHOLDER.findall(text)}
 
 
-def render(value: Any, context: dict[str, str]) -> Any:
-    """Fill {{ name }} placeholders the way Composer (Airflow) does, for checks and dry runs."""
+def render(value: Any, context: dict[str, Any]) -> Any:
+    """Fill {{ name }} and {{ name | ds_nodash }} placeholders the way Composer (Airflow) does, for checks
+    and dry runs; context holds strings and, for dates, datetimes (airflow_context)."""
     if isinstance(value, str):
-        return _PLACEHOLDER.sub(lambda m: context[m.group(1)], value)
+        return _PLACEHOLDER.sub(lambda m: _fill(context[m.group(1)], m.group(2)), value)
     if isinstance(value, dict):
         return {k: render(v, context) for k, v in value.items()}
     if isinstance(value, list):
         return [render(v, context) for v in value]
     return value
+
+
+def _fill(value: Any, date_filter: str | None) -> str:
+    return value.strftime(AIRFLOW_FILTERS[date_filter]) if date_filter else str(value)
 
 
 def run_flags(run: dict[str, Any]) -> list[str]:

@@ -4,6 +4,7 @@ parameters, and their compare gate is a valid `docscore compare` command line.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from pipeline.runs.compare import build_parser as compare_parser
 from pipeline.validate import check_run_id
 from runners.presets import PRESET_NAMES
 from runners.scheduling import (
+    MANUAL_RUN,
+    SCHEDULED_RUN,
+    check_cron,
     compare_argv,
     launch_body,
     load_schedule,
@@ -25,7 +29,9 @@ from runners.scheduling import (
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = sorted((ROOT / "runners" / "schedules").glob("*.yaml"))
 TEMPLATE_PARAMETERS = {p["name"] for p in json.loads((ROOT / "runners" / "flex_template_metadata.json").read_text())["parameters"]}
-AIRFLOW = {"ds": "2026-01-02", "ds_nodash": "20260102", "prev_ds_nodash": "20260101"}
+AIRFLOW = SCHEDULED_RUN  # the night run of 2026-01-02, whose previous successful run was 2026-01-01's
+CLASSIFY = (ROOT / "runners" / "schedules" / "nightly-classify.yaml").read_text()
+CANARY = (ROOT / "runners" / "schedules" / "nightly-canary-gated.yaml").read_text()
 
 
 @pytest.fixture
@@ -63,29 +69,133 @@ def test_launch_body_holds_only_template_parameters(path):
     assert all(isinstance(v, str) for v in body["parameters"].values())
 
 
-def test_gated_schedule_compares_consecutive_runs_of_its_own_output():
+def test_gated_schedule_compares_with_the_previous_successful_run_of_its_own_output():
     schedule = load_schedule(ROOT / "runners" / "schedules" / "nightly-canary-gated.yaml")
-    assert schedule.launcher == "composer" and placeholders(schedule) == {"ds_nodash", "prev_ds_nodash"}
+    assert schedule.launcher == "composer"
+    assert placeholders(schedule) == {"ds_nodash", "prev_data_interval_start_success"}
     argv = render(compare_argv(schedule), AIRFLOW)
     args = compare_parser().parse_args(argv)  # valid `docscore compare` flags
     run = render(schedule.run, AIRFLOW)
     assert args.run_b == f"{run['output']}/scores/run_id={run['run_id']}"
     assert args.run_a == f"{run['output']}/scores/run_id=nightly-20260101"
     assert args.max_count_change == 0 and args.max_mean_drift == 0.001
+    # triggered by hand the next morning: this run is 20260103, the last successful one 20260102
+    manual = compare_parser().parse_args(render(compare_argv(schedule), MANUAL_RUN))
+    assert manual.run_b.endswith("run_id=nightly-20260103") and manual.run_a.endswith("run_id=nightly-20260102")
 
 
-def test_bad_schedules_are_refused(tmp_path):
-    good = (ROOT / "runners" / "schedules" / "nightly-classify.yaml").read_text()
-    cases = {
-        "cron": good.replace('cron: "0 3 * * *"', 'cron: "every night"'),
-        "unknown keys": good + "retries: 3\n",
-        "placeholders need launcher: composer": good.replace("docs/incoming/", "docs/{{ ds }}/"),
-    }
-    for message, text in cases.items():
-        path = tmp_path / "s.yaml"
-        path.write_text(text)
-        with pytest.raises(ValueError, match=message):
-            load_schedule(path)
+def test_nightly_classify_replaces_its_run_on_a_retry():
+    # Cloud Scheduler sends the same body every time: a fixed run id is the only way a retry replaces
+    body = launch_body(load_schedule(ROOT / "runners" / "schedules" / "nightly-classify.yaml"))
+    assert body["launchParameter"]["parameters"]["run_id"] == "nightly-classify"
+
+
+def refusal(tmp_path, text: str) -> str:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        load_schedule(path)
+    return str(e.value)
+
+
+def accepts(tmp_path, text: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    load_schedule(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    (CLASSIFY.replace('cron: "0 3 * * *"', 'cron: "every night"'), "five fields"),
+    (CLASSIFY + "retries: 3\n", "unknown keys"),
+    (CLASSIFY.replace("launcher: cloud-scheduler", "launcher: cron"), "use one of cloud-scheduler, composer"),
+], ids=["cron", "unknown key", "launcher"])
+def test_bad_schedules_are_refused(tmp_path, text, message):
+    assert message in refusal(tmp_path, text)
+
+
+@pytest.mark.parametrize("cron", ["0 3 * * MON-FRI", "*/15 0-6,22-23 1,15 JAN-MAR,DEC SUN", "0 3 * * 7",
+                                  "59 23 31 12 0-6/2", "0 0-12/3 * * *"])
+def test_unix_cron_is_accepted(cron):
+    check_cron(cron)
+
+
+@pytest.mark.parametrize("cron, message", [
+    ("75 3 * * *", "minute '75' is not 0-59"),
+    ("0 27 * * *", "hour '27' is not 0-23"),
+    ("0 3 0 * *", "day of month '0' is not 1-31"),
+    ("0 3 * 13 *", "month '13' is not 1-12 or JAN-DEC"),
+    ("0 3 * * 8", "day of week '8' is not 0-7 or SUN-SAT"),
+    ("0 3 * * mon", "day of week 'mon' is not 0-7 or SUN-SAT"),
+    ("0 3 * * FRI-MON", "runs backwards"),
+    ("5/15 * * * *", "is not N, a-b"),
+    ("*/0 * * * *", "at least 1"),
+    ("0 3 * *", "five fields"),
+])
+def test_impossible_cron_is_refused(cron, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_cron(cron)
+
+
+def test_time_zone_must_exist(tmp_path):
+    accepts(tmp_path, CLASSIFY.replace("Etc/UTC", "America/New_York"))
+    assert "time_zone 'Mars/Olympus' is not an IANA time zone" in refusal(tmp_path, CLASSIFY.replace("Etc/UTC", "Mars/Olympus"))
+
+
+@pytest.mark.parametrize("line, message", [
+    ("  labels: a=b;c=d", "run.labels is not a parameter of the Flex Template (runners/flex_template_metadata.json); "
+                          "did you mean classify_labels?"),
+    ("  num_workers: 3", "run.num_workers is not a parameter"),
+    ("  no_progress: true", "run.no_progress is not a parameter"),
+    ("  model: true", "run.model: True is not a string or number"),
+    ("  run_id: nightly 1", "run.run_id: 'nightly 1' does not match"),
+    ("  batch_size: 0", "run.batch_size: '0' does not match"),
+], ids=["labels", "num_workers", "no_progress", "bool", "run_id", "batch_size"])
+def test_run_keys_and_values_must_be_template_parameters(tmp_path, line, message):
+    assert message in refusal(tmp_path, CLASSIFY.replace("  task: classify\n", f"  task: classify\n{line}\n"))
+
+
+def test_template_required_parameters_must_be_there(tmp_path):
+    assert "the template needs output" in refusal(tmp_path, CLASSIFY.replace("  output: gs://YOUR_BUCKET/docscore\n", ""))
+
+
+@pytest.mark.parametrize("template", ["{{ ds }}", "{{ macros.ds_add(ds, -1) }}", "{{ data_interval_start | ds_nodash }}"])
+def test_cloud_scheduler_renders_no_template(tmp_path, template):
+    message = refusal(tmp_path, CLASSIFY.replace("docs/incoming/", f"docs/{template}/"))
+    assert f"run.input: Cloud Scheduler sends a fixed body, so {template} would reach Dataflow" in message
+
+
+def test_cloud_scheduler_cannot_run_a_gate(tmp_path):
+    gate = "compare:\n  baseline: gs://YOUR_BUCKET/docscore/scores/run_id=a\n  candidate: gs://YOUR_BUCKET/docscore/scores/run_id=b\n"
+    assert "nothing runs its gate" in refusal(tmp_path, CLASSIFY + gate)
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{{ macros.ds_add(ds, -1) }}", "{{ macros.ds_add(ds, -1) }} is not a template this module renders"),
+    ("{{ data_interval_start }}", "{{ data_interval_start }} is not a template this module renders"),
+    ("{{ ts }}", "{{ ts }} is not a template this module renders"),
+    ("{% if ds %}x{% endif %}", "{% if ds %} is not a template this module renders"),
+    ("{{ prev_ds_nodash }}", "is gone in Airflow 3 (deprecated since 2.2) and is the run's own date on a manual run; "
+                             "write {{ prev_data_interval_start_success | ds_nodash }}"),
+])
+def test_composer_templates_must_be_ones_render_fills(tmp_path, template, message):
+    assert message in refusal(tmp_path, CANARY.replace("docs/canary/", f"docs/{template}/"))
+
+
+def test_composer_date_filters_render():
+    run = {"input": "gs://b/docs/{{ data_interval_start | ds }}/", "run_id": "n-{{ data_interval_end | ds_nodash }}"}
+    assert render(run, AIRFLOW) == {"input": "gs://b/docs/2026-01-02/", "run_id": "n-20260103"}
+
+
+@pytest.mark.parametrize("baseline, candidate, kind", [
+    ("nightly-{{ ds_nodash }}", "nightly-{{ ds_nodash }}", "scheduled"),
+    ("nightly-{{ prev_data_interval_start_success | ds_nodash }}", "nightly-{{ data_interval_start | ds_nodash }}",
+     "manually triggered"),
+])
+def test_a_gate_that_compares_a_run_with_itself_is_refused(tmp_path, baseline, candidate, kind):
+    text = CANARY.replace("nightly-{{ prev_data_interval_start_success | ds_nodash }}", baseline)
+    text = text.replace("run_id=nightly-{{ ds_nodash }}", f"run_id={candidate}")
+    message = refusal(tmp_path, text)
+    assert "baseline and candidate are both" in message and f"on a {kind} run" in message
 
 
 def test_printing_the_launch_body(capsys):
