@@ -173,19 +173,69 @@ def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec
 DATAFLOW_REQUIRED = ("project", "region", "temp_location")
 
 
+def is_dataflow(eo: EvalOptions) -> bool:
+    return "dataflow" in str(eo.get_all_options().get("runner") or "").lower()
+
+
 def check_dataflow_options(eo: EvalOptions) -> None:
-    """DataflowRunner needs a project, a region and a gs:// temp_location (Beam checks them only when the
-    pipeline is built, after the model has loaded, with a traceback)."""
-    runner = eo.get_all_options().get("runner") or ""
-    if "dataflow" not in str(runner).lower():
-        return
+    """DataflowRunner needs a project, a region and a gs:// temp_location, and the worker and project settings
+    Beam checks offline (Beam checks them only when the pipeline is built, after the model has loaded, with a
+    traceback). --dry_run and --template_location are DataflowRunner's: another runner ignores them and runs
+    the job."""
     given = eo.get_all_options()
+    runner = given.get("runner") or "DirectRunner"
+    if not is_dataflow(eo):
+        only = [flag for flag, value in (("--dry_run", given.get("dry_run")),
+                                         ("--template_location", given.get("template_location"))) if value]
+        if only:
+            raise ConfigError(f"{' and '.join(only)} need --runner=DataflowRunner (--runner={runner} ignores "
+                              f"{'them' if len(only) > 1 else 'it'} and would run and publish the job); pass "
+                              "--runner=DataflowRunner or a Dataflow preset, or drop it")
+        return
     missing = [f"--{name}" for name in DATAFLOW_REQUIRED if not given.get(name)]
     if missing:
         raise ConfigError(f"--runner={runner} needs {', '.join(missing)}; pass them, or use a preset that reads them "
                           "from the environment (--preset dataflow-cpu, runners/DATAFLOW.md)")
     if not str(given["temp_location"]).startswith("gs://"):
         raise ConfigError(f"--temp_location={given['temp_location']} must be a gs:// path for --runner={runner}")
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, WorkerOptions
+    from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+
+    validator = PipelineOptionsValidator(eo, DataflowRunner())
+    problems = (validator.validate_cloud_options(eo.view_as(GoogleCloudOptions))
+                + eo.view_as(WorkerOptions).validate(validator))
+    if problems:
+        raise ConfigError(f"--runner={runner}: {problems[0].rstrip('.')}; fix the flag (or the preset's environment "
+                          "variable, runners/DATAFLOW.md)")
+
+
+ACCELERATOR_BACKENDS = (("tpu-", "tpu"), ("nvidia-", "gpu"))  # Dataflow worker_accelerator type prefixes
+
+
+def dataflow_accelerator_backend(eo: EvalOptions) -> str:
+    """The backend of a Dataflow job's workers: its worker_accelerator's kind (tpu, gpu), else cpu."""
+    for entry in eo.get_all_options().get("dataflow_service_options") or []:
+        name, _, value = str(entry).partition("=")
+        if name.strip() != "worker_accelerator":
+            continue
+        kind = next((part.split(":", 1)[1] for part in value.split(";") if part.startswith("type:")), "")
+        for prefix, backend in ACCELERATOR_BACKENDS:
+            if kind.startswith(prefix):
+                return backend
+    return "cpu"
+
+
+def check_worker_backend(eo: EvalOptions) -> str:
+    """On Dataflow the kernel and batch sizes are chosen for the workers' backend, which their accelerator sets:
+    --target_backend auto means it, and another value is refused (the job would run other kernels than it
+    records, or fail on the workers). Returns the backend."""
+    workers = dataflow_accelerator_backend(eo)
+    if eo.target_backend not in ("auto", workers):
+        has = f"a {workers.upper()} (worker_accelerator)" if workers != "cpu" else "no accelerator (no worker_accelerator in --dataflow_service_options)"
+        raise ConfigError(f"--target_backend={eo.target_backend}, but the Dataflow workers have {has}; use a preset for "
+                          f"{eo.target_backend} workers (--preset dataflow-..., runners/presets) or --target_backend={workers}")
+    return workers
 
 
 def check_output_outside_input(eo: EvalOptions, shards: Sequence[str]) -> None:
@@ -301,7 +351,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     if tfds_flags and not eo.input.startswith(tfds_reader.TFDS_PREFIX):
         raise ConfigError(f"{' and '.join(tfds_flags)} only apply to a tfds:NAME --input, and --input {eo.input} is not "
                           "one; drop them")
-    backend = target_backend(eo.target_backend)
+    backend = check_worker_backend(eo) if is_dataflow(eo) else target_backend(eo.target_backend)
     check_reachable_backend(eo, backend)
     check_matmul_precision(eo, backend)
     kernel = resolve_kernel(eo.attention, backend, dtype=eo.dtype)

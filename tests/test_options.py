@@ -66,6 +66,9 @@ def not_writable(tmp_path):
     return str(tmp_path / "a_file" / "out")  # a directory cannot be made under a file
 
 
+DATAFLOW = ["--runner", "DataflowRunner", "--dry_run=True", "--project", "docscore-test", "--region", "us-central1",
+            "--temp_location", "gs://b/tmp", "--output", "gs://b/out"]
+
 CASES = {
     # name: (extra flags as a function of tmp_path, flag the message must name, schema peek allowed)
     "unknown_task": (lambda t: ["--task", "summarize"], "--task=summarize", False),
@@ -97,12 +100,26 @@ CASES = {
     "negative_direct_num_workers": (lambda t: ["--direct_num_workers", "-2"], "--direct_num_workers=-2", False),
     "dataflow_without_project": (lambda t: ["--runner", "DataflowRunner", "--dry_run=True"],
                                  "--runner=DataflowRunner needs --project, --region, --temp_location", False),
+    "dry_run_with_a_local_runner": (lambda t: ["--dry_run=True"], "--dry_run need --runner=DataflowRunner", False),
+    "template_location_with_a_local_runner": (lambda t: ["--template_location", str(t / "job.json")],
+                                              "--template_location need --runner=DataflowRunner", False),
+    "dataflow_more_workers_than_the_maximum": (lambda t: [*DATAFLOW, "--num_workers", "8", "--max_num_workers", "4"],
+                                               "num_workers (8) cannot exceed max_num_workers (4)", False),
+    "dataflow_zone_and_worker_region": (lambda t: [*DATAFLOW, "--worker_zone", "us-central1-a", "--worker_region", "us-east5"],
+                                        "worker_region and worker_zone are mutually exclusive", False),
+    "dataflow_invalid_project_id": (lambda t: [*DATAFLOW[:-4], "--project", "p1", "--region", "r", "--temp_location",
+                                               "gs://b/tmp", "--output", "gs://b/out"], "Invalid Project ID (p1)", False),
+    "dataflow_tpu_kernel_on_cpu_workers": (lambda t: [*DATAFLOW, "--target_backend", "tpu"],
+                                           "--target_backend=tpu, but the Dataflow workers have no accelerator", False),
+    "dataflow_cpu_backend_on_gpu_workers": (lambda t: [*DATAFLOW, "--target_backend", "cpu", "--dataflow_service_options",
+                                                       "worker_accelerator=type:nvidia-l4;count:1"],
+                                            "--target_backend=cpu, but the Dataflow workers have a GPU", False),
     "job_label_without_value": (lambda t: ["--job_labels", "noequals"], "--job_labels 'noequals' is not KEY=VALUE", False),
     "tfds_flags_without_tfds_input": (lambda t: ["--tfds_data_dir", str(t), "--split", "train"],
                                       "--tfds_data_dir and --split only apply to a tfds:NAME --input", False),
     "output_not_writable": (lambda t: ["--output", not_writable(t)], "--output", False),
     "output_file_url": (lambda t: ["--output", f"file://{t}/out"], "(for a local directory write /", False),
-    "output_local_for_remote_workers": (lambda t: ["--runner", "DataflowRunner", "--project", "p", "--region", "r",
+    "output_local_for_remote_workers": (lambda t: ["--runner", "DataflowRunner", "--project", "docscore-test", "--region", "r",
                                                   "--temp_location", "gs://b/tmp", "--dry_run=True"],
                                        "is on this machine, but the runner runs the job on remote workers", False),
     "output_no_beam_file_system": (lambda t: ["--output", "memory://docscore/out"], "--output memory://", False),

@@ -148,8 +148,9 @@ def test_tf32_for_gpu_workers_reaches_their_model_spec_and_the_summary(corpus, t
     from pipeline.validate import validate
 
     _, eo = parse_options(["--input", str(corpus), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
-                           "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "p", "--region", "r",
-                           "--matmul_precision", "tf32", "--target_backend", "gpu", "--runner", "DataflowRunner"])
+                           "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "docscore-test", "--region", "r",
+                           "--matmul_precision", "tf32", "--target_backend", "gpu", "--runner", "DataflowRunner",
+                           "--dataflow_service_options", "worker_accelerator=type:nvidia-l4;count:1"])
     plan = validate(eo)
     assert plan.model_spec.matmul_precision == "tf32"
     model = launch_facts(eo, plan, 0.0)["model"]

@@ -26,3 +26,24 @@ def test_a_backend_the_local_runner_cannot_reach_is_refused_before_reading(flags
 def test_the_machines_own_backend_named_explicitly_still_runs(corpus, tmp_path):
     out = tmp_path / "out"
     assert run_docscore("--input", corpus, *common_flags("here", out), "--target_backend", jax.default_backend()) == 0
+
+
+@pytest.mark.parametrize("accelerator,backend,kernel", [
+    ("worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1", "tpu", "splash_tpu"),
+    ("worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver", "gpu", "pallas_gpu"),
+    (None, "cpu", None),
+])
+def test_on_dataflow_auto_means_the_workers_backend(accelerator, backend, kernel, corpus):
+    """--target_backend auto with DataflowRunner plans for what the workers have (their worker_accelerator), not
+    for the launching machine: the kernel, the batch sizes and the summary follow it."""
+    from pipeline.options import parse_options
+    from pipeline.validate import validate
+
+    flags = ["--input", str(corpus), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1", "--runner",
+             "DataflowRunner", "--project", "docscore-test", "--region", "us-central1", "--temp_location",
+             "gs://docscore-test-bucket/tmp", "--attention", "flash", "--dtype", "bfloat16"]
+    _, eo = parse_options(flags + (["--dataflow_service_options", accelerator] if accelerator else []))
+    plan = validate(eo)
+    assert plan.target_backend == backend and plan.batch.backend == backend
+    if kernel:
+        assert plan.kernel == kernel
