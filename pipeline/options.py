@@ -195,7 +195,9 @@ def layered_flags(argv: list[str]) -> list[str]:
     first, _ = pre.parse_known_args(argv)
     config = load_config_file(first.config) if first.config else {}
     preset_name = first.preset or config.get("preset")
-    preset = load_preset(preset_name, argv) if preset_name else {}
+    config_flags = dict_to_flags({k: v for k, v in config.items() if k not in ("config", "preset")}, f"--config {first.config}")
+    # the preset's cloud settings come from the environment unless the config file or the command line gives them
+    preset = load_preset(preset_name, config_flags + list(argv)) if preset_name else {}
     known = known_option_names()
     for origin, values in (("--preset " + str(preset_name), preset), ("--config " + str(first.config), config)):
         unknown = sorted(set(values) - known)
@@ -208,8 +210,33 @@ def layered_flags(argv: list[str]) -> list[str]:
             )
     if "labels" in config and not isinstance(config["labels"], (dict, str)):
         raise ConfigError(f"--config {first.config}: `labels` must be a mapping of label: description")
-    config = {k: v for k, v in config.items() if k not in ("config", "preset")}
-    return dict_to_flags(preset) + dict_to_flags(config) + list(argv)
+    return (replaced_list_entries(dict_to_flags(preset), config_flags + list(argv))
+            + replaced_list_entries(config_flags, list(argv)) + list(argv))
+
+
+# Repeatable options whose entries are KEY=VALUE settings: a later layer's KEY replaces the preset's
+KEYED_LIST_OPTIONS = ("dataflow_service_options", "experiments")
+
+
+def replaced_list_entries(earlier: list[str], later: list[str]) -> list[str]:
+    """An earlier layer's flags (the preset's, the config file's) less the entries of a repeatable option that a later layer sets again by key (its
+    `worker_accelerator=...` for the command line's, `no_X` for `X`): lists add up, but two accelerators or an
+    experiment and its opposite make a job Dataflow refuses or runs otherwise than either layer said."""
+    def key(name: str, value: str) -> str:
+        entry = value.split("=", 1)[0]
+        return entry[3:] if name == "experiments" and entry.startswith("no_") else entry
+
+    given = set()
+    for name in KEYED_LIST_OPTIONS:
+        _, values = take_flag(later, name)
+        given |= {(name, key(name, v)) for value in values for v in value.split(",")}
+    kept = []
+    for flag in earlier:
+        name, _, value = flag[2:].partition("=")
+        if name in KEYED_LIST_OPTIONS and (name, key(name, value)) in given:
+            continue
+        kept.append(flag)
+    return kept
 
 
 def unknown_flags(flags: list[str]) -> list[str]:
@@ -316,16 +343,16 @@ def quiet_beam_noise() -> None:
             logger.addFilter(DropMessages(prefix))
 
 
-def take_flag(flags: list[str], name: str) -> tuple[list[str], list[str]]:
-    """Remove every --name VALUE / --name=VALUE from flags; return (the rest, the values in order)."""
+def take_flag(flags: list[str], *names: str) -> tuple[list[str], list[str]]:
+    """Remove every --name VALUE / --name=VALUE (of any of names) from flags; return (the rest, the values in order)."""
     rest, values, i = [], [], 0
     while i < len(flags):
         flag = flags[i]
-        if flag == f"--{name}" and i + 1 < len(flags):
+        if flag in {f"--{n}" for n in names} and i + 1 < len(flags):
             values.append(flags[i + 1])
             i += 2
             continue
-        if flag.startswith(f"--{name}="):
+        if flag.startswith(tuple(f"--{n}=" for n in names)):
             values.append(flag.split("=", 1)[1])
         else:
             rest.append(flag)
@@ -343,7 +370,8 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, EvalOptions]:
 
     --labels is docscore's (classify labels, the last one wins); Dataflow job labels come from
     --job_labels and are handed to Beam's own --labels."""
-    flags, label_specs = take_flag(layered_flags(argv), "labels")
+    # --classify_labels (what a Flex Template launch passes) is --labels by its own name: the last one given wins
+    flags, label_specs = take_flag(layered_flags(argv), "labels", "classify_labels")
     if label_specs:
         flags.append(f"--classify_labels={label_specs[-1]}")
     quiet_beam_noise()

@@ -62,11 +62,11 @@ def read_preset_file(name: str) -> dict[str, Any]:
     return data
 
 
-def options_given(argv: Sequence[str]) -> set[str]:
-    """Option names (argparse dests) that command-line flags in `argv` set."""
+def options_given(argv: Sequence[str]) -> dict[str, Any]:
+    """Option names (argparse dests) that command-line flags in `argv` set, with their values."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    return {k for k, v in PipelineOptions(list(argv)).get_all_options().items() if v is not None}
+    return {k: v for k, v in PipelineOptions(list(argv)).get_all_options().items() if v is not None}
 
 
 def environment_value(setting: CloudSetting, environ: Mapping[str, str]) -> str | None:
@@ -87,13 +87,16 @@ def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] 
     environ = os.environ if environ is None else environ
     options = dict(data["options"])
     environment = data.get("environment") or {}
-    given = options_given(argv) if argv else set()
+    given = options_given(argv) if argv else {}
     missing = []
     for option in list(environment.get("required", [])) + list(environment.get("optional", [])):
         setting = CLOUD_SETTINGS[option]
         if option in given:
             continue
         value = environment_value(setting, environ)
+        region = given.get("region") or options.get("region")
+        if option == "worker_zone" and value and region and not value.startswith(f"{region}-"):
+            continue  # the environment's zone lies outside the region the flags chose: Dataflow picks one in it
         if value is not None:
             options[option] = value
         elif option in environment.get("required", []):

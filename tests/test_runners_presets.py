@@ -151,3 +151,49 @@ def test_presets_and_schedules_are_package_data():
                if p.suffix in (".yaml", ".json") or p.name == "Dockerfile"]
     missing = [f for f in shipped if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
     assert not missing, missing
+
+
+def test_cloud_settings_in_the_config_file_stand_in_for_the_environment(no_cloud_env, tmp_path):
+    """A --config naming a preset and its project, region, ... needs no DOCSCORE_* variables (the preset
+    looked at the command line only and refused the run)."""
+    config = tmp_path / "cloud.yaml"
+    config.write_text("preset: dataflow-tpu-v5e\nproject: cfg-project\nregion: us-east5\n"
+                      "temp_location: gs://cfg-bucket/tmp\nsdk_container_image: img:cfg\n")
+    options, eo = parse_options(["--config", str(config), "--input", "x.jsonl", "--output", "out"])
+    all_options = options.get_all_options()
+    assert (all_options["project"], all_options["region"]) == ("cfg-project", "us-east5")
+    assert eo.target_backend == "tpu"
+
+
+def test_a_region_flag_drops_a_zone_of_another_region_from_the_environment(no_cloud_env):
+    """DOCSCORE_ZONE us-west4-a with --region us-central1 made a job Dataflow refuses (a zone outside its region);
+    a zone inside the chosen region is kept."""
+    for var, value in CLOUD_ENV.items():
+        no_cloud_env.setenv(var, value)
+    no_cloud_env.setenv("DOCSCORE_ZONE", "us-west4-a")
+    assert "worker_zone" not in load_preset("dataflow-gpu-l4", ["--region", "us-central1"])
+    assert load_preset("dataflow-gpu-l4", ["--region", "us-west4"])["worker_zone"] == "us-west4-a"
+
+
+def test_a_keyed_list_entry_on_the_command_line_replaces_the_presets(no_cloud_env):
+    """--dataflow_service_options worker_accelerator=... and --experiments X replace the preset's entry of the same
+    key (and no_X), instead of a job with two accelerators or an experiment and its opposite; other entries stay."""
+    for var, value in CLOUD_ENV.items():
+        no_cloud_env.setenv(var, value)
+    accelerator = "worker_accelerator=type:nvidia-l4;count:2;install-nvidia-driver"
+    options, _ = parse_options(["--preset", "dataflow-gpu-l4", "--input", "x.jsonl", "--output", "out",
+                                "--dataflow_service_options", accelerator,
+                                "--experiments", "use_multiple_sdk_containers"])
+    all_options = options.get_all_options()
+    assert all_options["dataflow_service_options"] == [accelerator]
+    assert sorted(all_options["experiments"]) == ["use_multiple_sdk_containers", "use_runner_v2"]
+
+
+def test_the_last_classify_labels_wins_whatever_its_spelling(tmp_path):
+    """A Flex Template launch passes --classify_labels; a config's `labels:` mapping must not beat it."""
+    config = tmp_path / "c.yaml"
+    config.write_text("task: classify\nlabels:\n  a: first\n  b: second\n")
+    _, eo = parse_options(["--config", str(config), "--classify_labels", "x=one;y=two"])
+    assert eo.classify_labels == "x=one;y=two"
+    _, eo = parse_options(["--classify_labels", "x=one;y=two", "--labels", "p=three;q=four"])
+    assert eo.classify_labels == "p=three;q=four"
