@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import uuid
 
 import fsspec
 import numpy as np
@@ -68,7 +69,7 @@ def write_run(out: str, run_id: str, rows: list[dict], *, n_errors: int = 0, run
     fs.makedirs(runs_dir, exist_ok=True)
     committed = dict(run_summary or summary(run_id, rows[0]["task"]))
     if not legacy:
-        committed.update(files=files, launch_id="0123456789ab")
+        committed.update(files=files, launch_id=uuid.uuid4().hex[:12])  # each launch its own id
     if publish:
         fs.pipe(posixpath.join(runs_dir, "summary.json"), json.dumps(committed).encode())
     return f"{out.rstrip('/')}/scores/run_id={run_id}"
@@ -285,3 +286,15 @@ def test_runs_that_cannot_be_paired_or_read_exit_2_not_1(tmp_path, capsys):
     assert compare([d, e]) == 2 and "cannot compare" in capsys.readouterr().err
     (tmp_path / "a_file").write_text("x")
     assert compare([d, d, "--json", str(tmp_path / "a_file" / "x.json")]) == 2 and "cannot compare" in capsys.readouterr().err
+
+
+def test_a_run_compared_with_itself_is_refused(tmp_path, capsys):
+    """The same run as A and B (the same partition, or a copy of it elsewhere) always passes every limit: a gate
+    whose baseline and candidate resolve to one run must fail loudly (exit 2), not pass."""
+    import shutil
+
+    a = write_run(str(tmp_path / "out"), "a", score_rows("a", "embed", 4, embeddings=np.eye(4).tolist()))
+    shutil.copytree(tmp_path / "out", tmp_path / "copy")
+    for b in (a, a.replace(str(tmp_path / "out"), str(tmp_path / "copy"))):
+        code, result = run_compare(capsys, a, b)
+        assert code == 2 and result["not_comparable"].startswith("A and B are the same run (launch "), result

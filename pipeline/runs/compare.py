@@ -227,6 +227,7 @@ def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict
     }
     result["timing"] = compare_timing(a.summary, b.summary)
     result["notes"] = [f"run A: {n}" for n in a.notes] + [f"run B: {n}" for n in b.notes]
+    result["launch_ids"] = {"a": a.summary.get(run_commit.LAUNCH_KEY), "b": b.summary.get(run_commit.LAUNCH_KEY)}
     return result
 
 
@@ -246,6 +247,10 @@ class Limits:
 def not_comparable(result: dict[str, Any]) -> str | None:
     """Why the two runs cannot be compared at all (then no limit means anything), or None."""
     d, tasks = result["documents"], result["tasks"]
+    launches = result.get("launch_ids", {})
+    if launches.get("a") and launches.get("a") == launches.get("b"):
+        return (f"A and B are the same run (launch {launches['a']}; {result['run_a']} and {result['run_b']}): a gate "
+                "comparing a run with itself always passes; pass two different runs")
     for side in ("a", "b"):
         if not d[side]:
             return f"run {side.upper()} has no scored documents: nothing to compare"
