@@ -323,3 +323,16 @@ def test_launches_nobody_waits_for():
     message = publish.submitted_message("flex-1", spec, "written")
     assert "gs://b/out/scores/run_id=flex-1" in message and "gs://b/out/runs/run_id=flex-1/summary.json" in message
     assert os.path.basename(spec.staging) not in message  # where readers look, not the staging area
+
+
+def test_the_replaced_runs_report_goes_at_the_commit(tmp_path):
+    """A launch stopped between its commit and its report must not leave the previous run's report.html beside
+    the new summary (it described another launch): the commit removes it, `docscore report` writes it again."""
+    spec, written = stage_run(tmp_path)
+    report = Path(run_commit.report_path(spec.output, spec.run_id))
+    report.write_text("<html>the old run</html>")
+    publish.publish_run(spec, FACTS, STATS, written, derived=False)  # the launcher would write the report next
+    assert visible(spec) == NEW and not report.exists()
+    report.write_text("<html>this launch's report</html>")
+    publish.publish_run(spec, FACTS, STATS, written, derived=False)  # a retried publish of the same launch keeps it
+    assert report.read_text() == "<html>this launch's report</html>"

@@ -35,6 +35,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 TABLES = ("scores", "errors")
 SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.html"
 FILES_KEY = "files"  # summary.json: {table: [paths relative to the output root]}
 LAUNCH_KEY = "launch_id"
 # summary.json: the launches this run replaced within the last REPLACED_GRACE_S, [{launch_id, retired_at, files}]:
@@ -72,6 +73,11 @@ def summary_path(output: str, run_id: str) -> str:
 def placed_name(staged_name: str, launch: str) -> str:
     """part-00000-of-00002.parquet -> part-LAUNCH-00000-of-00002.parquet: unique per launch."""
     return f"part-{launch}-{staged_name[len('part-'):]}" if staged_name.startswith("part-") else f"part-{launch}-{staged_name}"
+
+
+def report_path(output: str, run_id: str) -> str:
+    """runs/run_id=ID/report.html: derived from the committed run, not part of its commit."""
+    return posixpath.join(partition(output, "runs", run_id), REPORT_FILE)
 
 
 def history_name(launch: str) -> str:

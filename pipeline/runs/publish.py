@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import apache_beam as beam
+import fsspec
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
 from pipeline.io import run_commit, run_lease, sinks
@@ -56,11 +57,22 @@ def publish_run(spec: sinks.OutputSpec, facts: dict[str, Any], stats: dict[str, 
         committed = run_commit.committed_summary(spec.output, spec.run_id)
         if committed is None or committed.get(run_commit.LAUNCH_KEY) != spec.launch:
             committed = commit_launch(spec, summary, written)
+            remove_previous_report(spec)
     run_commit.clean_after_commit(spec.output, spec.run_id)
     run_commit.remove_staging(spec.staging)
     if derived:
         write_derived(spec, committed)
     return committed
+
+
+def remove_previous_report(spec: sinks.OutputSpec) -> None:
+    """The replaced run's report.html no longer describes the committed run: gone at the commit, so a launch
+    stopped before it writes its own leaves no report (`docscore report` writes it) rather than the old one."""
+    fs, path = fsspec.core.url_to_fs(run_commit.report_path(spec.output, spec.run_id))
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        pass
 
 
 def commit_launch(spec: sinks.OutputSpec, summary: dict[str, Any], written: dict[str, list[str]] | None) -> dict[str, Any]:

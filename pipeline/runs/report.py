@@ -33,7 +33,6 @@ from pipeline.runs import history
 from pipeline.runs.history import STAGES, summary_value
 from pipeline.telemetry import progress
 
-REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"
 SHADOW_SCORE_COLUMNS = ("shadow_output_max_abs_diff", "shadow_score_abs_diff")  # null on documents not shadowed
 SCORE_COLUMNS = ("task", "score", "label", "gold_label", "perplexity", "n_tokens") + tuple(f"{s}_ms" for s in STAGES) + SHADOW_SCORE_COLUMNS
@@ -71,7 +70,7 @@ def run_dir(output_dir: str, run_id: str) -> str:
 
 
 def report_path(output_dir: str, run_id: str) -> str:
-    return posixpath.join(run_dir(output_dir, run_id), REPORT_FILE)
+    return run_commit.report_path(output_dir, run_id)
 
 
 def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
