@@ -51,3 +51,20 @@ def test_flash_kernel_shows_under_its_own_scope(tmp_path):
     [trace] = trace_files(log_dir)
     assert executed_modules(trace)
     assert b"attention/blockwise" in open(trace, "rb").read()
+
+
+def test_each_traced_batch_ran_the_model_when_elements_exceed_the_batch_budget(tmp_path):
+    """A list of documents over the Beam batch's token budget (--batch_size 1 --calls_per_beam_batch 1 here; long
+    documents at the defaults) made Beam hand over an empty batch first: it was traced as one of the two profiled
+    batches and counted as a batch. Only batches with documents are traced and counted."""
+    from tests.conftest import read_summary
+
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": str(i), "text": s} for i, s in enumerate(SENTENCES)])
+    profile_dir = tmp_path / "profile"
+    assert run_docscore("--input", shard, "--task", "embed", "--attention", "native", "--profile_dir", profile_dir,
+                        *common_flags("budget", tmp_path / "out"), "--batch_size", "1", "--calls_per_beam_batch", "1",
+                        "--direct_num_workers", "1") == 0
+    traces = trace_files(str(profile_dir))
+    assert traces and all(executed_modules(t) for t in traces), [(t, len(executed_modules(t))) for t in traces]
+    summary = read_summary(tmp_path / "out", "budget")
+    assert summary["memory"]["batches"] >= 1 and summary["counts"]["scored"] == len(SENTENCES)

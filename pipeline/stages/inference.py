@@ -212,6 +212,8 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         self, batch: Sequence[list[TokenizedDoc]], model: ScoringModel, inference_args: dict[str, Any] | None = None
     ) -> Iterable[PredictionResult]:
         docs = [doc for chunk in batch for doc in chunk]
+        if not docs:  # Beam's BatchElements hands over an empty batch before an element larger than its budget
+            return []
         loaded = model.loaded
         rows = [w for doc in docs for w in doc.windows + doc.query_windows]
         compiles_before = loaded.compiles_by_this_thread()
