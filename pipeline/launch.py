@@ -228,6 +228,7 @@ def launch(argv: list[str], command_started: float) -> int:
         out = dataclasses.replace(out, leased=True)
         for left in run_lease.remove_stale(eo.output, own_launch=out.launch):
             print(f"docscore run: note: removed {left}, left by a launch that did not finish", file=sys.stderr)
+        run_lease.remove_replaced(eo.output, eo.run_id, own_launch=out.launch)
     try:
         with exit_on_interrupt(lambda: interrupted(options, eo, out, lease), lock=run_commit.COMMIT_LOCK):
             return run_and_report(options, eo, plan, out, why_not_wait, command_started)

@@ -336,3 +336,23 @@ def test_the_replaced_runs_report_goes_at_the_commit(tmp_path):
     report.write_text("<html>this launch's report</html>")
     publish.publish_run(spec, FACTS, STATS, written, derived=False)  # a retried publish of the same launch keeps it
     assert report.read_text() == "<html>this launch's report</html>"
+
+
+def test_a_launch_removes_the_replaced_runs_files_once_the_grace_period_is_over(tmp_path, monkeypatch):
+    """README: the replaced run's files go at the first commit *or launch* after the grace period, so a launch
+    that then fails still removes them; not while another launch's staging of the run is left (a launch
+    nobody waits for may still be placing files)."""
+    from pipeline.io import run_lease
+
+    spec, written = stage_run(tmp_path)
+    summary = publish.publish_run(spec, FACTS, STATS, written, derived=False)
+    retired = {f for r in summary["retired"] for f in r["files"]}
+    assert run_lease.remove_replaced(spec.output, spec.run_id, own_launch="next") == []  # within the grace period
+    monkeypatch.setattr(run_commit, "REPLACED_GRACE_S", 0.0)
+    other = Path(spec.output) / "_staging" / f"run_id={spec.run_id}" / "flexjob"
+    other.mkdir(parents=True)
+    assert run_lease.remove_replaced(spec.output, spec.run_id, own_launch="next") == []
+    assert retired <= on_disk(tmp_path / "out")
+    other.rmdir()
+    assert sorted(run_lease.remove_replaced(spec.output, spec.run_id, own_launch="next")) == sorted(retired)
+    assert on_disk(tmp_path / "out") == {f for names in summary["files"].values() for f in names}

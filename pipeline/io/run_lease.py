@@ -204,6 +204,17 @@ def remove_stale(output: str, *, own_launch: str) -> list[str]:
     return removed
 
 
+def remove_replaced(output: str, run_id: str, *, own_launch: str) -> list[str]:
+    """At a launch holding run_id's lease: the files of launches the committed run replaced REPLACED_GRACE_S
+    or more ago (run_commit.clean_after_commit), so they go at the next launch even if it never commits; only
+    while no other launch's staging of the run is left (a launch nobody waits for may still be placing files)."""
+    fs, root = fsspec.core.url_to_fs(output)
+    staging = posixpath.join(root, "_staging", f"run_id={run_id}")
+    if any(posixpath.basename(d) != own_launch for d in _dirs(fs, staging)):
+        return []
+    return run_commit.clean_after_commit(output, run_id)
+
+
 def _dirs(fs, path: str) -> list[str]:
     """Sub-directories of `path`, not following links (a linked one is not docscore's to clean)."""
     if is_local(fs):
