@@ -195,47 +195,63 @@ def layered_flags(argv: list[str]) -> list[str]:
     first, _ = pre.parse_known_args(argv)
     config = load_config_file(first.config) if first.config else {}
     preset_name = first.preset or config.get("preset")
-    config_flags = dict_to_flags({k: v for k, v in config.items() if k not in ("config", "preset")}, f"--config {first.config}")
-    # the preset's cloud settings come from the environment unless the config file or the command line gives them
-    preset = load_preset(preset_name, config_flags + list(argv)) if preset_name else {}
-    known = known_option_names()
-    for origin, values in (("--preset " + str(preset_name), preset), ("--config " + str(first.config), config)):
-        unknown = sorted(set(values) - known)
-        if unknown:
-            named = [f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, sorted(known), n=1))
-                     else key for key in unknown]
-            raise ConfigError(
-                f"{origin}: unknown key(s) {', '.join(named)}; use the flag names without dashes "
-                f"(e.g. task, model, labels), see `docscore run --help`"
-            )
+    config = {k: v for k, v in config.items() if k not in ("config", "preset")}
+    refuse_unknown_keys(f"--config {first.config}", config)
     if "labels" in config and not isinstance(config["labels"], (dict, str)):
         raise ConfigError(f"--config {first.config}: `labels` must be a mapping of label: description")
+    config_flags = dict_to_flags(config, f"--config {first.config}")
+    unknown_flags(config_flags + list(argv))  # a value of the wrong type: one line naming it, before the preset parses them
+    # the preset's cloud settings come from the environment unless the config file or the command line gives them
+    preset = load_preset(preset_name, config_flags + list(argv)) if preset_name else {}
+    refuse_unknown_keys(f"--preset {preset_name}", preset)
     return (replaced_list_entries(dict_to_flags(preset), config_flags + list(argv))
             + replaced_list_entries(config_flags, list(argv)) + list(argv))
 
 
-# Repeatable options whose entries are KEY=VALUE settings: a later layer's KEY replaces the preset's
-KEYED_LIST_OPTIONS = ("dataflow_service_options", "experiments")
+def refuse_unknown_keys(origin: str, values: dict[str, Any]) -> None:
+    known = known_option_names()
+    unknown = sorted(set(values) - known)
+    if unknown:
+        named = [f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, sorted(known), n=1))
+                 else key for key in unknown]
+        raise ConfigError(
+            f"{origin}: unknown key(s) {', '.join(named)}; use the flag names without dashes "
+            f"(e.g. task, model, labels), see `docscore run --help`"
+        )
+
+
+# Repeatable options whose entries are KEY=VALUE settings, by their flag spellings (Beam takes the singular
+# too); a later layer's KEY replaces an earlier layer's
+KEYED_LIST_OPTIONS = {"dataflow_service_options": ("dataflow_service_options", "dataflow_service_option"),
+                      "experiments": ("experiments", "experiment")}
 
 
 def replaced_list_entries(earlier: list[str], later: list[str]) -> list[str]:
-    """An earlier layer's flags (the preset's, the config file's) less the entries of a repeatable option that a later layer sets again by key (its
-    `worker_accelerator=...` for the command line's, `no_X` for `X`): lists add up, but two accelerators or an
-    experiment and its opposite make a job Dataflow refuses or runs otherwise than either layer said."""
-    def key(name: str, value: str) -> str:
-        entry = value.split("=", 1)[0]
-        return entry[3:] if name == "experiments" and entry.startswith("no_") else entry
+    """An earlier layer's flags (the preset's, the config file's) less the entries of a repeatable option that
+    a later layer sets again by key (its `worker_accelerator=...` for the command line's, `no_X` for `X`): lists
+    add up, but two accelerators or an experiment and its opposite make a job Dataflow refuses or runs
+    otherwise than either layer said. Experiments are comma-separated lists (Beam splits them)."""
+    def entries(dest: str, value: str) -> list[str]:
+        return value.split(",") if dest == "experiments" else [value]
+
+    def key(dest: str, entry: str) -> str:
+        name = entry.split("=", 1)[0]
+        return name[3:] if dest == "experiments" and name.startswith("no_") else name
 
     given = set()
-    for name in KEYED_LIST_OPTIONS:
-        _, values = take_flag(later, name)
-        given |= {(name, key(name, v)) for value in values for v in value.split(",")}
+    for dest, spellings in KEYED_LIST_OPTIONS.items():
+        _, values = take_flag(later, *spellings)
+        given |= {(dest, key(dest, e)) for value in values for e in entries(dest, value)}
     kept = []
     for flag in earlier:
         name, _, value = flag[2:].partition("=")
-        if name in KEYED_LIST_OPTIONS and (name, key(name, value)) in given:
+        dest = next((d for d, spellings in KEYED_LIST_OPTIONS.items() if name in spellings), None)
+        if dest is None:
+            kept.append(flag)
             continue
-        kept.append(flag)
+        left = [e for e in entries(dest, value) if (dest, key(dest, e)) not in given]
+        if left:
+            kept.append(f"--{name}={','.join(left)}")
     return kept
 
 

@@ -94,9 +94,9 @@ def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] 
         if option in given:
             continue
         value = environment_value(setting, environ)
-        region = given.get("region") or options.get("region")
-        if option == "worker_zone" and value and region and not value.startswith(f"{region}-"):
-            continue  # the environment's zone lies outside the region the flags chose: Dataflow picks one in it
+        region = given.get("worker_region") or given.get("region") or options.get("region")
+        if option == "worker_zone" and value and (given.get("worker_region") or region and not value.startswith(f"{region}-")):
+            continue  # the flags chose a worker region, or a region the environment's zone lies outside: Dataflow picks one
         if value is not None:
             options[option] = value
         elif option in environment.get("required", []):

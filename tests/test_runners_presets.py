@@ -173,6 +173,8 @@ def test_a_region_flag_drops_a_zone_of_another_region_from_the_environment(no_cl
     no_cloud_env.setenv("DOCSCORE_ZONE", "us-west4-a")
     assert "worker_zone" not in load_preset("dataflow-gpu-l4", ["--region", "us-central1"])
     assert load_preset("dataflow-gpu-l4", ["--region", "us-west4"])["worker_zone"] == "us-west4-a"
+    # a worker region excludes a zone (Beam refuses both): the environment's zone goes
+    assert "worker_zone" not in load_preset("dataflow-gpu-l4", ["--region", "us-west4", "--worker_region", "us-west4"])
 
 
 def test_a_keyed_list_entry_on_the_command_line_replaces_the_presets(no_cloud_env):
@@ -197,3 +199,22 @@ def test_the_last_classify_labels_wins_whatever_its_spelling(tmp_path):
     assert eo.classify_labels == "x=one;y=two"
     _, eo = parse_options(["--classify_labels", "x=one;y=two", "--labels", "p=three;q=four"])
     assert eo.classify_labels == "p=three;q=four"
+
+
+def test_keyed_list_entries_are_replaced_whatever_the_spelling_or_joining(no_cloud_env, tmp_path):
+    """Beam takes --experiment and --dataflow_service_option too, and experiments joined by commas: the preset's
+    and the config's entries of the same key go all the same, the rest of a joined value stays."""
+    for var, value in CLOUD_ENV.items():
+        no_cloud_env.setenv(var, value)
+    options, _ = parse_options(["--preset", "dataflow-tpu-v5e", "--input", "x.jsonl", "--output", "out",
+                                "--dataflow_service_option=worker_accelerator=type:nvidia-l4;count:1",
+                                "--experiment=no_use_runner_v2"])
+    all_options = options.get_all_options()
+    assert all_options["dataflow_service_options"] == ["worker_accelerator=type:nvidia-l4;count:1"]
+    assert sorted(all_options["experiments"]) == ["no_use_multiple_sdk_containers", "no_use_runner_v2"]
+    config = tmp_path / "c.yaml"
+    config.write_text("preset: dataflow-gpu-l4\nexperiments: ['use_runner_v2,use_multiple_sdk_containers,shuffle_mode=x']\n")
+    options, _ = parse_options(["--config", str(config), "--input", "x.jsonl", "--output", "out",
+                                "--experiments=no_use_multiple_sdk_containers,shuffle_mode=service"])
+    assert sorted(options.get_all_options()["experiments"]) == [
+        "no_use_multiple_sdk_containers", "shuffle_mode=service", "use_runner_v2"]
