@@ -64,8 +64,8 @@ class Schedule:
 
 
 def _cron_value(text: str, name: str, low: int, high: int, names: tuple[str, ...]) -> int:
-    if text in names:
-        return low + names.index(text)
+    if text.upper() in names:  # names in any case, as cron and Airflow's croniter read them
+        return low + names.index(text.upper())
     if not text.isdigit() or not low <= int(text) <= high:
         spelled = f" or {names[0]}-{names[-1]}" if names else ""
         raise ValueError(f"{name} {text!r} is not {low}-{high}{spelled}")
@@ -73,7 +73,8 @@ def _cron_value(text: str, name: str, low: int, high: int, names: tuple[str, ...
 
 
 def check_cron(cron: str) -> None:
-    """Five unix-cron fields: numbers in range or names (JAN, MON), *, a-b ranges, lists, /steps."""
+    """Five unix-cron fields: numbers in range or names (JAN, MON), *, a-b ranges, lists, /steps (after *, a
+    range, or a start: 5/15 is minute 5 and every 15 after it)."""
     fields = cron.split()
     if len(fields) != 5:
         raise ValueError(f"cron {cron!r}: write five fields (minute hour day month weekday), e.g. '0 3 * * MON-FRI'")
@@ -81,8 +82,8 @@ def check_cron(cron: str) -> None:
         for part in text.split(","):
             match = _CRON_PART.match(part)
             try:
-                if not match or (match.group(4) and not (match.group(1) or match.group(3))):
-                    raise ValueError(f"{name} {part!r} is not N, a-b, *, a-b/step or */step")
+                if not match:
+                    raise ValueError(f"{name} {part!r} is not N, a-b, *, N/step, a-b/step or */step")
                 if match.group(2):
                     first = _cron_value(match.group(2), name, low, high, names)
                     if match.group(3) and _cron_value(match.group(3), name, low, high, names) < first:

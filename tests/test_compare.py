@@ -298,3 +298,7 @@ def test_a_run_compared_with_itself_is_refused(tmp_path, capsys):
     for b in (a, a.replace(str(tmp_path / "out"), str(tmp_path / "copy"))):
         code, result = run_compare(capsys, a, b)
         assert code == 2 and result["not_comparable"].startswith("A and B are the same run (launch "), result
+    # a run published before launch ids existed: the same partition, spelled two ways, is one run too
+    legacy = write_run(str(tmp_path / "old"), "l", score_rows("l", "embed", 4, embeddings=np.eye(4).tolist()), legacy=True)
+    code, result = run_compare(capsys, legacy, legacy.replace("/scores/", "/runs/") + "/")
+    assert code == 2 and result["not_comparable"].startswith("A and B are the same run ("), result

@@ -338,6 +338,18 @@ def test_the_replaced_runs_report_goes_at_the_commit(tmp_path):
     assert report.read_text() == "<html>this launch's report</html>"
 
 
+def test_a_report_that_cannot_be_removed_does_not_fail_the_committed_run(tmp_path, caplog):
+    """The commit happened: a report.html that cannot be removed (here a directory in its place) is logged, and the
+    publish finishes (clean-up, staging removed) instead of failing a committed run as 'nothing was published'."""
+    spec, written = stage_run(tmp_path)
+    report = Path(run_commit.report_path(spec.output, spec.run_id))
+    (report / "inside").mkdir(parents=True)
+    summary = publish.publish_run(spec, FACTS, STATS, written, derived=False)
+    assert visible(spec) == NEW and summary["launch_id"] == spec.launch
+    assert not (tmp_path / "out" / "_staging").exists()
+    assert "could not remove the replaced run's report" in caplog.text
+
+
 def test_a_launch_removes_the_replaced_runs_files_once_the_grace_period_is_over(tmp_path, monkeypatch):
     """README: the replaced run's files go at the first commit *or launch* after the grace period, so a launch
     that then fails still removes them; not while another launch's staging of the run is left (a launch

@@ -114,7 +114,7 @@ def test_bad_schedules_are_refused(tmp_path, text, message):
 
 
 @pytest.mark.parametrize("cron", ["0 3 * * MON-FRI", "*/15 0-6,22-23 1,15 JAN-MAR,DEC SUN", "0 3 * * 7",
-                                  "59 23 31 12 0-6/2", "0 0-12/3 * * *"])
+                                  "59 23 31 12 0-6/2", "0 0-12/3 * * *", "5/15 * * * *", "0 3 * jan-mar mon-fri"])
 def test_unix_cron_is_accepted(cron):
     check_cron(cron)
 
@@ -125,9 +125,10 @@ def test_unix_cron_is_accepted(cron):
     ("0 3 0 * *", "day of month '0' is not 1-31"),
     ("0 3 * 13 *", "month '13' is not 1-12 or JAN-DEC"),
     ("0 3 * * 8", "day of week '8' is not 0-7 or SUN-SAT"),
-    ("0 3 * * mon", "day of week 'mon' is not 0-7 or SUN-SAT"),
+    ("0 3 * * mun", "day of week 'mun' is not 0-7 or SUN-SAT"),
     ("0 3 * * FRI-MON", "runs backwards"),
-    ("5/15 * * * *", "is not N, a-b"),
+    ("5-/15 * * * *", "is not N, a-b"),
+    ("70/15 * * * *", "minute '70' is not 0-59"),
     ("*/0 * * * *", "at least 1"),
     ("0 3 * *", "five fields"),
 ])

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import posixpath
 import sys
 from typing import Any
@@ -227,8 +228,18 @@ def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict
     }
     result["timing"] = compare_timing(a.summary, b.summary)
     result["notes"] = [f"run A: {n}" for n in a.notes] + [f"run B: {n}" for n in b.notes]
-    result["launch_ids"] = {"a": a.summary.get(run_commit.LAUNCH_KEY), "b": b.summary.get(run_commit.LAUNCH_KEY)}
+    launches = {"a": a.summary.get(run_commit.LAUNCH_KEY), "b": b.summary.get(run_commit.LAUNCH_KEY)}
+    result["launch_ids"] = launches
+    # one run: the same launch (a copy elsewhere included), or the same partition of a run without launch ids
+    result["same_run"] = bool(launches["a"] and launches["a"] == launches["b"]) or _place(a.ref) == _place(b.ref)
     return result
+
+
+def _place(ref: RunRef) -> tuple[str, str]:
+    """(output directory in one spelling, run_id): local paths resolved, URLs without a trailing /."""
+    protocol, rest = fsspec.core.split_protocol(ref.output_dir or ".")
+    where = os.path.realpath(rest) if protocol in (None, "file") else f"{protocol}://{rest.strip('/')}"
+    return where, ref.run_id
 
 
 # ---- limits --------------------------------------------------------------------------------------
@@ -247,10 +258,10 @@ class Limits:
 def not_comparable(result: dict[str, Any]) -> str | None:
     """Why the two runs cannot be compared at all (then no limit means anything), or None."""
     d, tasks = result["documents"], result["tasks"]
-    launches = result.get("launch_ids", {})
-    if launches.get("a") and launches.get("a") == launches.get("b"):
-        return (f"A and B are the same run (launch {launches['a']}; {result['run_a']} and {result['run_b']}): a gate "
-                "comparing a run with itself always passes; pass two different runs")
+    if result.get("same_run"):
+        launch = result["launch_ids"]["a"]
+        return (f"A and B are the same run ({f'launch {launch}; ' if launch else ''}{result['run_a']} and "
+                f"{result['run_b']}): a gate comparing a run with itself always passes; pass two different runs")
     for side in ("a", "b"):
         if not d[side]:
             return f"run {side.upper()} has no scored documents: nothing to compare"

@@ -73,6 +73,9 @@ def remove_previous_report(spec: sinks.OutputSpec) -> None:
         fs.rm_file(path)
     except FileNotFoundError:
         pass
+    except OSError as e:  # the run is committed: a report left behind must not fail it
+        _LOG.warning("docscore run %s: could not remove the replaced run's report %s (%s: %s)", spec.run_id, path,
+                     type(e).__name__, e)
 
 
 def commit_launch(spec: sinks.OutputSpec, summary: dict[str, Any], written: dict[str, list[str]] | None) -> dict[str, Any]:
