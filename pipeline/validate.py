@@ -300,6 +300,12 @@ def _missing_dirs(output: str) -> list[str]:
     return missing
 
 
+def unreachable_input_message(pattern: str, error: BaseException) -> str:
+    """--input's store could not be reached at validation: the underlying error and where to look."""
+    return (f"--input {pattern}: cannot be reached ({type(error).__name__}: {str(error)[:300]}); check the network, "
+            "the endpoint and the credentials (STORAGE_EMULATOR_HOST for an emulator)")
+
+
 def validate_plan(eo: EvalOptions) -> RunPlan:
     """All checks, cheapest first; the model is loaded last (once per process, reused by the pipeline)."""
     if not eo.input:
@@ -367,13 +373,13 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
                 raise ConfigError(f"--input {eo.input}: pass --tfds_data_dir DIR (the data_dir it was prepared in)")
             tfds = tfds_reader.locate_dataset(eo.input, eo.tfds_data_dir)
         shards = sources.discover_shards(eo.input, tfds_data_dir=eo.tfds_data_dir, split=eo.split)
-    except (FileNotFoundError, ValueError, KeyError) as e:
+    except (FileNotFoundError, PermissionError, ValueError, KeyError) as e:
         message = str(e).strip("'\"")
         raise ConfigError(message if "--" in message else f"--input {eo.input}: {message}") from None
-    except OSError as e:  # a store that cannot be reached (no network, DNS, refused): not a traceback
-        raise ConfigError(f"--input {eo.input}: cannot be reached ({type(e).__name__}: {str(e)[:300]}); check the "
-                          "network, the bucket or path, and the credentials (STORAGE_EMULATOR_HOST for an emulator)"
-                          ) from None
+    except Exception as e:  # a store that cannot be reached (no network, DNS, refused): not a traceback
+        if not (isinstance(e, OSError) or sources.is_transient(e)):
+            raise
+        raise ConfigError(unreachable_input_message(eo.input, e)) from None
     read_spec = sources.ReadSpec(
         text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes
     )

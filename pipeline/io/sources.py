@@ -28,6 +28,7 @@ JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 PARQUET_SUFFIXES = (".parquet",)
 TEXT_SUFFIXES = (".txt", ".md")
 ARRAY_RECORD_MARK = ".array_record"
+GCS_PROTOCOLS = ("gs", "gcs")  # gcsfs's protocols: check_bucket speaks the GCS JSON API
 SUPPORTED = ", ".join(JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES) + ", tfds:NAME"
 KEPT_FIELDS = ("query", "label")  # record fields the tasks use, carried on the Document (scalars only)
 # record fields carried as they are (lists): the task that uses them checks them, so that other tasks never fail on them
@@ -73,21 +74,26 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
     skipped (opening a named pipe waits for a writer forever); symlinked directories are followed, each
     real directory once, never into a directory that holds the link (a loop) (local_regular_files).
 
-    Raises FileNotFoundError when nothing matches and ValueError for files of an unknown format, or when
-    --input names one file that is not a regular file.
+    Raises FileNotFoundError when nothing matches (naming the missing bucket, or the missing remote path) and
+    ValueError for files of an unknown format, or when --input names one file that is not a regular file; a
+    gs:// bucket these credentials may not list raises PermissionError, and a store that cannot be reached
+    its own error (an OSError or aiohttp's), never an empty result.
     """
     if pattern.startswith(tfds_reader.TFDS_PREFIX):
         if not tfds_data_dir:
             raise ValueError(f"--input {pattern}: pass --tfds_data_dir DIR (the data_dir the dataset was prepared in)")
         dataset = tfds_reader.locate_dataset(pattern, tfds_data_dir)
         return dataset.shard_paths(split)
+    protocol = fsspec.core.split_protocol(pattern)[0]
+    if protocol in GCS_PROTOCOLS:
+        check_bucket(pattern)
     fs, _, paths = fsspec.get_fs_token_paths(pattern)
     if fsspec.core.has_magic(pattern) and "*" not in pattern:  # fsspec expands a pattern only when it holds a *
         paths = sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1]))
     local = isinstance(fs, LocalFileSystem)
     hidden = lambda p: p.rsplit("/", 1)[-1].startswith(("_", "."))  # noqa: E731 - _SUCCESS, .crc, ...
     one_path = not fsspec.core.has_magic(pattern) and len(paths) == 1
-    if one_path and fs.isdir(paths[0]):
+    if one_path and (fs.isdir(paths[0]) if local else remote_kind(fs, pattern, paths[0]) == "directory"):
         files = (local_regular_files(paths[0]) if local
                  else [p for p, info in fs.find(paths[0], detail=True).items() if info.get("type") == "file"])
         root = paths[0].rstrip("/") + "/"
@@ -100,7 +106,8 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
                 "reads regular files only (a named pipe would keep the job waiting for a writer forever); pass a "
                 "regular file, a directory or a glob"
             )
-        found = [p for p in paths if not hidden(p) and (_is_regular(p) if local else fs.isfile(p))]
+        # one remote path is a file here: remote_kind raised if it was neither a file nor a directory
+        found = [p for p in paths if not hidden(p) and (_is_regular(p) if local else one_path or fs.isfile(p))]
         unknown = [p for p in found if shard_format(p) is None]
         if unknown:
             raise ValueError(
@@ -113,8 +120,47 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
     undecodable = [p for p in found if utf8_size(p) is None]
     if undecodable:  # every row would carry it as `source`, and no table can hold it
         raise ValueError(f"--input {pattern}: the file name {_printable(undecodable[0])!r} is not valid UTF-8; rename it")
-    protocol = fsspec.core.split_protocol(pattern)[0]
     return sorted(fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in found)
+
+
+def check_bucket(pattern: str) -> None:
+    """Raise, naming --input, when the bucket of a gs:// --input does not exist (FileNotFoundError) or these
+    credentials may not list it (PermissionError). One listing request of at most one object: a store that
+    cannot be reached raises gcsfs's own error (after its retries), which is not an empty path."""
+    fs, path = fsspec.core.url_to_fs(pattern)
+    bucket = path.split("/", 1)[0]
+    try:
+        fs.call("GET", "b/{}/o", bucket, json_out=True, maxResults=1)
+    except FileNotFoundError:  # objects.list answers 404 only for a bucket that does not exist
+        raise FileNotFoundError(
+            f"--input {pattern}: bucket gs://{bucket} does not exist, or is not visible with these credentials; "
+            f"check the bucket name (gcloud storage ls gs://{bucket}) and the project and credentials in use"
+        ) from None
+    except OSError as e:
+        if not str(e).startswith("Forbidden"):  # gcsfs's OSError for a 403 answer
+            raise
+        raise PermissionError(
+            f"--input {pattern}: these credentials may not list bucket gs://{bucket} ({_first_line(e)}); grant them "
+            "storage.objects.list and storage.objects.get on it (e.g. roles/storage.objectViewer)"
+        ) from None
+
+
+def remote_kind(fs, pattern: str, path: str) -> str:
+    """'file' or 'directory' for the one remote path --input names. A path that is neither raises
+    FileNotFoundError naming it; a store that cannot be reached raises its own error (fs.isdir and
+    fs.isfile would answer False, and the path would read as empty)."""
+    try:
+        return fs.info(path)["type"]
+    except FileNotFoundError:
+        url = fs.unstrip_protocol(path).rstrip("/")
+        raise FileNotFoundError(
+            f"--input {pattern}: {url} does not exist: no object of that name and none under {url}/; "
+            "check the path"
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().split("\n", 1)[0][:300]
 
 
 def _hidden_below(root: str, path: str) -> bool:
