@@ -102,3 +102,45 @@ def test_beam_gcs_filesystem_survives_faults(faulty_gcs):
             assert f.read() == data
     stats = faulty_gcs.proxy.stats
     assert stats.fault_fraction >= 0.1 and stats.faults > 0, stats
+
+
+@pytest.mark.parametrize("path", ["in/", "in/docs.jsonl", "in/*.jsonl"], ids=["directory", "file", "glob"])
+def test_an_input_in_a_bucket_that_does_not_exist_is_exit_2_naming_the_bucket(gcs, tmp_path, path, no_data_read, capsys):
+    from tests.conftest import common_flags, run_docscore
+
+    url = f"gs://{gcs.bucket}-missing/{path}"
+    rc = run_docscore("--input", url, *common_flags("b1", tmp_path / "out"))
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert (f"--input {url}: bucket gs://{gcs.bucket}-missing does not exist, or is not visible with these "
+            f"credentials; check the bucket name (gcloud storage ls gs://{gcs.bucket}-missing)") in err, err
+    assert not no_data_read and not (tmp_path / "out" / "scores").exists()
+
+
+@pytest.mark.parametrize("path", ["in/", "in/docs.jsonl"], ids=["directory", "file"])
+def test_an_input_path_missing_from_its_bucket_is_exit_2_naming_the_path(gcs, tmp_path, path, no_data_read, capsys):
+    """The bucket exists and holds other objects; the path --input names is neither an object nor a folder."""
+    from tests.conftest import common_flags, run_docscore
+
+    fsspec.filesystem("gs").pipe(gcs.url("other", "docs.jsonl"), b'{"id": 1, "text": "elsewhere"}\n')
+    url = gcs.url(path)
+    rc = run_docscore("--input", url, *common_flags("p1", tmp_path / "out"))
+    err = capsys.readouterr().err
+    missing = url.rstrip("/")
+    assert rc == 2, err
+    assert (f"--input {url}: {missing} does not exist: no object of that name and none under {missing}/; "
+            "check the path") in err, err
+    assert not no_data_read and not (tmp_path / "out" / "scores").exists()
+
+
+def test_gs_inputs_that_exist_are_discovered_and_an_empty_match_is_still_named_so(gcs):
+    from pipeline.io.sources import discover_shards
+
+    fs = fsspec.filesystem("gs")
+    for name in ("a.jsonl", "sub/b.jsonl", "notes.yaml"):
+        fs.pipe(gcs.url("in", name), b'{"id": 1, "text": "x"}\n')
+    assert discover_shards(gcs.url("in") + "/") == [gcs.url("in", "a.jsonl"), gcs.url("in", "sub/b.jsonl")]
+    assert discover_shards(gcs.url("in", "a.jsonl")) == [gcs.url("in", "a.jsonl")]
+    assert discover_shards(gcs.url("in", "*.jsonl")) == [gcs.url("in", "a.jsonl")]
+    with pytest.raises(FileNotFoundError, match="matches no readable shard"):  # a folder without a shard exists
+        discover_shards(gcs.url("in", "*.parquet"))
