@@ -188,9 +188,10 @@ def check_dataflow_options(eo: EvalOptions) -> None:
         only = [flag for flag, value in (("--dry_run", given.get("dry_run")),
                                          ("--template_location", given.get("template_location"))) if value]
         if only:
-            raise ConfigError(f"{' and '.join(only)} need --runner=DataflowRunner (--runner={runner} ignores "
-                              f"{'them' if len(only) > 1 else 'it'} and would run and publish the job); pass "
-                              "--runner=DataflowRunner or a Dataflow preset, or drop it")
+            them = "them" if len(only) > 1 else "it"
+            raise ConfigError(f"{' and '.join(only)} {'need' if len(only) > 1 else 'needs'} --runner=DataflowRunner "
+                              f"(--runner={runner} ignores {them} and would run and publish the job); pass "
+                              f"--runner=DataflowRunner or a Dataflow preset, or drop {them}")
         return
     missing = [f"--{name}" for name in DATAFLOW_REQUIRED if not given.get(name)]
     if missing:
@@ -206,8 +207,8 @@ def check_dataflow_options(eo: EvalOptions) -> None:
     problems = (validator.validate_cloud_options(eo.view_as(GoogleCloudOptions))
                 + eo.view_as(WorkerOptions).validate(validator))
     if problems:
-        raise ConfigError(f"--runner={runner}: {problems[0].rstrip('.')}; fix the flag (or the preset's environment "
-                          "variable, runners/DATAFLOW.md)")
+        raise ConfigError(f"--runner={runner}: {problems[0].rstrip('.')}; fix the options (set on the command line, "
+                          "in --config, by the preset or its environment variables: runners/DATAFLOW.md)")
 
 
 ACCELERATOR_BACKENDS = (("tpu-", "tpu"), ("nvidia-", "gpu"))  # Dataflow worker_accelerator type prefixes
