@@ -219,18 +219,19 @@ def launch(argv: list[str], command_started: float) -> int:
     out = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format, staging_root)
     why_not_wait = publish.submit_only(options)
     lease = None
-    if not why_not_wait and not eo.output.startswith(sinks.BQ_PREFIX):
-        try:
-            lease = run_lease.acquire(eo.output, eo.run_id, out.launch)
-        except run_lease.LeaseHeld as e:
-            print(f"docscore run: {e}", file=sys.stderr)
-            return 2
-        out = dataclasses.replace(out, leased=True)
-        for left in run_lease.remove_stale(eo.output, own_launch=out.launch):
-            print(f"docscore run: note: removed {left}, left by a launch that did not finish", file=sys.stderr)
-        run_lease.remove_replaced(eo.output, eo.run_id, own_launch=out.launch)
     try:
+        # from the lease on, an interrupt releases it (the handler reads `lease` and `out` when it runs)
         with exit_on_interrupt(lambda: interrupted(options, eo, out, lease), lock=run_commit.COMMIT_LOCK):
+            if not why_not_wait and not eo.output.startswith(sinks.BQ_PREFIX):
+                try:
+                    lease = run_lease.acquire(eo.output, eo.run_id, out.launch)
+                except run_lease.LeaseHeld as e:
+                    print(f"docscore run: {e}", file=sys.stderr)
+                    return 2
+                out = dataclasses.replace(out, leased=True)
+                for left in run_lease.remove_stale(eo.output, own_launch=out.launch):
+                    print(f"docscore run: note: removed {left}, left by a launch that did not finish", file=sys.stderr)
+                run_lease.remove_replaced(eo.output, eo.run_id, own_launch=out.launch)
             return run_and_report(options, eo, plan, out, why_not_wait, command_started)
     finally:
         if lease is not None:
