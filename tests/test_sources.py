@@ -184,6 +184,12 @@ def test_a_store_that_cannot_be_reached_is_raised_for_the_runner_not_turned_into
             attempt()
         refused.append(caught.value)
     assert all(is_transient(e) for e in refused), refused
+    # what gcsfs raises once its own retries of a 503 or 429 answer are spent, as against a 403
+    from gcsfs.retry import HttpError
+
+    assert is_transient(HttpError({"code": 503, "message": "Service Unavailable"}))
+    assert is_transient(HttpError({"code": 429, "message": "Too Many Requests"}))
+    assert not is_transient(HttpError({"code": 403, "message": "Forbidden"}))
     with pytest.raises(FileNotFoundError) as missing:
         open("/no/such/dir/docs.jsonl")
     assert not is_transient(missing.value)

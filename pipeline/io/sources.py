@@ -323,12 +323,14 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
 
 
 def is_transient(error: BaseException) -> bool:
-    """The store could not be reached (connection refused or reset, a timeout, an HTTP client error): not a
-    fault of the shard, so it is raised for the runner to retry the bundle (or fail the job, nothing
-    published) instead of becoming error rows of a run that then publishes as complete without them."""
+    """The store could not be reached or did not answer (connection refused or reset, a timeout, an HTTP client
+    error, an answer gcsfs itself retries, such as 503 or 429, still failing after its retries): not a fault of the
+    shard, so it is raised for the runner to retry the bundle (or fail the job, nothing published) instead of
+    becoming error rows of a run that then publishes as complete without them."""
     import aiohttp  # gcsfs's HTTP client, a dependency of every install
+    from gcsfs.retry import is_retriable
 
-    return isinstance(error, (ConnectionError, TimeoutError, aiohttp.ClientError))
+    return isinstance(error, (ConnectionError, TimeoutError, aiohttp.ClientError)) or is_retriable(error)
 
 
 def read_error_type(error: BaseException) -> str:
