@@ -63,6 +63,9 @@ def test_loglik_scores_the_end_of_sequence_token_once_in_the_last_window():
     result = scoring.score_loglik(windows, stride=2, prefix_len=1, suffix_len=1)
     assert result["loglik_tokens"] == 12 + 1  # every text token once, and one end of sequence
     assert result["score"] == pytest.approx(sum(logp_text.values()) + logp_eos)
+    # --max_chunks cut the document after these windows: its text goes on, so no end of sequence is scored
+    cut = scoring.score_loglik(windows, stride=2, prefix_len=1, suffix_len=1, truncated=True)
+    assert cut["loglik_tokens"] == 12 and cut["score"] == pytest.approx(sum(logp_text.values()))
 
 
 def test_spearman_and_pearson_by_hand_with_ties_and_undefined_cases():

@@ -301,6 +301,24 @@ def test_score_sums_each_candidates_log_probs_and_picks_by_each_normalisation():
         scoring.continuation_logliks([a], [5])  # nothing before it predicts its first token
 
 
+def test_equal_candidates_get_one_score_and_the_first_of_them_wins(tiny_gpt2_dir):
+    """The same candidate twice is one window twice; the model, run on the copies in different rows of a batch,
+    gave them log-probs differing in the last float32 bits, so a later copy could win over the first (and the
+    label changed with the rest of the corpus). Equal windows now share the first copy's score."""
+    import models
+
+    tokenizer = models.load_tokenizer(tiny_gpt2_dir)
+    doc = Document("t", "and/or cleanup", "s", 0, {"choices": [' ":"', ' ":"', ' ":" suite]', ' ":"'], "label": 0})
+    [tokenized] = tokenize_documents([doc], tokenizer, WindowSpec(MAX_LEN, 0, 1, task="choice"), with_query=False)
+    assert tokenized.spans.same_as == (0, 0, 2, 0)
+    first = np.log([0.9, 0.5, 0.5, 7.0])
+    noisy = [first, first + np.array([0, 0, 1e-7, 0]), np.log([0.9, 0.5, 0.1, 0.1, 7.0])[: len(first)], first + 2e-7]
+    spans = choice.ChoiceSpans(tokens=(1, 1, 1, 1), bytes=(4, 4, 10, 4), gold=0, same_as=(0, 0, 2, 0))
+    fields = choice.score(Outputs(noisy, spans), None)
+    assert fields["label"] == fields["label_per_token"] == fields["label_per_byte"] == "0"
+    assert len({s["score"] for i, s in enumerate(fields["scores"]) if i != 2}) == 1
+
+
 def test_metrics_are_the_accuracy_of_each_normalisation():
     pairs = [(("0", "0", "1"), "0"), (("1", "0", "1"), "1"), (("2", "2", "2"), "0")]
     assert choice.metrics(GoldTotals(4, pairs, 0.0, 0)) == {

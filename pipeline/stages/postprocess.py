@@ -58,17 +58,18 @@ class TaskInput:
     label_names: tuple[str, ...]
     label_embeddings: Any
     spans: Any = None
+    truncated: bool = False  # --max_chunks cut the text: its last window is not the document's end
 
 
-def task_fields(spec: ScoreSpec, output: InferenceOutput, spans: Any = None) -> dict[str, Any]:
+def task_fields(spec: ScoreSpec, output: InferenceOutput, spans: Any = None, truncated: bool = False) -> dict[str, Any]:
     """The task's columns (score, label, scores, embedding, perplexity, ...) from window outputs."""
     return tasks.get(spec.task).score(TaskInput(output.window_outputs, output.query_outputs, output.label_names,
-                                                output.label_embeddings, spans), spec)
+                                                output.label_embeddings, spans, truncated), spec)
 
 
 def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput) -> tuple[dict[str, Any], DocStats]:
     start = time.perf_counter()
-    fields = task_fields(spec, output, tokenized.spans)
+    fields = task_fields(spec, output, tokenized.spans, tokenized.truncated)
     doc = tokenized.doc
     gold = doc.fields.get("label")
     row = {
@@ -96,7 +97,7 @@ def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput)
         "infer_ms": output.infer_ms,
     }
     row["postprocess_ms"] = (time.perf_counter() - start) * 1000.0
-    divergence = shadow_divergence(spec, output, fields, tokenized.spans)  # after the timing: it is not the run's own work
+    divergence = shadow_divergence(spec, output, fields, tokenized.spans, tokenized.truncated)  # after the timing: it is not the run's own work
     row.update(shadow_columns(output, divergence))
     prediction, stats_gold = tasks.get(spec.task).prediction(fields, gold)
     stats = DocStats(
@@ -117,7 +118,7 @@ def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput)
 
 
 def shadow_divergence(spec: ScoreSpec, output: InferenceOutput, fields: dict[str, Any],
-                      spans: Any = None) -> shadow.Divergence | None:
+                      spans: Any = None, truncated: bool = False) -> shadow.Divergence | None:
     """The document scored again from the shadow kernel's outputs, and how far both results are apart."""
     if output.shadow is None:
         return None
@@ -125,7 +126,7 @@ def shadow_divergence(spec: ScoreSpec, output: InferenceOutput, fields: dict[str
     shadow_fields = task_fields(spec, dataclasses.replace(
         output, window_outputs=other.window_outputs, query_outputs=other.query_outputs,
         label_embeddings=other.label_embeddings, shadow=None,
-    ), spans)
+    ), spans, truncated)
     return shadow.measure(output.window_outputs + output.query_outputs, other.window_outputs + other.query_outputs,
                           fields, shadow_fields)
 

@@ -64,11 +64,15 @@ def loglik_positions(window_len: int, window_index: int, stride: int, prefix_len
     return slice(first_new - 1, window_len - 1 - (0 if last else suffix_len))
 
 
-def score_loglik(window_logprobs: Sequence[np.ndarray], stride: int, prefix_len: int, suffix_len: int = 0) -> dict[str, Any]:
-    """Total log-likelihood of the document's tokens (each counted once), their count, perplexity."""
+def score_loglik(window_logprobs: Sequence[np.ndarray], stride: int, prefix_len: int, suffix_len: int = 0,
+                 truncated: bool = False) -> dict[str, Any]:
+    """Total log-likelihood of the document's tokens (each counted once), their count, perplexity. The
+    end-of-sequence tokens after the last window count only when that window is the document's end (not
+    truncated: there the text goes on, and no end of sequence is in the document)."""
     total, count = 0.0, 0
     for i, logprobs in enumerate(window_logprobs):
-        positions = loglik_positions(len(logprobs), i, stride, prefix_len, suffix_len, last=i == len(window_logprobs) - 1)
+        last = i == len(window_logprobs) - 1 and not truncated
+        positions = loglik_positions(len(logprobs), i, stride, prefix_len, suffix_len, last=last)
         picked = np.asarray(logprobs, np.float64)[positions]
         total += float(picked.sum())
         count += int(picked.size)

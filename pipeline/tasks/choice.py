@@ -34,6 +34,9 @@ class ChoiceSpans:
     tokens: tuple[int, ...]
     bytes: tuple[int, ...]
     gold: int | None
+    # the first candidate whose window is the same tokens (itself when none is): equal candidates get one score,
+    # which the model, run on them in different rows of a batch, would give to the last few float32 bits only
+    same_as: tuple[int, ...] = ()
 
 
 def check_choices(fields: dict[str, Any]) -> list[str]:
@@ -139,9 +142,10 @@ def _windows(context: str, choices: list[str], gold: int | None, prefix: np.ndar
         keep = min(len(context_ids), room)
         truncated |= keep < len(context_ids)
         windows.append(np.concatenate([prefix, context_ids[len(context_ids) - keep:], cont]).astype(np.int32))
+    first: dict[bytes, int] = {}
     spans = ChoiceSpans(tokens=tuple(len(c) for c in continuations),
                         bytes=tuple(len(split_pair(context, c)[1].encode("utf-8")) for c in choices),
-                        gold=gold)
+                        gold=gold, same_as=tuple(first.setdefault(w.tobytes(), i) for i, w in enumerate(windows)))
     return TaskWindows(windows=windows, n_tokens=len(context_ids) + sum(spans.tokens), truncated=truncated, spans=spans)
 
 
@@ -150,6 +154,7 @@ def score(outputs, settings):
     byte), the chosen candidate's probability among the candidates (softmax of the log-likelihoods) as `score`."""
     spans: ChoiceSpans = outputs.spans
     logliks = scoring.continuation_logliks(outputs.window_outputs, spans.tokens)
+    logliks = [logliks[j] for j in spans.same_as or range(len(logliks))]
     per_token = [ll / n for ll, n in zip(logliks, spans.tokens)]
     per_byte = [ll / n for ll, n in zip(logliks, spans.bytes)]
     chosen = int(np.argmax(logliks))  # the first of equal scores, as lm-evaluation-harness

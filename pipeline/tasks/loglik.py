@@ -7,7 +7,8 @@ from pipeline.tasks.base import DECODER, Task
 
 
 def score(outputs, settings):
-    return scoring.score_loglik(outputs.window_outputs, settings.stride, settings.prefix_len, settings.suffix_len)
+    return scoring.score_loglik(outputs.window_outputs, settings.stride, settings.prefix_len, settings.suffix_len,
+                                truncated=outputs.truncated)
 
 
 def prediction(fields, gold):
