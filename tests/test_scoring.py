@@ -92,3 +92,13 @@ def test_task_metrics_and_corpus_perplexity():
     m = scoring.similarity_metrics([(0.9, "1.0"), (0.1, 0), (0.5, "x"), (0.4, 0.5)])
     assert m["n_gold"] == 3 and m["spearman"] == pytest.approx(1.0)
     assert scoring.corpus_perplexity([-10.0, -5.0], [4, 6]) == pytest.approx(math.exp(15 / 10))
+
+
+def test_a_gold_label_that_names_nothing_is_no_gold():
+    """JSON NaN/Infinity (and Parquet NaN) labels counted as classes "nan"/"inf" in accuracy and macro-F1; they
+    are no gold now, as similarity already read them. JSON true/false read as JSON spells them, as ids do."""
+    from pipeline.stages.postprocess import gold_value
+
+    assert gold_value(float("nan")) is None and gold_value(float("inf")) is None and gold_value(None) is None
+    assert (gold_value(True), gold_value(False)) == ("true", "false")
+    assert (gold_value("sports"), gold_value(3), gold_value(2.5)) == ("sports", 3, 2.5)

@@ -5,6 +5,7 @@ document that cannot be scored becomes an ErrorRow. Must not hold scoring math (
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -67,11 +68,21 @@ def task_fields(spec: ScoreSpec, output: InferenceOutput, spans: Any = None, tru
                                                 output.label_embeddings, spans, truncated), spec)
 
 
+def gold_value(value: Any) -> Any:
+    """A record's gold label as the tasks read it: none for a non-finite number (NaN names no class and no
+    similarity), true/false in JSON's spelling (as ids are), anything else as it is."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def score_row(spec: ScoreSpec, tokenized: TokenizedDoc, output: InferenceOutput) -> tuple[dict[str, Any], DocStats]:
     start = time.perf_counter()
     fields = task_fields(spec, output, tokenized.spans, tokenized.truncated)
     doc = tokenized.doc
-    gold = doc.fields.get("label")
+    gold = gold_value(doc.fields.get("label"))
     row = {
         "run_id": spec.run_id,
         "doc_id": doc.doc_id,
