@@ -195,3 +195,45 @@ def test_a_store_that_cannot_be_reached_is_raised_for_the_runner_not_turned_into
     assert not is_transient(missing.value)
     _, errors = split(list(read_shard("/no/such/dir/docs.jsonl", SPEC)))
     assert [e.error_type for e in errors] == ["unreadable_shard"]
+
+
+def _string_column_with_invalid_utf8(cells: list[bytes]) -> pa.Array:
+    """A Parquet string column holding the given bytes as they are (pyarrow's writers refuse invalid UTF-8)."""
+    offsets = [0]
+    for cell in cells:
+        offsets.append(offsets[-1] + len(cell))
+    return pa.Array.from_buffers(pa.string(), len(cells), [None, pa.py_buffer(pa.array(offsets, pa.int32()).buffers()[1]),
+                                                           pa.py_buffer(b"".join(cells))])
+
+
+def test_a_bad_parquet_cell_costs_only_its_record_and_unused_columns_are_not_read(tmp_path):
+    """Before: the reader converted every column of a 512-row batch at once; one invalid UTF-8 cell or one
+    timestamp past year 9999 in any column turned the rest of the file into one error row (null record_index)."""
+    n = 1200
+    year_90000 = 253_402_300_800_000 * 10  # ms since 1970: pyarrow reads it, Python's datetime cannot hold it
+    stamps = pa.array([1_704_067_200_000] * 700 + [year_90000] + [1_704_067_200_000] * (n - 701), pa.int64())
+    texts = [f"document {i}".encode() for i in range(n)]
+    texts[5] = b"bad \xff utf8"
+    table = pa.table({"id": [f"d{i}" for i in range(n)], "text": _string_column_with_invalid_utf8(texts),
+                      "created": stamps.cast(pa.timestamp("ms")),  # year 90000 at row 700: unused, never read
+                      "notes": _string_column_with_invalid_utf8([b"\xfe"] * n)})  # unused and all invalid
+    path = tmp_path / "cells.parquet"
+    pq.write_table(table, path)
+    docs, errors = split(list(read_shard(str(path), SPEC)))
+    assert len(docs) == n - 1 and [d.record_index for d in docs] == [i for i in range(n) if i != 5]
+    assert [(e.record_index, e.stage, e.error_type, e.doc_id) for e in errors] == [(5, "parse", "invalid_utf8", "d5")]
+    assert "'text'" in errors[0].message
+    # a bad cell in a column the run uses (the id) is that record's error row, the others are scored
+    ids = pa.array([0, year_90000, 0], pa.int64()).cast(pa.timestamp("ms"))
+    pq.write_table(pa.table({"id": ids, "text": ["x", "y", "z"]}), tmp_path / "id.parquet")
+    docs, errors = split(list(read_shard(str(tmp_path / "id.parquet"), SPEC)))
+    assert [(d.doc_id, d.record_index) for d in docs] == [("1970-01-01 00:00:00", 0), ("1970-01-01 00:00:00", 2)]
+    assert [(e.record_index, e.error_type, e.doc_id) for e in errors] == [(1, "bad_field_type", f"{tmp_path}/id.parquet#1")]
+    assert "'id'" in errors[0].message and "OverflowError" in errors[0].message
+
+
+def test_a_parquet_file_without_the_text_column_names_its_columns(tmp_path):
+    pq.write_table(pa.table({"id": ["m0"], "body": ["no text column"]}), tmp_path / "m.parquet")
+    _, errors = split(list(read_shard(str(tmp_path / "m.parquet"), SPEC)))
+    assert [(e.record_index, e.error_type, e.doc_id) for e in errors] == [(0, "missing_field", "m0")]
+    assert "columns: ['id', 'body']" in errors[0].message and "--text_field" in errors[0].message

@@ -290,7 +290,7 @@ def _printable(text: str) -> str:
 
 def _doc_id(record: dict, source: str, index: int, id_field: str | None) -> str:
     value = record.get(id_field) if id_field else None
-    if value is None or isinstance(value, (dict, list)):
+    if value is None or isinstance(value, (dict, list, BadCell)):
         return f"{source}#{index}"
     if isinstance(value, bool):  # JSON's spelling, not Python's True
         return "true" if value else "false"
@@ -442,13 +442,72 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
 
     def records() -> Iterator[tuple[int, Any, None]]:
         with fsspec.open(path, "rb") as f:
+            parquet = pq.ParquetFile(f)
+            names = parquet.schema_arrow.names
+            # only the columns a Document carries: a bad cell in any other column must not cost its record
+            columns = [name for name in dict.fromkeys(used_fields(spec)) if name in names]
             index = 0
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=512):
-                for row in batch.to_pylist():
-                    yield index, row, None
+            for batch in parquet.iter_batches(batch_size=512, columns=columns):
+                values = {name: _column_values(batch.column(i)) for i, name in enumerate(batch.schema.names)}
+                for row in range(batch.num_rows):
+                    record = {name: column[row] for name, column in values.items()}
+                    yield index, _parquet_record(record, path, index, spec, names), None
                     index += 1
 
     yield from _timed(records(), path, spec)
+
+
+def used_fields(spec: ReadSpec) -> tuple[str, ...]:
+    """The record fields a Document is made of: the text, the id and the fields the tasks use."""
+    return (spec.text_field, *((spec.id_field,) if spec.id_field else ()), *KEPT_FIELDS, *KEPT_AS_IS)
+
+
+@dataclasses.dataclass(frozen=True)
+class BadCell:
+    """A Parquet cell that pyarrow cannot turn into a Python value (invalid UTF-8, a timestamp past year 9999)."""
+
+    error: Exception
+
+    def __str__(self) -> str:  # how the record's raw JSON shows it
+        return f"<unreadable cell: {type(self.error).__name__}>"
+
+
+def _column_values(column) -> list[Any]:
+    """A batch column as Python values; when one cell cannot be converted the column is converted cell by
+    cell, so that only that cell's record becomes an error row."""
+    try:
+        return column.to_pylist()
+    except Exception:
+        return [_cell_value(column, i) for i in range(len(column))]
+
+
+def _cell_value(column, i: int) -> Any:
+    try:
+        return column[i].as_py()
+    except Exception as e:
+        return BadCell(e)
+
+
+def _parquet_record(record: dict, path: str, index: int, spec: ReadSpec, names: list[str]) -> dict | ErrorRow:
+    """The row as a record, or an error row for a cell that cannot be read or a file without the text column
+    (named with the file's columns: the row holds only the columns read)."""
+    doc_id = _doc_id(record, path, index, spec.id_field)
+    bad = next(((name, value) for name, value in record.items() if isinstance(value, BadCell)), None)
+    if bad is not None:
+        name, cell = bad
+        error_type = "invalid_utf8" if isinstance(cell.error, UnicodeDecodeError) else "bad_field_type"
+        return ErrorRow(
+            path, index, "parse", error_type,
+            f"column {name!r} of this row cannot be read ({type(cell.error).__name__}: {str(cell.error)[:200]}); "
+            "fix the producer of this file", raw=_raw(record), doc_id=doc_id,
+        )
+    if spec.text_field not in names:
+        return ErrorRow(
+            path, index, "parse", "missing_field",
+            f"the file has no column {spec.text_field!r} (--text_field); columns: {names[:20]}", raw=_raw(record),
+            doc_id=doc_id,
+        )
+    return record
 
 
 def _read_text(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
