@@ -237,3 +237,19 @@ def test_a_parquet_file_without_the_text_column_names_its_columns(tmp_path):
     _, errors = split(list(read_shard(str(tmp_path / "m.parquet"), SPEC)))
     assert [(e.record_index, e.error_type, e.doc_id) for e in errors] == [(0, "missing_field", "m0")]
     assert "columns: ['id', 'body']" in errors[0].message and "--text_field" in errors[0].message
+
+
+def test_a_local_file_name_holding_double_colons_is_read_as_that_file(tmp_path):
+    """Before: fsspec.open read `notes::v2.jsonl` as a chained URL and opened `notes` (or failed on its absence)."""
+    (tmp_path / "notes").write_text('{"text": "WRONG FILE"}\n')
+    (tmp_path / "notes::v2.jsonl").write_text('{"id": "j", "text": "the jsonl shard"}\n')
+    (tmp_path / "notes::v2.jsonl.gz").write_bytes(gzip.compress(b'{"id": "g", "text": "the gzip shard"}\n'))
+    (tmp_path / "readme::draft.txt").write_text("the text file")
+    pq.write_table(pa.table({"id": ["p"], "text": ["the parquet shard"]}), tmp_path / "rows::v2.parquet")
+    texts = {}
+    for name in ("notes::v2.jsonl", "notes::v2.jsonl.gz", "readme::draft.txt", "rows::v2.parquet"):
+        docs, errors = split(list(read_shard(str(tmp_path / name), SPEC)))
+        assert not errors, (name, errors)
+        texts[name] = [d.text for d in docs]
+    assert texts == {"notes::v2.jsonl": ["the jsonl shard"], "notes::v2.jsonl.gz": ["the gzip shard"],
+                     "readme::draft.txt": ["the text file"], "rows::v2.parquet": ["the parquet shard"]}

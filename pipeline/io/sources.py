@@ -400,10 +400,18 @@ def _line(held: bytearray, skipped: int) -> tuple[bytes, int]:
     return line, (skipped if skipped >= 0 else len(line))
 
 
+def open_shard(path: str, compression: str | None = None):
+    """A shard opened for binary reading. A discovered local path (no `://`) is opened as the local file it
+    names: fsspec.open reads `::` in a file name (notes::v2.jsonl) as a chained URL and opens another file."""
+    if "://" in path:
+        return fsspec.open(path, "rb", compression=compression)
+    return LocalFileSystem().open(path, "rb", compression=compression)
+
+
 def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     def records() -> Iterator[tuple[int, Any, bytes | None]]:
         compression = "gzip" if path.lower().endswith(".gz") else None
-        with fsspec.open(path, "rb", compression=compression) as f:
+        with open_shard(path, compression) as f:
             try:
                 for index, (line, size) in enumerate(bounded_lines(f, spec.max_record_bytes)):
                     if size > spec.max_record_bytes:
@@ -441,7 +449,7 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     import pyarrow.parquet as pq
 
     def records() -> Iterator[tuple[int, Any, None]]:
-        with fsspec.open(path, "rb") as f:
+        with open_shard(path) as f:
             parquet = pq.ParquetFile(f)
             names = parquet.schema_arrow.names
             # only the columns a Document carries: a bad cell in any other column must not cost its record
@@ -512,7 +520,7 @@ def _parquet_record(record: dict, path: str, index: int, spec: ReadSpec, names: 
 
 def _read_text(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     start = time.perf_counter()
-    with fsspec.open(path, "rb") as f:
+    with open_shard(path) as f:
         size = f.size if getattr(f, "size", None) is not None else None
         if size is not None and size > spec.max_record_bytes:
             yield ErrorRow(
