@@ -100,3 +100,18 @@ def test_docscore_run_naming_a_named_pipe_exits_2_with_its_path(tmp_path):
     assert done.returncode == 2, done.stderr[-3000:]
     assert f"--input {tmp_path / 'docs.jsonl'}: " in done.stderr and "is a named pipe (FIFO), not a regular file" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "out" / "scores").exists()
+
+
+def test_an_input_that_exists_as_written_is_that_file_or_directory_not_a_pattern(tmp_path):
+    """Before: `a[1].jsonl` was a glob matching `a1.jsonl` (or nothing), `b*c.jsonl` matched `bxc.jsonl` too,
+    and `d::e.jsonl` was a chained URL naming `d`."""
+    for name in ("a1.jsonl", "a[1].jsonl", "bxc.jsonl", "b*c.jsonl", "d", "d::e.jsonl", "f?.jsonl", "fx.jsonl"):
+        write_jsonl(tmp_path / name, [{"text": name}])
+    for name in ("a[1].jsonl", "b*c.jsonl", "d::e.jsonl", "f?.jsonl"):
+        assert discover_shards(str(tmp_path / name)) == [str(tmp_path / name)], name
+    assert discover_shards(f"file://{tmp_path}/a[1].jsonl") == [str(tmp_path / "a[1].jsonl")]
+    write_jsonl(tmp_path / "runs[2024]" / "x.jsonl", [{"text": "x"}])
+    assert discover_shards(str(tmp_path / "runs[2024]")) == [str(tmp_path / "runs[2024]" / "x.jsonl")]
+    # a pattern that is not itself a path stays a pattern
+    assert discover_shards(str(tmp_path / "a[0-9].jsonl")) == [str(tmp_path / "a1.jsonl")]
+    assert discover_shards(str(tmp_path / "f?.jsonl").replace("?", "[x]")) == [str(tmp_path / "fx.jsonl")]

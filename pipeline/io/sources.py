@@ -87,13 +87,17 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
     protocol = fsspec.core.split_protocol(pattern)[0]
     if protocol in GCS_PROTOCOLS:
         check_bucket(pattern)
-    fs, _, paths = fsspec.get_fs_token_paths(pattern)
-    if fsspec.core.has_magic(pattern) and "*" not in pattern:  # fsspec expands a pattern only when it holds a *
-        paths = sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1]))
+    existing = existing_local_path(pattern)
+    if existing is not None:  # a[1].jsonl, b*c.jsonl, d::e.jsonl: that file or directory, not a pattern or a chained URL
+        fs, paths = LocalFileSystem(), [existing]
+    else:
+        fs, _, paths = fsspec.get_fs_token_paths(pattern)
+        if fsspec.core.has_magic(pattern) and "*" not in pattern:  # fsspec expands a pattern only when it holds a *
+            paths = sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1]))
     local = isinstance(fs, LocalFileSystem)
     hidden = lambda p: p.rsplit("/", 1)[-1].startswith(("_", "."))  # noqa: E731 - _SUCCESS, .crc, ...
-    one_path = not fsspec.core.has_magic(pattern) and len(paths) == 1
-    if one_path and (fs.isdir(paths[0]) if local else remote_kind(fs, pattern, paths[0]) == "directory"):
+    one_path = existing is not None or (not fsspec.core.has_magic(pattern) and len(paths) == 1)
+    if one_path and (os.path.isdir(paths[0]) if local else remote_kind(fs, pattern, paths[0]) == "directory"):
         files = (local_regular_files(paths[0]) if local
                  else [p for p, info in fs.find(paths[0], detail=True).items() if info.get("type") == "file"])
         root = paths[0].rstrip("/") + "/"
@@ -121,6 +125,15 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
     if undecodable:  # every row would carry it as `source`, and no table can hold it
         raise ValueError(f"--input {pattern}: the file name {_printable(undecodable[0])!r} is not valid UTF-8; rename it")
     return sorted(fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in found)
+
+
+def existing_local_path(pattern: str) -> str | None:
+    """The absolute path of a local --input that exists as written (a link too, even a broken one), else None:
+    such a path names that file or directory, even when it holds glob characters or `::`."""
+    if fsspec.core.split_protocol(pattern)[0] not in (None, "file"):
+        return None
+    path = pattern[len("file://"):] if pattern.startswith("file://") else pattern
+    return os.path.abspath(path) if path and os.path.lexists(path) else None
 
 
 def check_bucket(pattern: str) -> None:
