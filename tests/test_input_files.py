@@ -115,3 +115,22 @@ def test_an_input_that_exists_as_written_is_that_file_or_directory_not_a_pattern
     # a pattern that is not itself a path stays a pattern
     assert discover_shards(str(tmp_path / "a[0-9].jsonl")) == [str(tmp_path / "a1.jsonl")]
     assert discover_shards(str(tmp_path / "f?.jsonl").replace("?", "[x]")) == [str(tmp_path / "fx.jsonl")]
+
+
+def test_array_record_shards_in_a_path_input_are_refused_naming_tfds_input(tmp_path):
+    """Before: they were discovered, and each became a read/corrupt_file error row of a run that published."""
+    from pipeline.options import ConfigError, parse_options
+    from pipeline.validate import validate
+
+    d = tmp_path / "prepared"
+    write_jsonl(d / "docs.jsonl", [{"text": "a document"}])
+    for split in ("test", "train"):
+        (d / f"odd_docs-{split}.array_record-00000-of-00001").write_bytes(b"\0" * 64)
+    with pytest.raises(ValueError, match=r"odd_docs-test\.array_record-00000-of-00001 \(and 1 more\) is a TFDS "
+                                         r"array_record shard.*--input tfds:NAME --tfds_data_dir DIR"):
+        discover_shards(str(d))
+    with pytest.raises(ValueError, match="--input tfds:NAME"):
+        discover_shards(str(d / "*.array_record-*"))
+    _, eo = parse_options(["--input", str(d), "--output", str(tmp_path / "out")])
+    with pytest.raises(ConfigError, match="--input tfds:NAME --tfds_data_dir DIR"):
+        validate(eo)

@@ -121,10 +121,25 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
             )
     if not found:
         raise FileNotFoundError(f"--input {pattern}: matches no readable shard ({SUPPORTED})")
+    refuse_array_record(pattern, found)
     undecodable = [p for p in found if utf8_size(p) is None]
     if undecodable:  # every row would carry it as `source`, and no table can hold it
         raise ValueError(f"--input {pattern}: the file name {_printable(undecodable[0])!r} is not valid UTF-8; rename it")
     return sorted(fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in found)
+
+
+def refuse_array_record(pattern: str, found: list[str]) -> None:
+    """Raise ValueError when a path or glob --input holds TFDS array_record shards: they are read only through
+    their dataset's features.json, and read otherwise each would become a corrupt_file row of a published run."""
+    shards = [p for p in found if shard_format(p) == "array_record"]
+    if shards:
+        raise ValueError(
+            f"--input {pattern}: {_printable(shards[0])}"
+            + (f" (and {len(shards) - 1} more)" if len(shards) > 1 else "")
+            + " is a TFDS array_record shard, read only through its dataset: pass --input tfds:NAME "
+            "--tfds_data_dir DIR (the data_dir it was prepared in), or an --input matching only "
+            f"{', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES)} files"
+        )
 
 
 def existing_local_path(pattern: str) -> str | None:
