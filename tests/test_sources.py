@@ -253,3 +253,30 @@ def test_a_local_file_name_holding_double_colons_is_read_as_that_file(tmp_path):
         texts[name] = [d.text for d in docs]
     assert texts == {"notes::v2.jsonl": ["the jsonl shard"], "notes::v2.jsonl.gz": ["the gzip shard"],
                      "readme::draft.txt": ["the text file"], "rows::v2.parquet": ["the parquet shard"]}
+
+
+def test_ids_that_cannot_tell_a_record_apart_fall_back_to_the_position_and_bytes_are_decoded():
+    """Before: an empty id was doc_id "", a NaN id "nan" and a Parquet binary id the repr "b'bin-a'"."""
+    from pipeline.io.sources import make_document
+
+    for value in ("", float("nan"), float("inf"), float("-inf")):
+        assert make_document({"id": value, "text": "t"}, "s", 3, SPEC, 0.0).doc_id == "s#3", value
+    assert make_document({"id": 1.5, "text": "t"}, "s", 3, SPEC, 0.0).doc_id == "1.5"
+    assert make_document({"id": b"bin-a", "text": "t"}, "s", 3, SPEC, 0.0).doc_id == "bin-a"
+    row = make_document({"id": b"\xff\xfe", "text": "t"}, "s", 3, SPEC, 0.0)
+    assert (type(row), row.stage, row.error_type, row.doc_id) == (ErrorRow, "parse", "invalid_utf8", "s#3")
+    assert "'id'" in row.message
+
+
+def test_parquet_binary_id_and_text_columns_are_read_as_utf8_text(tmp_path):
+    """Before: a binary id became "b'bin-a'" and a binary (un-annotated UTF-8) text column was bad_field_type
+    on every row."""
+    path = tmp_path / "bin.parquet"
+    pq.write_table(pa.table({"id": pa.array([b"bin-a", b"\xff\xfe", b"bin-c"], pa.binary()),
+                             "text": pa.array([b"binary text", b"two", b"bad \xff"], pa.binary()),
+                             "label": pa.array([b"x", None, None], pa.large_binary())}), path)
+    docs, errors = split(list(read_shard(str(path), SPEC)))
+    assert [(d.doc_id, d.text, d.fields) for d in docs] == [("bin-a", "binary text", {"label": "x"})]
+    assert [(e.record_index, e.error_type, e.doc_id) for e in errors] == [
+        (1, "invalid_utf8", f"{path}#1"), (2, "invalid_utf8", "bin-c")]
+    assert "'id'" in errors[0].message and "'text'" in errors[1].message

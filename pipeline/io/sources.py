@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import math
 import os
 import stat
 import sys
@@ -263,7 +264,14 @@ def make_document(
     shown = (lambda: raw) if raw is not None else (lambda: _raw(record))  # noqa: E731 - only built for error rows
     if not isinstance(record, dict):
         return ErrorRow(source, index, "parse", "not_an_object", f"record is a {type(record).__name__}, not an object", raw=shown())
+    record, undecodable = _decode_bytes(record, (spec.text_field, spec.id_field, *KEPT_FIELDS))
     doc_id = _doc_id(record, source, index, spec.id_field)
+    if undecodable is not None:
+        return ErrorRow(
+            source, index, "parse", "invalid_utf8",
+            f"{undecodable!r} holds bytes that are not valid UTF-8 text; fix the producer of this record",
+            raw=shown(), doc_id=doc_id,
+        )
     if spec.text_field not in record or record[spec.text_field] is None:
         return ErrorRow(
             source, index, "parse", "missing_field",
@@ -316,9 +324,27 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", errors="replace").decode("utf-8")
 
 
+def _decode_bytes(record: dict, names: tuple[str | None, ...]) -> tuple[dict, str | None]:
+    """The record with the bytes values of `names` decoded as UTF-8 (a Parquet binary column or a TFDS string
+    Tensor holds text as bytes), and the first of them that is not valid UTF-8, or None."""
+    decoded, undecodable = {}, None
+    for name in names:
+        value = record.get(name) if name else None
+        if isinstance(value, bytes):
+            try:
+                decoded[name] = value.decode("utf-8")
+            except UnicodeDecodeError:
+                undecodable = undecodable or name
+    return ({**record, **decoded} if decoded else record), undecodable
+
+
 def _doc_id(record: dict, source: str, index: int, id_field: str | None) -> str:
+    """The record's id as text; SOURCE#INDEX when it has none that can tell it apart (absent, null, empty,
+    NaN or infinite, a list or an object, bytes that are not UTF-8, a cell that cannot be read)."""
     value = record.get(id_field) if id_field else None
-    if value is None or isinstance(value, (dict, list, BadCell)):
+    if value is None or value == "" or isinstance(value, (dict, list, bytes, BadCell)):
+        return f"{source}#{index}"
+    if isinstance(value, float) and not math.isfinite(value):
         return f"{source}#{index}"
     if isinstance(value, bool):  # JSON's spelling, not Python's True
         return "true" if value else "false"
