@@ -65,3 +65,62 @@ def test_pipeline_reads_a_tfds_split(tfds_dir, tmp_path, minilm):
     direct = direct_embeddings(minilm, [SENTENCES[int(i[1:])] for i in scores.doc_id])
     assert np.max(np.abs(np.stack(scores.embedding.map(np.asarray)) - direct)) <= 1e-5
     assert read_summary(out, "tfds")["counts"]["records"] == N_TEST
+
+
+def write_odd_dataset(data_dir, examples: list[dict]) -> str:
+    """A prepared dataset `odd_docs` written by hand (features.json, dataset_info.json and one array_record
+    shard of tf.train.Examples, as TFDS writes them): a Text `text`, a scalar string Tensor `body`, an int64 `id`."""
+    import json
+
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from pipeline.io import tfds_reader
+
+    directory = data_dir / "odd_docs" / "1.0.0"
+    directory.mkdir(parents=True)
+    features = {"featuresDict": {"features": {
+        "text": {"pythonClassName": "tensorflow_datasets.core.features.text_feature.Text", "text": {}},
+        "body": {"pythonClassName": "tensorflow_datasets.core.features.tensor_feature.Tensor",
+                 "tensor": {"dtype": "string", "encoding": "none", "shape": {}}},
+        "id": {"pythonClassName": "tensorflow_datasets.core.features.scalar.Scalar",
+               "tensor": {"dtype": "int64", "encoding": "none", "shape": {}}}}}}
+    (directory / "features.json").write_text(json.dumps(features))
+    (directory / "dataset_info.json").write_text(json.dumps({
+        "fileFormat": "array_record", "splits": [{"name": "test", "shardLengths": [str(len(examples))]}]}))
+    example_class = tfds_reader._example_class()
+    writer = ArrayRecordWriter(str(directory / "odd_docs-test.array_record-00000-of-00001"), "group_size:1")
+    for values in examples:
+        example = example_class()
+        for name, value in values.items():
+            feature = example.features.feature[name]
+            if isinstance(value, int):
+                feature.int64_list.value.append(value)
+            else:
+                feature.bytes_list.value.append(value)
+        writer.write(example.SerializeToString())
+    writer.close()
+    return str(directory)
+
+
+def test_string_tensor_features_are_text_and_invalid_utf8_is_an_invalid_utf8_row(tmp_path):
+    """Before: a scalar string Tensor was never decoded (`--text_field body`: parse/bad_field_type "is a bytes"),
+    and invalid UTF-8 in a Text feature was parse/invalid_example, a type README does not list."""
+    from pipeline.io import tfds_reader
+    from pipeline.io.sources import ReadSpec, discover_shards, read_shard
+    from pipeline.records import Document, ErrorRow
+
+    write_odd_dataset(tmp_path, [{"id": 0, "text": b"normal text", "body": b"body zero"},
+                                 {"id": 1, "text": b"bad \xff utf8", "body": b"body one"},
+                                 {"id": 2, "text": b"fine", "body": b"bad \xfe body"}])
+    dataset = tfds_reader.locate_dataset("tfds:odd_docs", str(tmp_path))
+    assert dataset.feature_kinds == {"text": "text", "body": "text", "id": "scalar"}
+    [shard] = discover_shards("tfds:odd_docs", tfds_data_dir=str(tmp_path))
+
+    def outcomes(text_field):
+        items = list(read_shard(shard, ReadSpec(text_field=text_field, id_field="id", tfds=dataset)))
+        return ([(d.doc_id, d.text) for d in items if isinstance(d, Document)],
+                [(e.record_index, e.stage, e.error_type, e.doc_id) for e in items if isinstance(e, ErrorRow)])
+
+    # each field's bad bytes cost only the records that use that field
+    assert outcomes("body") == ([("0", "body zero"), ("1", "body one")], [(2, "parse", "invalid_utf8", "2")])
+    assert outcomes("text") == ([("0", "normal text"), ("2", "fine")], [(1, "parse", "invalid_utf8", "1")])

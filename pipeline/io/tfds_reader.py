@@ -96,7 +96,8 @@ def locate_dataset(spec: str, data_dir: str) -> TfdsDataset:
             except FileNotFoundError:
                 class_names[feature] = []
         elif "tensor" in spec_ and not spec_["tensor"].get("shape", {}).get("dimensions"):
-            kinds[feature] = "scalar"
+            # a scalar string Tensor (tfds.features.Tensor(shape=(), dtype=np.str_)) holds text as Text does
+            kinds[feature] = "text" if spec_["tensor"].get("dtype") == "string" else "scalar"
         else:
             kinds[feature] = "other"
     return TfdsDataset(name, version, directory, kinds, class_names)
@@ -163,13 +164,22 @@ def decode_example(data: bytes, dataset: TfdsDataset) -> dict[str, Any]:
     for name, feature in example.features.feature.items():
         kind = feature.WhichOneof("kind")
         values = list(getattr(feature, kind).value) if kind else []
-        if kind == "bytes_list":
-            values = [v.decode("utf-8") if dataset.feature_kinds.get(name) == "text" else v for v in values]
+        if kind == "bytes_list" and dataset.feature_kinds.get(name) == "text":
+            values = [_text(v) for v in values]
         if dataset.feature_kinds.get(name) == "class_label" and values:
             names = dataset.class_names.get(name) or []
             values = [names[v] if 0 <= v < len(names) else v for v in values]
         record[name] = values[0] if len(values) == 1 and dataset.feature_kinds.get(name) != "other" else values
     return record
+
+
+def _text(value: bytes) -> str | bytes:
+    """A text feature's bytes as str; bytes that are not UTF-8 stay bytes, so that only a record whose text or id
+    they are becomes an error row (parse/invalid_utf8, as in the other readers), not one that never uses them."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value
 
 
 def iter_array_record(path: str, chunk: int = 256) -> Iterator[bytes]:
