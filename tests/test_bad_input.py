@@ -215,3 +215,19 @@ def test_a_shard_name_that_is_not_utf8_is_refused_before_reading(tmp_path):
         f.write('{"text": "x"}\n')
     with pytest.raises(ValueError, match="not valid UTF-8; rename it"):
         sources.discover_shards(str(tmp_path / "in"))
+
+
+def test_a_bom_and_a_crlf_do_not_count_toward_max_record_bytes(tmp_path):
+    """Before: a line of exactly --max_record_bytes was record_too_large when it ended in \\r\\n or began with a BOM."""
+    limit = 200
+    record = '{"id": "edge", "text": "' + "a" * (limit - 26) + '"}'
+    assert len(record) == limit
+    over = '{"id": "over", "text": "' + "a" * (limit - 25) + '"}'
+    (tmp_path / "crlf.jsonl").write_bytes(record.encode() + b"\r\n" + over.encode() + b"\r\n")
+    (tmp_path / "bom.jsonl").write_bytes(sources.UTF8_BOM + record.encode() + b"\n" + over.encode() + b"\n")
+    (tmp_path / "both.jsonl").write_bytes(sources.UTF8_BOM + record.encode() + b"\r\n" + sources.UTF8_BOM + over.encode())
+    for name in ("crlf.jsonl", "bom.jsonl", "both.jsonl"):
+        items = list(sources.read_shard(str(tmp_path / name), sources.ReadSpec(max_record_bytes=limit)))
+        assert [(type(i).__name__, i.record_index, getattr(i, "error_type", None)) for i in items] == [
+            ("Document", 0, None), ("ErrorRow", 1, "record_too_large")], name
+        assert f"line of {limit + 1} bytes" in items[1].message, name

@@ -134,3 +134,16 @@ def test_array_record_shards_in_a_path_input_are_refused_naming_tfds_input(tmp_p
     _, eo = parse_options(["--input", str(d), "--output", str(tmp_path / "out")])
     with pytest.raises(ConfigError, match="--input tfds:NAME --tfds_data_dir DIR"):
         validate(eo)
+
+
+def test_hidden_names_are_skipped_below_a_glob_but_a_file_named_explicitly_is_read(tmp_path):
+    """Before: `dir/**/*.jsonl` read files under `_tmp/` (only the last name part was checked), and
+    `--input dir/_train.jsonl` was refused as matching no readable shard."""
+    for name in ("a.jsonl", "_train.jsonl", ".hidden.jsonl", "_tmp/x.jsonl", "sub/.cache/y.jsonl", "sub/z.jsonl"):
+        write_jsonl(tmp_path / "d" / name, [{"text": name}])
+    d = tmp_path / "d"
+    assert discover_shards(str(d / "**" / "*.jsonl")) == [str(d / "a.jsonl"), str(d / "sub" / "z.jsonl")]
+    assert discover_shards(str(d / "*.jsonl")) == [str(d / "a.jsonl")]
+    assert discover_shards(str(d / "_train.jsonl")) == [str(d / "_train.jsonl")]
+    assert discover_shards(str(d / ".hidden.jsonl")) == [str(d / ".hidden.jsonl")]
+    assert discover_shards(str(d / "_tmp" / "*.jsonl")) == [str(d / "_tmp" / "x.jsonl")]  # a hidden fixed prefix is named

@@ -42,6 +42,7 @@ READ_CHUNK_BYTES = 2**20  # JSONL shards are read in chunks of this size, never 
 # Documents per element after reading: large enough that Beam's per-element work (~10 us a transform) is
 # noise per document, small enough that a shard's chunks spread over parallel bundles and workers.
 READ_CHUNK_DOCS = 256
+UTF8_BOM = b"\xef\xbb\xbf"
 RAW_PREVIEW_BYTES = 4000  # what an error row keeps of a record it could not hold (records.truncate_raw cuts further)
 
 
@@ -96,7 +97,8 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
         if fsspec.core.has_magic(pattern) and "*" not in pattern:  # fsspec expands a pattern only when it holds a *
             paths = sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1]))
     local = isinstance(fs, LocalFileSystem)
-    hidden = lambda p: p.rsplit("/", 1)[-1].startswith(("_", "."))  # noqa: E731 - _SUCCESS, .crc, ...
+    # a glob skips _/. names (_SUCCESS, .crc) and folders (_tmp/, .git/) below its fixed prefix; a file named explicitly is read
+    glob_root = _fixed_prefix(existing or fsspec.core.url_to_fs(pattern)[1])
     one_path = existing is not None or (not fsspec.core.has_magic(pattern) and len(paths) == 1)
     if one_path and (os.path.isdir(paths[0]) if local else remote_kind(fs, pattern, paths[0]) == "directory"):
         files = (local_regular_files(paths[0]) if local
@@ -112,7 +114,8 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
                 "regular file, a directory or a glob"
             )
         # one remote path is a file here: remote_kind raised if it was neither a file nor a directory
-        found = [p for p in paths if not hidden(p) and (_is_regular(p) if local else one_path or fs.isfile(p))]
+        found = [p for p in paths if (one_path or not _hidden_below(glob_root, p))
+                 and (_is_regular(p) if local else one_path or fs.isfile(p))]
         unknown = [p for p in found if shard_format(p) is None]
         if unknown:
             raise ValueError(
@@ -190,6 +193,13 @@ def remote_kind(fs, pattern: str, path: str) -> str:
 
 def _first_line(error: BaseException) -> str:
     return str(error).strip().split("\n", 1)[0][:300]
+
+
+def _fixed_prefix(pattern: str) -> str:
+    """The folders of a glob before its first part with a glob character, ending in /: `/data/**/*.jsonl` -> `/data/`."""
+    parts = pattern.split("/")
+    fixed = next((i for i, part in enumerate(parts) if fsspec.core.has_magic(part)), len(parts) - 1)
+    return "/".join(parts[:fixed]) + "/"
 
 
 def _hidden_below(root: str, path: str) -> bool:
@@ -467,16 +477,18 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
         compression = "gzip" if path.lower().endswith(".gz") else None
         with open_shard(path, compression) as f:
             try:
-                for index, (line, size) in enumerate(bounded_lines(f, spec.max_record_bytes)):
+                # a BOM and a CRLF's \r are not part of the record: a line may hold them on top of --max_record_bytes
+                for index, (line, size) in enumerate(bounded_lines(f, spec.max_record_bytes + len(UTF8_BOM) + 1)):
+                    if line.startswith(UTF8_BOM):  # a UTF-8 BOM (first line, or shards concatenated)
+                        line, size = line[len(UTF8_BOM):], size - len(UTF8_BOM)
                     if size > spec.max_record_bytes:
                         yield index, ErrorRow(
                             path, index, "read", "record_too_large",
                             f"line of {size} bytes is longer than --max_record_bytes={spec.max_record_bytes}; it was "
-                            "skipped without being read whole (raise --max_record_bytes to score it)", raw=line,
+                            "skipped without being read whole (raise --max_record_bytes to score it)",
+                            raw=line[:RAW_PREVIEW_BYTES],
                         ), None
                         continue
-                    if line.startswith(b"\xef\xbb\xbf"):  # a UTF-8 BOM (first line, or shards concatenated)
-                        line = line[3:]
                     if not line.strip():
                         continue  # blank lines are not records
                     try:
