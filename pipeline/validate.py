@@ -121,7 +121,7 @@ def first_record_fields(shard: str, read_spec: sources.ReadSpec, peek: int = 20)
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            with fsspec.open(shard, "rb") as f:
+            with sources.open_shard(shard) as f:
                 return set(pq.ParquetFile(f).schema_arrow.names)
         if fmt == "array_record" and read_spec.tfds is not None:
             return set(read_spec.tfds.feature_kinds)
@@ -137,9 +137,9 @@ def first_jsonl_records(shard: str, read_spec: sources.ReadSpec, peek: int) -> l
     not JSON objects are skipped: the reader reports them as error rows)."""
     compression = "gzip" if shard.lower().endswith(".gz") else None
     records = []
-    with fsspec.open(shard, "rb", compression=compression) as f:
-        lines = (line for line, size in sources.bounded_lines(f, read_spec.max_record_bytes)
-                 if size <= read_spec.max_record_bytes and line.strip())
+    limit = read_spec.max_record_bytes + len(sources.UTF8_BOM) + 1  # as the reader: a BOM and a CRLF's \r on top
+    with sources.open_shard(shard, compression) as f:
+        lines = (line for line, size in sources.bounded_lines(f, limit) if size <= limit and line.strip())
         for line in itertools.islice(lines, peek):
             try:
                 record = json.loads(line.decode("utf-8-sig"))

@@ -253,6 +253,12 @@ def test_a_local_file_name_holding_double_colons_is_read_as_that_file(tmp_path):
         texts[name] = [d.text for d in docs]
     assert texts == {"notes::v2.jsonl": ["the jsonl shard"], "notes::v2.jsonl.gz": ["the gzip shard"],
                      "readme::draft.txt": ["the text file"], "rows::v2.parquet": ["the parquet shard"]}
+    # validation's look at the fields reads the same files (it looked at `notes`, and the --text_field check with it)
+    from pipeline.validate import first_record_fields
+
+    (tmp_path / "notes").write_text('{"body": "WRONG FILE"}\n')
+    assert first_record_fields(str(tmp_path / "notes::v2.jsonl"), SPEC) == {"id", "text"}
+    assert first_record_fields(str(tmp_path / "rows::v2.parquet"), SPEC) == {"id", "text"}
 
 
 def test_ids_that_cannot_tell_a_record_apart_fall_back_to_the_position_and_bytes_are_decoded():
