@@ -15,6 +15,7 @@ class Outputs:
     def __init__(self, windows, queries=(), label_names=(), label_embeddings=None):
         self.window_outputs, self.query_outputs = list(windows), list(queries)
         self.label_names, self.label_embeddings = tuple(label_names), label_embeddings
+        self.spans, self.truncated = None, False
 
 
 class Settings:

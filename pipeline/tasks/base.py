@@ -51,6 +51,7 @@ class WindowOutputs(Protocol):
     label_names: tuple[str, ...]
     label_embeddings: np.ndarray | None
     spans: Any  # what the task's own tokenize said of the windows (TaskWindows.spans); None for the others
+    truncated: bool  # --max_chunks cut the document: its last window is not its end
 
 
 class ScoreSettings(Protocol):
