@@ -147,3 +147,8 @@ def test_hidden_names_are_skipped_below_a_glob_but_a_file_named_explicitly_is_re
     assert discover_shards(str(d / "_train.jsonl")) == [str(d / "_train.jsonl")]
     assert discover_shards(str(d / ".hidden.jsonl")) == [str(d / ".hidden.jsonl")]
     assert discover_shards(str(d / "_tmp" / "*.jsonl")) == [str(d / "_tmp" / "x.jsonl")]  # a hidden fixed prefix is named
+    # a `_`/`.` part the glob writes itself is asked for, below the first wildcard too
+    write_jsonl(tmp_path / "d" / "sub" / "_ok" / "w.jsonl", [{"text": "w"}])
+    assert discover_shards(str(d / "*" / "_ok" / "*.jsonl")) == [str(d / "sub" / "_ok" / "w.jsonl")]
+    assert discover_shards(str(d / "sub" / ".cach*" / "*.jsonl")) == [str(d / "sub" / ".cache" / "y.jsonl")]
+    assert discover_shards(str(d / "**" / "_ok" / "*.jsonl")) == [str(d / "sub" / "_ok" / "w.jsonl")]

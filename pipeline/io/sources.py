@@ -7,6 +7,7 @@ raise on bad data: a bad record is an ErrorRow, a corrupt shard an ErrorRow with
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import gzip
 import json
 import math
@@ -114,7 +115,8 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
                 "regular file, a directory or a glob"
             )
         # one remote path is a file here: remote_kind raised if it was neither a file nor a directory
-        found = [p for p in paths if (one_path or not _hidden_below(glob_root, p))
+        written = glob_parts(pattern, glob_root)
+        found = [p for p in paths if (one_path or not _hidden_below(glob_root, p, written))
                  and (_is_regular(p) if local else one_path or fs.isfile(p))]
         unknown = [p for p in found if shard_format(p) is None]
         if unknown:
@@ -157,8 +159,8 @@ def existing_local_path(pattern: str) -> str | None:
 
 def check_bucket(pattern: str) -> None:
     """Raise, naming --input, when the bucket of a gs:// --input does not exist (FileNotFoundError) or these
-    credentials may not list it (PermissionError). One listing request of at most one object: a store that
-    cannot be reached raises gcsfs's own error (after its retries), which is not an empty path."""
+    credentials may not list it for a glob or a directory (PermissionError). One listing request of at most one
+    object: a store that cannot be reached raises gcsfs's own error (after its retries), which is not an empty path."""
     fs, path = fsspec.core.url_to_fs(pattern)
     bucket = path.split("/", 1)[0]
     try:
@@ -171,6 +173,8 @@ def check_bucket(pattern: str) -> None:
     except OSError as e:
         if not str(e).startswith("Forbidden"):  # gcsfs's OSError for a 403 answer
             raise
+        if not fsspec.core.has_magic(pattern) and not pattern.endswith("/"):
+            return  # one object may be readable without the right to list the bucket (objectViewer on a prefix, ...)
         raise PermissionError(
             f"--input {pattern}: these credentials may not list bucket gs://{bucket} ({_first_line(e)}); grant them "
             "storage.objects.list and storage.objects.get on it (e.g. roles/storage.objectViewer)"
@@ -202,10 +206,18 @@ def _fixed_prefix(pattern: str) -> str:
     return "/".join(parts[:fixed]) + "/"
 
 
-def _hidden_below(root: str, path: str) -> bool:
-    """Some part of `path` below the directory `root` (ending in /) starts with `_` or `.`."""
+def glob_parts(pattern: str, root: str) -> tuple[str, ...]:
+    """The parts of a glob below its fixed folders `root` (`dir/*/_ok/*.jsonl` -> `*`, `_ok`, `*.jsonl`)."""
+    path = fsspec.core.url_to_fs(pattern)[1]
+    return tuple(path[len(root):].split("/")) if path.startswith(root) else ()
+
+
+def _hidden_below(root: str, path: str, written: tuple[str, ...] = ()) -> bool:
+    """Some part of `path` below the directory `root` (ending in /) starts with `_` or `.`, unless a part of the
+    glob that matches it starts so too (`_ok` or `.cache*` written in the pattern: asked for, not hidden)."""
     below = path[len(root):] if path.startswith(root) else path.rsplit("/", 1)[-1]
-    return any(part.startswith(("_", ".")) for part in below.split("/"))
+    return any(part.startswith(("_", ".")) and not any(w[:1] == part[:1] and fnmatch.fnmatchcase(part, w) for w in written)
+               for part in below.split("/"))
 
 
 def local_regular_files(root: str) -> list[str]:
@@ -274,14 +286,7 @@ def make_document(
     shown = (lambda: raw) if raw is not None else (lambda: _raw(record))  # noqa: E731 - only built for error rows
     if not isinstance(record, dict):
         return ErrorRow(source, index, "parse", "not_an_object", f"record is a {type(record).__name__}, not an object", raw=shown())
-    record, undecodable = _decode_bytes(record, (spec.text_field, spec.id_field, *KEPT_FIELDS))
     doc_id = _doc_id(record, source, index, spec.id_field)
-    if undecodable is not None:
-        return ErrorRow(
-            source, index, "parse", "invalid_utf8",
-            f"{undecodable!r} holds bytes that are not valid UTF-8 text; fix the producer of this record",
-            raw=shown(), doc_id=doc_id,
-        )
     if spec.text_field not in record or record[spec.text_field] is None:
         return ErrorRow(
             source, index, "parse", "missing_field",
@@ -334,18 +339,24 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", errors="replace").decode("utf-8")
 
 
-def _decode_bytes(record: dict, names: tuple[str | None, ...]) -> tuple[dict, str | None]:
-    """The record with the bytes values of `names` decoded as UTF-8 (a Parquet binary column or a TFDS string
-    Tensor holds text as bytes), and the first of them that is not valid UTF-8, or None."""
+def decoded_record(record: dict, path: str, index: int, spec: ReadSpec) -> dict | ErrorRow:
+    """The record with the bytes values of the fields a Document uses decoded as UTF-8 (a Parquet binary column
+    or a TFDS string Tensor holds text as bytes), or an invalid_utf8 error row for the first that is not UTF-8.
+    Only for readers whose records may hold bytes: a record parsed from JSON holds none."""
     decoded, undecodable = {}, None
-    for name in names:
+    for name in (spec.text_field, spec.id_field, *KEPT_FIELDS):
         value = record.get(name) if name else None
         if isinstance(value, bytes):
             try:
                 decoded[name] = value.decode("utf-8")
             except UnicodeDecodeError:
                 undecodable = undecodable or name
-    return ({**record, **decoded} if decoded else record), undecodable
+    record = {**record, **decoded} if decoded else record
+    if undecodable is not None:
+        return ErrorRow(path, index, "parse", "invalid_utf8",
+                        f"{undecodable!r} holds bytes that are not valid UTF-8 text; fix the producer of this record",
+                        raw=_raw(record), doc_id=_doc_id(record, path, index, spec.id_field))
+    return record
 
 
 def _doc_id(record: dict, source: str, index: int, id_field: str | None) -> str:
@@ -512,6 +523,7 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
 
 
 def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     def records() -> Iterator[tuple[int, Any, None]]:
@@ -520,12 +532,21 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
             names = parquet.schema_arrow.names
             # only the columns a Document carries: a bad cell in any other column must not cost its record
             columns = [name for name in dict.fromkeys(used_fields(spec)) if name in names]
+            has_text = spec.text_field in names
+            holds_bytes = any(f.name in columns and (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
+                              for f in parquet.schema_arrow)
             index = 0
             for batch in parquet.iter_batches(batch_size=512, columns=columns):
-                values = {name: _column_values(batch.column(i)) for i, name in enumerate(batch.schema.names)}
-                for row in range(batch.num_rows):
-                    record = {name: column[row] for name, column in values.items()}
-                    yield index, _parquet_record(record, path, index, spec, names), None
+                try:
+                    rows, cell_by_cell = batch.to_pylist(), False
+                except Exception:  # a cell pyarrow cannot convert: find it, so that only its record is an error row
+                    rows, cell_by_cell = _rows_cell_by_cell(batch), True
+                for record in rows:
+                    if cell_by_cell or not has_text:
+                        record = _parquet_record(record, path, index, spec, names)
+                    if holds_bytes and isinstance(record, dict):
+                        record = decoded_record(record, path, index, spec)
+                    yield index, record, None
                     index += 1
 
     yield from _timed(records(), path, spec)
@@ -546,9 +567,14 @@ class BadCell:
         return f"<unreadable cell: {type(self.error).__name__}>"
 
 
+def _rows_cell_by_cell(batch) -> list[dict[str, Any]]:
+    """A batch's rows with each cell converted on its own: a cell that cannot be converted is a BadCell."""
+    columns = {name: _column_values(batch.column(i)) for i, name in enumerate(batch.schema.names)}
+    return [{name: values[row] for name, values in columns.items()} for row in range(batch.num_rows)]
+
+
 def _column_values(column) -> list[Any]:
-    """A batch column as Python values; when one cell cannot be converted the column is converted cell by
-    cell, so that only that cell's record becomes an error row."""
+    """A batch column as Python values, a BadCell where a cell cannot be converted."""
     try:
         return column.to_pylist()
     except Exception:
@@ -565,7 +591,6 @@ def _cell_value(column, i: int) -> Any:
 def _parquet_record(record: dict, path: str, index: int, spec: ReadSpec, names: list[str]) -> dict | ErrorRow:
     """The row as a record, or an error row for a cell that cannot be read or a file without the text column
     (named with the file's columns: the row holds only the columns read)."""
-    doc_id = _doc_id(record, path, index, spec.id_field)
     bad = next(((name, value) for name, value in record.items() if isinstance(value, BadCell)), None)
     if bad is not None:
         name, cell = bad
@@ -573,13 +598,13 @@ def _parquet_record(record: dict, path: str, index: int, spec: ReadSpec, names: 
         return ErrorRow(
             path, index, "parse", error_type,
             f"column {name!r} of this row cannot be read ({type(cell.error).__name__}: {str(cell.error)[:200]}); "
-            "fix the producer of this file", raw=_raw(record), doc_id=doc_id,
+            "fix the producer of this file", raw=_raw(record), doc_id=_doc_id(record, path, index, spec.id_field),
         )
     if spec.text_field not in names:
         return ErrorRow(
             path, index, "parse", "missing_field",
             f"the file has no column {spec.text_field!r} (--text_field); columns: {names[:20]}", raw=_raw(record),
-            doc_id=doc_id,
+            doc_id=_doc_id(record, path, index, spec.id_field),
         )
     return record
 
@@ -616,7 +641,7 @@ def _read_array_record(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRo
     def records() -> Iterator[tuple[int, Any, None]]:
         for index, data in enumerate(tfds_reader.iter_array_record(path)):
             try:
-                yield index, tfds_reader.decode_example(data, spec.tfds), None
+                yield index, decoded_record(tfds_reader.decode_example(data, spec.tfds), path, index, spec), None
             except Exception as e:  # a record that is not a valid tf.train.Example
                 yield index, ErrorRow(path, index, "parse", "invalid_example", str(e)[:300], raw=data), None
 
