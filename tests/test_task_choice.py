@@ -311,6 +311,11 @@ def test_equal_candidates_get_one_score_and_the_first_of_them_wins(tiny_gpt2_dir
     doc = Document("t", "and/or cleanup", "s", 0, {"choices": [' ":"', ' ":"', ' ":" suite]', ' ":"'], "label": 0})
     [tokenized] = tokenize_documents([doc], tokenizer, WindowSpec(MAX_LEN, 0, 1, task="choice"), with_query=False)
     assert tokenized.spans.same_as == (0, 0, 2, 0)
+    # a context cut to fit can make two windows of the same tokens whose candidates differ in length: not equal
+    context = np.array([7] * 10, np.int32)
+    cut = choice._windows("c", ["a", "aa"], None, np.zeros(0, np.int32), context,
+                          [np.array([7], np.int32), np.array([7, 7], np.int32)], max_len=4)
+    assert [w.tolist() for w in cut.windows] == [[7, 7, 7, 7]] * 2 and cut.spans.same_as == (0, 1)
     first = np.log([0.9, 0.5, 0.5, 7.0])
     noisy = [first, first + np.array([0, 0, 1e-7, 0]), np.log([0.9, 0.5, 0.1, 0.1, 7.0])[: len(first)], first + 2e-7]
     spans = choice.ChoiceSpans(tokens=(1, 1, 1, 1), bytes=(4, 4, 10, 4), gold=0, same_as=(0, 0, 2, 0))

@@ -34,8 +34,9 @@ class ChoiceSpans:
     tokens: tuple[int, ...]
     bytes: tuple[int, ...]
     gold: int | None
-    # the first candidate whose window is the same tokens (itself when none is): equal candidates get one score,
-    # which the model, run on them in different rows of a batch, would give to the last few float32 bits only
+    # the first candidate whose window is the same tokens, as many of them its own (itself when none is): equal
+    # candidates get one score, which the model, run on them in different rows of a batch, would give to the
+    # last few float32 bits only
     same_as: tuple[int, ...] = ()
 
 
@@ -142,10 +143,11 @@ def _windows(context: str, choices: list[str], gold: int | None, prefix: np.ndar
         keep = min(len(context_ids), room)
         truncated |= keep < len(context_ids)
         windows.append(np.concatenate([prefix, context_ids[len(context_ids) - keep:], cont]).astype(np.int32))
-    first: dict[bytes, int] = {}
+    first: dict[tuple[bytes, int], int] = {}
     spans = ChoiceSpans(tokens=tuple(len(c) for c in continuations),
                         bytes=tuple(len(split_pair(context, c)[1].encode("utf-8")) for c in choices),
-                        gold=gold, same_as=tuple(first.setdefault(w.tobytes(), i) for i, w in enumerate(windows)))
+                        gold=gold, same_as=tuple(first.setdefault((w.tobytes(), len(c)), i)
+                                                 for i, (w, c) in enumerate(zip(windows, continuations))))
     return TaskWindows(windows=windows, n_tokens=len(context_ids) + sum(spans.tokens), truncated=truncated, spans=spans)
 
 
