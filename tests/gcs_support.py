@@ -14,6 +14,7 @@ import http.server
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -146,6 +147,9 @@ class FaultSchedule:
             return self._kind
 
 
+OBJECT_LISTING = re.compile(r"^/storage/v1/b/[^/]+/o/?$")  # objects.list (a GET of one object names it after /o/)
+
+
 class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: "_ProxyServer"
@@ -182,6 +186,9 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
             # on any bucket without the move API).
             self._send_json(400, "objects.move is not implemented by gcp-storage-emulator")
             return
+        if self.server.forbid_listing and self.command == "GET" and OBJECT_LISTING.match(self.path.split("?", 1)[0]):
+            self._send_json(403, "injected: storage.objects.list denied")
+            return
         action = self.server.schedule.next_action()
         if action == "drop":
             self.close_connection = True
@@ -216,6 +223,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 
 class _ProxyServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    forbid_listing = False
 
     def handle_error(self, request, client_address):
         """A client that hung up mid-response (it gave up, or we dropped it) is not a proxy bug."""
@@ -233,9 +241,10 @@ class FaultProxy:
     seeded, bounded share of requests (FaultSchedule); `stats` counts what it did. Every test
     reaches the emulator through one (fault_rate 0 for a clean run)."""
 
-    def __init__(self, upstream_port: int, *, fault_rate: float = 0.125, seed: int = 0):
+    def __init__(self, upstream_port: int, *, fault_rate: float = 0.125, seed: int = 0, forbid_listing: bool = False):
         self.schedule = FaultSchedule(fault_rate, seed)
         self._server = _ProxyServer(free_port(), upstream_port, self.schedule)
+        self._server.forbid_listing = forbid_listing  # answer 403 to object listings: credentials that may read, not list
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property

@@ -144,3 +144,25 @@ def test_gs_inputs_that_exist_are_discovered_and_an_empty_match_is_still_named_s
     assert discover_shards(gcs.url("in", "*.jsonl")) == [gcs.url("in", "a.jsonl")]
     with pytest.raises(FileNotFoundError, match="matches no readable shard"):  # a folder without a shard exists
         discover_shards(gcs.url("in", "*.parquet"))
+
+
+def test_one_object_is_read_with_credentials_that_may_read_but_not_list_its_bucket(gcs_emulator, tmp_path):
+    """Credentials that may get objects but not list the bucket (objectViewer on a prefix, legacyObjectReader): one
+    named object is still an input (the bucket check's 403 refused it); a glob, which needs the listing, is refused
+    naming the permission."""
+    import gcsfs
+    from gcs_support import FaultProxy, create_bucket, gcs_environment, unique_bucket_name
+
+    from pipeline.io.sources import discover_shards
+
+    bucket = unique_bucket_name()
+    create_bucket(gcs_emulator.url, bucket)
+    proxy = FaultProxy(gcs_emulator.port, fault_rate=0, forbid_listing=True).start()
+    try:
+        with gcs_environment(proxy.url, tmp_path):
+            gcsfs.GCSFileSystem().pipe(f"{bucket}/in/docs.jsonl", b'{"id": 1, "text": "x"}\n')
+            assert discover_shards(f"gs://{bucket}/in/docs.jsonl") == [f"gs://{bucket}/in/docs.jsonl"]
+            with pytest.raises(PermissionError, match=f"may not list bucket gs://{bucket}"):
+                discover_shards(f"gs://{bucket}/in/*.jsonl")
+    finally:
+        proxy.stop()
