@@ -146,6 +146,9 @@ def test_bounded_lines_splits_like_splitlines_at_every_chunk_size():
         want = [line[:-1] if line.endswith(b"\r") else line for line in data.split(b"\n")]
         assert [line for line, _ in got] == want
         assert all(size == len(line) for line, size in got)
+        # the same lines over max_bytes are skipped: their sizes leave the CRLF's \r out as well
+        skipped = list(sources.bounded_lines(io.BytesIO(data), max_bytes=0, chunk_bytes=chunk))
+        assert [size for _, size in skipped] == [len(line) for line in want]
 
 
 def test_an_over_long_line_is_skipped_without_being_held_whole():

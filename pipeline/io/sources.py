@@ -450,11 +450,14 @@ def bounded_lines(f, max_bytes: int, chunk_bytes: int = READ_CHUNK_BYTES) -> Ite
     read = getattr(f, "read1", f.read)  # read1: what is there now (a truncated .gz still gives what precedes the break)
     held = bytearray()
     skipped = -1  # bytes of an over-long line skipped so far (held keeps its preview); -1: none
+    last = 0  # the line's last byte so far: a CRLF's \r is not the record's, also on a line that was skipped
     while chunk := read(chunk_bytes):
         start = 0
         while start < len(chunk):
             newline = chunk.find(b"\n", start)
             end = len(chunk) if newline < 0 else newline
+            if end > start:
+                last = chunk[end - 1]
             if skipped >= 0:
                 skipped += end - start
             else:
@@ -464,15 +467,17 @@ def bounded_lines(f, max_bytes: int, chunk_bytes: int = READ_CHUNK_BYTES) -> Ite
                     del held[RAW_PREVIEW_BYTES:]
             if newline < 0:
                 break
-            yield _line(held, skipped)
-            held, skipped, start = bytearray(), -1, newline + 1
+            yield _line(held, skipped, last)
+            held, skipped, start, last = bytearray(), -1, newline + 1, 0
     if held or skipped >= 0:
-        yield _line(held, skipped)
+        yield _line(held, skipped, last)
 
 
-def _line(held: bytearray, skipped: int) -> tuple[bytes, int]:
-    line = bytes(held[:-1] if held.endswith(b"\r") and skipped < 0 else held)  # CRLF line ends
-    return line, (skipped if skipped >= 0 else len(line))
+def _line(held: bytearray, skipped: int, last: int) -> tuple[bytes, int]:
+    if skipped >= 0:
+        return bytes(held), skipped - (last == 13)  # 13: a CRLF's \r ended the skipped line
+    line = bytes(held[:-1] if held.endswith(b"\r") else held)  # CRLF line ends
+    return line, len(line)
 
 
 def open_shard(path: str, compression: str | None = None):
