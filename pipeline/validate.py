@@ -244,20 +244,12 @@ def check_output_outside_input(eo: EvalOptions, shards: Sequence[str]) -> None:
     read the tables of the runs before it as input."""
     if eo.output.startswith(sinks.BQ_PREFIX) or eo.input.startswith(tfds_reader.TFDS_PREFIX):
         return
-    output = _comparable(eo.output) + "/"
-    reads_output = any(_comparable(shard).startswith(output) for shard in shards)
-    input_dir = not fsspec.core.has_magic(eo.input) and len(shards) and _comparable(shards[0]) != _comparable(eo.input)
-    if reads_output or (input_dir and output.startswith(_comparable(eo.input) + "/")):
+    output = run_commit.one_spelling(eo.output) + "/"
+    reads_output = any(run_commit.one_spelling(shard).startswith(output) for shard in shards)
+    input_dir = not fsspec.core.has_magic(eo.input) and len(shards) and run_commit.one_spelling(shards[0]) != run_commit.one_spelling(eo.input)
+    if reads_output or (input_dir and output.startswith(run_commit.one_spelling(eo.input) + "/")):
         raise ConfigError(f"--output {eo.output} is inside what --input {eo.input} reads, so every run would read "
                           "the tables of the runs before it as input; write the output outside the input")
-
-
-def _comparable(path: str) -> str:
-    """A path or URL in one spelling: local ones absolute and resolved, URLs without a trailing /."""
-    protocol, rest = fsspec.core.split_protocol(path)
-    if protocol in (None, "file"):
-        return os.path.realpath(rest)
-    return f"{protocol}://{rest.strip('/')}"
 
 
 def missing_field(eo: EvalOptions, shard: str, fields: Sequence[str]) -> str | None:

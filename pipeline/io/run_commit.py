@@ -341,6 +341,15 @@ def is_local(fs) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
+def one_spelling(path: str) -> str:
+    """A path or URL in one spelling, to tell whether two name the same place: local ones absolute and
+    resolved, URLs without a trailing /."""
+    protocol, rest = fsspec.core.split_protocol(path)
+    if protocol in (None, "file"):
+        return os.path.realpath(rest)
+    return f"{protocol}://{rest.strip('/')}"
+
+
 def fs_path(url: str) -> str:
     return fsspec.core.url_to_fs(url)[1]
 

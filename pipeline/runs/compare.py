@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import posixpath
 import sys
 from typing import Any
@@ -236,10 +235,8 @@ def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict
 
 
 def _place(ref: RunRef) -> tuple[str, str]:
-    """(output directory in one spelling, run_id): local paths resolved, URLs without a trailing /."""
-    protocol, rest = fsspec.core.split_protocol(ref.output_dir or ".")
-    where = os.path.realpath(rest) if protocol in (None, "file") else f"{protocol}://{rest.strip('/')}"
-    return where, ref.run_id
+    """(output directory in one spelling, run_id)."""
+    return run_commit.one_spelling(ref.output_dir or "."), ref.run_id
 
 
 # ---- limits --------------------------------------------------------------------------------------

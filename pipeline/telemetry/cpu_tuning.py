@@ -185,11 +185,17 @@ def add_xla_flags(flags: tuple[str, ...] | list[str]) -> list[str]:
 _exported_cache_dir: str | None = None  # what enable_compilation_cache exported: this process's, not the user's
 
 
+def _users_cache_dir() -> str | None:
+    """JAX_COMPILATION_CACHE_DIR when the user set it (not a value this process exported for an earlier run)."""
+    env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    return env if env and env != _exported_cache_dir else None
+
+
 def compilation_cache_dir(cache_dir: str | None) -> str:
     """$JAX_COMPILATION_CACHE_DIR when the user set it, else <docscore cache dir>/jax-compilation-cache (a
     value this process exported for an earlier run does not hold a later run with another --cache_dir)."""
-    env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    if env and env != _exported_cache_dir:
+    env = _users_cache_dir()
+    if env:
         return env
     from models.model_dir import default_cache_dir
 
@@ -198,8 +204,8 @@ def compilation_cache_dir(cache_dir: str | None) -> str:
 
 def compilation_cache_setting(cache_dir: str | None) -> str:
     """Which setting chose compilation_cache_dir(cache_dir), for messages."""
-    env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    if env and env != _exported_cache_dir:
+    env = _users_cache_dir()
+    if env:
         return f"JAX_COMPILATION_CACHE_DIR={env}"
     if cache_dir:
         return f"--cache_dir {cache_dir}"
