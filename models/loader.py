@@ -6,12 +6,13 @@ compile cache. Must not batch, pad or pack documents (the pipeline does) nor hol
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import jax
 import numpy as np
@@ -71,6 +72,8 @@ class LoadedModel:
     cached_compiles: int = dataclasses.field(default=0, init=False)  # of compile_count: from the persistent cache
     cached_compile_seconds: float = dataclasses.field(default=0.0, init=False)
     _by_thread: Any = dataclasses.field(default_factory=threading.local, init=False, repr=False)
+    # Entered around each compile: the pipeline's device clock leaves compiling out of the device's busy time.
+    while_compiling: Callable[[], ContextManager[None]] = dataclasses.field(default=contextlib.nullcontext, repr=False)
 
     def __post_init__(self) -> None:
         # The programs receive each block parameter stacked on a leading layer axis (models/layers.py
@@ -138,7 +141,8 @@ class LoadedModel:
             compiled = self._compiled.get(key)
             if compiled is None:
                 start, hits = time.perf_counter(), PERSISTENT_CACHE_HITS.count
-                compiled = self._functions[method].lower(self._state, input_ids, segment_ids, *static).compile()
+                with self.while_compiling():
+                    compiled = self._functions[method].lower(self._state, input_ids, segment_ids, *static).compile()
                 seconds = time.perf_counter() - start
                 self._compile_seconds += seconds
                 cached = PERSISTENT_CACHE_HITS.count > hits  # read from the persistent compilation cache

@@ -321,6 +321,11 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
     )
 
 
+def _shown(value: float | None, spec: str) -> str:
+    """A summary number as printed; "-" where the summary has none (no documents: no percentiles, no rate)."""
+    return "-" if value is None else format(value, spec)
+
+
 def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
     counts = summary["counts"]
     print(f"docscore run {summary['run_id']}: {counts['scored']} scored, {counts['errors']} errors "
@@ -331,12 +336,13 @@ def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
         print(f"  {name:<8} {path}")
     stages = summary["timing"]["stages"]
     print("  stage ms  " + "  ".join(
-        f"{s}: p50 {stages[s].get('p50', 0):.1f} p95 {stages[s].get('p95', 0):.1f}" for s in STAGES if s in stages))
+        f"{s}: p50 {_shown(stages[s].get('p50'), '.1f')} p95 {_shown(stages[s].get('p95'), '.1f')}"
+        for s in STAGES if s in stages))
     print(f"  throughput {summary['throughput']['docs_per_s']:.1f} docs/s, {summary['throughput']['tokens_per_s']:.0f} tokens/s; "
-          f"padding efficiency {summary['tokens']['padding_efficiency'] or 0:.2f}; compiles {summary['compile']['count']}")
+          f"padding efficiency {_shown(summary['tokens']['padding_efficiency'], '.2f')}; compiles {summary['compile']['count']}")
     device, batching = summary.get("device") or {}, summary.get("batching") or {}
     if device.get("busy_s") is not None:
-        busy = (f"({device['busy_fraction']:.0%} of the pipeline), host {device['host_us_per_doc'] or 0:.0f} us/doc"
+        busy = (f"({device['busy_fraction']:.0%} of the pipeline), host {_shown(device['host_us_per_doc'], '.0f')} us/doc"
                 if device.get("busy_fraction") is not None else
                 f"summed over {device.get('busy_processes') or 'the'} worker processes")
         print(f"  device busy {device['busy_s']:.1f}s {busy}; batch_size {batching.get('batch_size')}, "

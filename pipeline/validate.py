@@ -25,7 +25,7 @@ from pipeline.stages import batching, shadow
 from pipeline.stages.inference import ModelSpec, shared_model
 from pipeline.stages.preprocess import WindowSpec
 from pipeline.telemetry import memory
-from pipeline.telemetry.progress import runs_locally
+from pipeline.telemetry.progress import direct_workers, runs_locally
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_ID_FIELD = "id"
@@ -593,7 +593,7 @@ def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, m
     if room is None:  # the backend reports no limit to compare with
         return
     direct = eo.get_all_options()
-    workers = max(int(direct.get("direct_num_workers") or 1), batch.local_threads)
+    workers = max(direct_workers(direct.get("direct_num_workers")), batch.local_threads)
     processes = direct.get("direct_running_mode") == "multi_processing"
     concurrent = workers if backend == "cpu" or processes else 1  # an accelerator runs one process's calls in turn
     problem = memory.batch_size_problem(

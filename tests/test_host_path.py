@@ -3,6 +3,7 @@ same outputs as one thread, the device busy clock, and the per-backend batch set
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -77,6 +78,50 @@ def test_busy_clock_counts_overlapping_batches_once():
     with clock.busy():  # idle 5..9 is not counted
         now[0] = 10.0
     assert clock.take_new_seconds() == 1.0
+
+
+def test_busy_clock_leaves_out_a_threads_compiling_unless_another_thread_is_busy():
+    now = [0.0]
+    clock = BusyClock(now=lambda: now[0])
+    with clock.idle():  # outside any batch: changes nothing
+        now[0] = 1.0
+    assert clock.take_new_seconds() == 0.0
+    with clock.busy():  # t=1..10: a batch that compiles for 5 s of it
+        now[0] = 3.0
+        with clock.idle():
+            now[0] = 8.0
+        now[0] = 10.0
+    assert clock.take_new_seconds() == 4.0
+    other = clock.busy()
+    other.__enter__()  # t=10: another thread's batch in flight
+    with clock.busy():
+        with clock.idle():  # this thread compiles t=10..15 while the other batch runs: busy all along
+            now[0] = 15.0
+    now[0] = 16.0
+    other.__exit__(None, None, None)
+    assert clock.take_new_seconds() == 6.0
+
+
+@pytest.mark.integration
+def test_a_model_call_that_compiles_counts_only_its_run_as_device_busy(minilm):
+    """The pipeline's models (shared_model) leave their compiling out of the process's busy clock: the
+    device waits while the host compiles."""
+    from pipeline.telemetry.device_time import PROCESS_CLOCK
+
+    ids = np.ones((3, 40), np.int32)  # a shape no other test compiles
+    PROCESS_CLOCK.take_new_seconds()
+    before = minilm.compiles_by_this_thread()
+    t0 = time.perf_counter()
+    with PROCESS_CLOCK.busy():
+        np.asarray(minilm.start("embed_packed", ids, ids, 1))
+    wall = time.perf_counter() - t0
+    count, seconds, *_ = minilm.compiles_by_this_thread() - before
+    assert count == 1 and seconds > 0.005
+    assert PROCESS_CLOCK.take_new_seconds() <= wall - seconds + 1e-3
+    with PROCESS_CLOCK.busy():  # compiled now: the whole call is busy time
+        np.asarray(minilm.start("embed_packed", ids, ids, 1))
+    assert minilm.compiles_by_this_thread()[0] == before[0] + 1
+    assert PROCESS_CLOCK.take_new_seconds() > 0
 
 
 def test_busy_clock_is_safe_across_threads():

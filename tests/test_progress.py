@@ -23,8 +23,8 @@ def test_rate_eta_and_status_line():
     samples = [ProgressSample(0.0, 400, 0), ProgressSample(5.0, 400, 50), ProgressSample(10.0, 400, 100)]
     rate, eta = progress.rate_and_eta(samples, window_s=10.0)
     assert rate == pytest.approx(10.0)  # 100 docs in 10 s
-    assert eta == pytest.approx(30.0)  # 300 left at 10 docs/s
-    assert progress.format_status(samples[-1], rate, eta) == "100/400 docs (25%) | 10.0 docs/s | ETA 0:00:30 | 0:00:10 elapsed"
+    assert eta == pytest.approx(30.0)  # 300 left at 10 records/s
+    assert progress.format_status(samples[-1], rate, eta) == "100/400 records (25%) | 10.0 records/s | ETA 0:00:30 | 0:00:10 elapsed"
     bar = progress.format_bar(samples[-1], rate, eta, width=20)
     assert bar.startswith("[#####---------------] 100/400")
     # the window only looks back window_s: the rate follows the recent pace, not the whole run
@@ -92,7 +92,7 @@ def test_progress_follows_a_running_beam_pipeline():
     assert any(0 < s.done < n for s in samples), f"no sample saw the run in progress: {samples}"
     lines = log.getvalue().splitlines()
     assert len(lines) >= 2 and all(" docscore progress: " in line for line in lines)
-    assert f"{n}/{n} docs (100%)" in lines[-1]
+    assert f"{n}/{n} records (100%)" in lines[-1]
     assert not os.path.exists(counter_dir)  # cleaned up
     # the same counts also reach Beam metrics, which is what a remote runner is polled through
     assert progress.counts_from_metrics(result) == ProgressCounts(discovered=n, done=n)
@@ -141,7 +141,7 @@ def test_without_counter_files_progress_comes_from_beam_metrics():
     log = io.StringIO()
     _, reporter = progress.run_with_progress(_pipeline(5, None, 0.0), None, stream=log, interval_s=3600)
     assert reporter.samples[-1] == ProgressSample(reporter.samples[-1].t_s, 5, 5)
-    assert "5/5 docs (100%)" in log.getvalue()
+    assert "5/5 records (100%)" in log.getvalue()
 
 
 def test_bar_on_a_terminal_and_silence_with_display_off(tmp_path):
@@ -165,8 +165,8 @@ def test_bar_on_a_terminal_and_silence_with_display_off(tmp_path):
     os.close(master)
     text = output.decode()
     assert text.count("\r[") == 4
-    assert "[############------------------] 4/10 docs (40%)" in text
-    assert "[##############################] 10/10 docs (100%)" in text
+    assert "[############------------------] 4/10 records (40%)" in text
+    assert "[##############################] 10/10 records (100%)" in text
     assert text.endswith("\n")
 
     quiet = io.StringIO()

@@ -7,6 +7,7 @@ as launches nobody waits for."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -261,10 +262,10 @@ FACTS = {
     "shadow": {"attention": "native", "impl": "xla", "fraction": 0.5, "tolerance": 0.01, "dtype": "bfloat16"},
     "notices": [],
 }
-OLD_STATS = {"counts": {"records": 2, "scored": 1, "errors": 1}, "stages": {"infer": {"total_ms": 1.0}}, "tokens": {"text_tokens": 8}}
+OLD_STATS = {"counts": {"records": 2, "scored": 1, "errors": 1}, "stages": {"infer": {"total_ms": 1.0}}, "tokens": {"text_tokens": 8, "model_tokens": 8}}
 STATS = {
     "counts": {"records": 5, "scored": 4, "errors": 1}, "stages": {"infer": {"total_ms": 40.0}},
-    "tokens": {"text_tokens": 80}, "worker_backend": ["tpu"], "attention_impl": ["pallas_tpu"],
+    "tokens": {"text_tokens": 90, "model_tokens": 80}, "worker_backend": ["tpu"], "attention_impl": ["pallas_tpu"],
     "task_metrics": {}, "shadow": {"documents": 2, "passed": True},
 }
 
@@ -272,6 +273,7 @@ STATS = {
 def test_summary_leaves_metric_parts_null_until_the_launcher_adds_them():
     summary = summary_from_stats(FACTS, STATS, finished=110.0)
     assert summary["wall_s"] == 10.0 and summary["throughput"]["docs_per_s"] == 0.4
+    assert summary["throughput"]["tokens_per_s"] == 8.0  # the tokens the model ran, not text --max_chunks cut off
     assert summary["backend"]["workers"] == ["tpu"] and summary["kernel"]["in_rows"] == ["pallas_tpu"]
     assert summary["compile"] == {"count": None, "time_ms": None, "model_calls": None, "cached_count": None,
                                   "cached_ms": None, "cold_count": None, "cold_ms": None}
@@ -293,6 +295,11 @@ def test_summary_leaves_metric_parts_null_until_the_launcher_adds_them():
     workers = add_metrics({**summary, "runner": {"direct_running_mode": "multi_processing", "direct_num_workers": 3}},
                           metrics)
     assert workers["device"]["busy_processes"] == 3 and workers["device"]["busy_fraction"] is None
+    per_core = add_metrics({**summary, "runner": {"runner": "DirectRunner", "direct_running_mode": "multi_processing",
+                                                   "direct_num_workers": 0}}, metrics)  # Beam: one worker per core
+    assert per_core["device"]["busy_processes"] == multiprocessing.cpu_count()
+    if multiprocessing.cpu_count() > 1:
+        assert per_core["device"]["busy_fraction"] is None and per_core["device"]["host_us_per_doc"] is None
     assert enriched["shadow"]["batches"] == 3 and enriched["shadow"]["time_ms"] == 4.5
     assert enriched["counts"] == summary["counts"] and enriched["metrics"] == metrics
 

@@ -193,6 +193,7 @@ def test_history_row_agrees_with_the_tables(finished_run):
     row = history.history_row(summary)
     scores, errors = _scores(output), _errors(output)
     assert (row["run_id"], row["task"], row["attention_impl"]) == ("r1", "classify", "xla")
+    assert row["runner"] == "DirectRunner"  # no --runner: Beam's default, named
     assert row["model_fingerprint"] == summary["model"]["fingerprint"] and len(row["model_fingerprint"]) == 64
     assert (row["input_records"], row["scored"], row["errors"]) == (len(DOCS) + len(BAD_LINES), len(scores), len(errors))
     assert row["error_rate"] == pytest.approx(len(errors) / (len(scores) + len(errors)))
@@ -274,6 +275,20 @@ def test_the_documented_views_are_the_ones_the_code_makes():
         return re.sub(r"\(\s+", "(", " ".join(sql.split()))
 
     assert flat(views) == flat(run_commit.duckdb_views_sql("DIR"))
+
+
+def test_a_run_of_no_documents_prints_no_made_up_zeros(tmp_path, capsys):
+    """An input with no records has no percentiles, padding efficiency or host time per document: the printed
+    line shows "-" where the summary and the report have none."""
+    shard = tmp_path / "empty.jsonl"
+    shard.write_text("")
+    assert launch.main(["--input", str(shard), "--task", "embed", "--attention", "native", "--no_progress",
+                        *common_flags("empty", tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "out/runs/run_id=empty/summary.json").read_text())
+    assert summary["counts"]["records"] == 0 and summary["tokens"]["padding_efficiency"] is None
+    assert "read: p50 - p95 -" in printed and "padding efficiency -;" in printed
+    assert "p50 0.0" not in printed and "0.00" not in printed
 
 
 def test_report_reads_jsonl_tables_like_parquet(finished_run, tmp_path):

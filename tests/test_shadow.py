@@ -88,13 +88,18 @@ def perturbed_kernel(monkeypatch):
 def test_a_perturbed_shadow_kernel_fails_the_gate(tmp_path, perturbed_kernel, capsys):
     shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:6])])
     out = tmp_path / "out"
+    from pipeline.stages import inference
+
+    compiled_before = {id(m): m.compile_count for m in inference._MODELS.values()}
     code = run_docscore("--input", shard, *common_flags("bad", out), "--attention", "native",
                         "--shadow_attention", perturbed_kernel, "--shadow_fraction", "1")
     assert code == 3
+    compiled = sum(m.compile_count - compiled_before.get(id(m), 0) for m in inference._MODELS.values())
     assert "shadow gate FAILED: 6 of 6 shadowed documents" in capsys.readouterr().err
     summary = read_summary(out, "bad")
     gate = summary["shadow"]
     assert (gate["impl"], gate["passed"], gate["documents"], gate["documents_over_tolerance"]) == ("perturbed", False, 6, 6)
+    assert summary["compile"]["count"] == compiled >= 1  # the shadow kernel's programs are the run's compiles too
     assert summary["gates"]["shadow"]["passed"] is False and "shadow gate FAILED" in summary["gates"]["shadow"]["message"]
     page = (out / "runs" / "run_id=bad" / "report.html").read_text()
     assert "class='banner failed'" in page and "shadow gate FAILED" in page

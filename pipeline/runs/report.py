@@ -265,7 +265,7 @@ def stage_latency_chart(scores: pa.Table | None, summary: dict[str, Any]) -> byt
 
 
 def throughput_chart(samples: list[progress.ProgressSample]) -> bytes | None:
-    """Documents finished over the run and the rate between samples (from the progress reporter)."""
+    """Records finished (scored or error rows) over the run and the rate between samples (from the progress reporter)."""
     if len(samples) < 2:
         return None
     t = np.array([s.t_s for s in samples])
@@ -273,15 +273,15 @@ def throughput_chart(samples: list[progress.ProgressSample]) -> bytes | None:
     discovered = np.array([s.discovered for s in samples], dtype=float)
     fig = _figure(margins=TWIN_AXIS_MARGINS)
     ax = fig.add_subplot()
-    ax.plot(t, done, color="#c44e52", label="documents done")
-    ax.plot(t, discovered, color="#4c72b0", linestyle="--", label="documents discovered")
+    ax.plot(t, done, color="#c44e52", label="records done")
+    ax.plot(t, discovered, color="#4c72b0", linestyle="--", label="records discovered")
     ax.set_xlabel("seconds since the pipeline started")
-    ax.set_ylabel("documents")
+    ax.set_ylabel("records")
     rate_ax = ax.twinx()
     dt = np.diff(t)
     rate = np.divide(np.diff(done), dt, out=np.zeros_like(dt), where=dt > 0)
-    rate_ax.step(t[1:], rate, where="pre", color="#55a868", alpha=0.8, label="docs/s")
-    rate_ax.set_ylabel("documents / s")
+    rate_ax.step(t[1:], rate, where="pre", color="#55a868", alpha=0.8, label="records/s")
+    rate_ax.set_ylabel("records / s")
     rate_ax.set_ylim(bottom=0)
     lines = ax.get_legend_handles_labels()
     rate_lines = rate_ax.get_legend_handles_labels()
@@ -327,7 +327,7 @@ def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | No
             ax.bar(x + width / 2, [gold.count(l) for l in labels], width, label="gold", color="#dd8452")
         ax.set_xticks(x, [chart_text(label) for label in labels], rotation=30, ha="right")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("documents")
+        ax.set_ylabel("records")
         ax.legend(fontsize="small")
         title = "Label distribution"
     elif chart == "scores" and "score" in names:
@@ -338,14 +338,14 @@ def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | No
             return None, "Scores"
         ax.hist(values, bins=min(40, max(5, values.size // 3)), color="#4c72b0")
         ax.set_xlabel(spec.chart_axis if column == spec.chart_column else "score")
-        ax.set_ylabel("documents")
+        ax.set_ylabel("records")
         title = "Perplexity histogram" if column == "perplexity" else "Score histogram"
     else:
         values = np.array(scores["n_tokens"].to_pylist(), dtype=float)
         ax.hist(values, bins=min(40, max(5, values.size // 3)), color="#4c72b0")
         ax.set_xlabel("tokens per document (embed has no score)")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("documents")
+        ax.set_ylabel("records")
         title = "Document length"
     ax.set_title(title)
     return _png(fig), title
@@ -390,7 +390,7 @@ def shadow_chart(scores: pa.Table | None, tolerance: float | None) -> bytes | No
         ax.set_xscale("log")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(titles[column] + " per document")
-        ax.set_ylabel("documents")
+        ax.set_ylabel("records")
     fig.suptitle("Shadow kernel divergence")
     return _png(fig)
 

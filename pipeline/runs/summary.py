@@ -10,7 +10,7 @@ import platform
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from pipeline.telemetry.progress import LOCAL_RUNNERS
+from pipeline.telemetry.progress import LOCAL_RUNNERS, direct_workers
 
 if TYPE_CHECKING:  # the job's Publish step imports this module: keep it light
     from pipeline.options import EvalOptions
@@ -48,7 +48,9 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
         "task": eo.task,
         "started": started,
         "config": config,
-        "runner": {k: v for k, v in eo.get_all_options().items() if k in RUNNER_KEYS and v is not None},
+        # no --runner is Beam's DirectRunner, named so that the history table's runner column says it
+        "runner": {"runner": "DirectRunner",
+                   **{k: v for k, v in eo.get_all_options().items() if k in RUNNER_KEYS and v is not None}},
         "versions": versions(),
         "backend": {
             "target": plan.target_backend,
@@ -95,7 +97,7 @@ def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: f
         "timing": {"stages": stats["stages"], "wall_s": wall_s},
         "throughput": {
             "docs_per_s": stats["counts"]["scored"] / wall_s,
-            "tokens_per_s": stats["tokens"]["text_tokens"] / wall_s,
+            "tokens_per_s": stats["tokens"]["model_tokens"] / wall_s,  # what the model ran: not text cut by --max_chunks
         },
         "tokens": stats["tokens"],
         "batching": facts.get("batching"),
@@ -173,7 +175,7 @@ def busy_processes(runner: dict[str, Any]) -> int | None:
     if runner.get("runner") not in LOCAL_RUNNERS:
         return None
     if runner.get("direct_running_mode") == "multi_processing":
-        return int(runner.get("direct_num_workers") or 1)
+        return direct_workers(runner.get("direct_num_workers"))
     return 1
 
 

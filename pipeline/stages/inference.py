@@ -79,6 +79,7 @@ def shared_model(spec: ModelSpec):
             apply_cpu_tuning(CpuTuning(attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir))  # before jax starts here
             _MODELS[spec] = models.load(spec.name, attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir,
                                          matmul_precision=spec.matmul_precision)
+            _MODELS[spec].while_compiling = device_time.PROCESS_CLOCK.idle  # compiling is host time, not device time
         return _MODELS[spec]
 
 
@@ -194,7 +195,9 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         model.load_compiles = loaded.compiles_by_this_thread() - compiles_before
         model.label_names, model.label_embeddings = prepared.label_names, prepared.label_embeddings
         if model.shadow_loaded is not None:  # what the task prepares through the shadow kernel too: scores compare end to end
+            shadow_before = model.shadow_loaded.compiles_by_this_thread()
             model.shadow_label_embeddings = task.prepare(self._labels, self._embed_with(model.shadow_loaded)).label_embeddings
+            model.load_compiles += model.shadow_loaded.compiles_by_this_thread() - shadow_before
         return model
 
     def _embed_with(self, loaded: Any) -> Callable[[list[str]], np.ndarray]:
@@ -227,8 +230,8 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         self._done.flush()  # the batch's last counts show now, not at the next flush tick
         compiles = loaded.compiles_by_this_thread() - compiles_before
         at_load = model.__dict__.pop("load_compiles", None)  # dict.pop: one thread takes it when threads share the model
-        self._record_metrics(totals, compiles if at_load is None else compiles + at_load, batch_ms)
-        shadow_outputs = self._run_shadow(docs, rows, model)
+        shadow_outputs, shadow_compiles = self._run_shadow(docs, rows, model)
+        self._record_metrics(totals, compiles + shadow_compiles + (0 if at_load is None else at_load), batch_ms)
         model_id = f"{loaded.model_id}/{loaded.attention}"  # RunInference's model id names the kernel
         per_doc, k = [], 0
         for doc in docs:
@@ -278,19 +281,22 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
 
         return call_read
 
-    def _run_shadow(self, batch: Sequence[TokenizedDoc], rows: list[np.ndarray], model: ScoringModel) -> list[np.ndarray] | None:
-        """The batch's rows through the shadow kernel as well, when --shadow_fraction chooses this batch.
-        Its time is kept out of infer_ms (metrics: shadow_batches, shadow_batch_us)."""
+    def _run_shadow(self, batch: Sequence[TokenizedDoc], rows: list[np.ndarray],
+                    model: ScoringModel) -> tuple[list[np.ndarray] | None, np.ndarray]:
+        """The batch's rows through the shadow kernel as well, when --shadow_fraction chooses this batch, and
+        the shadow model's compiles for it. Its time is kept out of infer_ms (metrics: shadow_batches,
+        shadow_batch_us) but is device busy time like any model batch."""
         if self._shadow is None or not shadow.is_shadowed([d.doc.doc_id for d in batch], self._shadow.fraction):
-            return None
+            return None, np.zeros(4)
+        compiles_before = model.shadow_loaded.compiles_by_this_thread()
         t0 = time.perf_counter()
-        outputs, _, _ = run_model(model.shadow_loaded, rows, max_len=self._max_len, batch_size=self._batch_size,
-                                  min_row_len=self._min_row_len,
-                                  per_token=tasks.get(self._task).per_token)
+        with device_time.PROCESS_CLOCK.busy():
+            outputs, _, _ = run_model(model.shadow_loaded, rows, max_len=self._max_len, batch_size=self._batch_size,
+                                      min_row_len=self._min_row_len, per_token=tasks.get(self._task).per_token)
         namespace = self.get_metrics_namespace()
         beam.metrics.Metrics.counter(namespace, "shadow_batches").inc()
         beam.metrics.Metrics.distribution(namespace, "shadow_batch_us").update(int((time.perf_counter() - t0) * 1e6))
-        return outputs
+        return outputs, model.shadow_loaded.compiles_by_this_thread() - compiles_before
 
     def _record_metrics(self, totals: dict[str, float], compiles: np.ndarray, batch_ms: float) -> None:
         """compiles: the batch's difference of LoadedModel.compiles_by_this_thread."""

@@ -21,20 +21,42 @@ class BusyClock:
         self._since = 0.0
         self._total = 0.0
         self._reported = 0.0
+        self._mine = threading.local()  # how deep the calling thread is in busy()
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
+        self._enter()
+        self._mine.depth = getattr(self._mine, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._mine.depth -= 1
+            self._leave()
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[None]:
+        """A stretch in which this thread keeps the device waiting (compiling a program): inside busy() it
+        counts only while another thread has a batch in flight; outside busy() it changes nothing."""
+        inside = getattr(self._mine, "depth", 0) > 0
+        if inside:
+            self._leave()
+        try:
+            yield
+        finally:
+            if inside:
+                self._enter()
+
+    def _enter(self) -> None:
         with self._lock:
             if self._active == 0:
                 self._since = self._now()
             self._active += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._active -= 1
-                if self._active == 0:
-                    self._total += self._now() - self._since
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active == 0:
+                self._total += self._now() - self._since
 
     def take_new_seconds(self) -> float:
         """Busy seconds completed since the last call (each second is handed out once: summing what

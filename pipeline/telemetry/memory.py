@@ -20,7 +20,7 @@ from models.sharding import smallest_free
 
 NAMESPACE = "docscore_memory"
 WARMUP_BATCHES = 20  # batches after which memory should be flat: compiles, caches and pools are warm
-MB = 2**20
+MB = 10**6  # the unit of every *_mb figure, as labelled (not MiB)
 
 
 @dataclasses.dataclass(frozen=True)

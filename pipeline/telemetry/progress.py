@@ -1,4 +1,4 @@
-"""Progress of a running pipeline: documents discovered and done, rate and ETA, while it runs.
+"""Progress of a running pipeline: records discovered and done, rate and ETA, while it runs.
 
 Holds CountProgress (a Beam transform that counts elements into a Beam counter and a small
 per-worker counter file), the readers of those counts, and ProgressReporter (a thread that polls
@@ -17,6 +17,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import socket
@@ -214,7 +215,7 @@ def counts_from_metrics(result: Any) -> ProgressCounts:
 
 
 def rate_and_eta(samples: list[ProgressSample], window_s: float = 10.0) -> tuple[float | None, float | None]:
-    """(documents/s over the last `window_s`, seconds left for the documents discovered so far)."""
+    """(records/s over the last `window_s`, seconds left for the records discovered so far)."""
     if len(samples) < 2:
         return None, None
     last = samples[-1]
@@ -241,12 +242,13 @@ def format_duration(seconds: float | None) -> str:
 
 
 def format_status(sample: ProgressSample, rate: float | None, eta_s: float | None) -> str:
-    """'120/500 docs (24%) | 12.3 docs/s | ETA 0:00:31 | 0:00:10 elapsed'."""
+    """'120/500 records (24%) | 12.3 records/s | ETA 0:00:31 | 0:00:10 elapsed': records, as done counts a
+    record once it is scored or becomes an error row."""
     total = max(sample.discovered, sample.done)
     percent = f" ({100 * sample.done / total:.0f}%)" if total else ""
-    rate_text = "? docs/s" if rate is None else f"{rate:.1f} docs/s"
+    rate_text = "? records/s" if rate is None else f"{rate:.1f} records/s"
     return (
-        f"{sample.done}/{total} docs{percent} | {rate_text} | ETA {format_duration(eta_s)}"
+        f"{sample.done}/{total} records{percent} | {rate_text} | ETA {format_duration(eta_s)}"
         f" | {format_duration(sample.t_s)} elapsed"
     )
 
@@ -368,6 +370,14 @@ def runs_locally(options: PipelineOptions) -> bool:
     runner = options.view_as(StandardOptions).runner
     name = runner if isinstance(runner, str) or runner is None else type(runner).__name__
     return name in LOCAL_RUNNERS
+
+
+def direct_workers(direct_num_workers: int | None) -> int:
+    """How many workers the DirectRunner runs for --direct_num_workers: unset 1, 0 one per CPU core (as
+    Beam's FnApiRunner counts them)."""
+    if direct_num_workers is None:
+        return 1
+    return int(direct_num_workers) or multiprocessing.cpu_count()
 
 
 COUNTER_DIR_PREFIX = "docscore-progress-"  # then the owner's pid, "-" and mkdtemp's random part
