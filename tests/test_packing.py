@@ -128,10 +128,24 @@ def test_call_sizes_use_two_shapes_and_cover_every_row():
         sizes4 = call_sizes(n, 8, 4)
         assert 0 <= sum(sizes4) - n < 4 and set(sizes4) <= {8, 4}
     assert shapes_for(256, 16, 1) == {(16, 256), (2, 256), (32, 128), (4, 128), (64, 64), (8, 64)}
-    with pytest.raises(ValueError, match="multiple"):
-        call_sizes(5, 6, 4)
+    assert call_sizes(13, 6, 4) == [6, 6, 4]  # a tail that does not divide the full call (--batch_size 17, 7, ...)
+    with pytest.raises(ValueError, match="between 1 and"):
+        call_sizes(5, 6, 7)
     with pytest.raises(ValueError, match="batch_size"):
         rows_per_call(64, 256, 6, min_rows=4)
+
+
+def test_every_batch_size_plans_calls_that_hold_every_row_in_the_bounded_shapes():
+    """Any --batch_size (rounded up to a multiple of the devices, as run_model does) plans: --batch_size 17
+    once made every document an infer error row, as its tail call did not divide its full call."""
+    rows = pack_windows([5, 70, 130, 256, 200, 64, 33, 9] * 40, row_lengths(256))
+    for devices in (1, 2, 3, 8):
+        for batch_size in range(1, 130):
+            batch_size = -(-batch_size // devices) * devices
+            calls = plan_calls(rows, 256, batch_size, min_rows=devices)
+            assert sorted(r.windows for _, call_rows, _ in calls for r in call_rows) == sorted(r.windows for r in rows)
+            assert {(size, row_len) for row_len, _, size in calls} <= shapes_for(256, batch_size, devices)
+            assert all(len(call_rows) <= size and size % devices == 0 for _, call_rows, size in calls)
 
 
 def test_run_packed_maps_each_segment_and_token_back_to_its_window():

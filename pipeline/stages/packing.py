@@ -128,9 +128,9 @@ def rows_per_call(row_len: int, max_len: int, batch_size: int, min_rows: int = 1
 
 def call_sizes(n_rows: int, full: int, tail: int = 1) -> list[int]:
     """Rows per call: calls of `full` rows, then calls of `tail` rows for the rest, the last one padded
-    with empty rows up to `tail`. At most two distinct sizes."""
-    if tail < 1 or full % tail:
-        raise ValueError(f"full call rows ({full}) must be a positive multiple of tail call rows ({tail})")
+    with empty rows up to `tail`. At most two distinct sizes; `tail` need not divide `full`."""
+    if not 1 <= tail <= full:
+        raise ValueError(f"tail call rows ({tail}) must be between 1 and the full call's rows ({full})")
     whole, rest = divmod(n_rows, full)
     return [full] * whole + [tail] * -(-rest // tail)
 
