@@ -262,6 +262,30 @@ def test_windows_are_prefix_context_tail_and_candidate(tiny_gpt2_dir):
     np.testing.assert_array_equal(window[: MAX_LEN - b.spans.tokens[0]], long_ctx[len(long_ctx) - MAX_LEN + b.spans.tokens[0]:])
 
 
+def test_a_huge_context_is_tokenized_only_as_far_back_as_a_window_reaches(tiny_gpt2_dir, monkeypatch):
+    """A context of megabytes gave its candidates the windows of the whole text, but tokenized all of it once per
+    candidate (seconds and gigabytes): now only a tail, with the same windows."""
+    import models
+
+    tokenizer = models.load_tokenizer(tiny_gpt2_dir)
+    huge = " ".join(f"{LONG_TEXT} word{i}" for i in range(2000))
+    assert len(huge) > 300_000
+    choices = [" and more.", " or less than that."]
+    [whole] = tokenizer.encode_ids([huge])
+    want = []
+    for candidate in choices:
+        cont = tokenizer.encode_ids([huge + candidate])[0][len(whole):]
+        want.append(np.concatenate([whole[len(whole) - (MAX_LEN - len(cont)):], cont]))
+    seen = []
+    encode_ids = tokenizer.encode_ids
+    monkeypatch.setattr(tokenizer, "encode_ids", lambda texts: seen.extend(map(len, texts)) or encode_ids(texts))
+    [doc] = tokenize_documents([Document("h", huge, "s", 0, {"choices": choices})], tokenizer,
+                               WindowSpec(MAX_LEN, 0, 1, task="choice"), with_query=False)
+    for window, expected in zip(doc.windows, want):
+        np.testing.assert_array_equal(window, expected)
+    assert doc.truncated and max(seen) < 100_000
+
+
 def test_a_list_the_tokenizer_fails_on_is_retried_record_by_record(tiny_gpt2_dir, monkeypatch):
     import models
 

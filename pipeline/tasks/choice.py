@@ -7,7 +7,8 @@ Tokens (lm-evaluation-harness's `_encode_pair`): trailing whitespace of the cont
 each candidate; the candidate's tokens are tokenize(context + candidate) after the first
 len(tokenize(context)) tokens; the model reads the tokenizer's own leading special tokens (Llama's <s>,
 none for GPT-2), the context's tokens, then the candidate's. A context too long for the window loses its
-head (the special tokens stay), so that the candidate fits (truncated=True).
+head (the special tokens stay), so that the candidate fits (truncated=True); a context over 64K characters is
+tokenized only as far back as a window reaches (context_tail; n_tokens then counts that tail's tokens).
 """
 from __future__ import annotations
 
@@ -94,19 +95,40 @@ def split_pair(context: str, choice: str) -> tuple[str, str]:
     return (context[:-n], context[-n:] + choice) if n else (context, choice)
 
 
+def context_tail(tokenizer, context: str, max_len: int) -> str:
+    """The context, or for one over preprocess.FULL_TOKENIZE_CHARS a tail of it, cut at whitespace where it can
+    be, that yields NO_SPACE_SPARE_TOKENS tokens more than a window holds: only a window's worth of the context's
+    end is read, and the cut changes at most the tail's first tokens. A 5 MB context then costs milliseconds,
+    not seconds and gigabytes for each of its candidates."""
+    from pipeline.stages import preprocess  # it imports the tasks: not at the top
+
+    needed = max_len + preprocess.NO_SPACE_SPARE_TOKENS
+    chars = max(preprocess.FULL_TOKENIZE_CHARS, needed * preprocess.PREFIX_CHARS_PER_TOKEN)
+    while chars < len(context):
+        start = len(context) - chars
+        cut = next((i for i in range(start, min(start + 1024, len(context))) if context[i].isspace()), start)
+        tail = context[cut:]
+        if len(tokenizer.encode_ids([tail])[0]) >= needed or chars >= needed * preprocess.MAX_PREFIX_CHARS_PER_TOKEN:
+            return tail
+        chars *= 4  # long words or unknown runs: fewer tokens a character than guessed
+    return context
+
+
 def tokenize(docs: Sequence, tokenizer, max_len: int) -> list[TaskWindows | RecordError]:
     """Each record's candidates as windows (prefix + the context's kept tail + the candidate's tokens), from
     one batch encode of every context and context + candidate."""
     texts: list[str] = []
-    plans: list[tuple[list[str], int | None] | RecordError] = []
+    plans: list[tuple[list[str], int | None, bool] | RecordError] = []
     for doc in docs:
         try:
             choices = check_choices(doc.fields)
-            plans.append((choices, gold_index(doc.fields.get(GOLD_FIELD), len(choices))))
+            gold = gold_index(doc.fields.get(GOLD_FIELD), len(choices))
         except RecordError as e:
             plans.append(e)
             continue
-        context = split_pair(doc.text, "")[0]
+        whole = split_pair(doc.text, "")[0]
+        context = context_tail(tokenizer, whole, max_len)
+        plans.append((choices, gold, len(context) < len(whole)))
         texts += [context] + [context + split_pair(doc.text, c)[1] for c in choices]
     encoded = iter(tokenizer.encode_ids(texts))
     prefix = np.asarray(tokenizer.prefix, np.int32)
@@ -115,11 +137,12 @@ def tokenize(docs: Sequence, tokenizer, max_len: int) -> list[TaskWindows | Reco
         if isinstance(plan, RecordError):
             results.append(plan)
             continue
-        choices, gold = plan
+        choices, gold, cut = plan
         context_ids = next(encoded)
         continuations = [next(encoded)[len(context_ids):] for _ in choices]
         try:
-            results.append(_windows(doc.text, choices, gold, prefix, context_ids, continuations, max_len))
+            windows = _windows(doc.text, choices, gold, prefix, context_ids, continuations, max_len)
+            results.append(dataclasses.replace(windows, truncated=True) if cut else windows)
         except RecordError as e:
             results.append(e)
     return results
