@@ -232,6 +232,15 @@ def load_tokenizer(name_or_path: str, *, cache_dir: str | None = None) -> DocTok
                                  path=os.path.join(path, TOKENIZER))
 
 
+def model_kernel(attention: str, config: ModelConfig, max_seq_len: int, dtype: str, backend: str | None = None) -> str:
+    """The kernel `attention` means for this model's attention (heads, head_dim, causal, sliding window; packed
+    rows of up to max_seq_len tokens) on `backend` (default: this process's). Raises KernelUnsupportedError."""
+    return kernels.resolve(attention, backend, heads=config.num_heads, kv_heads=config.kv_heads,
+                           head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
+                           has_segments=True, q_len=max_seq_len, kv_len=max_seq_len,
+                           window=config.sliding_window or None)
+
+
 def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
                    precision_choice: str | None = None) -> LoadedModel:
     """Load and verify the local docscore model directory `path`. Every file is read and checked before the
@@ -259,10 +268,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
                                       path=os.path.join(path, TOKENIZER))
     tokenizer.check_vocab(config.vocab_size, config_path)
 
-    impl = kernels.resolve(attention, heads=config.num_heads, kv_heads=config.kv_heads,
-                           head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
-                           has_segments=True, q_len=metadata.max_seq_len, kv_len=metadata.max_seq_len,
-                           window=config.sliding_window or None)
+    impl = model_kernel(attention, config, metadata.max_seq_len, dtype)
     graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)  # per block, as the checkpoint
     try:  # before the checkpoint is read: a model that cannot fit is refused without filling the host's memory
         parallel = choose_layout(nnx.to_pure_dict(state))

@@ -100,17 +100,33 @@ def check_matmul_precision(eo: EvalOptions, backend: str) -> None:
         raise ConfigError(problem)
 
 
-def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtype: str | None = None) -> str:
-    """The kernel `attention` means on `backend` for the pipeline's rows (packed segment ids, `dtype`)."""
+def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtype: str | None = None,
+                   loaded=None, where: str = "") -> str:
+    """The kernel `attention` means on `backend` for the pipeline's rows (packed segment ids, `dtype`) and, given
+    the loaded model, for its attention (heads, head_dim, causal, sliding window), as the workers' loader resolves
+    it. `where` says where the backend comes from, for the message."""
     from kernels import KernelUnsupportedError, resolve
+    from models.loader import model_kernel
 
     try:
-        return resolve(attention, backend=backend, has_segments=True, dtype=dtype)
+        if loaded is None:
+            return resolve(attention, backend=backend, has_segments=True, dtype=dtype)
+        return model_kernel(attention, loaded.config, loaded.tokenizer.max_seq_len, dtype, backend)
     except KernelUnsupportedError as e:
         message = str(e).replace("--attention", flag)
         if flag not in message:
             message = f"{flag}={attention}: {message}"
-        raise ConfigError(f"{message} (target backend {backend}: set --target_backend if the workers differ)") from None
+        raise ConfigError(f"{message} ({where or f'target backend {backend}'})") from None
+
+
+def backend_origin(eo: EvalOptions, backend: str) -> str:
+    """Where the run's target backend comes from, as a kernel refusal says it (only a remote runner other
+    than Dataflow takes --target_backend from the user)."""
+    if runs_locally(eo):
+        return f"target backend {backend}: this machine's"
+    if is_dataflow(eo):
+        return f"target backend {backend}: the Dataflow workers' accelerator"
+    return f"target backend {backend}: set --target_backend if the workers differ"
 
 
 def first_record_fields(shard: str, read_spec: sources.ReadSpec, peek: int = 20) -> set[str] | None:
@@ -353,7 +369,8 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     backend = check_worker_backend(eo) if is_dataflow(eo) else target_backend(eo.target_backend)
     check_reachable_backend(eo, backend)
     check_matmul_precision(eo, backend)
-    kernel = resolve_kernel(eo.attention, backend, dtype=eo.dtype)
+    where = backend_origin(eo, backend)
+    kernel = resolve_kernel(eo.attention, backend, dtype=eo.dtype, where=where)
     try:
         batch = batching.settings_for(backend, batch_size=eo.batch_size, calls_per_beam_batch=eo.calls_per_beam_batch)
     except ValueError as e:
@@ -406,8 +423,10 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir,
                            matmul_precision=eo.matmul_precision)
     loaded, same_backend = load_for_checks(model_spec, backend)
-    if same_backend:
-        kernel = loaded.attention  # what the model resolved for its own shapes (auto may depend on length)
+    # what the model resolves for its own attention (auto may depend on length; a sliding window or head_dim
+    # may rule a kernel out): loaded here, or for the workers' backend as their loader will
+    kernel = loaded.attention if same_backend else resolve_kernel(eo.attention, backend, dtype=eo.dtype,
+                                                                  loaded=loaded, where=where)
     family = loaded.config.family
     if not task.model.accepts(family):
         raise ConfigError(task.model.refuse(eo.task, eo.model, family))
@@ -425,7 +444,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
                           "anything and would go unscored; use --stride >= 1 (default 32)")
     if same_backend:
         check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend, loaded.parallel.data_size)
-    shadow_spec = check_shadow(eo, model_spec, backend, kernel)
+    shadow_spec = check_shadow(eo, model_spec, backend, kernel, where)
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     gold_notice = text_gold_notice(shards[0], read_spec) if task.numeric_gold else None
@@ -534,7 +553,8 @@ def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:
     )
 
 
-def check_shadow(eo: EvalOptions, model_spec: ModelSpec, backend: str, kernel: str) -> shadow.ShadowSpec | None:
+def check_shadow(eo: EvalOptions, model_spec: ModelSpec, backend: str, kernel: str,
+                 where: str = "") -> shadow.ShadowSpec | None:
     """--shadow_attention: the second kernel resolves and loads on the target backend and is not the primary
     kernel (check_shadow_flags has checked the fraction and tolerance)."""
     if not eo.shadow_attention:
@@ -543,10 +563,11 @@ def check_shadow(eo: EvalOptions, model_spec: ModelSpec, backend: str, kernel: s
         tolerance = shadow.tolerance_for(eo.dtype, eo.shadow_tolerance)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    shadow_kernel = resolve_kernel(eo.shadow_attention, backend, flag="--shadow_attention", dtype=eo.dtype)
-    loaded, same_backend = load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend)
-    if same_backend:
-        shadow_kernel = loaded.attention
+    resolve_kernel(eo.shadow_attention, backend, flag="--shadow_attention", dtype=eo.dtype, where=where)
+    loaded, same_backend = load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend,
+                                           flag="--shadow_attention")
+    shadow_kernel = loaded.attention if same_backend else resolve_kernel(
+        eo.shadow_attention, backend, flag="--shadow_attention", dtype=eo.dtype, loaded=loaded, where=where)
     if shadow_kernel == kernel:
         other = "flash" if kernel == "xla" else "native"
         raise ConfigError(
@@ -604,10 +625,10 @@ def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, m
         raise ConfigError(problem)
 
 
-def load_for_checks(spec: ModelSpec, backend: str):
+def load_for_checks(spec: ModelSpec, backend: str, flag: str = "--attention"):
     """Load the model to check it: with the run's own spec when this process has the workers' backend
     (the pipeline then reuses it), with the native kernel when the workers are another backend.
-    Returns (loaded model, whether it was loaded with the run's own spec)."""
+    Returns (loaded model, whether it was loaded with the run's own spec). `flag` chose spec.attention."""
     import jax
 
     import models
@@ -621,7 +642,8 @@ def load_for_checks(spec: ModelSpec, backend: str):
     except models.ModelLoadError as e:
         raise ConfigError(f"--model {spec.name}: {e}") from None
     except KernelUnsupportedError as e:
-        raise ConfigError(f"--attention={spec.attention}: {e}") from None
+        message = str(e).replace("--attention", flag)
+        raise ConfigError(message if flag in message else f"{flag}={spec.attention}: {message}") from None
     except (FileNotFoundError, OSError) as e:
         if spec.cache_dir and spec.cache_dir in str(e):  # converting a built-in model into --cache_dir failed
             raise ConfigError(f"--cache_dir {spec.cache_dir}: models cannot be cached there ({e}); choose a directory "

@@ -20,6 +20,8 @@ from kernels import KernelUnsupportedError, resolve
 from models.config import HF_KEYS, MAX_SIZES, Rope, config_from_hf
 from models.hf_import import convert_hf_dir, main as convert_main
 from models.llama import rope_frequencies
+from pipeline.options import ConfigError, parse_options
+from pipeline.validate import validate
 from tests.conftest import (SENTENCES, common_flags, padded, read_summary, read_table, run_docscore,
                             transformers_logprobs, write_jsonl)
 
@@ -300,7 +302,7 @@ def test_unsupported_rope_scaling_is_refused_naming_field_and_value(rope_type, e
     assert code == 2 and f'rope_scaling.rope_type "{rope_type}" is not supported' in message
 
 
-def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(converted):
+def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(converted, tmp_path):
     """Past its window a Mistral/Qwen2 token sees only the last `window` tokens in each sliding layer (the
     parity test above runs documents longer than the window); the window rides the kernel contract, and a
     kernel without local attention is refused, not silently run without it."""
@@ -316,6 +318,22 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
                 has_segments=True, q_len=4096, kv_len=4096, window=config.sliding_window)
     assert resolve("auto", "gpu", heads=4, kv_heads=2, head_dim=16, dtype="bfloat16", causal=True,
                    has_segments=True, q_len=4096, kv_len=4096, window=config.sliding_window) in ("xla", "blockwise")
+    # Dataflow GPU/TPU workers: refused before the job starts, as the workers' loader would refuse it, and
+    # auto plans (and records) the kernel the workers will run
+    shard = tmp_path / "docs.jsonl"
+    shard.write_text('{"id": "a", "text": "a short text"}\n')
+    for accelerator in ("nvidia-l4;count:1", "tpu-v5-lite-podslice;topology:1x1"):
+        def plan(attention):
+            _, eo = parse_options(["--input", str(shard), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
+                                   "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "docscore-test",
+                                   "--region", "r", "--task", "loglik", "--stride", "8", "--model", str(model_dir), "--dtype", "bfloat16",
+                                   "--attention", attention, "--runner", "DataflowRunner",
+                                   "--dataflow_service_options", f"worker_accelerator=type:{accelerator}"])
+            return validate(eo)
+
+        with pytest.raises(ConfigError, match="--attention=flash .*sliding-window.*the Dataflow workers' accelerator"):
+            plan("flash")
+        assert plan("auto").kernel == "xla"
 
 
 def test_pickle_weights_and_leftover_tensors_are_refused(tmp_path, capsys):

@@ -121,3 +121,17 @@ def test_shadow_configuration_errors_exit_2_before_reading(tmp_path, capsys, fla
     assert run_docscore("--input", shard, *common_flags("cfg", tmp_path / "out"), "--attention", "native", *flags) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out" / "scores").exists()
+
+
+def test_a_shadow_kernel_the_model_rules_out_is_refused_naming_its_own_flag(tmp_path, capsys, monkeypatch):
+    """A kernel that runs the pipeline's rows but not this model's attention is refused at the model's load:
+    the message names --shadow_attention (the flag that chose it), not --attention."""
+    implementation = Implementation(name="no_models", backends=("cpu",), limits="test only",
+                                    is_supported=lambda **info: (info.get("heads") is None, "test: no model's heads"),
+                                    call=xla_attention)
+    monkeypatch.setitem(table.IMPLEMENTATIONS, "no_models", implementation)
+    shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": SENTENCES[0]}])
+    assert run_docscore("--input", shard, *common_flags("cfg", tmp_path / "out"), "--attention", "native",
+                        "--shadow_attention", "no_models") == 2
+    err = capsys.readouterr().err
+    assert "--shadow_attention=no_models cannot run on cpu: test: no model's heads" in err and "--attention=no_models" not in err
