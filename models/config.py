@@ -121,6 +121,11 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
             f"family (model_type 'bert', encoder), the GPT-2 family (model_type 'gpt2', decoder) and the "
             f"Llama family (model_type 'llama', 'mistral' or 'qwen2', decoder)")
+    quantized = hf.get("quantization_config")
+    if quantized:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+        raise ModelLoadError(f"{path}: a quantized checkpoint (quantization_config quant_method {method!r}) is not "
+                             "supported; docscore reads float weights: convert the model's unquantized release")
     try:
         config = {"bert": _bert, "gpt2": _gpt2, "llama": _llama}[family](hf)
     except KeyError as missing:

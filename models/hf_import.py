@@ -151,9 +151,36 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
 MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight"}
 
 
+SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's weight_map: tensor -> shard file
+SAFETENSORS_FILE = "model.safetensors"
+
+
+def checkpoint_files(src: str) -> list[str]:
+    """The safetensors files transformers would load from `src`: the shards its index names, else
+    model.safetensors, else every *.safetensors (a checkpoint saved under another name). Other files beside
+    them (Mistral's consolidated.safetensors, a copy) are not read. A shard the index names must be there."""
+    index = os.path.join(src, SAFETENSORS_INDEX)
+    if os.path.exists(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ModelLoadError(f"{index}: not a safetensors index with a weight_map ({err}); save the model again "
+                                 "with save_pretrained") from None
+        missing = [f for f in files if not os.path.isfile(os.path.join(src, f))]
+        if missing:
+            raise ModelLoadError(f"{src}: {len(missing)} of the {len(files)} shards {SAFETENSORS_INDEX} lists are "
+                                 f"missing ({', '.join(missing[:3])}); download the checkpoint again")
+        return files
+    if os.path.isfile(os.path.join(src, SAFETENSORS_FILE)):
+        return [SAFETENSORS_FILE]
+    return sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
+
+
 def read_safetensors(src: str) -> tuple[dict[str, np.ndarray], str]:
-    """Every tensor of the *.safetensors files in `src` as float32/int numpy arrays, and a name for errors."""
-    files = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
+    """Every tensor of the checkpoint's files in `src` (checkpoint_files) as float32/int numpy arrays, and a
+    name for errors."""
+    files = checkpoint_files(src)
     if not files:
         has_pickle = any(f.endswith((".bin", ".pt", ".pth", ".ckpt")) for f in os.listdir(src))
         hint = (" (it has PyTorch pickle files, which docscore never loads: re-save with "
@@ -222,6 +249,33 @@ def sentence_transformers_max_len(src: str) -> int | None:
     return None
 
 
+def with_sentence_transformers_text_rules(src: str, tokenizer_text: str) -> str:
+    """tokenizer.json with what sentence-transformers does to a text before its tokenizer: do_lower_case
+    (sentence_bert_config.json) becomes a Lowercase normalizer ahead of the tokenizer's own. A default prompt
+    (config_sentence_transformers.json default_prompt_name), which it puts before every text, is refused:
+    the embeddings would differ from the model's."""
+    settings = os.path.join(src, "config_sentence_transformers.json")
+    if os.path.exists(settings):
+        with open(settings, encoding="utf-8") as f:
+            name = json.load(f).get("default_prompt_name")
+        if name:
+            raise ModelLoadError(f"{settings}: default_prompt_name {name!r} puts a prompt before every text, which "
+                                 "docscore does not; remove default_prompt_name and write the prompt into the "
+                                 "documents' text if you want it")
+    sbert = os.path.join(src, "sentence_bert_config.json")
+    if not os.path.exists(sbert):
+        return tokenizer_text
+    with open(sbert, encoding="utf-8") as f:
+        if not json.load(f).get("do_lower_case"):
+            return tokenizer_text
+    from tokenizers import Tokenizer, normalizers
+
+    tokenizer = Tokenizer.from_str(tokenizer_text)
+    own = tokenizer.normalizer
+    tokenizer.normalizer = normalizers.Lowercase() if own is None else normalizers.Sequence([normalizers.Lowercase(), own])
+    return tokenizer.to_str()
+
+
 def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source: str | None = None,
                    exist_ok: bool = False) -> ModelMetadata:
     """Convert the Hugging Face directory `src` into the docscore model directory `dst` (atomic)."""
@@ -239,12 +293,16 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
             raise ModelLoadError(f"{os.path.join(src, name)}: missing; {fix}") from None
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
     st_len = sentence_transformers_max_len(src)  # also refuses pooling and modules docscore does not compute
-    seq_len = max_seq_len or st_len or config.default_seq_len
+    texts["tokenizer.json"] = with_sentence_transformers_text_rules(src, texts["tokenizer.json"])
+    seq_len = next(n for n in (max_seq_len, st_len, config.default_seq_len) if n is not None)
     if not 0 < seq_len <= config.max_positions:
         raise ModelLoadError(f"{src}: max_seq_len {seq_len} must be between 1 and the model's "
                              f"{config.max_positions} positions")
     tokenizer = DocTokenizer.from_str(texts["tokenizer.json"], max_seq_len=seq_len,
                                       path=os.path.join(src, "tokenizer.json"))
+    if seq_len <= tokenizer.n_special:
+        raise ModelLoadError(f"{src}: max_seq_len {seq_len} leaves no room for text beside the tokenizer's "
+                             f"{tokenizer.n_special} special tokens; pass a larger --max_seq_len")
     tokenizer.check_vocab(config.vocab_size, os.path.join(src, "config.json"))
 
     tensors, where = read_safetensors(src)
@@ -268,8 +326,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
     parser.add_argument("--out", required=True, help="docscore model directory to write (must not exist)")
     parser.add_argument("--max_seq_len", type=int, default=None,
-                        help="longest model input in tokens (default: sentence_bert_config.json, else the "
-                             "model's position count)")
+                        help="longest model input in tokens (default: sentence_bert_config.json's "
+                             "max_seq_length, else the model's position count, or its sliding window when it "
+                             "has one and the window is shorter)")
     args = parser.parse_args(argv)
     try:
         metadata = convert_hf_dir(args.hf, args.out, max_seq_len=args.max_seq_len)

@@ -433,7 +433,11 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     model_max = loaded.tokenizer.max_seq_len
     max_len = eo.max_seq_len or model_max
     if max_len > model_max:
-        raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max}; use <= {model_max}")
+        positions = loaded.config.max_positions
+        again = (f", or convert the model again with `docscore convert --max_seq_len` up to its {positions} positions"
+                 if positions > model_max and os.path.isdir(eo.model) else "")
+        raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max} (the max_seq_len it was converted "
+                          f"with); use <= {model_max}{again}")
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
     if eo.stride >= content:
         raise ConfigError(f"--stride={eo.stride} (tokens shared by consecutive windows) must be < {content}, the text "

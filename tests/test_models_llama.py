@@ -323,17 +323,21 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
     shard = tmp_path / "docs.jsonl"
     shard.write_text('{"id": "a", "text": "a short text"}\n')
     for accelerator in ("nvidia-l4;count:1", "tpu-v5-lite-podslice;topology:1x1"):
-        def plan(attention):
+        def plan(attention, *extra):
             _, eo = parse_options(["--input", str(shard), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
                                    "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "docscore-test",
                                    "--region", "r", "--task", "loglik", "--stride", "8", "--model", str(model_dir), "--dtype", "bfloat16",
                                    "--attention", attention, "--runner", "DataflowRunner",
-                                   "--dataflow_service_options", f"worker_accelerator=type:{accelerator}"])
+                                   "--dataflow_service_options", f"worker_accelerator=type:{accelerator}", *extra])
             return validate(eo)
 
         with pytest.raises(ConfigError, match="--attention=flash .*sliding-window.*the Dataflow workers' accelerator"):
             plan("flash")
         assert plan("auto").kernel == "xla"
+    # converted at its window (docscore convert's default for it): a longer --max_seq_len needs converting again
+    with pytest.raises(ConfigError, match="exceeds the model's .*convert the model again with `docscore convert "
+                                          "--max_seq_len` up to its"):
+        plan("auto", "--max_seq_len", str(2 * config.sliding_window))
 
 
 def test_pickle_weights_and_leftover_tensors_are_refused(tmp_path, capsys):
