@@ -203,12 +203,12 @@ def model_gflop(docs: list[dict]) -> float:
     attention's two [row_len x row_len] products per layer; embeddings, norms, activations and pooling
     are not counted. The calls are (c)'s: every document one window, packed as run_model packs them."""
     from models.config import config_from_hf
-    from pipeline.stages.packing import pack_windows, plan_calls, row_lengths
+    from pipeline.stages.packing import plan_calls, plan_rows, row_lengths
 
     with open(os.path.join(model_path(), "config.json")) as f:
         config = config_from_hf(json.load(f))
     h, i = config.hidden_size, config.intermediate_size
-    rows = pack_windows([d["n_tokens"] for d in docs], row_lengths(MAX_LEN))
+    rows = plan_rows([d["n_tokens"] for d in docs], row_lengths(MAX_LEN))
     flops = 0
     for row_len, _, size in plan_calls(rows, MAX_LEN, BATCH_DOCSCORE):
         flops += size * row_len * config.num_layers * (2 * (4 * h * h + 2 * h * i) + 4 * row_len * h)

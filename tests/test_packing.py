@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.stages.packing import (PackedRow, call_sizes, max_segments_for, pack_windows, plan_calls, row_lengths,
+from pipeline.stages.packing import (PackedRow, call_sizes, max_segments_for, pack_windows, plan_calls, plan_rows, row_cost, row_lengths,
                               rows_per_call, run_model, run_packed, shapes_for)
 from pipeline.stages.scoring import pool_windows
 from tests.conftest import LONG_TEXT, SENTENCES, TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, direct_embeddings
@@ -102,6 +102,32 @@ def test_pack_windows_packs_a_paragraph_mix_at_90_percent_or_better():
     rows = pack_windows(lengths, row_lengths(256))
     assert_valid_plan(lengths, rows, row_lengths(256))
     assert padding_efficiency(lengths, rows) >= 0.9
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("mix", ["short", "long", "paragraphs", "just_over_half"])
+def test_plan_rows_is_a_valid_plan_never_costlier_than_pack_windows(seed, mix):
+    rng = np.random.default_rng(seed)
+    row_lens = row_lengths(256)
+    lengths = (rng.choice([34, 66, 70, 130], 600).tolist() if mix == "just_over_half"
+               else random_lengths(rng, mix, 600))
+    rows = plan_rows(lengths, row_lens)
+    assert sorted(i for row in rows for i in row.windows) == list(range(len(lengths)))
+    for row in rows:
+        assert row.row_len in row_lens and sum(lengths[i] for i in row.windows) <= row.row_len
+        assert 1 <= len(row.windows) <= max_segments_for(row.row_len)
+    cost = lambda plan: sum(row_cost(row.row_len) for row in plan)
+    assert cost(rows) <= cost(pack_windows(lengths, row_lens))
+    assert plan_rows(np.array(lengths), row_lens) == rows  # deterministic
+
+
+@pytest.mark.parametrize("window, efficiency", [(34, 0.9), (66, 0.75)])
+def test_windows_just_over_a_row_lengths_half_fill_longer_rows(window, efficiency):
+    """A 34-token window alone in a 64-token row (no second one fits) wasted half of every row; filling rows
+    of 256 holds seven (three of 66), at lower cost, with the same row lengths."""
+    rows = plan_rows([window] * 1000, row_lengths(256))
+    assert 1000 * window / sum(row.row_len for row in rows) >= efficiency
+    assert padding_efficiency([window] * 1000, pack_windows([window] * 1000, row_lengths(256))) < 0.55
 
 
 def test_pack_windows_puts_each_window_into_the_tightest_gap():
@@ -203,7 +229,7 @@ def test_packed_minilm_embeddings_equal_one_window_per_row(minilm):
     compiles_before = minilm.compile_count
     outputs, _, totals = run_model(minilm, windows, max_len=TEST_MAX_LEN, batch_size=TEST_BATCH)
     assert minilm.compile_count - compiles_before <= len(shapes_for(TEST_MAX_LEN, TEST_BATCH))
-    rows = pack_windows([len(w) for w in windows], row_lengths(TEST_MAX_LEN))
+    rows = plan_rows([len(w) for w in windows], row_lengths(TEST_MAX_LEN))
     assert totals["computed_tokens"] == computed_tokens(rows, TEST_MAX_LEN, TEST_BATCH)
     np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts), atol=2e-5)
 
@@ -219,13 +245,30 @@ def test_packed_minilm_embeddings_over_two_row_lengths_equal_one_window_per_row(
                                atol=2e-5)
 
 
+@pytest.mark.integration
+def test_windows_packed_into_longer_rows_than_their_own_give_the_same_embeddings(minilm):
+    """Windows of 33-50 tokens with rows of 64 and 128: plan_rows fills the 128-token rows (two or three
+    windows each) rather than one window per 64-token row; each embedding is the window's alone."""
+    words = LONG_TEXT.split() * 20
+    texts = [" ".join(words[i : i + 30 + i % 7]) for i in range(0, 240, 20)]
+    encoded = minilm.tokenizer.encode_windows(texts, max_len=128, stride=TEST_STRIDE, max_windows=1)
+    windows = [doc.windows[0] for doc in encoded]
+    assert 32 < min(map(len, windows)) and max(map(len, windows)) <= 64
+    rows = plan_rows([len(w) for w in windows], row_lengths(128))
+    assert len(rows) <= len(windows) // 2 + 1  # shared rows, where pack_windows gives each its own 64-token row
+    assert len(pack_windows([len(w) for w in windows], row_lengths(128))) == len(windows)
+    outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH)
+    np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts, max_len=128,
+                                                                                  max_windows=1), atol=2e-5)
+
+
 def test_sample_corpus_packs_at_90_percent_or_better(minilm):
     from pipeline.sample_data import sample_records
 
     texts = [r["text"] for r in sample_records()]
     encoded = minilm.tokenizer.encode_windows(texts, max_len=256, stride=32, max_windows=8)
     lengths = [len(w) for doc in encoded for w in doc.windows]
-    rows = pack_windows(lengths, row_lengths(256))
+    rows = plan_rows(lengths, row_lengths(256))
     assert sum(lengths) / computed_tokens(rows, 256, 16) >= 0.9
 
 

@@ -2,7 +2,8 @@
 windows each (segment ids 1, 2, ...), run in calls of a fixed token budget, outputs mapped back.
 
 Holds the row lengths (max_len and its halves: a window goes to the shortest row that holds it, so short
-documents do not pay for attention over long rows), the packing plan (best-fit decreasing), the call
+documents do not pay for attention over long rows), the packing plan (best-fit decreasing, or filling the
+longest rows first where that costs less), the call
 sizes (a full call of batch_size * max_len tokens, then small calls for the tail, so each model method
 compiles at most two shapes per row length) and the runner. Must not call Beam, load models or know which
 task is scored (the callers pass the model function).
@@ -51,18 +52,62 @@ def pack_windows(lengths: Sequence[int], row_lens: Sequence[int], max_segments: 
     last); a window that fits no open row opens one of the shortest of row_lens that holds it. So short
     windows fill the gaps of long rows before they open short rows of their own. Deterministic,
     O(n log n). Raises ValueError for a window longer than every row length."""
+    sizes = _sizes(lengths)
+    rows, row_lens_used, _ = _best_fit(sizes, _longest_first(sizes), sorted(row_lens), max_segments)
+    return [PackedRow(tuple(r), size) for r, size in zip(rows, row_lens_used)]
+
+
+# A row of R tokens costs about R * (1 + R / ATTENTION_COST_TOKENS): the dense layers per token, attention per token
+# growing with the row. Fitted to MiniLM float32 on CPU, full calls of 4,096 tokens: rows of 64, 128 and 256 ran
+# 6,272, 6,120 and 5,078 tokens/s (benchmarks/README.md, "Row lengths and CPU tuning in the model loop").
+ATTENTION_COST_TOKENS = 768
+
+
+def row_cost(row_len: int) -> float:
+    return row_len * (1 + row_len / ATTENTION_COST_TOKENS)
+
+
+def plan_rows(lengths: Sequence[int], row_lens: Sequence[int]) -> list[PackedRow]:
+    """The cheaper (row_cost) of two plans of the same windows: pack_windows over every row length (a window
+    opens the shortest row that holds it, so short windows pay little attention), and pack_windows into the
+    longest rows, each row then cut to the shortest length that holds what it got. The second wins where
+    windows sit just above a row length's half (66-token windows: one per 128-token row, three per 256-token
+    row). Both use the same row lengths: the same compiled shapes."""
     row_lens = sorted(row_lens)
-    sizes_in = [int(n) for n in lengths]
-    order = sorted(range(len(sizes_in)), key=sizes_in.__getitem__, reverse=True)  # stable: equal lengths by index
+    sizes = _sizes(lengths)
+    order = _longest_first(sizes)
+    rows, used_lens, _ = _best_fit(sizes, order, row_lens)
+    if any(n != row_lens[-1] for n in used_lens):  # else filling the longest rows is this same plan
+        filled, _, tokens = _best_fit(sizes, order, row_lens[-1:])
+        cut = [_shortest_row_for(t, len(r), row_lens) for r, t in zip(filled, tokens)]
+        if sum(map(row_cost, cut)) < sum(map(row_cost, used_lens)):
+            rows, used_lens = filled, cut
+    return [PackedRow(tuple(r), size) for r, size in zip(rows, used_lens)]
+
+
+def _sizes(lengths: Sequence[int]) -> list[int]:
+    return np.asarray(lengths, dtype=np.int64).tolist()
+
+
+def _longest_first(sizes: list[int]) -> list[int]:
+    return sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)  # stable: equal lengths by index
+
+
+def _best_fit(sizes: list[int], order: list[int], row_lens: list[int],
+              max_segments: int | None = None) -> tuple[list[list[int]], list[int], list[int]]:
+    """pack_windows' plan as (each row's window indices, its length, its tokens)."""
     rows: list[list[int]] = []
-    sizes: list[int] = []
+    lens: list[int] = []
+    tokens: list[int] = []
     slots_left: list[int] = []
+    opens = {n: _shortest_row(n, row_lens) for n in set(sizes)}  # the row length a window of n tokens opens
+    slots = {m: max_segments or max_segments_for(m) for m in row_lens}
     # Open rows with a free slot, by free tokens: free room is at most the longest row length, so the best
     # fit is one bisect over the distinct free values instead of a scan over every open row.
     by_free: dict[int, list[int]] = {}
     free_values: list[int] = []  # the keys of by_free, ascending
     for i in order:
-        n = sizes_in[i]
+        n = sizes[i]
         k = bisect_left(free_values, n)
         if k < len(free_values):
             room = free_values[k]
@@ -72,16 +117,23 @@ def pack_windows(lengths: Sequence[int], row_lens: Sequence[int], max_segments: 
                 del by_free[room]
                 del free_values[k]
             rows[r].append(i)
+            tokens[r] += n
         else:
-            row_len = _shortest_row(n, row_lens)
+            row_len = opens[n]
             r = len(rows)
             rows.append([i])
-            sizes.append(row_len)
-            slots_left.append(max_segments or max_segments_for(row_len))
+            lens.append(row_len)
+            tokens.append(n)
+            slots_left.append(slots[row_len])
             room = row_len
         slots_left[r] -= 1
         _bucket_row(by_free, free_values, r, room - n, slots_left[r])
-    return [PackedRow(tuple(r), size) for r, size in zip(rows, sizes)]
+    return rows, lens, tokens
+
+
+def _shortest_row_for(tokens: int, windows: int, row_lens: Sequence[int]) -> int:
+    """The shortest of row_lens (ascending) with room for `tokens` tokens in `windows` segment slots."""
+    return next(m for m in row_lens if m >= tokens and max_segments_for(m) >= windows)
 
 
 def _shortest_row(n: int, row_lens: Sequence[int]) -> int:
@@ -201,7 +253,7 @@ def run_packed(
     (per_token outputs cut to the window), its share of the batch's time and of the computed tokens in
     proportion to its tokens, and totals (calls, computed and real tokens, milliseconds). on_call_read gets
     the indices of each call's windows as soon as its result is read (progress per model call)."""
-    rows = pack_windows([len(w) for w in windows], row_lengths(max_len, min_row_len))
+    rows = plan_rows([len(w) for w in windows], row_lengths(max_len, min_row_len))
     outputs: list[np.ndarray | None] = [None] * len(windows)
     costs = [WindowCost() for _ in windows]
     totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
