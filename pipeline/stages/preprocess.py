@@ -16,15 +16,10 @@ import numpy as np
 
 from pipeline import tasks
 from pipeline.records import ERRORS_TAG, Batch, Document, ErrorRow
+from pipeline.stages.long_text import (FULL_TOKENIZE_CHARS, MAX_PREFIX_CHARS_PER_TOKEN, NO_SPACE_SPARE_TOKENS,
+                                       PREFIX_CHARS_PER_TOKEN, space_before)
 from pipeline.tasks.base import RecordError
 
-# A text longer than this is tokenised only as far as --max_chunks windows need (a prefix cut at a space,
-# PREFIX_CHARS_PER_TOKEN characters a needed token, grown x4 until it holds them): a 20 MB document then
-# costs milliseconds instead of a minute and gigabytes. Its n_tokens counts the prefix's tokens.
-FULL_TOKENIZE_CHARS = 64 * 1024
-PREFIX_CHARS_PER_TOKEN = 16  # English averages ~5 characters a token
-NO_SPACE_SPARE_TOKENS = 256  # tokens kept past the windows when a prefix must be cut inside a word
-MAX_PREFIX_CHARS_PER_TOKEN = 256  # the prefix stops growing here; the rest is not read (truncated=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,14 +174,6 @@ def encode_text(tokenizer, text: str, spec: WindowSpec):
             return dataclasses.replace(encoded, truncated=True)
         chars *= 4  # long words or unknown runs: fewer tokens a character than guessed
     return tokenizer.encode_windows([text], **kwargs)[0]
-
-
-def space_before(text: str, end: int, look_back: int = 1024) -> int | None:
-    """The position of the last whitespace before `end`, looking back at most look_back characters."""
-    for i in range(end - 1, max(end - look_back, 0), -1):
-        if text[i].isspace():
-            return i
-    return None
 
 
 class Tokenize(beam.DoFn):

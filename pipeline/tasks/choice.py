@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from pipeline.stages import scoring
+from pipeline.stages import long_text, scoring
 from pipeline.tasks.base import DECODER, RecordError, Task, TaskWindows
 
 CHOICES_FIELD = "choices"  # the record's candidate continuations: a non-empty list of strings
@@ -96,19 +96,16 @@ def split_pair(context: str, choice: str) -> tuple[str, str]:
 
 
 def context_tail(tokenizer, context: str, max_len: int) -> str:
-    """The context, or for one over preprocess.FULL_TOKENIZE_CHARS a tail of it, cut at whitespace where it can
+    """The context, or for one over long_text.FULL_TOKENIZE_CHARS a tail of it, cut at whitespace where it can
     be, that yields NO_SPACE_SPARE_TOKENS tokens more than a window holds: only a window's worth of the context's
     end is read, and the cut changes at most the tail's first tokens. A 5 MB context then costs milliseconds,
     not seconds and gigabytes for each of its candidates."""
-    from pipeline.stages import preprocess  # it imports the tasks: not at the top
-
-    needed = max_len + preprocess.NO_SPACE_SPARE_TOKENS
-    chars = max(preprocess.FULL_TOKENIZE_CHARS, needed * preprocess.PREFIX_CHARS_PER_TOKEN)
+    needed = max_len + long_text.NO_SPACE_SPARE_TOKENS
+    chars = max(long_text.FULL_TOKENIZE_CHARS, needed * long_text.PREFIX_CHARS_PER_TOKEN)
     while chars < len(context):
         start = len(context) - chars
-        cut = next((i for i in range(start, min(start + 1024, len(context))) if context[i].isspace()), start)
-        tail = context[cut:]
-        if len(tokenizer.encode_ids([tail])[0]) >= needed or chars >= needed * preprocess.MAX_PREFIX_CHARS_PER_TOKEN:
+        tail = context[long_text.space_after(context, start) or start:]
+        if len(tokenizer.encode_ids([tail])[0]) >= needed or chars >= needed * long_text.MAX_PREFIX_CHARS_PER_TOKEN:
             return tail
         chars *= 4  # long words or unknown runs: fewer tokens a character than guessed
     return context
