@@ -156,9 +156,12 @@ SAFETENSORS_FILE = "model.safetensors"
 
 
 def checkpoint_files(src: str) -> list[str]:
-    """The safetensors files transformers would load from `src`: the shards its index names, else
-    model.safetensors, else every *.safetensors (a checkpoint saved under another name). Other files beside
-    them (Mistral's consolidated.safetensors, a copy) are not read. A shard the index names must be there."""
+    """The safetensors files transformers would load from `src`: model.safetensors, else the shards its index
+    names, else every *.safetensors (a checkpoint saved under another name). Other files beside them (Mistral's
+    consolidated.safetensors, a copy; an index a later unsharded save left behind) are not read. A shard the
+    index names must be there."""
+    if os.path.isfile(os.path.join(src, SAFETENSORS_FILE)):
+        return [SAFETENSORS_FILE]
     index = os.path.join(src, SAFETENSORS_INDEX)
     if os.path.exists(index):
         try:
@@ -172,8 +175,6 @@ def checkpoint_files(src: str) -> list[str]:
             raise ModelLoadError(f"{src}: {len(missing)} of the {len(files)} shards {SAFETENSORS_INDEX} lists are "
                                  f"missing ({', '.join(missing[:3])}); download the checkpoint again")
         return files
-    if os.path.isfile(os.path.join(src, SAFETENSORS_FILE)):
-        return [SAFETENSORS_FILE]
     return sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
 
 

@@ -137,12 +137,21 @@ class LoadedModel:
             raise ValueError(f"max_segments={static[0]} must be >= 1")
         (input_ids, segment_ids), _ = self.parallel.shard_rows(*self._checked(input_ids, segment_ids))
         key = (method, input_ids.shape, static)
-        with self._lock:
+        compiled = self._compiled.get(key)  # compiled programs run without waiting for another thread's compile
+        if compiled is None:
+            compiled = self._compile(key, method, input_ids, segment_ids, static)
+        result = compiled(self._state, input_ids, segment_ids)
+        result.copy_to_host_async()
+        return result
+
+    def _compile(self, key: tuple, method: str, input_ids: np.ndarray, segment_ids: np.ndarray, static: tuple):
+        """The program for `key`, compiled once however many threads ask; waiting for another thread's compile
+        is compiling too (while_compiling)."""
+        with self.while_compiling(), self._lock:
             compiled = self._compiled.get(key)
             if compiled is None:
                 start, hits = time.perf_counter(), PERSISTENT_CACHE_HITS.count
-                with self.while_compiling():
-                    compiled = self._functions[method].lower(self._state, input_ids, segment_ids, *static).compile()
+                compiled = self._functions[method].lower(self._state, input_ids, segment_ids, *static).compile()
                 seconds = time.perf_counter() - start
                 self._compile_seconds += seconds
                 cached = PERSISTENT_CACHE_HITS.count > hits  # read from the persistent compilation cache
@@ -151,9 +160,7 @@ class LoadedModel:
                     self.cached_compile_seconds += seconds
                 self._by_thread.stats = self.compiles_by_this_thread() + (1, seconds, int(cached), seconds * cached)
                 self._compiled[key] = compiled
-        result = compiled(self._state, input_ids, segment_ids)
-        result.copy_to_host_async()
-        return result
+        return compiled
 
     def _run(self, method: str, input_ids: np.ndarray, segment_ids: np.ndarray, *static: int) -> np.ndarray:
         return np.asarray(self.start(method, input_ids, segment_ids, *static), dtype=np.float32)[:len(input_ids)]

@@ -355,7 +355,7 @@ def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
     gate = summary.get("shadow")
     if gate:
         print(f"  shadow {gate['impl']} on {gate['documents']} documents ({gate['batches']} batches): max |output diff| "
-              f"{gate['output_max_abs_diff']:.3g}, max |score diff| {gate['score_max_abs_diff']:.3g}, tolerance "
+              f"{_shown(gate['output_max_abs_diff'], '.3g')}, max |score diff| {_shown(gate['score_max_abs_diff'], '.3g')}, tolerance "
               f"{gate['tolerance']:g} -> {({True: 'passed', False: 'FAILED'}).get(gate['passed'], 'NOT RUN')}")
     metrics = {k: v for k, v in summary["task_metrics"].items() if v is not None}
     if metrics:

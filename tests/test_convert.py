@@ -211,6 +211,9 @@ def test_a_sharded_checkpoint_reads_the_shards_its_index_names_and_names_a_missi
     code, message = convert(src, tmp_path / "partial", capsys)
     assert code == 2 and "1 of the 2 shards model.safetensors.index.json lists are missing" in message, message
     assert "model-00002-of-00002.safetensors" in message and not (tmp_path / "partial").exists()
+    save_file(tensors, src / "model.safetensors")  # an unsharded save over it leaves the index behind
+    code, message = convert(src, tmp_path / "resaved", capsys)
+    assert code == 0, message  # model.safetensors first, as transformers loads it
 
 
 def test_a_quantized_checkpoint_is_refused_by_name(hf_bert, tmp_path, capsys):

@@ -124,6 +124,33 @@ def test_a_model_call_that_compiles_counts_only_its_run_as_device_busy(minilm):
     assert PROCESS_CLOCK.take_new_seconds() > 0
 
 
+@pytest.mark.integration
+def test_a_thread_waiting_for_another_threads_compile_is_not_device_busy(minilm):
+    """A batch whose shape is not compiled yet waits while another thread compiles (here: the test holds the
+    model's compile lock for 0.3 s), then compiles its own: neither is device time (accelerator runs use 4
+    threads, and a GPU compile takes tens of seconds)."""
+    from pipeline.telemetry.device_time import PROCESS_CLOCK
+
+    ids = np.ones((7, 40), np.int32)  # a shape no other test compiles
+    spans = []
+
+    def batch() -> None:
+        before, t0 = minilm.compiles_by_this_thread(), time.perf_counter()
+        with PROCESS_CLOCK.busy():
+            np.asarray(minilm.start("embed_packed", ids, ids, 1))
+        spans.append((time.perf_counter() - t0, minilm.compiles_by_this_thread() - before))
+
+    PROCESS_CLOCK.take_new_seconds()
+    thread = threading.Thread(target=batch)
+    with minilm._lock:  # another thread's compile in progress
+        thread.start()
+        thread.join(timeout=0.3)
+    thread.join()
+    [(wall, (count, seconds, *_))] = spans
+    assert count == 1 and wall > 0.3 + seconds
+    assert PROCESS_CLOCK.take_new_seconds() <= wall - 0.3 - seconds + 0.02
+
+
 def test_busy_clock_is_safe_across_threads():
     """Many threads entering and leaving at once leave the clock idle again: a later batch alone adds
     exactly its own time."""

@@ -283,11 +283,14 @@ def test_a_run_of_no_documents_prints_no_made_up_zeros(tmp_path, capsys):
     shard = tmp_path / "empty.jsonl"
     shard.write_text("")
     assert launch.main(["--input", str(shard), "--task", "embed", "--attention", "native", "--no_progress",
-                        *common_flags("empty", tmp_path / "out")]) == 0
+                        "--shadow_attention", "flash", *common_flags("empty", tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
     summary = json.loads((tmp_path / "out/runs/run_id=empty/summary.json").read_text())
     assert summary["counts"]["records"] == 0 and summary["tokens"]["padding_efficiency"] is None
     assert "read: p50 - p95 -" in printed and "padding efficiency -;" in printed
+    shadow = summary["shadow"]  # no document compared: no difference measured, no gate passed
+    assert (shadow["documents"], shadow["output_max_abs_diff"], shadow["passed"]) == (0, None, None)
+    assert "max |output diff| -, max |score diff| -" in printed
     assert "p50 0.0" not in printed and "0.00" not in printed
 
 

@@ -135,3 +135,21 @@ def test_a_shadow_kernel_the_model_rules_out_is_refused_naming_its_own_flag(tmp_
                         "--shadow_attention", "no_models") == 2
     err = capsys.readouterr().err
     assert "--shadow_attention=no_models cannot run on cpu: test: no model's heads" in err and "--attention=no_models" not in err
+
+
+def test_a_shadow_kernel_that_fails_the_batch_leaves_the_primary_batchs_metrics(tmp_path, monkeypatch):
+    """The shadow kernel's error turns the batch into infer error rows; the primary kernel still ran and compiled
+    it, and the summary says so (they were lost when the shadow raised)."""
+    def failing(q, k, v, *, segment_ids=None, causal=False, scale=None):
+        raise ValueError("this shadow kernel cannot run the pipeline's rows")
+
+    implementation = Implementation(name="failing", backends=("cpu",), limits="test only",
+                                    is_supported=lambda **_: (True, ""), call=failing)
+    monkeypatch.setitem(table.IMPLEMENTATIONS, "failing", implementation)
+    shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:4])])
+    out = tmp_path / "out"
+    assert run_docscore("--input", shard, *common_flags("fails", out), "--attention", "native",
+                        "--shadow_attention", "failing", "--shadow_fraction", "1") == 0
+    summary = read_summary(out, "fails")
+    assert summary["counts"]["errors_by_type"] == {"infer/ValueError": 4}
+    assert summary["compile"]["model_calls"] >= 1 and summary["device"]["busy_s"] > 0

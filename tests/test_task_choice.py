@@ -284,6 +284,15 @@ def test_a_huge_context_is_tokenized_only_as_far_back_as_a_window_reaches(tiny_g
     for window, expected in zip(doc.windows, want):
         np.testing.assert_array_equal(window, expected)
     assert doc.truncated and max(seen) < 100_000
+    # one run without whitespace that the tokenizer merges into few tokens: a cut inside it could change the
+    # tokens right before the candidate, so such a context is tokenized whole
+    monkeypatch.setattr(tokenizer, "encode_ids", encode_ids)
+    run = "a" * 300_001 + " yes or no?"
+    [whole] = encode_ids([run])
+    cont = encode_ids([run + " yes"])[0][len(whole):]
+    [doc] = tokenize_documents([Document("r", run, "s", 0, {"choices": [" yes"]})], tokenizer,
+                               WindowSpec(MAX_LEN, 0, 1, task="choice"), with_query=False)
+    np.testing.assert_array_equal(doc.windows[0], np.concatenate([whole[len(whole) - (MAX_LEN - len(cont)):], cont]))
 
 
 def test_a_list_the_tokenizer_fails_on_is_retried_record_by_record(tiny_gpt2_dir, monkeypatch):

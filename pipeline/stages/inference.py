@@ -230,8 +230,13 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         self._done.flush()  # the batch's last counts show now, not at the next flush tick
         compiles = loaded.compiles_by_this_thread() - compiles_before
         at_load = model.__dict__.pop("load_compiles", None)  # dict.pop: one thread takes it when threads share the model
-        shadow_outputs, shadow_compiles = self._run_shadow(docs, rows, model)
-        self._record_metrics(totals, compiles + shadow_compiles + (0 if at_load is None else at_load), batch_ms)
+        shadow_before = model.shadow_loaded.compiles_by_this_thread() if model.shadow_loaded is not None else None
+        try:
+            shadow_outputs = self._run_shadow(docs, rows, model)
+        finally:  # the batch ran and compiled even when the shadow kernel failed it (its rows become errors)
+            if shadow_before is not None:
+                compiles = compiles + model.shadow_loaded.compiles_by_this_thread() - shadow_before
+            self._record_metrics(totals, compiles if at_load is None else compiles + at_load, batch_ms)
         model_id = f"{loaded.model_id}/{loaded.attention}"  # RunInference's model id names the kernel
         per_doc, k = [], 0
         for doc in docs:
@@ -282,13 +287,12 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         return call_read
 
     def _run_shadow(self, batch: Sequence[TokenizedDoc], rows: list[np.ndarray],
-                    model: ScoringModel) -> tuple[list[np.ndarray] | None, np.ndarray]:
-        """The batch's rows through the shadow kernel as well, when --shadow_fraction chooses this batch, and
-        the shadow model's compiles for it. Its time is kept out of infer_ms (metrics: shadow_batches,
-        shadow_batch_us) but is device busy time like any model batch."""
+                    model: ScoringModel) -> list[np.ndarray] | None:
+        """The batch's rows through the shadow kernel as well, when --shadow_fraction chooses this batch. Its
+        time is kept out of infer_ms (metrics: shadow_batches, shadow_batch_us) but is device busy time like any
+        model batch."""
         if self._shadow is None or not shadow.is_shadowed([d.doc.doc_id for d in batch], self._shadow.fraction):
-            return None, np.zeros(4)
-        compiles_before = model.shadow_loaded.compiles_by_this_thread()
+            return None
         t0 = time.perf_counter()
         with device_time.PROCESS_CLOCK.busy():
             outputs, _, _ = run_model(model.shadow_loaded, rows, max_len=self._max_len, batch_size=self._batch_size,
@@ -296,7 +300,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         namespace = self.get_metrics_namespace()
         beam.metrics.Metrics.counter(namespace, "shadow_batches").inc()
         beam.metrics.Metrics.distribution(namespace, "shadow_batch_us").update(int((time.perf_counter() - t0) * 1e6))
-        return outputs, model.shadow_loaded.compiles_by_this_thread() - compiles_before
+        return outputs
 
     def _record_metrics(self, totals: dict[str, float], compiles: np.ndarray, batch_ms: float) -> None:
         """compiles: the batch's difference of LoadedModel.compiles_by_this_thread."""

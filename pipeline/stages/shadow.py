@@ -136,11 +136,11 @@ class ShadowTotals(beam.CombineFn):
             "documents": n,
             "documents_over_tolerance": acc["over"],
             "label_flips": acc["flips"],
-            "output_max_abs_diff": acc["out_max"],
+            "output_max_abs_diff": acc["out_max"] if n else None,  # no document compared: no difference measured
             "output_mean_abs_diff": acc["out_mean_sum"] / n if n else None,
-            "score_max_abs_diff": acc["score_max"],
+            "score_max_abs_diff": acc["score_max"] if n else None,
             "score_mean_abs_diff": acc["score_sum"] / n if n else None,
-            "worst_ratio_to_tolerance": acc["worst_ratio"],
+            "worst_ratio_to_tolerance": acc["worst_ratio"] if n else None,
             # no shadowed document compared nothing: neither passed nor failed (the launcher says why)
             "passed": acc["over"] == 0 if n else None,
         }

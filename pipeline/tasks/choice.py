@@ -99,13 +99,15 @@ def context_tail(tokenizer, context: str, max_len: int) -> str:
     """The context, or for one over long_text.FULL_TOKENIZE_CHARS a tail of it, cut at whitespace where it can
     be, that yields NO_SPACE_SPARE_TOKENS tokens more than a window holds: only a window's worth of the context's
     end is read, and the cut changes at most the tail's first tokens. A 5 MB context then costs milliseconds,
-    not seconds and gigabytes for each of its candidates."""
+    not seconds and gigabytes for each of its candidates. A context whose tail yields too few tokens even at
+    MAX_PREFIX_CHARS_PER_TOKEN (one huge run the tokenizer merges) is tokenized whole: a cut inside such a run
+    may change the tokens right before the candidate."""
     needed = max_len + long_text.NO_SPACE_SPARE_TOKENS
     chars = max(long_text.FULL_TOKENIZE_CHARS, needed * long_text.PREFIX_CHARS_PER_TOKEN)
-    while chars < len(context):
+    while chars < len(context) and chars <= needed * long_text.MAX_PREFIX_CHARS_PER_TOKEN:
         start = len(context) - chars
         tail = context[long_text.space_after(context, start) or start:]
-        if len(tokenizer.encode_ids([tail])[0]) >= needed or chars >= needed * long_text.MAX_PREFIX_CHARS_PER_TOKEN:
+        if len(tokenizer.encode_ids([tail])[0]) >= needed:
             return tail
         chars *= 4  # long words or unknown runs: fewer tokens a character than guessed
     return context
