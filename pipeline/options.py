@@ -10,6 +10,7 @@ import datetime
 import difflib
 import json
 import logging
+import re
 from typing import Any
 
 import yaml
@@ -98,9 +99,13 @@ def parse_labels(spec: str | dict[str, str] | None) -> dict[str, str]:
     if spec is None or spec == "":
         return {}
     if isinstance(spec, str) and spec.startswith(LABELS_MAPPING_MARK):  # a --config mapping, carried whole
-        spec = json.loads(spec[len(LABELS_MAPPING_MARK):])
+        try:
+            carried = json.loads(spec[len(LABELS_MAPPING_MARK):])
+        except ValueError:
+            carried = None  # a label named json:...: the text is name=description pairs
+        spec = carried if isinstance(carried, dict) else spec
     if isinstance(spec, dict):
-        return {str(k): str(v) for k, v in spec.items()}
+        return checked_label_mapping(spec)
     labels: dict[str, str] = {}
     for part in spec.split(";"):
         if not part.strip():
@@ -117,14 +122,61 @@ def parse_labels(spec: str | dict[str, str] | None) -> dict[str, str]:
     return labels
 
 
+def checked_label_mapping(mapping: dict) -> dict[str, str]:
+    """A `labels:` mapping of --config as {name: description}, held to --labels' rules: names and descriptions are
+    non-empty text (a YAML true/false/null or a number must be quoted to be text)."""
+    labels: dict[str, str] = {}
+    for name, desc in mapping.items():
+        if isinstance(name, bool) or not isinstance(name, (str, int)) or not str(name).strip():
+            raise ConfigError(f"labels: the label name {name!r} is not text; write each name as text (quote it: "
+                              "\"true\": ...)")
+        if not isinstance(desc, str) or not desc.strip():
+            raise ConfigError(f"labels: {name!r} has the description {desc!r}; give each class a non-empty text "
+                              "description (quote it if YAML reads it as something else)")
+        labels[str(name).strip()] = desc.strip()
+    return labels
+
+
 # A `labels:` mapping from --config travels as this prefix + JSON, so descriptions may hold ; and =
 LABELS_MAPPING_MARK = "json:"
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """YAML for --config, with YAML 1.2's plain scalars: true/false are booleans and decimal numbers numbers,
+    while 0012, 12:30, yes, no, on and off stay the text written (YAML 1.1 reads them as 10, 750, True and
+    False); a key given twice is refused, not the last one kept."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return super().construct_mapping(node, deep=deep)
+
+
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag.rsplit(":", 1)[-1] not in ("bool", "int", "float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                   list("tTfF"))
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"),
+                                   list("-+0123456789"))
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^[-+]?[0-9]+[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def dict_to_flags(values: dict[str, Any], origin: str = "--config") -> list[str]:
     """A config mapping -> command-line flags (lists repeat a repeatable flag, True is a bare flag)."""
     flags: list[str] = []
     for key, value in values.items():
+        if isinstance(value, bool) and takes_value(key):
+            raise ConfigError(f"{origin}: `{key}` is {str(value).lower()} (a YAML boolean) but takes a value; quote "
+                              f"it if it is text: {key}: \"{str(value).lower()}\"")
         if value is None or value is False:
             continue
         if value is True:
@@ -134,12 +186,21 @@ def dict_to_flags(values: dict[str, Any], origin: str = "--config") -> list[str]
                 raise ConfigError(f"{origin}: `{key}` is a list ({value!r}) but takes one value; give one")
             flags += [f"--{key}={item}" for item in value]
         elif isinstance(value, dict) and key == "labels":
-            flags.append(f"--labels={LABELS_MAPPING_MARK}" + json.dumps({str(k): str(v) for k, v in value.items()}))
+            flags.append(f"--labels={LABELS_MAPPING_MARK}" + json.dumps(checked_label_mapping(value)))
         elif isinstance(value, dict):
             raise ConfigError(f"{origin}: `{key}` is a mapping but takes one value; give one")
         else:
             flags.append(f"--{key}={value}")
     return flags
+
+
+def takes_value(name: str) -> bool:
+    """--name takes a value (is not a bare switch such as --no_progress); unknown names count as taking one."""
+    try:
+        beam_parser().parse_known_args([f"--{name}=a"])
+    except ConfigError:  # a switch given a value
+        return False
+    return True
 
 
 def repeatable(name: str) -> bool:
@@ -161,7 +222,7 @@ def load_config_file(path: str) -> dict[str, Any]:
 
     try:
         with fsspec.open(path, "r") as f:
-            data = yaml.safe_load(f) or {}
+            data = yaml.load(f, Loader=ConfigLoader) or {}
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: file not found; pass an existing YAML file") from None
     except yaml.YAMLError as e:

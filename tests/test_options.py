@@ -31,6 +31,38 @@ def test_a_config_labels_mapping_keeps_descriptions_with_separators(tmp_path):
     assert parse_labels(eo.classify_labels) == labels
 
 
+def test_a_label_named_json_colon_is_a_label_not_a_crash():
+    """`json:` starts the carried --config mapping; a user's --labels that starts so is still name=description."""
+    assert parse_labels("json:api=an article about JSON APIs;web=about the web") == {
+        "json:api": "an article about JSON APIs", "web": "about the web"}
+    with pytest.raises(ConfigError, match="--labels: 'json:\\[1,2\\]' is not name=description"):
+        parse_labels("json:[1,2]")
+
+
+def test_config_scalars_are_the_text_written_and_a_key_given_twice_is_refused(tmp_path):
+    """YAML 1.1 read run_id: 0012 as 10, 12:30 as 750, and text_field: no as False (then dropped)."""
+    _, eo = parse_options(["--config", config_file(tmp_path, "run_id: 0012\ntext_field: no\nbatch_size: 8\n")])
+    assert (eo.run_id, eo.text_field, eo.batch_size) == ("0012", "no", 8)
+    _, eo = parse_options(["--config", config_file(tmp_path, "run_id: 12:30\nno_progress: true\n")])
+    assert (eo.run_id, eo.no_progress) == ("12:30", True)
+    with pytest.raises(ConfigError, match="`text_field` is false \\(a YAML boolean\\) but takes a value"):
+        parse_options(["--config", config_file(tmp_path, "text_field: false\n")])
+    with pytest.raises(ConfigError, match="the key 'task' is given twice"):
+        parse_options(["--config", config_file(tmp_path, "task: embed\ntask: classify\n")])
+
+
+@pytest.mark.parametrize("labels, refusal", [
+    ("sports: about sport\n  sports: about cooking", "the key 'sports' is given twice"),
+    ("sports: ''", "has the description ''"),
+    ("sports: null", "has the description None"),
+    ("'': about nothing", "the label name '' is not text"),
+    ("true: about truth", "the label name True is not text"),
+])
+def test_a_config_labels_mapping_is_held_to_the_rules_of_labels(tmp_path, labels, refusal):
+    with pytest.raises(ConfigError, match=refusal.replace("(", "\\(")):
+        parse_options(["--config", config_file(tmp_path, f"task: classify\nlabels:\n  {labels}\n")])
+
+
 def test_command_line_beats_config_beats_preset(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"attention": "native", "task": "classify", "batch_size": 8,
