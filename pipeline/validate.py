@@ -23,6 +23,7 @@ from pipeline.io import run_commit, sinks, sources, tfds_reader
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels
 from pipeline.stages import batching, shadow
 from pipeline.stages.inference import ModelSpec, shared_model
+from pipeline.stages.postprocess import gold_value
 from pipeline.stages.preprocess import WindowSpec
 from pipeline.telemetry import memory
 from pipeline.telemetry.progress import direct_workers, runs_locally
@@ -511,7 +512,8 @@ def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) ->
 def unknown_gold_notice(shard: str, read_spec: sources.ReadSpec, label_names: Sequence[str], peek: int = 20) -> str | None:
     """--task=classify compares a record's `label` with the --labels names as text; gold labels in the first
     `peek` records that name no class (`Sports` for `sports`) -> a notice that they count as wrong predictions."""
-    unknown = sorted({str(v) for v in first_labels(shard, read_spec, peek) if v is not None} - set(label_names))
+    golds = (gold_value(v) for v in first_labels(shard, read_spec, peek))  # as scoring reads them: true, not True
+    unknown = sorted({str(g) for g in golds if g is not None} - set(label_names))
     if not unknown:
         return None
     return (f"{shard} has gold labels that are not among --labels ({', '.join(map(repr, unknown[:5]))}; the labels are "

@@ -223,6 +223,10 @@ def test_classify_gold_labels_that_name_no_class_get_a_notice(tmp_path):
         notice = unknown_gold_notice(str(shard), ReadSpec(), names)
         assert notice and f"not among --labels ({unknown};" in notice and "count as wrong" in notice
     assert unknown_gold_notice(str(jsonl), ReadSpec(), ("Sports", "politics", "3")) is None
+    booleans = tmp_path / "bool.jsonl"  # JSON true/false are the classes `true` and `false`, as scoring reads them
+    booleans.write_text('{"text": "x", "label": true}\n{"text": "y", "label": false}\n')
+    assert unknown_gold_notice(str(booleans), ReadSpec(), ("true", "false")) is None
+    assert "('false', 'true';" in unknown_gold_notice(str(booleans), ReadSpec(), ("True", "False"))
 
 
 def test_a_shard_without_the_text_field_among_others_is_bad_input_not_a_bad_flag(tmp_path):
