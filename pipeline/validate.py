@@ -12,7 +12,6 @@ import itertools
 import json
 import math
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +27,6 @@ from pipeline.stages.preprocess import WindowSpec
 from pipeline.telemetry import memory
 from pipeline.telemetry.progress import direct_workers, runs_locally
 
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_ID_FIELD = "id"
 
 
@@ -61,7 +59,7 @@ def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
 
 def check_run_id(run_id: str) -> None:
     """run_id names directories (TABLE/run_id=ID) under --output: it must stay one plain path segment."""
-    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
+    if not run_commit.safe_run_id(run_id):
         raise ConfigError(
             f"--run_id={run_id!r} is not a safe partition name; use letters, digits, '.', '_' or '-' "
             "(at most 128, no '/', no '..')"

@@ -234,6 +234,10 @@ def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_
         assert capsys.readouterr().out.strip() == report.report_path(output, "r1")
     assert report.main([f"{output}/runs/run_id=r1", "--run_id", "r9"]) == 2
     assert "but --run_id says 'r9'" in capsys.readouterr().err
+    # a --run_id that is no partition name cannot lead the report out of DIR
+    assert report.main([output, "--run_id", "r1/../../../elsewhere"]) == 2
+    assert "is not a run_id docscore writes" in capsys.readouterr().err
+    assert not (Path(output).parents[2] / "elsewhere").exists()
 
 
 def queries_from_docs() -> list[tuple[str, str]]:

@@ -61,6 +61,14 @@ class CommitError(RuntimeError):
 # ---- paths ---------------------------------------------------------------------------------------
 
 
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def safe_run_id(run_id: object) -> bool:
+    """run_id names directories (TABLE/run_id=ID): one plain path segment, never `..`."""
+    return isinstance(run_id, str) and bool(RUN_ID_PATTERN.fullmatch(run_id)) and ".." not in run_id
+
+
 def partition(output: str, table: str, run_id: str) -> str:
     """DIR/<table>/run_id=ID (table: scores, errors or runs)."""
     return posixpath.join(output.rstrip("/"), table, f"run_id={run_id}")

@@ -87,6 +87,9 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
             raise ReportError(f"{path} is run {base[len('run_id='):]!r} but --run_id says {run_id!r}; pass one of them")
         return posixpath.dirname(posixpath.dirname(path)), base[len("run_id=") :]
     if run_id:
+        if not run_commit.safe_run_id(run_id):
+            raise ReportError(f"--run_id={run_id!r} is not a run_id docscore writes (letters, digits, '.', '_' or '-'; "
+                              "no '/', no '..'); pass the run's id")
         return path, run_id
     fs, fs_path = fsspec.core.url_to_fs(path)
     summaries = run_commit.summary_files(fs, fs_path)
@@ -99,7 +102,11 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
     for summary_file in summaries:
         with fs.open(summary_file, "r") as f:
             summary = json.load(f)
-        finished.append((str(summary.get("finished_at") or ""), str(summary.get("run_id"))))
+        if run_commit.safe_run_id(summary.get("run_id")):  # a summary.json docscore did not write names no run
+            finished.append((str(summary.get("finished_at") or ""), summary["run_id"]))
+    if not finished:
+        raise ReportError(f"no run under {path} has a summary.json with a run_id docscore writes; pass the run's "
+                          "directory DIR/runs/run_id=ID")
     return path, max(finished)[1]
 
 
