@@ -239,6 +239,16 @@ def test_a_parquet_file_without_the_text_column_names_its_columns(tmp_path):
     assert "columns: ['id', 'body']" in errors[0].message and "--text_field" in errors[0].message
 
 
+def test_a_parquet_file_with_two_text_columns_is_one_error_not_a_guess(tmp_path):
+    """pyarrow hands over one of two same-named columns: the run scored the second without a word."""
+    table = pa.Table.from_arrays([pa.array(["i1"]), pa.array(["first text"]), pa.array(["other"])],
+                                 names=["id", "text", "text"])
+    pq.write_table(table, tmp_path / "twice.parquet")
+    documents, errors = split(list(read_shard(str(tmp_path / "twice.parquet"), SPEC)))
+    assert documents == [] and [(e.stage, e.error_type) for e in errors] == [("read", "ambiguous_column")]
+    assert "'text' appears 2 times" in errors[0].message
+
+
 def test_a_local_file_name_holding_double_colons_is_read_as_that_file(tmp_path):
     """Before: fsspec.open read `notes::v2.jsonl` as a chained URL and opened `notes` (or failed on its absence)."""
     (tmp_path / "notes").write_text('{"text": "WRONG FILE"}\n')

@@ -537,6 +537,13 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
             names = parquet.schema_arrow.names
             # only the columns a Document carries: a bad cell in any other column must not cost its record
             columns = [name for name in dict.fromkeys(used_fields(spec)) if name in names]
+            twice = [name for name in columns if names.count(name) > 1]
+            if twice:  # pyarrow would hand over one of them: which one the run scored would be a guess
+                yield 0, ErrorRow(path, None, "read", "ambiguous_column",
+                                  f"the column {twice[0]!r} appears {names.count(twice[0])} times in this Parquet file's "
+                                  "schema, so which one to read is ambiguous; write the file with one column of that "
+                                  "name"), None
+                return
             has_text = spec.text_field in names
             holds_bytes = any(f.name in columns and (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
                               for f in parquet.schema_arrow)
