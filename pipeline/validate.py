@@ -322,6 +322,10 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         raise ConfigError("--output is required: the directory the tables are written under")
     check_choice("task", eo.task, tuple(tasks.TASKS))  # the live registry: a task registered at run time counts
     check_choice("output_format", eo.output_format, OUTPUT_FORMATS)
+    if eo.output_format == "jsonl" and not eo.output.startswith(sinks.BQ_PREFIX) and fsspec.core.has_magic(eo.output):
+        raise ConfigError(f"--output {eo.output} holds glob characters ([ ] * ?), which Beam's text writer reads as a "
+                          "pattern when it moves the JSONL files into place (a run would fail after reading all data); "
+                          "choose a directory name without them, or --output_format parquet")
     check_choice("dtype", eo.dtype, DTYPES)
     check_choice("target_backend", eo.target_backend, TARGET_BACKENDS)
     check_run_id(eo.run_id)

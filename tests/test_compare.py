@@ -302,3 +302,20 @@ def test_a_run_compared_with_itself_is_refused(tmp_path, capsys):
     legacy = write_run(str(tmp_path / "old"), "l", score_rows("l", "embed", 4, embeddings=np.eye(4).tolist()), legacy=True)
     code, result = run_compare(capsys, legacy, legacy.replace("/scores/", "/runs/") + "/")
     assert code == 2 and result["not_comparable"].startswith("A and B are the same run ("), result
+
+
+def test_jsonl_tables_read_as_their_schema_not_as_inferred_types(tmp_path, capsys):
+    """Labels and ids that look like dates: pyarrow's JSON inference made them timestamps, so a JSONL run and
+    the same run in Parquet showed every label flipped, and the report printed 2024-03-31 00:00:00."""
+    from pipeline.runs import report
+
+    labels = ["2024-03-31", "2024-12-31"] * 3
+    rows = [dict(r, doc_id=f"2024-01-0{i + 1}") for i, r in
+            enumerate(score_rows("a", "classify", 6, scores=np.linspace(0, 1, 6), labels=labels))]
+    a = write_run(str(tmp_path / "j"), "a", rows, fmt="jsonl")
+    b = write_run(str(tmp_path / "p"), "b", [dict(r, run_id="b") for r in rows])
+    code, result = run_compare(capsys, a, b)
+    assert code == 0 and result["label_flips"]["flipped"] == 0 and result["documents"]["matched"] == 6
+    table = report.read_table(str(tmp_path / "j"), "scores", "a", ("doc_id", "label"), "jsonl")
+    assert table.schema.field("label").type == pa.string() and table.column("label").to_pylist() == labels
+    assert table.column("doc_id").to_pylist()[0] == "2024-01-01"

@@ -93,6 +93,22 @@ def json_lines(rows: list[dict[str, Any]]) -> list[str]:
     return ["\n".join(json.dumps(row, ensure_ascii=False, default=json_value) for row in rows)] if rows else []
 
 
+def read_jsonl_part(fs, path: str, schema: pa.Schema) -> pa.Table | None:
+    """A JSONL part docscore wrote, as the columns of `schema` its rows hold, typed as `schema`: not inferred, so
+    a label or id such as "2024-03-31" stays text (pyarrow would read a timestamp). None for an empty part."""
+    import pyarrow.json as pa_json
+
+    with fs.open(path, "rb") as f:
+        data = f.read()
+    first = next((line for line in data.splitlines() if line.strip()), None)
+    if first is None:
+        return None
+    keys = json.loads(first)  # every row of a part has the table's columns
+    typed = pa.schema([schema.field(name).with_nullable(True) for name in schema.names if name in keys])
+    parse = pa_json.ParseOptions(explicit_schema=typed, unexpected_field_behavior="ignore")
+    return pa_json.read_json(pa.BufferReader(data), parse_options=parse)
+
+
 class ParquetRowsSink(fileio.FileSink):
     """Lists of dict rows -> one Parquet file of `schema`: rows become Arrow record batches of `batch_rows`, and a
     row group is written when the batches reach `row_group_bytes` or the file ends (the layout and the

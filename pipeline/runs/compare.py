@@ -19,9 +19,9 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.json as pa_json
 
-from pipeline.io import run_commit
+from pipeline.io import run_commit, sinks
+from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs.history import STAGE_TIMING, STAGES, WALL_S, summary_value
 
 TABLES = ("scores", "errors", "runs")
@@ -96,18 +96,16 @@ def missing_directory(ref: RunRef) -> str | None:
     return None
 
 
-def read_parts(partition: Partition, columns: tuple[str, ...]) -> pa.Table:
-    """Parquet or JSONL part files -> one table with the columns that exist."""
+def read_parts(partition: Partition, columns: tuple[str, ...], schema: pa.Schema) -> pa.Table:
+    """Parquet or JSONL part files of a table of `schema` -> one table with the columns that exist."""
     tables = []
     for path in partition.files:
         if path.endswith(".parquet"):
             dataset = ds.dataset(path, format="parquet", filesystem=partition.fs)
             tables.append(dataset.to_table(columns=[c for c in columns if c in dataset.schema.names]))
         elif path.endswith(".jsonl"):
-            with partition.fs.open(path, "rb") as f:
-                data = f.read()
-            if data.strip():  # a shard that got no rows is an empty file
-                t = pa_json.read_json(pa.BufferReader(data))
+            t = sinks.read_jsonl_part(partition.fs, path, schema)  # None: a shard that got no rows
+            if t is not None:
                 tables.append(t.select([c for c in columns if c in t.schema.names]))
     if not tables:
         return pa.table({c: pa.array([], pa.null()) for c in columns})
@@ -124,8 +122,9 @@ def load_run(ref: RunRef) -> LoadedRun:
             f"run {ref.run_id!r} under {ref.output_dir or '.'} has no committed summary.json: it did not finish "
             "publishing (or has not committed yet) and is ignored; compare runs that `docscore run` published")
     errors = committed(ref, "errors", summary)
-    n_errors = read_parts(errors, ("run_id",)).num_rows
-    return LoadedRun(ref, read_parts(committed(ref, "scores", summary), SCORE_COLUMNS), n_errors, summary, [])
+    n_errors = read_parts(errors, ("run_id",), ERRORS_SCHEMA).num_rows
+    return LoadedRun(ref, read_parts(committed(ref, "scores", summary), SCORE_COLUMNS, SCORES_SCHEMA), n_errors,
+                     summary, [])
 
 
 # ---- the comparison (pure) ------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pipeline import tasks
-from pipeline.io import run_commit
+from pipeline.io import run_commit, sinks
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs import history
 from pipeline.runs.history import STAGES, summary_value
@@ -142,7 +142,7 @@ def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...
         dataset = ds.dataset(parts, format="parquet", filesystem=fs) if parts else None
         tables = [dataset.to_table(columns=[c for c in columns if c in dataset.schema.names])] if dataset else []
     else:
-        tables = [_read_jsonl_part(fs, part) for part in parts if fs.size(part) > 0]
+        tables = [t for t in (sinks.read_jsonl_part(fs, part, schema) for part in parts) if t is not None]
     # older runs lack newer columns (e.g. shadow_*): keep the columns the files have, as parquet does
     present = [c for c in columns if any(c in t.schema.names for t in tables)] if tables else list(columns)
     typed = pa.schema([schema.field(c).with_nullable(True) for c in present])
@@ -188,11 +188,6 @@ def _record_batches(fs, parts: list[str], output_format: str, schema: pa.Schema)
             parse = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
             with fs.open(part, "rb") as f:
                 yield from pa_json.open_json(f, parse_options=parse)
-
-
-def _read_jsonl_part(fs, part: str) -> pa.Table:
-    with fs.open(part, "rb") as f:
-        return pa_json.read_json(f)
 
 
 def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
