@@ -5,6 +5,7 @@ reached here, so nothing is loaded."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -109,7 +110,10 @@ def test_rows_become_json_ready_bigquery_rows():
 def test_bigquery_output_spec():
     out = BigQueryOutput.parse("bq:my-project.evals.nightly")
     assert out.table("scores") == "my-project.evals.nightly_scores"
-    assert out.staging_table("errors", "2026-01-01T00:00Z") == "my-project.evals.nightly_errors__staging_2026_01_01T00_00Z"
+    staging = out.staging_table("errors", "2026-01-01T00:00Z")
+    assert re.fullmatch(r"my-project\.evals\.nightly_errors__staging_2026_01_01T00_00Z_[0-9a-f]{8}", staging)
+    # run_ids that read alike as table names keep their own staging tables (bq: outputs take no lease)
+    assert len({out.staging_table("scores", run_id) for run_id in ("eval.1", "eval-1", "eval_1")}) == 3
     for bad in ("bq:my-project.evals", "bq:My_Project.evals.x", "bq:my-project.ev-als.x"):
         with pytest.raises(ValueError, match="bq:PROJECT.DATASET.PREFIX"):
             BigQueryOutput.parse(bad)
@@ -125,9 +129,9 @@ def test_publish_replaces_a_run_in_one_transaction():
         assert delete in inside
         insert = next(line for line in inside if line.startswith(f"INSERT INTO `my-project.evals.nightly_{name}`"))
         assert inside.index(delete) < inside.index(insert)
-        assert f"FROM `my-project.evals.nightly_{name}__staging_run_7`" in insert
+        assert f"FROM `{out.staging_table(name, 'run-7')}` WHERE run_id = run;" in insert
         assert insert.count("`record_index`" if "record_index" in schema.names else "`run_id`") == 2
-        assert f"DROP TABLE IF EXISTS `my-project.evals.nightly_{name}__staging_run_7`;" in after
+        assert f"DROP TABLE IF EXISTS `{out.staging_table(name, 'run-7')}`;" in after
     assert lines[0] == 'DECLARE run STRING DEFAULT "run-7";'
 
 

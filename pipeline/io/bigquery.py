@@ -8,6 +8,7 @@ Must not compute scores; only pipeline/io/sinks.py calls into it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from typing import Any
@@ -68,7 +69,10 @@ class BigQueryOutput:
         return f"{self.project}.{self.dataset}.{self.prefix}_{name}"
 
     def staging_table(self, name: str, run_id: str) -> str:
-        return f"{self.table(name)}__staging_{re.sub(r'[^A-Za-z0-9_]', '_', run_id)}"
+        """PREFIX_name__staging_RUN_HASH: the run_id made a table name (its . and - as _) and a hash of it, so that
+        eval.1, eval-1 and eval_1 (whose launches may run at once: bq: outputs take no lease) never share one."""
+        digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+        return f"{self.table(name)}__staging_{re.sub(r'[^A-Za-z0-9_]', '_', run_id)}_{digest}"
 
 
 # pyarrow type -> BigQuery type (legacy names, as Beam's TableSchema and the load API use them)
@@ -207,7 +211,7 @@ def publish_script(output: BigQueryOutput, run_id: str) -> str:
         columns = ", ".join(f"`{f.name}`" for f in TABLE_SCHEMAS[name])
         lines.append(f"DELETE FROM `{output.table(name)}` WHERE run_id = run;")
         lines.append(f"INSERT INTO `{output.table(name)}` ({columns}) "
-                     f"SELECT {columns} FROM `{output.staging_table(name, run_id)}`;")
+                     f"SELECT {columns} FROM `{output.staging_table(name, run_id)}` WHERE run_id = run;")
     lines.append("COMMIT TRANSACTION;")
     for name in TABLE_SCHEMAS:
         lines.append(f"DROP TABLE IF EXISTS `{output.staging_table(name, run_id)}`;")
