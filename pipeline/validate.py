@@ -322,6 +322,9 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         raise ConfigError("--output is required: the directory the tables are written under")
     check_choice("task", eo.task, tuple(tasks.TASKS))  # the live registry: a task registered at run time counts
     check_choice("output_format", eo.output_format, OUTPUT_FORMATS)
+    if "\\" in eo.output and not eo.output.startswith(sinks.BQ_PREFIX):
+        raise ConfigError(f"--output {eo.output} holds a backslash, which DuckDB's file patterns cannot match: the views "
+                          "of docs/queries.md would find none of the run's files; choose a directory name without one")
     if eo.output_format == "jsonl" and not eo.output.startswith(sinks.BQ_PREFIX) and fsspec.core.has_magic(eo.output):
         raise ConfigError(f"--output {eo.output} holds glob characters ([ ] * ?), which Beam's text writer reads as a "
                           "pattern when it moves the JSONL files into place (a run would fail after reading all data); "

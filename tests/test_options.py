@@ -134,6 +134,7 @@ CASES = {
     "shadow_tolerance_infinite": (lambda t: ["--shadow_attention", "flash", "--shadow_tolerance", "inf"],
                                   "--shadow_tolerance=inf must be > 0 and finite", False),
     "negative_direct_num_workers": (lambda t: ["--direct_num_workers", "-2"], "--direct_num_workers=-2", False),
+    "output_with_a_backslash": (lambda t: ["--output", str(t / "o\\x")], "holds a backslash", False),
     "jsonl_output_under_a_bracketed_name": (lambda t: ["--output", str(t / "out [1]"), "--output_format", "jsonl"],
                                             "holds glob characters", False),
     "dataflow_without_project": (lambda t: ["--runner", "DataflowRunner", "--dry_run=True"],
