@@ -258,6 +258,26 @@ def test_ctrl_c_on_worker_processes_stops_them_and_prints_only_the_one_line(tmp_
 
 
 @pytest.mark.integration
+def test_an_interrupt_inside_lease_acquisition_still_releases_the_gs_lease(gcs_emulator, tmp_path):  # noqa: F811
+    """The interrupt can come after acquire() wrote the lease and before it returned the Lease (the full suite
+    caught one): the handler then releases the lease its launch holds, and only that one."""
+    from pipeline import launch
+    from pipeline.io import sinks
+    from pipeline.options import parse_options
+
+    with gcs_target(gcs_emulator, tmp_path, fault_rate=0) as target:
+        out = target.url("out")
+        options, eo = parse_options(["--input", str(tmp_path), *common_flags(RUN_ID, out)])
+        spec = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format, None)
+        other = run_lease.acquire(out, "other-run", "another-launch")  # someone else's lease stays
+        run_lease.acquire(out, RUN_ID, spec.launch)  # written; the Lease never reached launch()
+        assert "interrupted" in launch.interrupted(options, eo, spec, lease=None)
+        assert run_lease.holder(out, RUN_ID) == {}
+        assert run_lease.holder(out, "other-run")["launch"] == "another-launch"
+        other.release()
+
+
+@pytest.mark.integration
 def test_ctrl_c_releases_a_gs_lease_so_the_run_id_can_be_launched_again_at_once(gcs_emulator, tmp_path):  # noqa: F811
     """The interrupt ends the process with os._exit, past launch()'s own release; on gs:// (no kernel lock to
     drop) the lease used to hold the run_id for its whole TTL, refusing an immediate relaunch."""

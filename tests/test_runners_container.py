@@ -121,7 +121,7 @@ def test_choice_parameters_allow_exactly_the_pipelines_choices(name, choices, wr
 def test_attention_and_run_id_parameters_follow_the_pipeline():
     from kernels import table
     from kernels.policy import POLICY_WORDS
-    from pipeline.validate import RUN_ID_PATTERN
+    from pipeline.io.run_commit import RUN_ID_PATTERN
 
     attention = allowed("attention")
     assert all(attention.fullmatch(w) for w in (*POLICY_WORDS, *table.IMPLEMENTATIONS))

@@ -51,14 +51,7 @@ class Lease:
             os.close(self._fd)  # the kernel drops the flock; the file stays for the next launch
             self._fd = None
         elif self._stop is not None:
-            fs, path = fsspec.core.url_to_fs(lease_path(self.output, self.run_id))
-            try:
-                if _read(fs, path).get("launch") == self.launch:
-                    fs.rm_file(path)
-            except (FileNotFoundError, ValueError):
-                pass
-            except Exception as e:  # the store is unreachable: the lease expires on its own; never hide the run's outcome
-                log.warning("could not release the lease %s (%s: %s); it expires by itself", path, type(e).__name__, e)
+            release_if_held_by(self.output, self.run_id, self.launch)
 
     def __enter__(self) -> "Lease":
         return self
@@ -99,6 +92,21 @@ def acquire(output: str, run_id: str, launch: str, *, ttl_s: float = TTL_S) -> L
     stop = threading.Event()
     threading.Thread(target=_renew, args=(fs, path, me, ttl_s, stop), daemon=True, name="docscore-lease").start()
     return Lease(output, run_id, launch, _stop=stop)
+
+
+def release_if_held_by(output: str, run_id: str, launch: str) -> None:
+    """Remove the lease file of a store without locks (gs://) if `launch` holds it: Lease.release, and an
+    interrupt that came while acquire() had written the file but not yet returned the Lease."""
+    fs, path = fsspec.core.url_to_fs(lease_path(output, run_id))
+    if is_local(fs):
+        return  # a local lease is a flock, dropped with the process; its file stays for the next launch
+    try:
+        if _read(fs, path).get("launch") == launch:
+            fs.rm_file(path)
+    except (FileNotFoundError, ValueError):
+        pass
+    except Exception as e:  # the store is unreachable: the lease expires on its own; never hide the run's outcome
+        log.warning("could not release the lease %s (%s: %s); it expires by itself", path, type(e).__name__, e)
 
 
 def holder(output: str, run_id: str) -> dict[str, Any]:
