@@ -3,7 +3,8 @@ pack_windows' plan and filling the longest rows), pack_windows alone (best-fit d
 free room) and the first-fit decreasing it replaced (the tests' reference copy, tests/test_packing.py, whose cost
 grows as windows x open rows), on --windows seeded window lengths in four mixes: paragraphs (20-150 tokens, one in
 ten a full 256), short windows (3-20 tokens, where segment slots fill rows before tokens do), and the windows of
-text chunked to 32 and 64 tokens (34 and 66 with [CLS]/[SEP]: just over half a row). Rows of row_lengths(256).
+text chunked to 32, 64 and 128 tokens (34, 66 and 130 with [CLS]/[SEP]: just over half a row). Rows of
+row_lengths(256).
 Best of --rounds each; also rows and padding efficiency (window tokens / row tokens).
 --model_loop: also MiniLM float32 (native attention, batch 16) on 1,200 windows of each chunked mix, the runner's
 loop (run_model) with pack_windows' plan and with plan_rows: seconds (best of 3), padding efficiency, the ratio,
@@ -36,7 +37,8 @@ def mixes(n: int, seed: int) -> dict[str, list[int]]:
     return {"paragraphs 20-150 + 10% 256": [int(x) for x in paragraphs],
             "short 3-20": [int(x) for x in rng.integers(3, 21, size=n)],
             "chunks of 32 tokens (34)": [34] * n,
-            "chunks of 64 tokens (66)": [66] * n}
+            "chunks of 64 tokens (66)": [66] * n,
+            "chunks of 128 tokens (130)": [130] * n}
 
 
 def best_of(fn, rounds: int) -> tuple[float, list[PackedRow]]:
@@ -96,7 +98,7 @@ def model_loop(rounds: int, seed: int) -> None:
     planner = packing.plan_rows
     print("| windows | pack_windows s (efficiency) | plan_rows s (efficiency) | pack_windows / plan_rows | max abs diff |")
     print("|---|---|---|---|---|")
-    for tokens in (34, 66):
+    for tokens in (34, 66, 130):
         windows = [np.concatenate([[101], rng.integers(1000, 20000, tokens - 2), [102]]).astype(np.int32)
                    for _ in range(1200)]
         runs = {}

@@ -121,10 +121,11 @@ def test_plan_rows_is_a_valid_plan_never_costlier_than_pack_windows(seed, mix):
     assert plan_rows(np.array(lengths), row_lens) == rows  # deterministic
 
 
-@pytest.mark.parametrize("window, efficiency", [(34, 0.9), (66, 0.75)])
+@pytest.mark.parametrize("window, efficiency", [(34, 0.9), (66, 0.75), (130, 0.75)])
 def test_windows_just_over_a_row_lengths_half_fill_longer_rows(window, efficiency):
     """A 34-token window alone in a 64-token row (no second one fits) wasted half of every row; filling rows
-    of 256 holds seven (three of 66), at lower cost, with the same row lengths."""
+    of 256 holds seven (three of 66; three 130-token windows a row of 512), at lower cost, with the same row
+    lengths."""
     rows = plan_rows([window] * 1000, row_lengths(256))
     assert 1000 * window / sum(row.row_len for row in rows) >= efficiency
     assert padding_efficiency([window] * 1000, pack_windows([window] * 1000, row_lengths(256))) < 0.55
@@ -139,12 +140,15 @@ def test_pack_windows_puts_each_window_into_the_tightest_gap():
 
 
 def test_row_lengths_halve_down_to_64_and_keep_the_token_budget_per_call():
-    assert row_lengths(256) == (64, 128, 256)
-    assert row_lengths(512) == (64, 128, 256, 512)
-    assert row_lengths(100) == (100,) and row_lengths(32) == (32,)
+    assert row_lengths(256) == (64, 128, 256, 512)  # and twice max_len where there are several lengths
+    assert row_lengths(512) == (64, 128, 256, 512, 1024) and row_lengths(1024)[-1] == 1024  # up to LONG_ROWS_UP_TO
+    assert row_lengths(100) == (100,) and row_lengths(32) == (32,) and row_lengths(256, 256) == (256,)
     assert rows_per_call(64, 256, 16) == (64, 8)  # 4,096 tokens a full call at every row length
     assert rows_per_call(256, 256, 16) == (16, 2)
     assert rows_per_call(256, 256, 4, min_rows=4) == (4, 4)
+    # rows of 512: no more [L, L] attention scores per call than 16 rows of 256 (the memory check's call)
+    assert rows_per_call(512, 256, 16) == (4, 1) and 4 * 512 ** 2 <= 16 * 256 ** 2
+    assert rows_per_call(512, 256, 16, min_rows=2) == (4, 2) and rows_per_call(512, 256, 2) == (1, 1)
 
 
 def test_call_sizes_use_two_shapes_and_cover_every_row():
@@ -153,7 +157,7 @@ def test_call_sizes_use_two_shapes_and_cover_every_row():
         assert sum(sizes) == n and set(sizes) <= {8, 1}
         sizes4 = call_sizes(n, 8, 4)
         assert 0 <= sum(sizes4) - n < 4 and set(sizes4) <= {8, 4}
-    assert shapes_for(256, 16, 1) == {(16, 256), (2, 256), (32, 128), (4, 128), (64, 64), (8, 64)}
+    assert shapes_for(256, 16, 1) == {(4, 512), (1, 512), (16, 256), (2, 256), (32, 128), (4, 128), (64, 64), (8, 64)}
     assert call_sizes(13, 6, 4) == [6, 6, 4]  # a tail that does not divide the full call (--batch_size 17, 7, ...)
     with pytest.raises(ValueError, match="between 1 and"):
         call_sizes(5, 6, 7)
@@ -257,6 +261,23 @@ def test_windows_packed_into_longer_rows_than_their_own_give_the_same_embeddings
     rows = plan_rows([len(w) for w in windows], row_lengths(128))
     assert len(rows) <= len(windows) // 2 + 1  # shared rows, where pack_windows gives each its own 64-token row
     assert len(pack_windows([len(w) for w in windows], row_lengths(128))) == len(windows)
+    outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH)
+    np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts, max_len=128,
+                                                                                  max_windows=1), atol=2e-5)
+
+
+@pytest.mark.integration
+def test_windows_over_half_of_max_len_share_rows_of_twice_max_len_with_the_same_embeddings(minilm):
+    """Windows of about 70 tokens at --max_seq_len 128: no two fit a row of 128, three share a row of 256 (each
+    segment's positions start at 0, so the row may be longer than the model's window); each embedding is the
+    window's alone."""
+    words = LONG_TEXT.split() * 20
+    texts = [" ".join(words[i : i + 52 + i % 8]) for i in range(0, 480, 40)]
+    encoded = minilm.tokenizer.encode_windows(texts, max_len=128, stride=TEST_STRIDE, max_windows=1)
+    windows = [doc.windows[0] for doc in encoded]
+    assert 64 < min(map(len, windows)) and max(map(len, windows)) <= 128
+    rows = plan_rows([len(w) for w in windows], row_lengths(128))
+    assert 256 in {row.row_len for row in rows} and len(rows) < len(windows)
     outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH)
     np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts, max_len=128,
                                                                                   max_windows=1), atol=2e-5)

@@ -68,20 +68,24 @@ def row_cost(row_len: int) -> float:
 
 
 def plan_rows(lengths: Sequence[int], row_lens: Sequence[int]) -> list[PackedRow]:
-    """The cheaper (row_cost) of two plans of the same windows: pack_windows over every row length (a window
-    opens the shortest row that holds it, so short windows pay little attention), and pack_windows into the
-    longest rows, each row then cut to the shortest length that holds what it got. The second wins where
-    windows sit just above a row length's half (66-token windows: one per 128-token row, three per 256-token
-    row). Both use the same row lengths: the same compiled shapes."""
+    """The cheapest (row_cost) of these plans of the same windows: pack_windows over every row length (a window
+    opens the shortest row that holds it, so short windows pay little attention), and for each longer row
+    length, pack_windows into rows of that length, each row then cut to the shortest length that holds what
+    it got. Filling longer rows wins where windows sit just above a row length's half (66-token windows: one
+    per 128-token row, three per 256-token row; 130-token windows: one per 256-token row, three per 512-token
+    row). All use the same row lengths: the same compiled shapes."""
     row_lens = sorted(row_lens)
     sizes = _sizes(lengths)
     order = _longest_first(sizes)
     rows, used_lens, _ = _best_fit(sizes, order, row_lens)
-    if any(n != row_lens[-1] for n in used_lens):  # else filling the longest rows is this same plan
-        filled, _, tokens = _best_fit(sizes, order, row_lens[-1:])
+    cost = sum(map(row_cost, used_lens))
+    for fill in row_lens:
+        if fill < max(sizes, default=0) or fill <= min(used_lens, default=fill):
+            continue  # a window would not fit, or the plan would be pack_windows' own
+        filled, _, tokens = _best_fit(sizes, order, [fill])
         cut = [_shortest_row_for(t, len(r), row_lens) for r, t in zip(filled, tokens)]
-        if sum(map(row_cost, cut)) < sum(map(row_cost, used_lens)):
-            rows, used_lens = filled, cut
+        if sum(map(row_cost, cut)) < cost:
+            rows, used_lens, cost = filled, cut, sum(map(row_cost, cut))
     return [PackedRow(tuple(r), size) for r, size in zip(rows, used_lens)]
 
 
@@ -156,24 +160,37 @@ def _bucket_row(by_free: dict[int, list[int]], free_values: list[int], r: int, r
     bucket.append(r)
 
 
+# Rows of twice --max_seq_len join the row lengths on CPU (several lengths) while they stay this short: two or
+# three windows just over half of max_seq_len (text chunked to 128 tokens for a 256-token model) then share one
+# (positions restart per segment, so no window is longer than max_seq_len); 1.31x on such windows
+# (benchmarks/README.md, "Packing plans"). Longer rows would make dense attention's [L, L] scores large.
+LONG_ROWS_UP_TO = 512
+
+
 def row_lengths(max_len: int, min_row_len: int = MIN_ROW_LEN) -> tuple[int, ...]:
-    """The row lengths windows of <= max_len tokens are packed into, ascending: max_len and its halves
-    down to min_row_len (max_len alone when it is odd or below 2 * min_row_len). Each length costs its own
-    compiled programs: an accelerator, where compiles are slow and short rows save little, uses one."""
+    """The row lengths windows of <= max_len tokens are packed into, ascending: max_len and its halves down to
+    min_row_len (max_len alone when it is odd or below 2 * min_row_len), and where there are several of them
+    and max_len <= LONG_ROWS_UP_TO, 2 * max_len. Each length costs its own compiled programs: an accelerator,
+    where compiles are slow and short rows save little, uses one."""
     lengths = [max_len]
     while lengths[-1] % 2 == 0 and lengths[-1] // 2 >= min_row_len:
         lengths.append(lengths[-1] // 2)
-    return tuple(reversed(lengths))
+    longer = (2 * max_len,) if len(lengths) > 1 and max_len <= LONG_ROWS_UP_TO else ()
+    return tuple(reversed(lengths)) + longer
 
 
 def rows_per_call(row_len: int, max_len: int, batch_size: int, min_rows: int = 1) -> tuple[int, int]:
     """(full, tail) rows per call for rows of row_len: a full call computes batch_size rows of max_len
-    tokens whatever the row length (the token budget); a tail call 1/TAIL_CALL_FRACTION of that.
-    Both are multiples of min_rows (one row per device)."""
+    tokens whatever the row length (the token budget), and a call of rows longer than max_len holds no more
+    attention scores ([L, L] per row) than that, so the memory check of --batch_size covers it; a tail call
+    1/TAIL_CALL_FRACTION of a full one. Both are multiples of min_rows (one row per device)."""
     if batch_size < 1 or min_rows < 1 or batch_size % min_rows:
         raise ValueError(f"batch_size ({batch_size}) must be a positive multiple of min_rows ({min_rows}, "
                          "the local device count); set --batch_size to a multiple of it")
-    full = batch_size * max(1, max_len // row_len)
+    if row_len > max_len:
+        full = max(min_rows, batch_size * max_len * max_len // (row_len * row_len) // min_rows * min_rows)
+    else:
+        full = batch_size * max(1, max_len // row_len)
     tail = max(min_rows, full // TAIL_CALL_FRACTION // min_rows * min_rows)
     return full, tail
 
