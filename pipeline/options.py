@@ -175,6 +175,9 @@ def dict_to_flags(values: dict[str, Any], origin: str = "--config") -> list[str]
     flags: list[str] = []
     for key, value in values.items():
         if isinstance(value, bool) and takes_value(key):
+            if isinstance(beam_parser().get_default(key), bool):  # a value that means true/false (Beam's --dry_run)
+                flags += [f"--{key}=True"] if value else []
+                continue
             raise ConfigError(f"{origin}: `{key}` is {str(value).lower()} (a YAML boolean) but takes a value; quote "
                               f"it if it is text: {key}: \"{str(value).lower()}\"")
         if value is None or value is False:
