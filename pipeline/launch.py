@@ -249,7 +249,7 @@ def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec, lease: run_leas
         run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)
     if lease is not None:
         lease.release()
-    elif runs_locally(options):  # the interrupt may have come inside run_lease.acquire, after its write
+    else:  # the interrupt may have come inside run_lease.acquire, after its write
         run_lease.release_if_held_by(eo.output, eo.run_id, out.launch)
     what = ("the run was published before the interrupt" if committed else
             "nothing was published: the previous run of this run_id, if any, is what readers see")

@@ -51,6 +51,9 @@ def test_config_scalars_are_the_text_written_and_a_key_given_twice_is_refused(tm
     assert options.get_all_options()["dry_run"] == "True"
     options, _ = parse_options(["--config", config_file(tmp_path, "dry_run: false\n")])
     assert not options.get_all_options()["dry_run"]
+    merged = "task: classify\nlabels:\n  <<: {a: one, b: two}\n  b: second\n"  # a YAML merge key, overridden
+    _, eo = parse_options(["--config", config_file(tmp_path, merged)])
+    assert parse_labels(eo.classify_labels) == {"a": "one", "b": "second"}
     with pytest.raises(ConfigError, match="the key 'task' is given twice"):
         parse_options(["--config", config_file(tmp_path, "task: embed\ntask: classify\n")])
 

@@ -148,7 +148,10 @@ def test_row_lengths_halve_down_to_64_and_keep_the_token_budget_per_call():
     assert rows_per_call(256, 256, 4, min_rows=4) == (4, 4)
     # rows of 512: no more [L, L] attention scores per call than 16 rows of 256 (the memory check's call)
     assert rows_per_call(512, 256, 16) == (4, 1) and 4 * 512 ** 2 <= 16 * 256 ** 2
-    assert rows_per_call(512, 256, 16, min_rows=2) == (4, 2) and rows_per_call(512, 256, 2) == (1, 1)
+    assert rows_per_call(512, 256, 16, min_rows=2) == (4, 2)
+    # a call of one row of 512 would hold more scores than --batch_size 1-3 rows of 256: no such rows then
+    assert row_lengths(256, batch_size=3) == (64, 128, 256) and row_lengths(256, batch_size=4)[-1] == 512
+    assert row_lengths(256, batch_size=4, min_rows=2) == (64, 128, 256) and row_lengths(256, batch_size=8, min_rows=2)[-1] == 512
 
 
 def test_call_sizes_use_two_shapes_and_cover_every_row():
@@ -176,6 +179,8 @@ def test_every_batch_size_plans_calls_that_hold_every_row_in_the_bounded_shapes(
             assert sorted(r.windows for _, call_rows, _ in calls for r in call_rows) == sorted(r.windows for r in rows)
             assert {(size, row_len) for row_len, _, size in calls} <= shapes_for(256, batch_size, devices)
             assert all(len(call_rows) <= size and size % devices == 0 for _, call_rows, size in calls)
+            # no call holds more [L, L] attention scores than --batch_size rows of max_len (the memory check's)
+            assert all(size * row_len ** 2 <= batch_size * 256 ** 2 for row_len, _, size in calls)
 
 
 def test_run_packed_maps_each_segment_and_token_back_to_its_window():

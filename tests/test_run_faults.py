@@ -258,16 +258,18 @@ def test_ctrl_c_on_worker_processes_stops_them_and_prints_only_the_one_line(tmp_
 
 
 @pytest.mark.integration
-def test_an_interrupt_inside_lease_acquisition_still_releases_the_gs_lease(gcs_emulator, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("runner", [[], ["--runner", "DataflowRunner", "--project", "p", "--region", "r"]])
+def test_an_interrupt_inside_lease_acquisition_still_releases_the_gs_lease(gcs_emulator, tmp_path, runner):  # noqa: F811
     """The interrupt can come after acquire() wrote the lease and before it returned the Lease (the full suite
-    caught one): the handler then releases the lease its launch holds, and only that one."""
+    caught one): the handler then releases the lease its launch holds, and only that one, for a local run as for
+    a remote job the launcher waits for (it is submitted only after acquire returns)."""
     from pipeline import launch
     from pipeline.io import sinks
     from pipeline.options import parse_options
 
     with gcs_target(gcs_emulator, tmp_path, fault_rate=0) as target:
         out = target.url("out")
-        options, eo = parse_options(["--input", str(tmp_path), *common_flags(RUN_ID, out)])
+        options, eo = parse_options(["--input", str(tmp_path), *common_flags(RUN_ID, out), *runner])
         spec = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format, None)
         other = run_lease.acquire(out, "other-run", "another-launch")  # someone else's lease stays
         run_lease.acquire(out, RUN_ID, spec.launch)  # written; the Lease never reached launch()

@@ -167,15 +167,19 @@ def _bucket_row(by_free: dict[int, list[int]], free_values: list[int], r: int, r
 LONG_ROWS_UP_TO = 512
 
 
-def row_lengths(max_len: int, min_row_len: int = MIN_ROW_LEN) -> tuple[int, ...]:
+def row_lengths(max_len: int, min_row_len: int = MIN_ROW_LEN, batch_size: int | None = None,
+                min_rows: int = 1) -> tuple[int, ...]:
     """The row lengths windows of <= max_len tokens are packed into, ascending: max_len and its halves down to
     min_row_len (max_len alone when it is odd or below 2 * min_row_len), and where there are several of them
-    and max_len <= LONG_ROWS_UP_TO, 2 * max_len. Each length costs its own compiled programs: an accelerator,
-    where compiles are slow and short rows save little, uses one."""
+    and max_len <= LONG_ROWS_UP_TO, 2 * max_len - given a batch_size, only when a call of min_rows such rows
+    holds no more [L, L] attention scores than batch_size rows of max_len (batch_size >= 4 * min_rows). Each
+    length costs its own compiled programs: an accelerator, where compiles are slow and short rows save
+    little, uses one."""
     lengths = [max_len]
     while lengths[-1] % 2 == 0 and lengths[-1] // 2 >= min_row_len:
         lengths.append(lengths[-1] // 2)
-    longer = (2 * max_len,) if len(lengths) > 1 and max_len <= LONG_ROWS_UP_TO else ()
+    fits = batch_size is None or batch_size // 4 >= min_rows
+    longer = (2 * max_len,) if len(lengths) > 1 and max_len <= LONG_ROWS_UP_TO and fits else ()
     return tuple(reversed(lengths)) + longer
 
 
@@ -207,7 +211,7 @@ def call_sizes(n_rows: int, full: int, tail: int = 1) -> list[int]:
 def shapes_for(max_len: int, batch_size: int, min_rows: int = 1, min_row_len: int = MIN_ROW_LEN) -> set[tuple[int, int]]:
     """Every [rows, row_len] input shape the runner can call with: the compile bound per method."""
     shapes = set()
-    for row_len in row_lengths(max_len, min_row_len):
+    for row_len in row_lengths(max_len, min_row_len, batch_size, min_rows):
         shapes |= {(rows, row_len) for rows in rows_per_call(row_len, max_len, batch_size, min_rows)}
     return shapes
 
@@ -219,7 +223,7 @@ def plan_calls(
     length per call, call_sizes of rows_per_call for each length (the last call of a length may hold
     fewer rows than its size: the rest is padding)."""
     calls = []
-    for row_len in row_lengths(max_len, min_row_len):
+    for row_len in row_lengths(max_len, min_row_len, batch_size, min_rows):
         same_len = [row for row in rows if row.row_len == row_len]
         start = 0
         for size in call_sizes(len(same_len), *rows_per_call(row_len, max_len, batch_size, min_rows)):
@@ -261,7 +265,7 @@ def run_packed(
     on_call_read: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
     """Run windows of <= max_len tokens through `call(input_ids, segment_ids)` in packed rows of
-    row_lengths(max_len, min_row_len), each window in the shortest row length that holds it.
+    row_lengths(max_len, min_row_len, batch_size, min_rows), as plan_rows chooses.
 
     call returns [B, max_segments_for(row_len), D] (slot s = segment s + 1; embeddings) or, with
     per_token, [B, row_len] (one value per position), as a numpy array or an array that np.asarray waits
@@ -270,7 +274,7 @@ def run_packed(
     (per_token outputs cut to the window), its share of the batch's time and of the computed tokens in
     proportion to its tokens, and totals (calls, computed and real tokens, milliseconds). on_call_read gets
     the indices of each call's windows as soon as its result is read (progress per model call)."""
-    rows = plan_rows([len(w) for w in windows], row_lengths(max_len, min_row_len))
+    rows = plan_rows([len(w) for w in windows], row_lengths(max_len, min_row_len, batch_size, min_rows))
     outputs: list[np.ndarray | None] = [None] * len(windows)
     costs = [WindowCost() for _ in windows]
     totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
