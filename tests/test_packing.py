@@ -255,34 +255,24 @@ def test_packed_minilm_embeddings_over_two_row_lengths_equal_one_window_per_row(
 
 
 @pytest.mark.integration
-def test_windows_packed_into_longer_rows_than_their_own_give_the_same_embeddings(minilm):
-    """Windows of 33-50 tokens with rows of 64 and 128: plan_rows fills the 128-token rows (two or three
-    windows each) rather than one window per 64-token row; each embedding is the window's alone."""
-    words = LONG_TEXT.split() * 20
-    texts = [" ".join(words[i : i + 30 + i % 7]) for i in range(0, 240, 20)]
+@pytest.mark.parametrize("words, window_range, longest_row", [
+    (30, (32, 64), 128),  # windows just over half of 64: two or three share a 128-token row
+    (52, (64, 128), 256),  # just over half of --max_seq_len 128: three share a row of 256 (twice max_len)
+])
+def test_windows_packed_into_longer_rows_than_their_own_give_the_same_embeddings(minilm, words, window_range,
+                                                                                 longest_row):
+    """Windows just over half a row length, where pack_windows gives each a row of its own: plan_rows puts two
+    or three into a longer row (each segment's positions start at 0, so a row may be longer than the model's
+    window), and each embedding is still the window's alone."""
+    text_words = LONG_TEXT.split() * 20
+    texts = [" ".join(text_words[i : i + words + i % 8]) for i in range(0, 480, 40)]
     encoded = minilm.tokenizer.encode_windows(texts, max_len=128, stride=TEST_STRIDE, max_windows=1)
     windows = [doc.windows[0] for doc in encoded]
-    assert 32 < min(map(len, windows)) and max(map(len, windows)) <= 64
-    rows = plan_rows([len(w) for w in windows], row_lengths(128))
-    assert len(rows) <= len(windows) // 2 + 1  # shared rows, where pack_windows gives each its own 64-token row
-    assert len(pack_windows([len(w) for w in windows], row_lengths(128))) == len(windows)
-    outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH)
-    np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts, max_len=128,
-                                                                                  max_windows=1), atol=2e-5)
-
-
-@pytest.mark.integration
-def test_windows_over_half_of_max_len_share_rows_of_twice_max_len_with_the_same_embeddings(minilm):
-    """Windows of about 70 tokens at --max_seq_len 128: no two fit a row of 128, three share a row of 256 (each
-    segment's positions start at 0, so the row may be longer than the model's window); each embedding is the
-    window's alone."""
-    words = LONG_TEXT.split() * 20
-    texts = [" ".join(words[i : i + 52 + i % 8]) for i in range(0, 480, 40)]
-    encoded = minilm.tokenizer.encode_windows(texts, max_len=128, stride=TEST_STRIDE, max_windows=1)
-    windows = [doc.windows[0] for doc in encoded]
-    assert 64 < min(map(len, windows)) and max(map(len, windows)) <= 128
-    rows = plan_rows([len(w) for w in windows], row_lengths(128))
-    assert 256 in {row.row_len for row in rows} and len(rows) < len(windows)
+    assert window_range[0] < min(map(len, windows)) and max(map(len, windows)) <= window_range[1]
+    lengths = [len(w) for w in windows]
+    rows = plan_rows(lengths, row_lengths(128))
+    assert max(row.row_len for row in rows) == longest_row
+    assert len(rows) < len(pack_windows(lengths, row_lengths(128))) == len(windows)
     outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH)
     np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts, max_len=128,
                                                                                   max_windows=1), atol=2e-5)
