@@ -2,8 +2,8 @@
 windows each (segment ids 1, 2, ...), run in calls of a fixed token budget, outputs mapped back.
 
 Holds the row lengths (max_len and its halves: a window goes to the shortest row that holds it, so short
-documents do not pay for attention over long rows), the packing plan (best-fit decreasing, or filling the
-longest rows first where that costs less), the call
+documents do not pay for attention over long rows; on CPU also twice max_len), the packing plan (best-fit
+decreasing, or filling longer rows first where that costs less), the call
 sizes (a full call of batch_size * max_len tokens, then small calls for the tail, so each model method
 compiles at most two shapes per row length) and the runner. Must not call Beam, load models or know which
 task is scored (the callers pass the model function).
@@ -162,7 +162,7 @@ def _bucket_row(by_free: dict[int, list[int]], free_values: list[int], r: int, r
 
 # Rows of twice --max_seq_len join the row lengths on CPU (several lengths) while they stay this short: two or
 # three windows just over half of max_seq_len (text chunked to 128 tokens for a 256-token model) then share one
-# (positions restart per segment, so no window is longer than max_seq_len); 1.31x on such windows
+# (positions restart per segment, so no window is longer than max_seq_len); 1.32x on such windows
 # (benchmarks/README.md, "Packing plans"). Longer rows would make dense attention's [L, L] scores large.
 LONG_ROWS_UP_TO = 512
 
