@@ -152,10 +152,12 @@ class ConfigLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden here
                 continue
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, (str, int, float, bool)):  # an unhashable key: PyYAML's own error says so
+                continue
+            if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
                                                         key_node.start_mark)
-            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+            seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
 

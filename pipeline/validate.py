@@ -112,10 +112,13 @@ def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtyp
             return resolve(attention, backend=backend, has_segments=True, dtype=dtype)
         return model_kernel(attention, loaded.config, loaded.tokenizer.max_seq_len, dtype, backend)
     except KernelUnsupportedError as e:
-        message = str(e).replace("--attention", flag)
-        if flag not in message:
-            message = f"{flag}={attention}: {message}"
-        raise ConfigError(f"{message} ({where or f'target backend {backend}'})") from None
+        raise ConfigError(f"{kernel_refusal(e, flag, attention)} ({where or f'target backend {backend}'})") from None
+
+
+def kernel_refusal(error: Exception, flag: str, attention: str) -> str:
+    """A kernel's refusal (which names --attention) as the message of the flag that chose the kernel."""
+    message = str(error).replace("--attention", flag)
+    return message if flag in message else f"{flag}={attention}: {message}"
 
 
 def backend_origin(eo: EvalOptions, backend: str) -> str:
@@ -653,8 +656,7 @@ def load_for_checks(spec: ModelSpec, backend: str, flag: str = "--attention"):
     except models.ModelLoadError as e:
         raise ConfigError(f"--model {spec.name}: {e}") from None
     except KernelUnsupportedError as e:
-        message = str(e).replace("--attention", flag)
-        raise ConfigError(message if flag in message else f"{flag}={spec.attention}: {message}") from None
+        raise ConfigError(kernel_refusal(e, flag, spec.attention)) from None
     except (FileNotFoundError, OSError) as e:
         if spec.cache_dir and spec.cache_dir in str(e):  # converting a built-in model into --cache_dir failed
             raise ConfigError(f"--cache_dir {spec.cache_dir}: models cannot be cached there ({e}); choose a directory "

@@ -84,8 +84,9 @@ def plan_rows(lengths: Sequence[int], row_lens: Sequence[int]) -> list[PackedRow
             continue  # a window would not fit, or the plan would be pack_windows' own
         filled, _, tokens = _best_fit(sizes, order, [fill])
         cut = [_shortest_row_for(t, len(r), row_lens) for r, t in zip(filled, tokens)]
-        if sum(map(row_cost, cut)) < cost:
-            rows, used_lens, cost = filled, cut, sum(map(row_cost, cut))
+        cut_cost = sum(map(row_cost, cut))
+        if cut_cost < cost:
+            rows, used_lens, cost = filled, cut, cut_cost
     return [PackedRow(tuple(r), size) for r, size in zip(rows, used_lens)]
 
 
