@@ -10,6 +10,9 @@ RUNTIME = [
     "apache-beam[gcp]==2.77.0",
     "jax==0.10.2",
     "jaxlib==0.10.2",
+    # jax's own dtype package, held at 0.6.0: 0.7.0 registers its numpy loops in a way that takes ~0.5 s
+    # at every import, in the launcher and every worker (benchmarks/README.md, "Start-up").
+    "ml-dtypes==0.6.0",
     "flax==0.12.8",
     "orbax-checkpoint==0.12.8",
     "numpy==2.4.6",
