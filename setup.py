@@ -63,5 +63,5 @@ setup(
     package_data={"runners": ["presets/*.yaml", "schedules/*.yaml", "Dockerfile", "*.json", "*.md"]},
     install_requires=RUNTIME,
     extras_require={"test": TEST, "bench": TEST, "query": QUERY},
-    entry_points={"console_scripts": ["docscore=pipeline.cli:main"]},
+    entry_points={"console_scripts": ["docscore=pipeline.cli:entry"]},
 )

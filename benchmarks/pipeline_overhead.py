@@ -5,6 +5,9 @@ Parquet), write_derived (history row and HTML report, matplotlib import included
 compile_s: the part of the model calls spent tracing, lowering and compiling (or loading from JAX's
 compilation cache: every round after the first finds it warm), from the run's summary; job_gc_s and
 job_gc_full_s: time in Python's cyclic garbage collector during the Beam job (all collections / full ones).
+imports: from the process's start to docscore's modules imported; exit: from the run's end to the process gone
+(`--exit frozen` freezes the garbage collector first, as the `docscore` command does, pipeline/cli.py entry;
+`--exit collected` lets the interpreter's shutdown rescan every object); process: the whole process.
 With --model stand_in, LoadedModel.start (every model call) returns zeros at once instead of running the model, so
 the job's time is Beam and docscore's own per-document work (the outputs are meaningless; this measures
 time only). One fresh process per round; each phase's fastest round is printed. Not a test.
@@ -45,6 +48,9 @@ def stand_in_start(loaded, method, input_ids, segment_ids, *static):
 
 
 def child(args) -> dict[str, float]:
+    import psutil
+
+    born = psutil.Process().create_time()
     from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
 
     apply_cpu_tuning(CpuTuning(attention=args.attention, dtype=args.dtype))
@@ -55,7 +61,7 @@ def child(args) -> dict[str, float]:
     import pipeline.telemetry.progress
     from models.loader import LoadedModel
 
-    seconds: dict[str, float] = {"model_calls": 0.0}
+    seconds: dict[str, float] = {"imports": time.time() - born, "model_calls": 0.0}
     running: set[str] = set()  # the phases under way
     for module, name in ((pipeline.launch, "validate"), (pipeline.launch, "build_pipeline"),
                          (pipeline.telemetry.progress, "run_with_progress"), (pipeline.runs.publish, "write_derived")):
@@ -101,7 +107,7 @@ def child(args) -> dict[str, float]:
     command = time.perf_counter() - start
     with open(os.path.join(args.output, "runs", "run_id=overhead", "summary.json")) as f:
         seconds["compile_s"] = json.load(f)["compile"]["time_ms"] / 1000.0
-    return {"command": command, **seconds}
+    return {"command": command, **seconds, "born_at": born, "ended_at": time.time()}
 
 
 def main() -> None:
@@ -113,12 +119,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--corpus", help="JSONL(.gz) records with a `text` field (default: the help pages)")
     parser.add_argument("--flags", default="", help="more `docscore run` flags, one string (later flags win)")
+    parser.add_argument("--exit", choices=("frozen", "collected"), default="frozen",
+                        help="how the process ends after the run (see above)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args)))
+        print(json.dumps(child(args)), flush=True)
+        if args.exit == "frozen":
+            gc.freeze()
         return
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from compare_peers import load_documents, write_jsonl
@@ -135,12 +145,15 @@ def main() -> None:
     for k in range(args.rounds):
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--dtype", args.dtype,
                                "--attention", args.attention, "--input", path, "--output", os.path.join(work, f"out{k}"),
-                               "--flags=" + args.flags],
+                               "--flags=" + args.flags, "--exit", args.exit],
                               capture_output=True, text=True, check=True)
+        gone = time.time()
         seconds = json.loads(done.stdout.strip().splitlines()[-1])
+        seconds.update(exit=gone - seconds.pop("ended_at"), process=gone - seconds.pop("born_at"))
         print(f"round {k + 1}: " + ", ".join(f"{name} {s:.2f} s" for name, s in seconds.items()), flush=True)
         best = {name: min(s, best.get(name, s)) for name, s in seconds.items()}
-    print(f"{len(docs)} documents, model {args.model}, {args.dtype}, {args.attention}; fastest of {args.rounds} rounds:")
+    print(f"{len(docs)} documents, model {args.model}, {args.dtype}, {args.attention}, exit {args.exit}; "
+          f"fastest of {args.rounds} rounds:")
     for name, s in best.items():
         print(f"  {name:18} {s:6.2f} s")
     other = best["run_with_progress"] - best["model_calls"]

@@ -13,6 +13,6 @@ if not sys.flags.safe_path and sys.path and sys.path[0] in ("", os.getcwd()):
     if os.path.realpath(sys.path[0] or ".") != os.path.realpath(_here):
         del sys.path[0]
 
-from pipeline.cli import main  # noqa: E402 (after the path is safe)
+from pipeline.cli import entry  # noqa: E402 (after the path is safe)
 
-sys.exit(main())
+sys.exit(entry())
