@@ -14,12 +14,17 @@ included; docscore's persistent compilation cache warmed by an untimed process f
 run). (d) is timed from the start of the `docscore run` call to its Parquet tables being published
 (validation, model load, the Beam job: read -> Parquet); the whole call, which then also writes the run's
 HTML report and history row, is reported beside it.
+With --marginal_from N, every system also runs on the first N documents, and the rate on the documents
+past N (extra documents over extra seconds) is reported beside the totals: what each run pays once (model
+load, compiles, start-up, the report) cancels, as in a long batch job. Past the ~1,900 paragraphs there
+are, the documents are the same paragraphs with their words rotated.
 It also times this CPU's rate on the model's largest matmul and reports (c)'s and (d)'s model FLOPs
 utilization against it, and the fastest (d) that rate would allow: how much room the hardware leaves.
 Writes a Markdown table with the environment to benchmarks/RESULTS.md. Not a test.
 
     .venv/bin/python benchmarks/compare_peers.py            # ~2,000 documents
     .venv/bin/python benchmarks/compare_peers.py --docs 300 # a quick run
+    .venv/bin/python benchmarks/compare_peers.py --docs 3000 --marginal_from 1500 --systems a d --attention native
     python benchmarks/compare_peers.py --gpu ...            # on a GPU machine: see benchmarks/gpu_peers.py
 """
 from __future__ import annotations
@@ -54,7 +59,9 @@ def model_path() -> str:
 
 def load_documents(n: int) -> list[dict]:
     """Unique paragraphs of the help pages in topic order (whitespace normalised, >= 20 characters,
-    <= MAX_TOKENS tokens with special tokens), the first n."""
+    <= MAX_TOKENS tokens with special tokens), the first n. Past the ~1,900 there are, the same paragraphs
+    again with their words rotated (k words moved to the end on the k-th pass, as the GPU recipe's corpus
+    does): new token sequences of about the same lengths."""
     from pydoc_data.topics import topics
     from tokenizers import Tokenizer
 
@@ -68,9 +75,29 @@ def load_documents(n: int) -> list[dict]:
             if len(text) >= 20 and not set(text) <= set("*=-") and text not in seen:
                 seen.add(text)
                 paragraphs.append({"id": f"{topic}#{i}", "text": text})
-    lengths = [len(e.ids) for e in tokenizer.encode_batch([p["text"] for p in paragraphs])]
-    kept = [dict(p, n_tokens=n_tok) for p, n_tok in zip(paragraphs, lengths) if n_tok <= MAX_TOKENS]
+    kept: list[dict] = []
+    batch = paragraphs
+    for k in range(1, MAX_ROTATIONS + 1):
+        lengths = [len(e.ids) for e in tokenizer.encode_batch([p["text"] for p in batch])]
+        kept += [dict(p, n_tokens=n_tok) for p, n_tok in zip(batch, lengths) if n_tok <= MAX_TOKENS]
+        if len(kept) >= n:
+            break
+        batch = []
+        for p in paragraphs:
+            text = rotated(p["text"], k)
+            if text not in seen:
+                seen.add(text)
+                batch.append({"id": f"{p['id']}@{k}", "text": text})
     return kept[:n]
+
+
+MAX_ROTATIONS = 8
+
+
+def rotated(text: str, k: int) -> str:
+    words = text.split()
+    k %= len(words)
+    return " ".join(words[k:] + words[:k])
 
 
 def write_jsonl(docs: list[dict], path: str) -> None:
@@ -343,13 +370,17 @@ def main() -> None:
         gpu_peers.main([a for a in sys.argv[1:] if a != "--gpu"])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=2000, help="documents (at most the ~1,900 available)")
+    parser.add_argument("--docs", type=int, default=2000,
+                        help="documents (the ~1,900 paragraphs, then the same with their words rotated)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--attention", nargs="+", default=["native", "flash"])
     parser.add_argument("--systems", nargs="+", default=["a", "b", "c", "d"])
     parser.add_argument("--repeats", type=int, default=2,
                         help="rounds of every system, interleaved; each system's fastest round counts (the machine is shared)")
     parser.add_argument("--no_tuning_off", action="store_true", help="skip (c)/(d) float32 with CPU tuning off")
+    parser.add_argument("--marginal_from", type=int, metavar="N",
+                        help="also run every system on the first N documents and report the marginal rate between "
+                             "N and --docs documents, where fixed costs (load, compiles, start-up, report) cancel")
     parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"))
     parser.add_argument("--child", nargs=4, metavar=("SYSTEM", "DTYPE", "ATTENTION", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -362,6 +393,12 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="docscore-compare-")
     docs = load_documents(args.docs)
     write_jsonl(docs, os.path.join(work, "docs.jsonl"))
+    small_work = os.path.join(work, "small")  # the --marginal_from run of each system: the first N documents
+    if args.marginal_from:
+        if not 0 < args.marginal_from < len(docs):
+            parser.error(f"--marginal_from must be between 0 and the {len(docs)} documents of --docs")
+        os.makedirs(small_work)
+        write_jsonl(docs[:args.marginal_from], os.path.join(small_work, "docs.jsonl"))
     tokens = sum(d["n_tokens"] for d in docs)
     load_before = os.getloadavg()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",) and not k.startswith("MALLOC_")}
@@ -379,14 +416,18 @@ def main() -> None:
         if dtype == "float32" and not args.no_tuning_off:  # tuning measured on and off, end to end
             plan.append(("w-off", dtype, args.attention[0]))
             plan += [(s + "-off", dtype, args.attention[0]) for s in ("c", "d") if s in args.systems]
+    plan = [(*step, work) for step in plan]
+    if args.marginal_from:  # each step again on the smaller set, right after it (p, the dot rate, needs no documents)
+        plan = [sized for step in plan for sized in [step] + ([(*step[:3], small_work)] if step[0] != "p" else [])]
     timed = [step for step in plan if step[0][0] != "w"]  # and "p": its best round counts too
     plan += timed * (args.repeats - 1)  # later rounds: the compilation cache is warm already
     results = {}
+    small_results: dict[tuple, dict] = {}  # the --marginal_from runs, best round each
     dot_rates: dict[str, float] = {}  # dtype -> the best dot GFLOP/s of any round
     rounds: dict[tuple, list[float]] = {}  # every round's seconds per system, in order
-    for system, dtype, attention in plan:
+    for system, dtype, attention, where in plan:
         t0 = time.time()
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", system, dtype, attention, work],
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", system, dtype, attention, where],
                               cwd=ROOT, env=env, capture_output=True, text=True)
         if done.returncode:
             print(f"({system}) {dtype} {attention}: FAILED\n{done.stderr[-3000:]}", flush=True)
@@ -399,6 +440,12 @@ def main() -> None:
             print(f"(p) {dtype:8} dot {FFN_DOT}: {r['gflops_per_s']:.0f} GFLOP/s", flush=True)
             continue
         r["load"] = os.getloadavg()[0]
+        if where == small_work:
+            best = small_results.get((system, dtype, attention))
+            if best is None or r["seconds"] < best["seconds"]:
+                small_results[(system, dtype, attention)] = r
+            print(f"({system}) {dtype:8} {attention:6} {args.marginal_from} documents: {r['seconds']:.1f} s", flush=True)
+            continue
         emb = np.load(os.path.join(work, f"emb-{system}-{dtype}-{attention}.npy"))
         ref_file = os.path.join(work, "emb-a-float32--.npy")
         r["min_cos"] = float(np.min(np.sum(emb * np.load(ref_file), axis=1))) if os.path.exists(ref_file) else None
@@ -408,7 +455,7 @@ def main() -> None:
             results[(system, dtype, attention)] = r
         print(f"({system}) {dtype:8} {attention:6} {len(docs) / r['seconds']:7.1f} docs/s {tokens / r['seconds']:8.0f} tok/s "
               f"({r['seconds']:.1f} s; process {time.time() - t0:.0f} s; load {r['load']:.1f})", flush=True)
-    write_results(args, docs, tokens, results, load_before, os.getloadavg(), rounds, dot_rates)
+    write_results(args, docs, tokens, results, load_before, os.getloadavg(), rounds, dot_rates, small_results)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -458,7 +505,35 @@ def utilization_lines(docs: list[dict], results: dict, dot_rates: dict[str, floa
     return lines + [""]
 
 
-def write_results(args, docs, tokens, results, load_before, load_after, rounds, dot_rates) -> None:
+def marginal_lines(args, docs: list[dict], results: dict, small_results: dict) -> list[str]:
+    """Each system's rate on the documents past the first --marginal_from: (N2 - N1) / (t2 - t1), best rounds."""
+    if not small_results:
+        return []
+    extra = len(docs) - args.marginal_from
+
+    def rate(key: tuple, field: str) -> float | None:
+        big, small = results.get(key, {}).get(field), small_results.get(key, {}).get(field)
+        return extra / (big - small) if big is not None and small is not None and big > small else None
+
+    lines = [f"Marginal rate between {args.marginal_from} and {len(docs)} documents: each system's extra documents "
+             "over its extra seconds (best round at each size), so what every run pays once (model load, compiles, "
+             "start-up, the report) cancels. x(a) = to (a) of the same dtype; x(a) f32 = to (a) float32.", "",
+             "| system | dtype | attention | marginal docs/s | x(a) | x(a) f32 | whole command, marginal docs/s | x(a) | x(a) f32 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    a32 = rate(("a", "float32", "-"), "seconds")
+    for key in results:
+        system, dtype, attention = key
+        peer = rate(("a", dtype, "-"), "seconds")
+        cells = [NAMES[system], dtype, attention]
+        for field in ("seconds", "command_s"):
+            own = rate(key, field)
+            cells += ([f"{own:.1f}", f"{own / peer:.2f}" if peer else "-", f"{own / a32:.2f}" if a32 else "-"]
+                      if own else ["-"] * 3)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def write_results(args, docs, tokens, results, load_before, load_after, rounds, dot_rates, small_results) -> None:
     env = environment()
     a32 = ("a", "float32", "-")
     lines = [
@@ -466,7 +541,8 @@ def write_results(args, docs, tokens, results, load_before, load_after, rounds, 
         "",
         "Command: `" + " ".join([".venv/bin/python benchmarks/compare_peers.py"] + sys.argv[1:]) + "`, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.",
-        f"{len(docs)} documents (paragraphs of pydoc_data.topics, <= {MAX_TOKENS} tokens), {tokens} tokens "
+        f"{len(docs)} documents (paragraphs of pydoc_data.topics, <= {MAX_TOKENS} tokens"
+        f"{', past the first ~1,900 with their words rotated' if any('@' in d['id'] for d in docs) else ''}), {tokens} tokens "
         f"({tokens / max(1, len(docs)):.0f} per document). all-MiniLM-L6-v2 embeddings.",
         f"Machine: {env['cpu']}; Python {env['python']}; {env['versions']}.",
         f"Load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}"
@@ -498,6 +574,7 @@ def write_results(args, docs, tokens, results, load_before, load_after, rounds, 
               f"(c) {ratio(results, ('c', 'float32', args.attention[0]), ('c-off', 'float32', args.attention[0]))}x, "
               f"(d) {ratio(results, ('d', 'float32', args.attention[0]), ('d-off', 'float32', args.attention[0]))}x "
               f"({args.attention[0]}, float32).", ""]
+    lines += marginal_lines(args, docs, results, small_results)
     lines += utilization_lines(docs, results, dot_rates)
     for dtype in args.dtypes:
         for attention in args.attention:
