@@ -9,7 +9,7 @@ import numbers
 import jax
 
 from kernels import mesh, table
-from kernels.interface import shape_info_of
+from kernels.interface import effective_window, shape_info_of
 from kernels.policy import resolve
 
 
@@ -24,7 +24,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     packed: False promises every row of segment_ids is one segment followed by padding, which lets
     kernels that take lengths instead of segments run (cudnn); a row breaking it comes back NaN there.
     window (with causal): query i sees only keys i - window < j <= i, a sliding-window model's local
-    attention (Mistral, Qwen2); kernels without it (Implementation.local_window) are refused.
+    attention (Mistral, Qwen2); kernels without it (Implementation.local_window) are refused, unless the
+    window is at least the rows' length: it then masks nothing and is dropped (interface.effective_window).
     Under a mesh of several devices in context (jax.sharding.get_abstract_mesh(); models trace under
     theirs) a custom-call kernel (Pallas, cuDNN) runs under jax.shard_map: batch on "data", heads on
     "model" (kernels/mesh.py says how grouped-query and axes that do not divide are split).
@@ -34,6 +35,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
         raise ValueError(f"attention's window must be None or a whole number of positions >= 1; got {window!r}")
     if window and not causal:
         raise ValueError("attention's local window needs causal=True (it bounds how far back a query looks)")
+    window = effective_window(window, q.shape[1], k.shape[1])
     name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed, window=window)
     local = {"window": window} if window else {}  # only kernels with local_window take it
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)

@@ -51,6 +51,14 @@ def dtype_name(dtype: Any) -> str:
     return "" if dtype is None else jnp.dtype(dtype).name
 
 
+def effective_window(window: int | None, q_len: int | None, kv_len: int | None = None) -> int | None:
+    """`window`, or None where it cannot hide a key: query i sees keys i - window < j <= i, so a window at least
+    as long as the rows masks nothing (a sliding-window model converted at its window, `docscore convert`'s
+    default, has windows no longer than that), and every kernel can then run it, local window or not."""
+    longest = max(q_len or 0, kv_len or 0)
+    return None if window and longest and window >= longest else window
+
+
 def shape_info_of(q: jax.Array, k: jax.Array, segment_ids: jax.Array | None, causal: bool,
                   packed: bool = True, window: int | None = None) -> dict:
     """The shape info of one attention call (static under jit); `packed` as the caller states it."""

@@ -21,7 +21,7 @@ import logging
 import jax
 
 from kernels import table
-from kernels.interface import SHAPE_KEYS, KernelUnsupportedError, dtype_name
+from kernels.interface import SHAPE_KEYS, KernelUnsupportedError, dtype_name, effective_window
 
 POLICY_WORDS = ("auto", "native", "flash")
 _BACKEND_ALIASES = {"cuda": "gpu", "rocm": "gpu"}
@@ -111,7 +111,9 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
         needs = _NEEDS[impl.backends[0]] if len(impl.backends) == 1 else " or ".join(impl.backends)
         return False, f"it needs {needs}"
     if info.get("window") and not impl.local_window:
-        return False, f"it has no local (sliding-window) attention, which this model's window of {info['window']} needs"
+        rows = f" in rows of {info['q_len']} tokens (rows no longer than the window would not need it)" if info.get("q_len") else ""
+        return False, (f"it has no local (sliding-window) attention, which this model's window of {info['window']} "
+                       f"needs{rows}")
     return impl.is_supported(**info)
 
 
@@ -146,6 +148,8 @@ def _normal_shape_info(shape_info: dict) -> dict:
         info["dtype"] = dtype_name(info["dtype"])
     if "packed" not in info and "has_segments" in info:  # unstated: segment ids may be packed
         info["packed"] = bool(info["has_segments"])
+    if effective_window(info.get("window"), info.get("q_len"), info.get("kv_len")) is None:
+        info.pop("window", None)
     return info
 
 

@@ -203,6 +203,24 @@ def test_available_lists_every_kernel_with_backends_and_limits():
     assert {name for name, entry in listing.items() if entry["local_window"]} == {"xla", "blockwise"}
 
 
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+def test_a_window_as_long_as_the_rows_masks_nothing_so_kernels_without_one_run_it(backend):
+    """A sliding-window model converted at its window (docscore convert's default) never runs a row longer than the
+    window, so the window hides no key: flash on GPU/TPU, whose kernels have no local window, runs it. A window
+    shorter than the rows is still refused there, and CPU's kernels give the same output with or without it."""
+    info = dict(heads=4, kv_heads=2, head_dim=64, dtype="bfloat16", causal=True, has_segments=True,
+                q_len=1024, kv_len=1024)
+    plain = resolve("flash", backend, **info)
+    assert resolve("flash", backend, **info, window=1024) == resolve("flash", backend, **info, window=4096) == plain
+    with pytest.raises(KernelUnsupportedError, match="sliding-window"):
+        resolve("flash", backend, **info, window=1023)
+    q = jax.random.normal(jax.random.key(0), (2, 48, 4, 16), jnp.float32)
+    segments = jnp.asarray([[1] * 30 + [2] * 18, [1] * 40 + [0] * 8], jnp.int32)
+    for impl in ("xla", "blockwise"):
+        windowed = attention(q, q, q, segment_ids=segments, causal=True, impl=impl, window=48)
+        assert (windowed == attention(q, q, q, segment_ids=segments, causal=True, impl=impl)).all()
+
+
 @pytest.mark.parametrize("impl,length,expected", [
     ("auto", 16, "xla"), ("auto", CPU_LIMIT + 8, "blockwise"), ("native", 16, "xla"),
     ("flash", 16, "blockwise"),

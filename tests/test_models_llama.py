@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import models
-from kernels import KernelUnsupportedError, resolve
+from kernels import KernelUnsupportedError, resolve, table
 from models.config import HF_KEYS, MAX_SIZES, Rope, config_from_hf
 from models.hf_import import convert_hf_dir, main as convert_main
 from models.llama import rope_frequencies
@@ -306,7 +306,7 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
     """Past its window a Mistral/Qwen2 token sees only the last `window` tokens in each sliding layer (the
     parity test above runs documents longer than the window); the window rides the kernel contract, and a
     kernel without local attention is refused, not silently run without it."""
-    family, _, model_dir = converted
+    family, hf_dir, model_dir = converted
     config = models.load(str(model_dir), attention="native").config
     expected = {"mistral": (32, (0, 1)), "qwen2-window": (24, (1, 2))}.get(family, (0, ()))
     assert (config.sliding_window, config.sliding_layers) == expected
@@ -318,23 +318,28 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
                 has_segments=True, q_len=4096, kv_len=4096, window=config.sliding_window)
     assert resolve("auto", "gpu", heads=4, kv_heads=2, head_dim=16, dtype="bfloat16", causal=True,
                    has_segments=True, q_len=4096, kv_len=4096, window=config.sliding_window) in ("xla", "blockwise")
-    # Dataflow GPU/TPU workers: refused before the job starts, as the workers' loader would refuse it, and
-    # auto plans (and records) the kernel the workers will run
+    # Dataflow GPU/TPU workers: converted at its window (docscore convert's default for it), no row is longer than
+    # the window, which then masks nothing, and their flash kernels run it; converted at twice the window, flash is
+    # refused before the job starts, as the workers' loader would refuse it. auto plans (and records) the kernel
+    # the workers will run.
     shard = tmp_path / "docs.jsonl"
     shard.write_text('{"id": "a", "text": "a short text"}\n')
-    for accelerator in ("nvidia-l4;count:1", "tpu-v5-lite-podslice;topology:1x1"):
-        def plan(attention, *extra):
+    long_dir = tmp_path / "converted-at-twice-the-window"
+    assert convert_main(["--hf", str(hf_dir), "--out", str(long_dir), "--max_seq_len", str(2 * config.sliding_window)]) == 0
+    for accelerator, backend in (("nvidia-l4;count:1", "gpu"), ("tpu-v5-lite-podslice;topology:1x1", "tpu")):
+        def plan(attention, *extra, model=model_dir):
             _, eo = parse_options(["--input", str(shard), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
                                    "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "docscore-test",
-                                   "--region", "r", "--task", "loglik", "--stride", "8", "--model", str(model_dir), "--dtype", "bfloat16",
+                                   "--region", "r", "--task", "loglik", "--stride", "8", "--model", str(model), "--dtype", "bfloat16",
                                    "--attention", attention, "--runner", "DataflowRunner",
                                    "--dataflow_service_options", f"worker_accelerator=type:{accelerator}", *extra])
             return validate(eo)
 
+        assert plan("flash").kernel in table.FLASH[backend]
         with pytest.raises(ConfigError, match="--attention=flash .*sliding-window.*the Dataflow workers' accelerator"):
-            plan("flash")
-        assert plan("auto").kernel == "xla"
-    # converted at its window (docscore convert's default for it): a longer --max_seq_len needs converting again
+            plan("flash", model=long_dir)
+        assert plan("auto", model=long_dir).kernel == "xla"
+    # a longer --max_seq_len than the model was converted at needs converting again
     with pytest.raises(ConfigError, match="exceeds the model's .*convert the model again with `docscore convert "
                                           "--max_seq_len` up to its"):
         plan("auto", "--max_seq_len", str(2 * config.sliding_window))
