@@ -300,3 +300,31 @@ def pooled_by_doc(encoded, outputs) -> np.ndarray:
         pooled.append(pool_windows(outputs[k:k + len(doc.windows)]))
         k += len(doc.windows)
     return np.stack(pooled)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_run_model_packs_rows_the_backend_runs_by_default(minilm, monkeypatch, backend):
+    """run_model's rows are the backend's (pipeline/stages/batching.py MIN_ROW_LEN): short rows on a CPU, rows of
+    max_len only on an accelerator, the length its kernel was chosen for when the model loaded (a sliding window
+    dropped there as masking nothing, kernels/interface.py effective_window, is never needed by a longer row)."""
+    import jax
+
+    texts = SENTENCES + [LONG_TEXT]
+    encoded = minilm.tokenizer.encode_windows(texts, max_len=128, stride=TEST_STRIDE, max_windows=8)
+    windows = [w for doc in encoded for w in doc.windows]
+    row_lens, start = [], minilm.start
+
+    def recording_start(method, input_ids, segment_ids, *static):
+        row_lens.append(input_ids.shape[1])
+        return start(method, input_ids, segment_ids, *static)
+
+    monkeypatch.setattr(minilm, "start", recording_start)
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH)
+    if backend == "cpu":
+        assert min(row_lens) < 128
+    else:
+        assert set(row_lens) == {128}
+    np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts, max_len=128),
+                               atol=2e-5)

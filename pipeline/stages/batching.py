@@ -23,6 +23,12 @@ LOCAL_THREADS = {"cpu": 1, "gpu": 4, "tpu": 4}
 MIN_ROW_LEN = {"cpu": 64, "gpu": None, "tpu": None}
 
 
+def shortest_row_for(backend: str, max_len: int) -> int:
+    """The shortest packed row on `backend` (MIN_ROW_LEN): rows of max_len only where it has none, or where the
+    backend is not one of those measured."""
+    return MIN_ROW_LEN.get(backend) or max_len
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchSettings:
     """A run's batch settings."""

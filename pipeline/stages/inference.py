@@ -40,7 +40,7 @@ with torch_hidden():
 from pipeline import tasks
 from pipeline.records import Batch
 from pipeline.stages import shadow
-from pipeline.stages.packing import MIN_ROW_LEN, run_model
+from pipeline.stages.packing import run_model
 from pipeline.stages.preprocess import TokenizedDoc
 from pipeline.telemetry import device_time, memory, progress
 from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
@@ -111,8 +111,8 @@ class InferenceOutput:
     shadow: ShadowOutput | None = None  # set on the documents of shadowed batches
 
 
-def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, min_row_len: int = MIN_ROW_LEN) -> np.ndarray:
-    """[len(texts), D] normalised embeddings (mean of windows) through the same fixed shapes."""
+def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, min_row_len: int | None = None) -> np.ndarray:
+    """[len(texts), D] normalised embeddings (mean of windows) through the same fixed shapes (min_row_len: run_model's)."""
     from pipeline.stages.scoring import pool_windows
 
     encoded = loaded.tokenizer.encode_windows(list(texts), max_len=max_len, stride=0, max_windows=8)
@@ -158,7 +158,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         batch_size: int,
         calls_per_beam_batch: int,
         kernel: str,
-        min_row_len: int = MIN_ROW_LEN,
+        min_row_len: int | None = None,  # run_model's default: the backend's
         labels: dict[str, str] | None = None,
         shadow_spec: shadow.ShadowSpec | None = None,
         profile_dir: str | None = None,

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.stages import batching
+
 MIN_SEGMENT_TOKENS = 8  # sets the segment slots per row: row_len // 8 (a window has >= 2 special tokens)
 # Shortest row length: attention costs each token O(row length) and the dense layers do not, so shorter rows
 # pay off down to 64 tokens; 32 gains nothing and adds compiled shapes (benchmarks/README.md, "Row lengths").
@@ -304,14 +306,17 @@ def run_packed(
 
 def run_model(
     loaded, windows: Sequence[np.ndarray], *, max_len: int, batch_size: int, per_token: bool = False,
-    min_row_len: int = MIN_ROW_LEN, on_call_read: Callable[[list[int]], None] | None = None,
+    min_row_len: int | None = None, on_call_read: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
     """run_packed with a models.LoadedModel: embed_packed (one embedding per window) or, per_token,
     token_logprobs (a decoder's next-token log-probs per window), each call dispatched without waiting
     (LoadedModel.start). Rows per call are rounded up to a multiple of the local device count (the model
-    splits each call's rows over the devices)."""
+    splits each call's rows over the devices). min_row_len: default the backend's (batching.shortest_row_for),
+    so an accelerator runs rows of max_len only, the length its kernel was chosen for at load."""
     import jax
 
+    if min_row_len is None:
+        min_row_len = batching.shortest_row_for(jax.default_backend(), max_len)
     devices = jax.local_device_count()
     batch_size = -(-batch_size // devices) * devices
     if per_token:
