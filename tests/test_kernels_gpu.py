@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import attention, resolve_for
-from test_kernels_parity import check_against_reference, make_inputs, one_segment_rows
+from kernels import KernelUnsupportedError, attention, resolve_for
+from test_kernels_parity import check_against_reference, make_inputs, one_segment_rows, segment_rows
 
 pytestmark = pytest.mark.skipif(
     jax.default_backend() != "gpu",
@@ -49,6 +49,22 @@ def test_one_segment_rows_bfloat16(impl, length, kv_heads, causal, head_dim):
 def test_no_segment_ids_bfloat16(impl, causal):
     check_against_reference(via(impl), length=300, kv_heads=4, causal=causal, segments=False,
                             dtype="bfloat16", seed=3)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_flash_runs_a_window_as_long_as_the_rows(packed):
+    """A sliding-window model converted at its window: its window masks nothing in rows that long, so flash
+    runs it on the GPU (cudnn or pallas_gpu) and matches the reference; a shorter window is refused."""
+    length = 300
+    q, k, v = make_inputs(0, 1, length, length, 4, 64, "bfloat16")
+    segments = jnp.ones((1, length), jnp.int32)
+    assert resolve_for(q, k, segment_ids=segments, causal=True, impl="flash", packed=packed,
+                       window=length) in ("cudnn", "pallas_gpu")
+    check_against_reference(lambda q, k, v, **kw: attention(q, k, v, impl="flash", packed=packed, window=length, **kw),
+                            length=length, kv_heads=4, causal=True, segments=True, dtype="bfloat16", head_dim=64,
+                            seed=5, rows=segment_rows if packed else one_segment_rows)
+    with pytest.raises(KernelUnsupportedError, match="sliding-window"):
+        attention(q, k, v, segment_ids=segments, impl="flash", causal=True, window=length - 1)
 
 
 def test_cudnn_long_padded_rows_without_a_dense_mask():
