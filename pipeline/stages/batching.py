@@ -18,8 +18,10 @@ CALLS_PER_BEAM_BATCH = {"cpu": 32, "gpu": 4, "tpu": 4}
 # on an accelerator, threads tokenize and score while another thread's calls run on the device; on a CPU the
 # model's own threads already use every core.
 LOCAL_THREADS = {"cpu": 1, "gpu": 4, "tpu": 4}
-# Shortest packed row (None: rows of max_len only). Short rows save attention work, and each row length costs
-# its own compiled programs: worth it on a CPU (compiles ~1 s), not on an accelerator (tens of seconds each).
+# Shortest packed row (None: rows of max_len only). Attention costs each token O(row length) and the dense layers
+# do not, so short rows save work, and each row length costs its own compiled programs: worth it on a CPU
+# (compiles ~1 s) down to 64 tokens, where 32 gains nothing (benchmarks/README.md, "Row lengths"); not on an
+# accelerator (tens of seconds each).
 MIN_ROW_LEN = {"cpu": 64, "gpu": None, "tpu": None}
 
 

@@ -21,9 +21,7 @@ import numpy as np
 from pipeline.stages import batching
 
 MIN_SEGMENT_TOKENS = 8  # sets the segment slots per row: row_len // 8 (a window has >= 2 special tokens)
-# Shortest row length: attention costs each token O(row length) and the dense layers do not, so shorter rows
-# pay off down to 64 tokens; 32 gains nothing and adds compiled shapes (benchmarks/README.md, "Row lengths").
-MIN_ROW_LEN = 64
+MIN_ROW_LEN = batching.MIN_ROW_LEN["cpu"]  # the shortest row where none is given: a CPU's
 TAIL_CALL_FRACTION = 8  # a tail call holds 1/8 of a full call's rows: little padding, few calls
 
 
