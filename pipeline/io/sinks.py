@@ -109,6 +109,33 @@ def read_jsonl_part(fs, path: str, schema: pa.Schema) -> pa.Table | None:
     return pa_json.read_json(pa.BufferReader(data), parse_options=parse)
 
 
+def read_parts(fs, paths: list[str], columns: tuple[str, ...], schema: pa.Schema) -> pa.Table:
+    """A table's committed part files (Parquet or JSONL, by suffix) -> one table of the named columns the files
+    have (older runs lack newer ones, e.g. shadow_*), typed as `schema`; zero rows of those columns when the
+    parts hold no rows (none, or empty JSONL parts: a run without errors)."""
+    import pyarrow.dataset as ds
+
+    tables = []
+    for path in paths:
+        if path.endswith(".parquet"):
+            dataset = ds.dataset(path, format="parquet", filesystem=fs)
+            tables.append(dataset.to_table(columns=[c for c in columns if c in dataset.schema.names]))
+        elif path.endswith(".jsonl"):
+            table = read_jsonl_part(fs, path, schema)  # None: a shard that got no rows
+            if table is not None:
+                tables.append(table)
+    present = [c for c in columns if any(c in t.schema.names for t in tables)] if tables else list(columns)
+    typed = pa.schema([schema.field(c).with_nullable(True) for c in present])
+    return pa.concat_tables([conform(t, typed) for t in tables]) if tables else typed.empty_table()
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """table's columns of `schema`, cast to its types (a column JSON saw only nulls in reads as null type); a
+    column the table lacks is all nulls."""
+    return pa.table([table.column(f.name).cast(f.type) if f.name in table.schema.names else pa.nulls(table.num_rows, f.type)
+                     for f in schema], schema=schema)
+
+
 class ParquetRowsSink(fileio.FileSink):
     """Lists of dict rows -> one Parquet file of `schema`: rows become Arrow record batches of `batch_rows`, and a
     row group is written when the batches reach `row_group_bytes` or the file ends (the layout and the

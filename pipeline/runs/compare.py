@@ -18,7 +18,6 @@ from typing import Any
 import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from pipeline.io import run_commit, sinks
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
@@ -96,22 +95,6 @@ def missing_directory(ref: RunRef) -> str | None:
     return None
 
 
-def read_parts(partition: Partition, columns: tuple[str, ...], schema: pa.Schema) -> pa.Table:
-    """Parquet or JSONL part files of a table of `schema` -> one table with the columns that exist."""
-    tables = []
-    for path in partition.files:
-        if path.endswith(".parquet"):
-            dataset = ds.dataset(path, format="parquet", filesystem=partition.fs)
-            tables.append(dataset.to_table(columns=[c for c in columns if c in dataset.schema.names]))
-        elif path.endswith(".jsonl"):
-            t = sinks.read_jsonl_part(partition.fs, path, schema)  # None: a shard that got no rows
-            if t is not None:
-                tables.append(t.select([c for c in columns if c in t.schema.names]))
-    if not tables:
-        return pa.table({c: pa.array([], pa.null()) for c in columns})
-    return pa.concat_tables(tables, promote_options="permissive")
-
-
 def load_run(ref: RunRef) -> LoadedRun:
     summary = run_commit.committed_summary(ref.output_dir or ".", ref.run_id)
     if summary is None:
@@ -122,9 +105,9 @@ def load_run(ref: RunRef) -> LoadedRun:
             f"run {ref.run_id!r} under {ref.output_dir or '.'} has no committed summary.json: it did not finish "
             "publishing (or has not committed yet) and is ignored; compare runs that `docscore run` published")
     errors = committed(ref, "errors", summary)
-    n_errors = read_parts(errors, ("run_id",), ERRORS_SCHEMA).num_rows
-    return LoadedRun(ref, read_parts(committed(ref, "scores", summary), SCORE_COLUMNS, SCORES_SCHEMA), n_errors,
-                     summary, [])
+    n_errors = sinks.read_parts(errors.fs, errors.files, ("run_id",), ERRORS_SCHEMA).num_rows
+    scores = committed(ref, "scores", summary)
+    return LoadedRun(ref, sinks.read_parts(scores.fs, scores.files, SCORE_COLUMNS, SCORES_SCHEMA), n_errors, summary, [])
 
 
 # ---- the comparison (pure) ------------------------------------------------------------------------

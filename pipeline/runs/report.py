@@ -136,19 +136,8 @@ def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...
     reads as zero rows of those columns. None for tables kept elsewhere (bq:)."""
     if output_dir.startswith("bq:"):
         return None
-    schema = TABLE_SCHEMAS[table]
     fs, parts = _table_parts(output_dir, table, run_id, output_format)
-    if output_format == "parquet":
-        dataset = ds.dataset(parts, format="parquet", filesystem=fs) if parts else None
-        tables = [dataset.to_table(columns=[c for c in columns if c in dataset.schema.names])] if dataset else []
-    else:
-        tables = [t for t in (sinks.read_jsonl_part(fs, part, schema) for part in parts) if t is not None]
-    # older runs lack newer columns (e.g. shadow_*): keep the columns the files have, as parquet does
-    present = [c for c in columns if any(c in t.schema.names for t in tables)] if tables else list(columns)
-    typed = pa.schema([schema.field(c).with_nullable(True) for c in present])
-    if not tables:
-        return typed.empty_table()
-    return pa.concat_tables([_conform(t, typed) for t in tables])
+    return sinks.read_parts(fs, parts, columns, TABLE_SCHEMAS[table])
 
 
 def _table_parts(output_dir: str, table: str, run_id: str, output_format: str) -> tuple[Any, list[str]]:
@@ -169,7 +158,7 @@ def lowest_scores(output_dir: str, run_id: str, output_format: str, k: int) -> p
     order = [("score", "ascending"), ("doc_id", "ascending")]
     kept = typed.empty_table()
     for batch in _record_batches(fs, parts, output_format, typed):
-        rows = _conform(pa.Table.from_batches([batch]), typed)
+        rows = sinks.conform(pa.Table.from_batches([batch]), typed)
         rows = rows.filter(pc.is_valid(rows["score"]))
         candidates = pa.concat_tables([kept, rows])
         kept = candidates.take(pc.sort_indices(candidates, sort_keys=order)[:k])
@@ -188,13 +177,6 @@ def _record_batches(fs, parts: list[str], output_format: str, schema: pa.Schema)
             parse = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
             with fs.open(part, "rb") as f:
                 yield from pa_json.open_json(f, parse_options=parse)
-
-
-def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
-    """t's columns of `schema`, cast to its types (a column JSON saw only nulls in reads as null
-    type); a column t lacks is all nulls."""
-    return pa.table([t.column(f.name).cast(f.type) if f.name in t.schema.names else pa.nulls(t.num_rows, f.type)
-                     for f in schema], schema=schema)
 
 
 # ---- charts: each returns PNG bytes, or None when the run recorded nothing to draw -------------
