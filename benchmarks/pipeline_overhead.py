@@ -15,7 +15,7 @@ time only). One fresh process per round; each phase's fastest round is printed. 
     .venv/bin/python benchmarks/pipeline_overhead.py --model stand_in
     .venv/bin/python benchmarks/pipeline_overhead.py --model real --dtype bfloat16
     .venv/bin/python benchmarks/pipeline_overhead.py --corpus corpus.jsonl.gz --docs 20000 \
-        --flags "--batch_size 256 --calls_per_beam_batch 4"     # a GPU run's batch settings, host work only
+        --flags "--batch_size 256 --calls_per_beam_batch 4" --host accelerator  # a GPU host's host work
 
 --corpus reads JSONL(.gz) records with a `text` field (e.g. the GPU recipe's corpus) instead of the help
 pages (~1,900 paragraphs); --flags are added to the `docscore run` command line.
@@ -121,6 +121,10 @@ def main() -> None:
     parser.add_argument("--flags", default="", help="more `docscore run` flags, one string (later flags win)")
     parser.add_argument("--exit", choices=("frozen", "collected"), default="frozen",
                         help="how the process ends after the run (see above)")
+    parser.add_argument("--host", choices=("cpu", "accelerator"), default="cpu",
+                        help="the process-start tuning of a host whose model runs on its CPU (one malloc arena, the "
+                             "tokenizer on the calling thread) or that drives an accelerator (glibc's arenas, the "
+                             "tokenizer's threads): with --model stand_in, accelerator is a GPU host's host work")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
@@ -141,18 +145,21 @@ def main() -> None:
         docs = load_documents(args.docs)
     path = os.path.join(work, "docs.jsonl")
     write_jsonl(docs, path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "TOKENIZERS_PARALLELISM"}
+    if args.host == "accelerator":  # glibc's own arena limit (8 per core), set as a user would: docscore leaves it
+        env["MALLOC_ARENA_MAX"] = str(8 * (os.cpu_count() or 1))
     best: dict[str, float] = {}
     for k in range(args.rounds):
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--dtype", args.dtype,
                                "--attention", args.attention, "--input", path, "--output", os.path.join(work, f"out{k}"),
                                "--flags=" + args.flags, "--exit", args.exit],
-                              capture_output=True, text=True, check=True)
+                              env=env, capture_output=True, text=True, check=True)
         gone = time.time()
         seconds = json.loads(done.stdout.strip().splitlines()[-1])
         seconds.update(exit=gone - seconds.pop("ended_at"), process=gone - seconds.pop("born_at"))
         print(f"round {k + 1}: " + ", ".join(f"{name} {s:.2f} s" for name, s in seconds.items()), flush=True)
         best = {name: min(s, best.get(name, s)) for name, s in seconds.items()}
-    print(f"{len(docs)} documents, model {args.model}, {args.dtype}, {args.attention}, exit {args.exit}; "
+    print(f"{len(docs)} documents, model {args.model}, {args.dtype}, {args.attention}, exit {args.exit}, {args.host} host; "
           f"fastest of {args.rounds} rounds:")
     for name, s in best.items():
         print(f"  {name:18} {s:6.2f} s")

@@ -87,6 +87,60 @@ def test_mallopt_keeps_big_temporaries_in_the_heap():
     assert "M_MMAP_THRESHOLD" not in users["applied"] and users["mmapped"] >= 96 << 20
 
 
+ARENA_PROBE = """
+    import ctypes, json, os, re, threading
+    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+    report = apply_cpu_tuning(CpuTuning(compilation_cache=False, xla_flags=False))
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    go = threading.Barrier(4)
+
+    def allocate():  # four threads allocating at once, as the tokenizer's and XLA's threads do
+        go.wait()
+        libc.free(ctypes.c_void_p(libc.malloc(4096)))
+
+    threads = [threading.Thread(target=allocate) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    libc.open_memstream.restype = ctypes.c_void_p
+    buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+    stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    libc.malloc_info(0, ctypes.c_void_p(stream))
+    libc.fclose(ctypes.c_void_p(stream))
+    heaps = len(re.findall(r"<heap nr=", buf.value.decode()))
+    print(json.dumps({"mallopt": report.mallopt, "env_set": report.env_set, "skipped": report.skipped, "heaps": heaps,
+                      "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM")}))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(sys.platform != "linux", reason="mallopt is glibc's")
+def test_one_malloc_arena_only_where_the_model_runs_on_this_cpu(tmp_path):
+    """A CPU run gets one arena (XLA's threads' temporaries stay in the heap) and a tokenizer that encodes on
+    the calling thread (its threads would queue for that arena); a host that drives an accelerator keeps
+    glibc's arenas and the tokenizer's threads. The user's own settings win."""
+    cpu = run_python(ARENA_PROBE, clean_env())
+    assert cpu["mallopt"]["M_ARENA_MAX"] == 1 and cpu["heaps"] == 1
+    assert cpu["env_set"] == {"TOKENIZERS_PARALLELISM": "false"} and cpu["tokenizers_parallelism"] == "false"
+    gpu = run_python(ARENA_PROBE, clean_env(JAX_PLATFORMS="cuda,cpu"))
+    assert "M_ARENA_MAX" not in gpu["mallopt"] and gpu["heaps"] > 1 and gpu["env_set"] == {}
+    assert gpu["tokenizers_parallelism"] is None and any("JAX_PLATFORMS=cuda,cpu" in s for s in gpu["skipped"])
+    assert "M_MMAP_THRESHOLD" in gpu["mallopt"]  # big host buffers still stay in the heap
+    users = run_python(ARENA_PROBE, clean_env(TOKENIZERS_PARALLELISM="true"))
+    assert users["mallopt"]["M_ARENA_MAX"] == 1 and users["env_set"] == {} and users["tokenizers_parallelism"] == "true"
+    # no JAX_PLATFORMS: an installed PJRT plugin (where JAX looks for one) means an accelerator host
+    plugin = tmp_path / "site" / "jax_plugins" / "xla_probe"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text("")
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), ROOT]))
+    del env["JAX_PLATFORMS"]
+    found = run_python(ARENA_PROBE, env)
+    assert "M_ARENA_MAX" not in found["mallopt"] and found["heaps"] > 1
+    assert any("PJRT plugin xla_probe installed" in s for s in found["skipped"])
+
+
 CACHE_PROBE = """
     import json, os
     from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import logging
 import os
 import platform
@@ -25,9 +26,12 @@ COMPILATION_CACHE_SUBDIR = "jax-compilation-cache"
 MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"  # jax's own variable for that setting
 
 # mallopt(3) parameters and the values applied: keep big XLA temporaries in the heap instead of mapping
-# and unmapping them on every call (system time, benchmarks/PERF_NOTES.md), and one arena so that
-# allocations of XLA's worker threads get the same treatment (a thread arena maps anything larger than
-# its 64 MiB heap whatever the threshold says).
+# and unmapping them on every call (system time, benchmarks/PERF_NOTES.md), and, where the model runs on this
+# CPU, one arena so that allocations of XLA's worker threads get the same treatment (a thread arena maps
+# anything larger than its 64 MiB heap whatever the threshold says). One arena serialises every thread's
+# malloc: the tokenizer's batch encode on its own threads ran 2.5-3.5x slower under it, so with one arena
+# the tokenizer encodes on the calling thread (TOKENIZERS_PARALLELISM), and a host that drives an accelerator
+# keeps glibc's arenas (benchmarks/PERF_NOTES.md, "One malloc arena").
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
 MALLOPT_VALUES = {
     "M_MMAP_THRESHOLD": (M_MMAP_THRESHOLD, 1 << 30, "MALLOC_MMAP_THRESHOLD_"),
@@ -50,6 +54,10 @@ CPU_XLA_FLAGS = {
 YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
 # --attention value -> the CPU implementation it means for the pipeline's window lengths (<= 512).
 CPU_IMPL_OF = {"native": "xla", "auto": "xla", "flash": "blockwise"}
+
+ONE_ARENA = "M_ARENA_MAX"
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # the tokenizers library's switch for its own threads
+ACCELERATOR_PLATFORMS = ("cuda", "rocm", "tpu", "gpu")  # JAX_PLATFORMS names of accelerator backends
 
 # CPU feature flags (as Linux lists them in /proc/cpuinfo) of instructions that multiply bfloat16 natively:
 # x86 AVX512-BF16 and AMX-BF16, Arm FEAT_BF16. Without one, bfloat16 matmuls are emulated.
@@ -74,6 +82,7 @@ class TuningReport:
     """What apply_cpu_tuning did (goes to logs and benchmarks)."""
 
     mallopt: dict[str, int] = dataclasses.field(default_factory=dict)
+    env_set: dict[str, str] = dataclasses.field(default_factory=dict)  # environment variables this process set
     xla_flags_added: list[str] = dataclasses.field(default_factory=list)
     compilation_cache_dir: str | None = None
     skipped: list[str] = dataclasses.field(default_factory=list)
@@ -90,8 +99,16 @@ def apply_cpu_tuning(tuning: CpuTuning | None = None) -> TuningReport:
     report = TuningReport()
     if tuning_enabled():
         if tuning.malloc:
-            report.mallopt, skipped = apply_mallopt()
+            names = tuple(MALLOPT_VALUES)
+            accelerator = accelerator_expected()
+            if accelerator:
+                names = tuple(n for n in names if n != ONE_ARENA)
+                report.skipped.append(f"{ONE_ARENA}: JAX will start on an accelerator ({accelerator}): the host's "
+                                      "threads keep glibc's arenas")
+            report.mallopt, skipped = apply_mallopt(names)
             report.skipped += skipped
+            if ONE_ARENA in report.mallopt and TOKENIZERS_PARALLELISM not in os.environ:
+                os.environ[TOKENIZERS_PARALLELISM] = report.env_set[TOKENIZERS_PARALLELISM] = "false"
         if tuning.xla_flags:
             report.xla_flags_added = add_xla_flags(xla_flags_for(tuning.attention, tuning.dtype, cpu_features()))
     else:
@@ -100,6 +117,37 @@ def apply_cpu_tuning(tuning: CpuTuning | None = None) -> TuningReport:
         report.compilation_cache_dir = enable_compilation_cache(tuning.cache_dir)
     log.info("cpu tuning: %s", report)
     return report
+
+
+def accelerator_expected() -> str | None:
+    """Why JAX will start on an accelerator, judged before it starts (an arena limit must come before the
+    threads it is for), or None for a CPU: JAX_PLATFORMS's first entry when it is set; else a PJRT plugin
+    installed where JAX looks for one (jax[cuda] installs one) or libtpu. A plugin installed on a machine
+    without its device misjudges a CPU run: it then keeps glibc's arenas, which cost its model calls ~4-8%
+    (benchmarks/PERF_NOTES.md, "One malloc arena")."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        first = platforms.split(",")[0].strip().lower()
+        return f"JAX_PLATFORMS={platforms}" if first in ACCELERATOR_PLATFORMS else None
+    return installed_accelerator_runtime()
+
+
+@functools.lru_cache(maxsize=1)
+def installed_accelerator_runtime() -> str | None:
+    """The PJRT plugins installed where JAX looks for them (the jax_plugins namespace package and entry
+    points), or libtpu; None when there are none."""
+    import importlib.metadata
+    import importlib.util
+    import pkgutil
+
+    namespace = importlib.util.find_spec("jax_plugins")
+    plugins = [m.name for m in pkgutil.iter_modules(namespace.submodule_search_locations)] if namespace else []
+    plugins += [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
+    if plugins:
+        return f"PJRT plugin {', '.join(sorted(set(plugins)))} installed"
+    if importlib.util.find_spec("libtpu") is not None:
+        return "libtpu installed"
+    return None
 
 
 def apply_mallopt(names: tuple[str, ...] = tuple(MALLOPT_VALUES)) -> tuple[dict[str, int], list[str]]:
