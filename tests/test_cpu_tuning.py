@@ -27,7 +27,7 @@ def run_python(code: str, env: dict[str, str]) -> dict:
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MALLOC_") and k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", cpu_tuning.ENV_SWITCH,
-                                                         cpu_tuning.MIN_COMPILE_TIME_ENV)}
+                                                         cpu_tuning.MIN_COMPILE_TIME_ENV, cpu_tuning.TOKENIZERS_PARALLELISM)}
     env["JAX_PLATFORMS"] = "cpu"
     env.update(extra)
     return env
