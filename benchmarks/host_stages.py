@@ -3,7 +3,12 @@ documents in one process, no Beam, the model replaced by a stand-in that returns
 calls' own time is not host work). Set beside benchmarks/pipeline_overhead.py's Beam job with the same
 stand-in, the difference is what Beam itself adds per document. Best of --rounds; CPU named. Not a test.
 
-    .venv/bin/python benchmarks/host_stages.py --corpus corpus.jsonl.gz --docs 20000 [--batch_size 256]
+    .venv/bin/python benchmarks/host_stages.py --corpus corpus.jsonl.gz --docs 20000 [--batch_size 256] \
+        [--host accelerator]
+
+--host: the process-start tuning of a host whose model runs on its CPU (one malloc arena, the tokenizer on the
+calling thread) or of one that drives an accelerator (glibc's arenas, the tokenizer's threads), as
+benchmarks/pipeline_overhead.py's --host.
 
 Stages: read (JSONL -> Documents), tokenize (lists of READ_CHUNK_DOCS, one batch encode each), infer
 (FlaxModelHandler.run_inference on a Beam batch: packing, row filling, outputs mapped back; stand-in calls),
@@ -30,7 +35,13 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=256, help="rows per model call (--batch_size)")
     parser.add_argument("--calls_per_beam_batch", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--host", choices=("cpu", "accelerator"), default="cpu")
     args = parser.parse_args()
+    if args.host == "accelerator":  # docscore leaves a MALLOC_ARENA_MAX it finds: glibc's own limit (8 per core) stays
+        os.environ["MALLOC_ARENA_MAX"] = str(8 * (os.cpu_count() or 1))
+    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+
+    apply_cpu_tuning(CpuTuning(attention="native"))  # first thing, as `docscore run` does
 
     import pyarrow as pa
 
@@ -101,7 +112,7 @@ def main() -> None:
     for _ in range(args.rounds):
         seconds, n = run_once()
         best = {k: min(v, best.get(k, v)) for k, v in seconds.items()}
-    print(f"{n} documents of {args.corpus}, batch_size {args.batch_size}, {args.calls_per_beam_batch} calls per Beam batch; "
+    print(f"{n} documents of {args.corpus}, batch_size {args.batch_size}, {args.calls_per_beam_batch} calls per Beam batch, {args.host} host; "
           f"{environment()['cpu']}; best of {args.rounds} rounds, us per document:")
     for name, s in best.items():
         print(f"  {name:10} {1e6 * s / n:7.1f}")
