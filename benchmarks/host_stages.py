@@ -37,10 +37,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--host", choices=("cpu", "accelerator"), default="cpu")
     args = parser.parse_args()
-    if args.host == "accelerator":  # docscore leaves a MALLOC_ARENA_MAX it finds: glibc's own limit (8 per core) stays
-        os.environ["MALLOC_ARENA_MAX"] = str(8 * (os.cpu_count() or 1))
-    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.telemetry.cpu_tuning import CpuTuning, accelerator_host_env, apply_cpu_tuning
 
+    if args.host == "accelerator":
+        os.environ.update(accelerator_host_env())
     apply_cpu_tuning(CpuTuning(attention="native"))  # first thing, as `docscore run` does
 
     import pyarrow as pa

@@ -146,8 +146,10 @@ def main() -> None:
     path = os.path.join(work, "docs.jsonl")
     write_jsonl(docs, path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "TOKENIZERS_PARALLELISM"}
-    if args.host == "accelerator":  # glibc's own arena limit (8 per core), set as a user would: docscore leaves it
-        env["MALLOC_ARENA_MAX"] = str(8 * (os.cpu_count() or 1))
+    if args.host == "accelerator":
+        from pipeline.telemetry.cpu_tuning import accelerator_host_env
+
+        env.update(accelerator_host_env())
     best: dict[str, float] = {}
     for k in range(args.rounds):
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--dtype", args.dtype,

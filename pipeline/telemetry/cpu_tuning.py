@@ -150,6 +150,13 @@ def installed_accelerator_runtime() -> str | None:
     return None
 
 
+def accelerator_host_env() -> dict[str, str]:
+    """Environment that gives a process an accelerator host's malloc tuning on any machine (a benchmark of a GPU
+    host's host work run on a CPU): glibc's own arena limit (8 per core), set as a user would, so that
+    apply_cpu_tuning leaves the arenas and the tokenizer's threads as they are."""
+    return {"MALLOC_ARENA_MAX": str(8 * (os.cpu_count() or 1))}
+
+
 def apply_mallopt(names: tuple[str, ...] = tuple(MALLOPT_VALUES)) -> tuple[dict[str, int], list[str]]:
     """Set MALLOPT_VALUES[names] through glibc's mallopt; a parameter the user set through its MALLOC_*
     environment variable is left alone. Returns (applied {name: value}, skipped reasons)."""
