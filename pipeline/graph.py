@@ -52,6 +52,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         calls_per_beam_batch=plan.batch.calls_per_beam_batch,
         kernel=plan.kernel,
         min_row_len=plan.batch.shortest_row(plan.window_spec.max_len),
+        tail_fraction=plan.batch.tail_call_fraction,
         progress_dir=counter_dir,
         labels=plan.labels,
         shadow_spec=plan.shadow,

@@ -179,7 +179,9 @@ def test_batch_settings_per_backend_and_the_flags_that_override_them():
     cpu, gpu = batching.settings_for("cpu"), batching.settings_for("gpu")
     assert (cpu.batch_size, cpu.calls_per_beam_batch, cpu.local_threads, cpu.shortest_row(256)) == (16, 32, 1, 64)
     assert (gpu.batch_size, gpu.local_threads, gpu.shortest_row(256)) == (256, 4, 256)  # one row length
+    assert (cpu.tail_call_fraction, gpu.tail_call_fraction) == (8, 1)  # an accelerator: full-size calls only
     assert gpu.summary(256)["beam_batch_tokens"] == 256 * 256 * gpu.calls_per_beam_batch
+    assert gpu.summary(256)["tail_call_fraction"] == 1
     mine = batching.settings_for("gpu", batch_size=64, calls_per_beam_batch=2)
     assert (mine.batch_size, mine.calls_per_beam_batch) == (64, 2)
     with pytest.raises(ValueError, match="--calls_per_beam_batch=0"):
@@ -306,6 +308,7 @@ def test_parallel_bundles_and_small_beam_batches_give_the_outputs_of_one_thread(
     np.testing.assert_allclose(np.stack(par.embedding), np.stack(one.embedding), atol=1e-6)
     summary = read_summary(out, "par")
     assert summary["runner"]["direct_num_workers"] == 3 and summary["batching"]["calls_per_beam_batch"] == 1
+    assert summary["batching"]["tail_call_fraction"] == 8  # the CPU's tail calls
     assert summary["batching"]["beam_batch_tokens"] == 8 * TEST_MAX_LEN
     assert summary["device"]["busy_s"] > 0 and 0 < summary["device"]["busy_fraction"] <= 1.0
     assert summary["command_wall_s"] > summary["wall_s"] > 0

@@ -168,6 +168,21 @@ def test_call_sizes_use_two_shapes_and_cover_every_row():
         rows_per_call(64, 256, 6, min_rows=4)
 
 
+def test_full_size_calls_only_give_one_shape_per_row_length_and_hold_every_row():
+    """tail_fraction 1 (an accelerator's, batching.TAIL_CALL_FRACTION): what is left after the full calls runs in
+    one more full-size call, so each row length compiles one program."""
+    rows = pack_windows([5, 70, 130, 256, 200, 64, 33, 9] * 40, row_lengths(256, 256))
+    for batch_size in (1, 3, 16, 17, 64):
+        calls = plan_calls(rows, 256, batch_size, min_row_len=256, tail_fraction=1)
+        assert {(size, row_len) for row_len, _, size in calls} == {(batch_size, 256)}
+        assert shapes_for(256, batch_size, min_row_len=256, tail_fraction=1) == {(batch_size, 256)}
+        assert sorted(r.windows for _, call_rows, _ in calls for r in call_rows) == sorted(r.windows for r in rows)
+        assert len(calls) == -(-len(rows) // batch_size)  # padding fills the last call only
+    assert rows_per_call(64, 256, 16, tail_fraction=1) == (64, 64)
+    with pytest.raises(ValueError, match="tail_fraction"):
+        rows_per_call(256, 256, 16, tail_fraction=0)
+
+
 def test_every_batch_size_plans_calls_that_hold_every_row_in_the_bounded_shapes():
     """Any --batch_size (rounded up to a multiple of the devices, as run_model does) plans: --batch_size 17
     once made every document an infer error row, as its tail call did not divide its full call."""
@@ -305,26 +320,29 @@ def pooled_by_doc(encoded, outputs) -> np.ndarray:
 @pytest.mark.integration
 @pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
 def test_run_model_packs_rows_the_backend_runs_by_default(minilm, monkeypatch, backend):
-    """run_model's rows are the backend's (pipeline/stages/batching.py MIN_ROW_LEN): short rows on a CPU, rows of
-    max_len only on an accelerator, the length its kernel was chosen for when the model loaded (a sliding window
-    dropped there as masking nothing, kernels/interface.py effective_window, is never needed by a longer row)."""
+    """run_model's rows and calls are the backend's (pipeline/stages/batching.py MIN_ROW_LEN, TAIL_CALL_FRACTION):
+    short rows and small tail calls on a CPU; on an accelerator rows of max_len only, the length its kernel was
+    chosen for when the model loaded (a sliding window dropped there as masking nothing,
+    kernels/interface.py effective_window, is never needed by a longer row), in full-size calls only: one
+    compiled program."""
     import jax
 
-    texts = SENTENCES + [LONG_TEXT]
+    texts = (SENTENCES + [LONG_TEXT]) * 4  # rows for more than one call
     encoded = minilm.tokenizer.encode_windows(texts, max_len=128, stride=TEST_STRIDE, max_windows=8)
     windows = [w for doc in encoded for w in doc.windows]
-    row_lens, start = [], minilm.start
+    shapes, start = [], minilm.start
 
     def recording_start(method, input_ids, segment_ids, *static):
-        row_lens.append(input_ids.shape[1])
+        shapes.append(input_ids.shape)
         return start(method, input_ids, segment_ids, *static)
 
     monkeypatch.setattr(minilm, "start", recording_start)
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH)
     if backend == "cpu":
-        assert min(row_lens) < 128
+        assert min(n for _, n in shapes) < 128
+        assert any(rows < TEST_BATCH * 128 // n for rows, n in shapes if n <= 128)  # a tail call
     else:
-        assert set(row_lens) == {128}
+        assert set(shapes) == {(TEST_BATCH, 128)} and len(shapes) > 1
     np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts, max_len=128),
                                atol=2e-5)

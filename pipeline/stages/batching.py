@@ -23,6 +23,16 @@ LOCAL_THREADS = {"cpu": 1, "gpu": 4, "tpu": 4}
 # (compiles ~1 s) down to 64 tokens, where 32 gains nothing (benchmarks/README.md, "Row lengths"); not on an
 # accelerator (tens of seconds each).
 MIN_ROW_LEN = {"cpu": 64, "gpu": None, "tpu": None}
+# A full call's rows over a tail call's (the calls that run what is left of a batch after its full calls): on a CPU
+# tail calls of 1/8 pad the end of a batch little, and their programs compile in ~1 s; an accelerator pads that end
+# to one full call instead, as the padding's compute costs it far less than compiling a second program (GPU: 10-30 s
+# each cold, ~0.4 s each from the cache; benchmarks/RESULTS.md, "GPU end to end").
+TAIL_CALL_FRACTION = {"cpu": 8, "gpu": 1, "tpu": 1}
+
+
+def tail_fraction_for(backend: str) -> int:
+    """TAIL_CALL_FRACTION of `backend`; full-size calls only where the backend is not one of those measured."""
+    return TAIL_CALL_FRACTION.get(backend, 1)
 
 
 def shortest_row_for(backend: str, max_len: int) -> int:
@@ -40,6 +50,7 @@ class BatchSettings:
     calls_per_beam_batch: int  # a Beam batch holds this many full calls' worth of tokens
     local_threads: int  # parallel bundles of a local DirectRunner run (1: Beam's default in-memory runner)
     min_row_len: int | None  # shortest packed row length (None: max_len only)
+    tail_call_fraction: int  # a full call's rows over a tail call's (1: every call full-size, one program per row length)
 
     def shortest_row(self, max_len: int) -> int:
         return self.min_row_len or max_len
@@ -60,6 +71,7 @@ def settings_for(backend: str, *, batch_size: int | None = None, calls_per_beam_
         calls_per_beam_batch=CALLS_PER_BEAM_BATCH[backend] if calls_per_beam_batch is None else calls_per_beam_batch,
         local_threads=LOCAL_THREADS[backend] if local_threads is None else local_threads,
         min_row_len=MIN_ROW_LEN[backend],
+        tail_call_fraction=TAIL_CALL_FRACTION[backend],
     )
     for flag, value in (("batch_size", settings.batch_size), ("calls_per_beam_batch", settings.calls_per_beam_batch),
                         ("direct_num_workers", settings.local_threads)):

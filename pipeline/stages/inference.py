@@ -111,13 +111,16 @@ class InferenceOutput:
     shadow: ShadowOutput | None = None  # set on the documents of shadowed batches
 
 
-def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, min_row_len: int | None = None) -> np.ndarray:
-    """[len(texts), D] normalised embeddings (mean of windows) through the same fixed shapes (min_row_len: run_model's)."""
+def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, min_row_len: int | None = None,
+                tail_fraction: int | None = None) -> np.ndarray:
+    """[len(texts), D] normalised embeddings (mean of windows) through the same fixed shapes (min_row_len and
+    tail_fraction: run_model's)."""
     from pipeline.stages.scoring import pool_windows
 
     encoded = loaded.tokenizer.encode_windows(list(texts), max_len=max_len, stride=0, max_windows=8)
     rows = [w for doc in encoded for w in doc.windows]
-    outputs, _, _ = run_model(loaded, rows, max_len=max_len, batch_size=batch_size, min_row_len=min_row_len)
+    outputs, _, _ = run_model(loaded, rows, max_len=max_len, batch_size=batch_size, min_row_len=min_row_len,
+                              tail_fraction=tail_fraction)
     result, k = [], 0
     for doc in encoded:
         result.append(pool_windows(outputs[k : k + len(doc.windows)]))
@@ -159,6 +162,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         calls_per_beam_batch: int,
         kernel: str,
         min_row_len: int | None = None,  # run_model's default: the backend's
+        tail_fraction: int | None = None,  # run_model's default: the backend's
         labels: dict[str, str] | None = None,
         shadow_spec: shadow.ShadowSpec | None = None,
         profile_dir: str | None = None,
@@ -174,6 +178,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         self._max_len = max_len
         self._batch_size = batch_size
         self._min_row_len = min_row_len
+        self._tail_fraction = tail_fraction
         self._kernel = kernel
         self._labels = dict(labels or {})
         self._shadow = shadow_spec
@@ -203,7 +208,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
     def _embed_with(self, loaded: Any) -> Callable[[list[str]], np.ndarray]:
         """texts -> their embeddings through `loaded`: what a task prepares at load (classify: its labels)."""
         return lambda texts: embed_texts(loaded, texts, max_len=self._max_len, batch_size=self._batch_size,
-                                         min_row_len=self._min_row_len)
+                                         min_row_len=self._min_row_len, tail_fraction=self._tail_fraction)
 
     def get_metrics_namespace(self) -> str:
         return f"docscore_inference_{self._kernel}"
@@ -224,7 +229,8 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         with profile_batch(self._profile_dir), device_time.PROCESS_CLOCK.busy():  # --profile_dir: a trace of this process's first batches
             outputs, timings, totals = run_model(
                 loaded, rows, max_len=self._max_len, batch_size=self._batch_size, min_row_len=self._min_row_len,
-                per_token=tasks.get(self._task).per_token, on_call_read=self._count_finished(docs),
+                tail_fraction=self._tail_fraction, per_token=tasks.get(self._task).per_token,
+                on_call_read=self._count_finished(docs),
             )
         batch_ms = (time.perf_counter() - t0) * 1000.0
         self._done.flush()  # the batch's last counts show now, not at the next flush tick
@@ -296,7 +302,8 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         t0 = time.perf_counter()
         with device_time.PROCESS_CLOCK.busy():
             outputs, _, _ = run_model(model.shadow_loaded, rows, max_len=self._max_len, batch_size=self._batch_size,
-                                      min_row_len=self._min_row_len, per_token=tasks.get(self._task).per_token)
+                                      min_row_len=self._min_row_len, tail_fraction=self._tail_fraction,
+                                      per_token=tasks.get(self._task).per_token)
         namespace = self.get_metrics_namespace()
         beam.metrics.Metrics.counter(namespace, "shadow_batches").inc()
         beam.metrics.Metrics.distribution(namespace, "shadow_batch_us").update(int((time.perf_counter() - t0) * 1e6))

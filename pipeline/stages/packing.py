@@ -22,7 +22,7 @@ from pipeline.stages import batching
 
 MIN_SEGMENT_TOKENS = 8  # sets the segment slots per row: row_len // 8 (a window has >= 2 special tokens)
 MIN_ROW_LEN = batching.MIN_ROW_LEN["cpu"]  # the shortest row where none is given: a CPU's
-TAIL_CALL_FRACTION = 8  # a tail call holds 1/8 of a full call's rows: little padding, few calls
+TAIL_CALL_FRACTION = batching.TAIL_CALL_FRACTION["cpu"]  # where none is given: a CPU's (tail calls of 1/8)
 
 
 @dataclasses.dataclass
@@ -184,11 +184,12 @@ def row_lengths(max_len: int, min_row_len: int = MIN_ROW_LEN, batch_size: int | 
     return tuple(reversed(lengths)) + longer
 
 
-def rows_per_call(row_len: int, max_len: int, batch_size: int, min_rows: int = 1) -> tuple[int, int]:
+def rows_per_call(row_len: int, max_len: int, batch_size: int, min_rows: int = 1,
+                  tail_fraction: int = TAIL_CALL_FRACTION) -> tuple[int, int]:
     """(full, tail) rows per call for rows of row_len: a full call computes batch_size rows of max_len
     tokens whatever the row length (the token budget), and a call of rows longer than max_len holds no more
     attention scores ([L, L] per row) than that, so the memory check of --batch_size covers it; a tail call
-    1/TAIL_CALL_FRACTION of a full one. Both are multiples of min_rows (one row per device)."""
+    1/tail_fraction of a full one (1: the same). Both are multiples of min_rows (one row per device)."""
     if batch_size < 1 or min_rows < 1 or batch_size % min_rows:
         raise ValueError(f"batch_size ({batch_size}) must be a positive multiple of min_rows ({min_rows}, "
                          "the local device count); set --batch_size to a multiple of it")
@@ -196,7 +197,9 @@ def rows_per_call(row_len: int, max_len: int, batch_size: int, min_rows: int = 1
         full = max(min_rows, batch_size * max_len * max_len // (row_len * row_len) // min_rows * min_rows)
     else:
         full = batch_size * max(1, max_len // row_len)
-    tail = max(min_rows, full // TAIL_CALL_FRACTION // min_rows * min_rows)
+    if tail_fraction < 1:
+        raise ValueError(f"tail_fraction ({tail_fraction}) must be >= 1")
+    tail = max(min_rows, full // tail_fraction // min_rows * min_rows)
     return full, tail
 
 
@@ -209,16 +212,18 @@ def call_sizes(n_rows: int, full: int, tail: int = 1) -> list[int]:
     return [full] * whole + [tail] * -(-rest // tail)
 
 
-def shapes_for(max_len: int, batch_size: int, min_rows: int = 1, min_row_len: int = MIN_ROW_LEN) -> set[tuple[int, int]]:
+def shapes_for(max_len: int, batch_size: int, min_rows: int = 1, min_row_len: int = MIN_ROW_LEN,
+               tail_fraction: int = TAIL_CALL_FRACTION) -> set[tuple[int, int]]:
     """Every [rows, row_len] input shape the runner can call with: the compile bound per method."""
     shapes = set()
     for row_len in row_lengths(max_len, min_row_len, batch_size, min_rows):
-        shapes |= {(rows, row_len) for rows in rows_per_call(row_len, max_len, batch_size, min_rows)}
+        shapes |= {(rows, row_len) for rows in rows_per_call(row_len, max_len, batch_size, min_rows, tail_fraction)}
     return shapes
 
 
 def plan_calls(
-    rows: Sequence[PackedRow], max_len: int, batch_size: int, min_rows: int = 1, min_row_len: int = MIN_ROW_LEN
+    rows: Sequence[PackedRow], max_len: int, batch_size: int, min_rows: int = 1, min_row_len: int = MIN_ROW_LEN,
+    tail_fraction: int = TAIL_CALL_FRACTION,
 ) -> list[tuple[int, Sequence[PackedRow], int]]:
     """The model calls that run packed rows, as (row_len, the call's rows, rows in the call): rows of one
     length per call, call_sizes of rows_per_call for each length (the last call of a length may hold
@@ -227,7 +232,7 @@ def plan_calls(
     for row_len in row_lengths(max_len, min_row_len, batch_size, min_rows):
         same_len = [row for row in rows if row.row_len == row_len]
         start = 0
-        for size in call_sizes(len(same_len), *rows_per_call(row_len, max_len, batch_size, min_rows)):
+        for size in call_sizes(len(same_len), *rows_per_call(row_len, max_len, batch_size, min_rows, tail_fraction)):
             calls.append((row_len, same_len[start : start + size], size))
             start += size
     return calls
@@ -263,10 +268,12 @@ def run_packed(
     per_token: bool = False,
     min_rows: int = 1,
     min_row_len: int = MIN_ROW_LEN,
+    tail_fraction: int = TAIL_CALL_FRACTION,
     on_call_read: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
     """Run windows of <= max_len tokens through `call(input_ids, segment_ids)` in packed rows of
-    row_lengths(max_len, min_row_len, batch_size, min_rows), as plan_rows chooses.
+    row_lengths(max_len, min_row_len, batch_size, min_rows), as plan_rows chooses, in the calls plan_calls
+    makes of them (tail_fraction: its tail calls' size).
 
     call returns [B, max_segments_for(row_len), D] (slot s = segment s + 1; embeddings) or, with
     per_token, [B, row_len] (one value per position), as a numpy array or an array that np.asarray waits
@@ -281,7 +288,7 @@ def run_packed(
     totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0}
     t0 = time.perf_counter()
     pending = []
-    for row_len, call_rows, size in plan_calls(rows, max_len, batch_size, min_rows, min_row_len):
+    for row_len, call_rows, size in plan_calls(rows, max_len, batch_size, min_rows, min_row_len, tail_fraction):
         input_ids, segment_ids, placed = fill_rows(windows, call_rows, row_len, size)
         real = max(1, int(np.count_nonzero(segment_ids)))
         pending.append((call(input_ids, segment_ids), placed, size * row_len, real))
@@ -304,17 +311,21 @@ def run_packed(
 
 def run_model(
     loaded, windows: Sequence[np.ndarray], *, max_len: int, batch_size: int, per_token: bool = False,
-    min_row_len: int | None = None, on_call_read: Callable[[list[int]], None] | None = None,
+    min_row_len: int | None = None, tail_fraction: int | None = None,
+    on_call_read: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
     """run_packed with a models.LoadedModel: embed_packed (one embedding per window) or, per_token,
     token_logprobs (a decoder's next-token log-probs per window), each call dispatched without waiting
     (LoadedModel.start). Rows per call are rounded up to a multiple of the local device count (the model
-    splits each call's rows over the devices). min_row_len: default the backend's (batching.shortest_row_for),
-    so an accelerator runs rows of max_len only, the length its kernel was chosen for at load."""
+    splits each call's rows over the devices). min_row_len and tail_fraction: default the backend's
+    (batching.shortest_row_for, batching.tail_fraction_for), so an accelerator runs rows of max_len only, the
+    length its kernel was chosen for at load, in full-size calls only."""
     import jax
 
     if min_row_len is None:
         min_row_len = batching.shortest_row_for(jax.default_backend(), max_len)
+    if tail_fraction is None:
+        tail_fraction = batching.tail_fraction_for(jax.default_backend())
     devices = jax.local_device_count()
     batch_size = -(-batch_size // devices) * devices
     if per_token:
@@ -327,4 +338,4 @@ def run_model(
             return loaded.start("embed_packed", input_ids, segment_ids, max_segments_for(input_ids.shape[1]))
 
     return run_packed(windows, call, max_len=max_len, batch_size=batch_size, per_token=per_token, min_rows=devices,
-                      min_row_len=min_row_len, on_call_read=on_call_read)
+                      min_row_len=min_row_len, tail_fraction=tail_fraction, on_call_read=on_call_read)
