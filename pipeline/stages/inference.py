@@ -175,10 +175,9 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         )
         self._spec = spec
         self._task = task
-        self._max_len = max_len
-        self._batch_size = batch_size
-        self._min_row_len = min_row_len
-        self._tail_fraction = tail_fraction
+        # the shapes of this handler's model calls: every run_model call it makes (documents, labels, shadow) gets them
+        self._call_shapes = {"max_len": max_len, "batch_size": batch_size, "min_row_len": min_row_len,
+                             "tail_fraction": tail_fraction}
         self._kernel = kernel
         self._labels = dict(labels or {})
         self._shadow = shadow_spec
@@ -207,8 +206,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
 
     def _embed_with(self, loaded: Any) -> Callable[[list[str]], np.ndarray]:
         """texts -> their embeddings through `loaded`: what a task prepares at load (classify: its labels)."""
-        return lambda texts: embed_texts(loaded, texts, max_len=self._max_len, batch_size=self._batch_size,
-                                         min_row_len=self._min_row_len, tail_fraction=self._tail_fraction)
+        return lambda texts: embed_texts(loaded, texts, **self._call_shapes)
 
     def get_metrics_namespace(self) -> str:
         return f"docscore_inference_{self._kernel}"
@@ -228,8 +226,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         t0 = time.perf_counter()
         with profile_batch(self._profile_dir), device_time.PROCESS_CLOCK.busy():  # --profile_dir: a trace of this process's first batches
             outputs, timings, totals = run_model(
-                loaded, rows, max_len=self._max_len, batch_size=self._batch_size, min_row_len=self._min_row_len,
-                tail_fraction=self._tail_fraction, per_token=tasks.get(self._task).per_token,
+                loaded, rows, **self._call_shapes, per_token=tasks.get(self._task).per_token,
                 on_call_read=self._count_finished(docs),
             )
         batch_ms = (time.perf_counter() - t0) * 1000.0
@@ -301,8 +298,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
             return None
         t0 = time.perf_counter()
         with device_time.PROCESS_CLOCK.busy():
-            outputs, _, _ = run_model(model.shadow_loaded, rows, max_len=self._max_len, batch_size=self._batch_size,
-                                      min_row_len=self._min_row_len, tail_fraction=self._tail_fraction,
+            outputs, _, _ = run_model(model.shadow_loaded, rows, **self._call_shapes,
                                       per_token=tasks.get(self._task).per_token)
         namespace = self.get_metrics_namespace()
         beam.metrics.Metrics.counter(namespace, "shadow_batches").inc()
