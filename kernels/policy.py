@@ -39,10 +39,11 @@ def available() -> dict[str, dict]:
             for name, impl in table.IMPLEMENTATIONS.items()}
 
 
-def resolve(impl: str = "auto", backend: str | None = None, **shape_info) -> str:
+def resolve(impl: str = "auto", backend: str | None = None, *, instead_of: str | None = None, **shape_info) -> str:
     """The implementation name `impl` means on `backend` (default: jax.default_backend()) for
     the given shape info (keys: interface.SHAPE_KEYS; all optional). Raises KernelUnsupportedError
-    for an impossible explicit choice."""
+    for an impossible explicit choice, whose suggestions leave out `instead_of` (a kernel the caller
+    already runs, such as a shadow kernel's primary)."""
     backend = _normal_backend(backend)
     info = _normal_shape_info(shape_info)
     if impl == "auto":
@@ -50,7 +51,7 @@ def resolve(impl: str = "auto", backend: str | None = None, **shape_info) -> str
     if impl == "native":
         name = "xla"
     elif impl == "flash":
-        return _resolve_flash(backend, info)
+        return _resolve_flash(backend, info, instead_of)
     elif impl in table.IMPLEMENTATIONS:
         name = impl
     else:
@@ -62,11 +63,11 @@ def resolve(impl: str = "auto", backend: str | None = None, **shape_info) -> str
         chosen = impl if impl == name else f"{impl} ({name} on {backend})"
         raise KernelUnsupportedError(
             f"--attention={chosen} cannot run on {backend}: {reason}; "
-            f"use {_alternatives(name, backend, info)}")
+            f"use {_alternatives(name, backend, info, instead_of)}")
     return name
 
 
-def _resolve_flash(backend: str, info: dict) -> str:
+def _resolve_flash(backend: str, info: dict, instead_of: str | None = None) -> str:
     """The first of table.FLASH[backend] that supports the inputs; refused with every one's reason."""
     names = table.FLASH.get(backend, ())
     if not names:
@@ -82,7 +83,7 @@ def _resolve_flash(backend: str, info: dict) -> str:
     why = reasons[0] if len(names) == 1 else "; ".join(f"{n}: {r}" for n, r in zip(names, reasons))
     raise KernelUnsupportedError(
         f"--attention=flash ({' or '.join(names)} on {backend}) cannot run on {backend}: {why}; "
-        f"use {_alternatives(names[0], backend, info)}")
+        f"use {_alternatives(names[0], backend, info, instead_of)}")
 
 
 def _flash_for(backend: str, info: dict) -> str | None:
@@ -117,15 +118,18 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
     return impl.is_supported(**info)
 
 
-def _alternatives(name: str, backend: str, info: dict) -> str:
+def _alternatives(name: str, backend: str, info: dict, instead_of: str | None = None) -> str:
     options = []
     flash = _flash_for(backend, info)
-    if flash is not None and flash != name:
+    if flash is not None and flash not in (name, instead_of):
         options.append(f"--attention=flash ({flash} on {backend})")
-    if name != "xla":
+    if "xla" not in (name, instead_of):
         options.append("native" if options else "--attention=native")
-    if name in table.FLASH.get(backend, ()):
+    if name in table.FLASH.get(backend, ()) and instead_of is None:
         options.append("auto (picks a kernel that supports these inputs)")
+    if not options:  # the usual suggestions are the kernel the caller already runs
+        others = [n for n in table.IMPLEMENTATIONS if n not in (name, instead_of) and _supported(n, backend, info)[0]]
+        options = [f"--attention={others[0]}"] if others else ["no other kernel: these inputs run only on " + str(instead_of)]
     return " or ".join(options)
 
 

@@ -239,10 +239,12 @@ def load_tokenizer(name_or_path: str, *, cache_dir: str | None = None) -> DocTok
                                  path=os.path.join(path, TOKENIZER))
 
 
-def model_kernel(attention: str, config: ModelConfig, max_seq_len: int, dtype: str, backend: str | None = None) -> str:
+def model_kernel(attention: str, config: ModelConfig, max_seq_len: int, dtype: str, backend: str | None = None,
+                 instead_of: str | None = None) -> str:
     """The kernel `attention` means for this model's attention (heads, head_dim, causal, sliding window; packed
-    rows of up to max_seq_len tokens) on `backend` (default: this process's). Raises KernelUnsupportedError."""
-    return kernels.resolve(attention, backend, heads=config.num_heads, kv_heads=config.kv_heads,
+    rows of up to max_seq_len tokens) on `backend` (default: this process's). Raises KernelUnsupportedError (whose
+    suggestions leave out `instead_of`)."""
+    return kernels.resolve(attention, backend, instead_of=instead_of, heads=config.num_heads, kv_heads=config.kv_heads,
                            head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
                            has_segments=True, q_len=max_seq_len, kv_len=max_seq_len,
                            window=config.sliding_window or None)

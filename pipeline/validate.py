@@ -100,17 +100,17 @@ def check_matmul_precision(eo: EvalOptions, backend: str) -> None:
 
 
 def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtype: str | None = None,
-                   loaded=None, where: str = "") -> str:
+                   loaded=None, where: str = "", instead_of: str | None = None) -> str:
     """The kernel `attention` means on `backend` for the pipeline's rows (packed segment ids, `dtype`) and, given
     the loaded model, for its attention (heads, head_dim, causal, sliding window), as the workers' loader resolves
-    it. `where` says where the backend comes from, for the message."""
+    it. `where` says where the backend comes from, for the message; a refusal does not suggest `instead_of`."""
     from kernels import KernelUnsupportedError, resolve
     from models.loader import model_kernel
 
     try:
         if loaded is None:
-            return resolve(attention, backend=backend, has_segments=True, dtype=dtype)
-        return model_kernel(attention, loaded.config, loaded.tokenizer.max_seq_len, dtype, backend)
+            return resolve(attention, backend=backend, has_segments=True, dtype=dtype, instead_of=instead_of)
+        return model_kernel(attention, loaded.config, loaded.tokenizer.max_seq_len, dtype, backend, instead_of=instead_of)
     except KernelUnsupportedError as e:
         raise ConfigError(f"{kernel_refusal(e, flag, attention)} ({where or f'target backend {backend}'})") from None
 
@@ -457,7 +457,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
                           "anything and would go unscored; use --stride >= 1 (default 32)")
     if same_backend:
         check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend, loaded.parallel.data_size)
-    shadow_spec = check_shadow(eo, model_spec, backend, kernel, where)
+    shadow_spec = check_shadow(eo, model_spec, loaded, backend, kernel, where)
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     gold_notice = text_gold_notice(shards[0], read_spec) if task.numeric_gold else None
@@ -567,27 +567,29 @@ def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:
     )
 
 
-def check_shadow(eo: EvalOptions, model_spec: ModelSpec, backend: str, kernel: str,
+def check_shadow(eo: EvalOptions, model_spec: ModelSpec, primary, backend: str, kernel: str,
                  where: str = "") -> shadow.ShadowSpec | None:
-    """--shadow_attention: the second kernel resolves and loads on the target backend and is not the primary
-    kernel (check_shadow_flags has checked the fraction and tolerance)."""
+    """--shadow_attention: the second kernel resolves for the model (`primary`, as loaded for --attention, which
+    runs `kernel`) on the target backend, is not the primary kernel, and loads (check_shadow_flags has checked the
+    fraction and tolerance). A refusal's suggestions leave out the primary kernel: shadowing with it compares nothing."""
     if not eo.shadow_attention:
         return None
     try:
         tolerance = shadow.tolerance_for(eo.dtype, eo.shadow_tolerance)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    resolve_kernel(eo.shadow_attention, backend, flag="--shadow_attention", dtype=eo.dtype, where=where)
-    loaded, same_backend = load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend,
-                                           flag="--shadow_attention")
-    shadow_kernel = loaded.attention if same_backend else resolve_kernel(
-        eo.shadow_attention, backend, flag="--shadow_attention", dtype=eo.dtype, loaded=loaded, where=where)
+    shadow_kernel = resolve_kernel(eo.shadow_attention, backend, flag="--shadow_attention", dtype=eo.dtype,
+                                   loaded=primary, where=where, instead_of=kernel)
     if shadow_kernel == kernel:
         other = "flash" if kernel == "xla" else "native"
         raise ConfigError(
             f"--shadow_attention={eo.shadow_attention} resolves to {shadow_kernel}, the kernel --attention={eo.attention} "
             f"already runs, so there is nothing to compare; shadow with another kernel, e.g. --shadow_attention={other}"
         )
+    loaded, same_backend = load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend,
+                                           flag="--shadow_attention")
+    if same_backend:  # what the workers' loader resolves
+        shadow_kernel = loaded.attention
     return shadow.ShadowSpec(eo.shadow_attention, shadow_kernel, eo.shadow_fraction, tolerance, eo.dtype)
 
 

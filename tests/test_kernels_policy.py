@@ -142,6 +142,21 @@ def test_explicit_choice_that_cannot_run_raises_with_reason_and_alternatives(
     assert str(raised.value) == message
 
 
+@pytest.mark.parametrize("impl,backend,info,instead_of,suggestion", [
+    ("cudnn", "cpu", {}, "xla", "use --attention=flash (blockwise on cpu)"),
+    ("cudnn", "cpu", {}, "blockwise", "use --attention=native"),
+    # bfloat16 head_dim 256 on a GPU: neither flash kernel takes it, and the caller already runs xla
+    ("cudnn", "gpu", dict(dtype="bfloat16", head_dim=256), "xla", "use --attention=blockwise"),
+])
+def test_a_refusal_does_not_suggest_the_kernel_the_caller_already_runs(impl, backend, info, instead_of, suggestion):
+    """A shadow kernel's refusal (instead_of: the primary kernel) suggests another kernel, never the primary."""
+    with pytest.raises(KernelUnsupportedError) as raised:
+        resolve(impl, backend=backend, instead_of=instead_of, **info)
+    message = str(raised.value)
+    assert message.endswith(suggestion), message
+    assert "auto" not in message.split("; use ")[-1]
+
+
 def test_explicit_choice_is_never_swapped():
     # auto would leave xla above the cpu limit; an explicit xla is still honoured
     assert resolve("xla", backend="cpu", kv_len=100_000, q_len=100_000) == "xla"

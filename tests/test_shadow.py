@@ -123,6 +123,21 @@ def test_shadow_configuration_errors_exit_2_before_reading(tmp_path, capsys, fla
     assert not (tmp_path / "out" / "scores").exists()
 
 
+@pytest.mark.parametrize("primary, suggested, not_suggested", [
+    ("native", "use --shadow_attention=flash (blockwise on cpu) (", "native"),
+    ("flash", "use --shadow_attention=native (", "flash"),
+])
+def test_a_refused_shadow_kernel_suggests_a_kernel_the_run_does_not_already_run(tmp_path, capsys, primary, suggested,
+                                                                                not_suggested):
+    """Shadowing with the primary kernel compares nothing, so a refusal does not suggest it."""
+    shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": SENTENCES[0]}])
+    assert run_docscore("--input", shard, *common_flags("cfg", tmp_path / "out"), "--attention", primary,
+                        "--shadow_attention", "cudnn") == 2
+    err = capsys.readouterr().err
+    assert "--shadow_attention=cudnn cannot run on cpu: it needs a GPU; " + suggested in err
+    assert f"--shadow_attention={not_suggested}" not in err and "auto" not in err
+
+
 def test_a_shadow_kernel_the_model_rules_out_is_refused_naming_its_own_flag(tmp_path, capsys, monkeypatch):
     """A kernel that runs the pipeline's rows but not this model's attention is refused at the model's load:
     the message names --shadow_attention (the flag that chose it), not --attention."""
