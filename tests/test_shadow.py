@@ -61,10 +61,6 @@ def test_tolerances_and_totals():
 
 # ---- end to end: docscore run with a shadow kernel (DirectRunner, MiniLM) ------------------------
 
-import json  # noqa: E402
-
-import jax.numpy as jnp  # noqa: E402
-
 from conftest import SENTENCES, common_flags, read_summary, read_table, run_docscore, write_jsonl  # noqa: E402
 from kernels import table  # noqa: E402
 from kernels.interface import Implementation  # noqa: E402
