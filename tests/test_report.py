@@ -4,12 +4,9 @@ then the report opened in headless Chromium (selenium + Debian's chromium-driver
 """
 from __future__ import annotations
 
-import base64
-import io
 import json
 import re
 import shutil
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 

@@ -5,7 +5,6 @@ previous complete run or the new complete run, never a mix and never neither, an
 reconcile (scored + errors = records, no record twice)."""
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
