@@ -72,7 +72,8 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--target_backend", default="auto", help="auto | cpu | gpu | tpu: where inference runs")
         parser.add_argument("--cache_dir", default=None,
                             help="where converted models and JAX's compilation cache are kept (default "
-                                 "~/.cache/docscore); a gs:// directory holds the compilation cache only, shared "
+                                 "$DOCSCORE_CACHE_DIR, else ~/.cache/docscore; $JAX_COMPILATION_CACHE_DIR, where "
+                                 "set, holds the compilation cache instead); a gs:// directory holds the compilation cache only, shared "
                                  "by a job's workers (models are then cached on each machine)")
         parser.add_argument("--profile_dir", default=None, help="write a JAX profiler trace of each worker's first batches here")
         parser.add_argument("--no_progress", action="store_true", help="no progress bar or progress log lines while the pipeline runs")
