@@ -10,7 +10,12 @@ imports: from the process's start to docscore's modules imported; exit: from the
 `--exit collected` lets the interpreter's shutdown rescan every object); process: the whole process.
 With --model stand_in, LoadedModel.start (every model call) returns zeros at once instead of running the model, so
 the job's time is Beam and docscore's own per-document work (the outputs are meaningless; this measures
-time only). One fresh process per round; each phase's fastest round is printed. Not a test.
+time only). --device_us_per_row N makes the stand-in an accelerator: each call's zeros come from a simulated
+device, one thread that takes the calls in order and sleeps N us per row of the call (without the GIL, using no
+CPU), and reading a result waits for its call as np.asarray of a JAX array does; device_busy_s is its total and
+busy the share of the Beam job it was computing (an H200 runs MiniLM's rows of 256 tokens in ~25 us each, a
+12-layer BERT-base's in ~85: benchmarks/RESULTS.md, "GPU end to end"). One fresh process per round; each phase's
+fastest round is printed. Not a test.
 
     .venv/bin/python benchmarks/pipeline_overhead.py --model stand_in
     .venv/bin/python benchmarks/pipeline_overhead.py --model real --dtype bfloat16
@@ -47,6 +52,45 @@ def stand_in_start(loaded, method, input_ids, segment_ids, *static):
     return np.zeros((input_ids.shape[0], width, loaded.config.hidden_size) if width else input_ids.shape, np.float32)
 
 
+class SimulatedDevice:
+    """An accelerator's timing without one: calls queue in order on one thread, which sleeps `us_per_row` per
+    row of each (the GIL released, no CPU used); a call's result is ready when its turn ends."""
+
+    def __init__(self, us_per_row: float):
+        import queue
+        import threading
+
+        self.us_per_row, self.busy_s = us_per_row, 0.0
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, daemon=True, name="simulated-device").start()
+
+    def _run(self) -> None:
+        while True:
+            seconds, done = self._calls.get()
+            time.sleep(seconds)
+            self.busy_s += seconds
+            done.set()
+
+    def start(self, output):
+        """`output` as the result of a call of its rows, readable (np.asarray) once the device has run it."""
+        import threading
+
+        done = threading.Event()
+        self._calls.put((output.shape[0] * self.us_per_row / 1e6, done))
+        return SimulatedResult(output, done)
+
+
+class SimulatedResult:
+    """A call's output that np.asarray waits for, as for a JAX array still being computed."""
+
+    def __init__(self, output, done):
+        self._output, self._done = output, done
+
+    def __array__(self, dtype=None, copy=None):
+        self._done.wait()
+        return self._output if dtype is None else self._output.astype(dtype, copy=False)
+
+
 def child(args) -> dict[str, float]:
     import psutil
 
@@ -75,10 +119,13 @@ def child(args) -> dict[str, float]:
                 running.discard(_name)
         setattr(module, name, functools.wraps(getattr(module, name))(timed))
     real_start = LoadedModel.start  # every model call of the pipeline goes through it (dispatch; results read later)
+    device = SimulatedDevice(args.device_us_per_row) if args.device_us_per_row else None
 
     def start(self, method, input_ids, segment_ids, *static):
         begin = time.perf_counter()
-        if args.model == "stand_in":
+        if device is not None:
+            out = device.start(stand_in_start(self, method, input_ids, segment_ids, *static))
+        elif args.model == "stand_in":
             out = stand_in_start(self, method, input_ids, segment_ids, *static)
         else:
             out = np.asarray(real_start(self, method, input_ids, segment_ids, *static))  # waits: model time counted here
@@ -107,6 +154,8 @@ def child(args) -> dict[str, float]:
     command = time.perf_counter() - start
     with open(os.path.join(args.output, "runs", "run_id=overhead", "summary.json")) as f:
         seconds["compile_s"] = json.load(f)["compile"]["time_ms"] / 1000.0
+    if device is not None:
+        seconds["device_busy_s"] = device.busy_s
     return {"command": command, **seconds, "born_at": born, "ended_at": time.time()}
 
 
@@ -125,6 +174,9 @@ def main() -> None:
                         help="the process-start tuning of a host whose model runs on its CPU (one malloc arena, the "
                              "tokenizer on the calling thread) or that drives an accelerator (glibc's arenas, the "
                              "tokenizer's threads): with --model stand_in, accelerator is a GPU host's host work")
+    parser.add_argument("--device_us_per_row", type=float, default=0.0,
+                        help="with --model stand_in: a simulated accelerator that computes each row of a call in this "
+                             "many microseconds, one call at a time (see above)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
@@ -154,7 +206,7 @@ def main() -> None:
     for k in range(args.rounds):
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--dtype", args.dtype,
                                "--attention", args.attention, "--input", path, "--output", os.path.join(work, f"out{k}"),
-                               "--flags=" + args.flags, "--exit", args.exit],
+                               "--flags=" + args.flags, "--exit", args.exit, "--device_us_per_row", str(args.device_us_per_row)],
                               env=env, capture_output=True, text=True, check=True)
         gone = time.time()
         seconds = json.loads(done.stdout.strip().splitlines()[-1])
@@ -165,6 +217,10 @@ def main() -> None:
           f"fastest of {args.rounds} rounds:")
     for name, s in best.items():
         print(f"  {name:18} {s:6.2f} s")
+    if args.device_us_per_row:
+        print(f"  simulated device busy {best['device_busy_s'] / best['run_with_progress']:.2f} of the Beam job; "
+              f"{len(docs) / best['run_with_progress']:.0f} documents/s")
+        return
     other = best["run_with_progress"] - best["model_calls"]
     print(f"  Beam job minus model calls: {other:.2f} s ({1000 * other / len(docs):.2f} ms per document)")
 
