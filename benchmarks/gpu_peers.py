@@ -157,7 +157,7 @@ def run_docscore(corpus: str, model_dir: str, out: str, attention: str, dtype: s
         docs=scored, docs_per_s=round(scored / wall), pipeline_s=round(summary["wall_s"], 2),
         pipeline_docs_per_s=round(scored / summary["wall_s"]), kernel=summary["kernel"],
         device=summary.get("device"), compile=summary.get("compile"), batching=summary.get("batching"),
-        runner=summary.get("runner"), stages={k: round(v.get("total_ms", 0)) for k, v in summary["timing"]["stages"].items()},
+        runner=summary.get("runner"), command_phases_s=summary.get("command_phases_s"), stages={k: round(v.get("total_ms", 0)) for k, v in summary["timing"]["stages"].items()},
         padding_efficiency=summary["tokens"].get("padding_efficiency"), notices=summary.get("notices"),
         matmul_precision=summary.get("model", {}).get("matmul_precision"),
     )

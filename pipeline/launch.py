@@ -191,13 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print_help()
         return 0
-    command_started = psutil.Process().create_time()
+    phase_starts = {"start": psutil.Process().create_time(), "validate": time.time()}  # summary.COMMAND_PHASES
     with exit_on_interrupt(lambda: "docscore run: interrupted before the job started; nothing was published"):
-        return launch(argv, command_started)
+        return launch(argv, phase_starts)
 
 
-def launch(argv: list[str], command_started: float) -> int:
-    """Validate, take the run's lease, then run_and_report under an interrupt handler that knows the run."""
+def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
+    """Validate, take the run's lease, then run_and_report under an interrupt handler that knows the run
+    (phase_starts: when the command's phases began, for the summary; this adds the later ones)."""
     try:
         options, eo = parse_options(argv)
         share_device_memory(options)
@@ -212,6 +213,7 @@ def launch(argv: list[str], command_started: float) -> int:
     except ConfigError as e:
         print(f"docscore run: {e}", file=sys.stderr)
         return 2
+    phase_starts["prepare"] = time.time()
     use_local_threads(options, plan.batch.local_threads, given_option_names(argv))
     for notice in plan.notices:
         print(f"docscore run: note: {notice}", file=sys.stderr)
@@ -232,7 +234,7 @@ def launch(argv: list[str], command_started: float) -> int:
                 for left in run_lease.remove_stale(eo.output, own_launch=out.launch):
                     print(f"docscore run: note: removed {left}, left by a launch that did not finish", file=sys.stderr)
                 run_lease.remove_replaced(eo.output, eo.run_id, own_launch=out.launch)
-            return run_and_report(options, eo, plan, out, why_not_wait, command_started)
+            return run_and_report(options, eo, plan, out, why_not_wait, phase_starts)
     finally:
         if lease is not None:
             lease.release()
@@ -259,7 +261,7 @@ def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec, lease: run_leas
 
 
 def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_not_wait: str | None,
-                   command_started: float) -> int:
+                   phase_starts: dict[str, float]) -> int:
     """Build and run the job, wait for it, enrich what it committed, print where the tables are; the exit code."""
     started = time.time()
     p = beam.Pipeline(options=options)
@@ -271,8 +273,10 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
         return 0
     failed = None
     try:
+        phase_starts["job"] = time.time()
         with launcher_objects_frozen():
             result, reporter = progress.run_with_progress(p, counter_dir, display=not eo.no_progress)
+        phase_starts["launcher"] = time.time()
         if result.state not in (None, "DONE"):
             failed = f"the pipeline ended in state {result.state}"
     except Exception as e:
@@ -287,7 +291,7 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     # the report is derived from it
     published = sinks.published_paths(out)
     try:
-        summary = publish.enrich_published_summary(out, metric_values(result, "docscore"), command_started,
+        summary = publish.enrich_published_summary(out, metric_values(result, "docscore"), phase_starts,
                                                    finish=lambda s: with_gates(s, eo.max_error_fraction))
     except Exception as e:  # the run is committed; only the launcher's additions are missing
         print(f"docscore run {eo.run_id}: the run is published, but the launcher's additions to its summary "

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.records import Batch
+from pipeline.runs.summary import COMMAND_PHASES
 from pipeline.stages import batching
 from pipeline.stages.packing import max_segments_for, run_packed
 from pipeline.telemetry.device_time import BusyClock
@@ -312,6 +313,10 @@ def test_parallel_bundles_and_small_beam_batches_give_the_outputs_of_one_thread(
     assert summary["batching"]["beam_batch_tokens"] == 8 * TEST_MAX_LEN
     assert summary["device"]["busy_s"] > 0 and 0 < summary["device"]["busy_fraction"] <= 1.0
     assert summary["command_wall_s"] > summary["wall_s"] > 0
+    phases = summary["command_phases_s"]  # where the command's time went: they add up to it
+    assert set(phases) == set(COMMAND_PHASES) and min(phases.values()) >= 0
+    assert sum(phases.values()) == pytest.approx(summary["command_wall_s"], abs=0.01)
+    assert phases["job"] > 0 and summary["wall_s"] <= phases["prepare"] + phases["job"] + 0.01  # the pipeline's part
     assert summary["compile"]["cold_count"] + summary["compile"]["cached_count"] == summary["compile"]["count"]
 
 

@@ -139,10 +139,10 @@ def submitted_message(run_id: str, spec: sinks.OutputSpec, why: str) -> str:
     return f"docscore run {run_id}: {why}; when the job runs, its Publish step writes\n{where}"
 
 
-def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any], command_started: float | None = None,
+def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any], phase_starts: dict[str, float] | None = None,
                              finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any] | None:
-    """After a wait: the summary the job committed, with the job's Beam metrics, (given when the command
-    started) the whole command's wall time and `finish`'s additions (the launcher's gates); when they add
+    """After a wait: the summary the job committed, with the job's Beam metrics, (given when the command and
+    its phases started, summary.with_command_wall) the whole command's wall time and its phases, and `finish`'s additions (the launcher's gates); when they add
     anything, the history row and then the summary are rewritten (each atomically; same launch, same
     files). None for BigQuery outputs (their summary is the run's PREFIX_runs row, not read back here)."""
     if spec.output.startswith(sinks.BQ_PREFIX):
@@ -151,8 +151,8 @@ def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any], co
     if summary is None or summary.get(run_commit.LAUNCH_KEY) != spec.launch:
         raise run_commit.CommitError(f"run {spec.run_id}: this launch ({spec.launch}) has no committed summary under {spec.output}")
     enriched = add_metrics(summary, metrics)
-    if command_started is not None:
-        enriched = with_command_wall(enriched, command_started, time.time())
+    if phase_starts is not None:
+        enriched = with_command_wall(enriched, phase_starts, time.time())
     if finish is not None:
         enriched = finish(enriched)
     if enriched is not summary:

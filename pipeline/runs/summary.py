@@ -179,10 +179,21 @@ def busy_processes(runner: dict[str, Any]) -> int | None:
     return 1
 
 
-def with_command_wall(summary: dict[str, Any], command_started: float, now: float) -> dict[str, Any]:
-    """The summary with command_wall_s: the whole `docscore run` command (start-up, model load, Beam set-up and
-    the job) until its tables were published; wall_s is the pipeline's part."""
-    return {**summary, "command_wall_s": now - command_started}
+# The phases of a `docscore run` command, in order: the interpreter and docscore's imports; options, tuning, JAX's
+# start, the model's load and the checks; the run's lease and the Beam graph; the Beam job (its workers' set-up,
+# the pipeline, its tables committed); the launcher's additions to the committed summary (Beam metrics, gates).
+COMMAND_PHASES = ("start", "validate", "prepare", "job", "launcher")
+
+
+def with_command_wall(summary: dict[str, Any], phase_starts: dict[str, float], now: float) -> dict[str, Any]:
+    """The summary with command_wall_s, the whole `docscore run` command (start-up, model load, Beam set-up and
+    the job) until its tables were published (wall_s is the pipeline's part), and command_phases_s, the seconds
+    of each of COMMAND_PHASES the launcher marked (phase_starts: when each began, time.time(); "start" is the
+    process's start), so a slow start-up says where it went."""
+    marked = [(phase, phase_starts[phase]) for phase in COMMAND_PHASES if phase in phase_starts]
+    ends = [began for _, began in marked[1:]] + [now]
+    return {**summary, "command_wall_s": now - phase_starts["start"],
+            "command_phases_s": {phase: round(end - began, 3) for (phase, began), end in zip(marked, ends)}}
 
 
 def build_summary(eo: EvalOptions, plan: RunPlan, stats: dict[str, Any], metrics: dict[str, Any],
