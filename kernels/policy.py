@@ -127,9 +127,9 @@ def _alternatives(name: str, backend: str, info: dict, instead_of: str | None = 
         options.append("native" if options else "--attention=native")
     if name in table.FLASH.get(backend, ()) and instead_of is None:
         options.append("auto (picks a kernel that supports these inputs)")
-    if not options:  # the usual suggestions are the kernel the caller already runs
+    if not options:  # every usual suggestion is the kernel the caller already runs: another that takes the inputs
         others = [n for n in table.IMPLEMENTATIONS if n not in (name, instead_of) and _supported(n, backend, info)[0]]
-        options = [f"--attention={others[0]}"] if others else ["no other kernel: these inputs run only on " + str(instead_of)]
+        options = [f"--attention={n}" for n in others[:1]] or [f"--attention={instead_of}"]
     return " or ".join(options)
 
 

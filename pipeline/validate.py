@@ -586,10 +586,7 @@ def check_shadow(eo: EvalOptions, model_spec: ModelSpec, primary, backend: str, 
             f"--shadow_attention={eo.shadow_attention} resolves to {shadow_kernel}, the kernel --attention={eo.attention} "
             f"already runs, so there is nothing to compare; shadow with another kernel, e.g. --shadow_attention={other}"
         )
-    loaded, same_backend = load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend,
-                                           flag="--shadow_attention")
-    if same_backend:  # what the workers' loader resolves
-        shadow_kernel = loaded.attention
+    load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend, flag="--shadow_attention")
     return shadow.ShadowSpec(eo.shadow_attention, shadow_kernel, eo.shadow_fraction, tolerance, eo.dtype)
 
 
