@@ -14,7 +14,10 @@ time only). --device_us_per_row N makes the stand-in an accelerator: each call's
 device, one thread that takes the calls in order and sleeps N us per row of the call (without the GIL, using no
 CPU), and reading a result waits for its call as np.asarray of a JAX array does; device_busy_s is its total and
 busy the share of the Beam job it was computing (an H200 runs MiniLM's rows of 256 tokens in ~25 us each, a
-12-layer BERT-base's in ~85: benchmarks/RESULTS.md, "GPU end to end"). One fresh process per round; each phase's
+12-layer BERT-base's in ~85: benchmarks/RESULTS.md, "GPU end to end"). With --direct_running_mode multi_processing
+in --flags, Beam's worker processes run the stand-in too (a sitecustomize.py on their PYTHONPATH patches
+models.loader as it is imported) and their simulated devices take turns under one file lock: one device shared by
+the processes, as on a one-GPU host; only documents/s is reported then. One fresh process per round; each phase's
 fastest round is printed. Not a test.
 
     .venv/bin/python benchmarks/pipeline_overhead.py --model stand_in
@@ -54,20 +57,28 @@ def stand_in_start(loaded, method, input_ids, segment_ids, *static):
 
 class SimulatedDevice:
     """An accelerator's timing without one: calls queue in order on one thread, which sleeps `us_per_row` per
-    row of each (the GIL released, no CPU used); a call's result is ready when its turn ends."""
+    row of each (the GIL released, no CPU used); a call's result is ready when its turn ends. With `lock_path`,
+    each call holds an exclusive flock on that file while it runs: the devices of several processes are one."""
 
-    def __init__(self, us_per_row: float):
+    def __init__(self, us_per_row: float, lock_path: str | None = None):
         import queue
         import threading
 
-        self.us_per_row, self.busy_s = us_per_row, 0.0
+        self.us_per_row, self.busy_s, self._lock_path = us_per_row, 0.0, lock_path
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._run, daemon=True, name="simulated-device").start()
 
     def _run(self) -> None:
+        import fcntl
+
+        lock = open(self._lock_path, "a") if self._lock_path else None  # noqa: SIM115 - held for the thread's life
         while True:
             seconds, done = self._calls.get()
+            if lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
             time.sleep(seconds)
+            if lock:
+                fcntl.flock(lock, fcntl.LOCK_UN)
             self.busy_s += seconds
             done.set()
 
@@ -89,6 +100,56 @@ class SimulatedResult:
     def __array__(self, dtype=None, copy=None):
         self._done.wait()
         return self._output if dtype is None else self._output.astype(dtype, copy=False)
+
+
+STAND_IN_ENV = "DOCSCORE_BENCH_STAND_IN"  # "us_per_row lock_path": Beam's worker processes run the stand-in
+WORKER_SITECUSTOMIZE = f'''# written by benchmarks/pipeline_overhead.py: this process runs the stand-in model (not docscore code)
+import os, sys
+if os.environ.get({STAND_IN_ENV!r}):
+    import importlib.abc, importlib.util
+
+    class _AfterLoaderImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "models.loader":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+                sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+                import pipeline_overhead
+                pipeline_overhead.install_stand_in(module.LoadedModel, os.environ[{STAND_IN_ENV!r}])
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _AfterLoaderImport())
+'''
+
+
+def install_stand_in(loaded_model_class, setting: str) -> None:
+    """In a Beam worker process: LoadedModel.start as the stand-in's, on a simulated device shared through the
+    lock file (`setting`: STAND_IN_ENV's value)."""
+    us_per_row, lock_path = setting.split(" ", 1)
+    device = SimulatedDevice(float(us_per_row), lock_path) if float(us_per_row) else None
+
+    def start(self, method, input_ids, segment_ids, *static):
+        out = stand_in_start(self, method, input_ids, segment_ids, *static)
+        return device.start(out) if device is not None else out
+
+    loaded_model_class.start = start
+
+
+def stand_in_in_workers(args) -> None:
+    """With multi_processing in --flags: Beam's worker processes (which inherit this environment) start with a
+    sitecustomize.py that installs the stand-in, and one lock file makes their simulated devices one."""
+    work = tempfile.mkdtemp(prefix="docscore-overhead-workers-")
+    with open(os.path.join(work, "sitecustomize.py"), "w") as f:
+        f.write(WORKER_SITECUSTOMIZE)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [work, os.environ.get("PYTHONPATH")]))
+    os.environ[STAND_IN_ENV] = f"{args.device_us_per_row} {os.path.join(work, 'device.lock')}"
 
 
 def child(args) -> dict[str, float]:
@@ -120,6 +181,8 @@ def child(args) -> dict[str, float]:
         setattr(module, name, functools.wraps(getattr(module, name))(timed))
     real_start = LoadedModel.start  # every model call of the pipeline goes through it (dispatch; results read later)
     device = SimulatedDevice(args.device_us_per_row) if args.device_us_per_row else None
+    if args.model == "stand_in" and "multi_processing" in args.flags:
+        stand_in_in_workers(args)
 
     def start(self, method, input_ids, segment_ids, *static):
         begin = time.perf_counter()
@@ -217,6 +280,10 @@ def main() -> None:
           f"fastest of {args.rounds} rounds:")
     for name, s in best.items():
         print(f"  {name:18} {s:6.2f} s")
+    if "multi_processing" in args.flags:
+        print(f"  {len(docs) / best['run_with_progress']:.0f} documents/s (worker processes: no busy share or host "
+              "time per document)")
+        return
     if args.device_us_per_row:
         print(f"  simulated device busy {best['device_busy_s'] / best['run_with_progress']:.2f} of the Beam job; "
               f"{len(docs) / best['run_with_progress']:.0f} documents/s")
