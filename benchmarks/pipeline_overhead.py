@@ -12,9 +12,10 @@ With --model stand_in, LoadedModel.start (every model call) returns zeros at onc
 the job's time is Beam and docscore's own per-document work (the outputs are meaningless; this measures
 time only). --device_us_per_row N makes the stand-in an accelerator: each call's zeros come from a simulated
 device, one thread that takes the calls in order and sleeps N us per row of the call (without the GIL, using no
-CPU), and reading a result waits for its call as np.asarray of a JAX array does; device_busy_s is its total and
-busy the share of the Beam job it was computing (an H200 runs MiniLM's rows of 256 tokens in ~25 us each, a
-12-layer BERT-base's in ~85: benchmarks/RESULTS.md, "GPU end to end"). With --direct_running_mode multi_processing
+CPU), and reading a result waits for its call as np.asarray of a JAX array does; rows are then packed as on an
+accelerator (pipeline/stages/batching.py: rows of --max_seq_len only, full-size calls only); device_busy_s is its total and
+busy the share of the Beam job it was computing (an H200 ran MiniLM's rows of 256 tokens in ~75 us each:
+benchmarks/RESULTS.md, "GPU end to end"; a 12-layer BERT-base does ~8x the arithmetic). With --direct_running_mode multi_processing
 in --flags, Beam's worker processes run the stand-in too (a sitecustomize.py on their PYTHONPATH patches
 models.loader as it is imported) and their simulated devices take turns under one file lock: one device shared by
 the processes, as on a one-GPU host; only documents/s is reported then. One fresh process per round; each phase's
@@ -181,6 +182,10 @@ def child(args) -> dict[str, float]:
         setattr(module, name, functools.wraps(getattr(module, name))(timed))
     real_start = LoadedModel.start  # every model call of the pipeline goes through it (dispatch; results read later)
     device = SimulatedDevice(args.device_us_per_row) if args.device_us_per_row else None
+    if device is not None:  # the run plans its rows as a GPU's (the plan travels to worker processes in the job)
+        from pipeline.stages import batching
+
+        batching.MIN_ROW_LEN["cpu"], batching.TAIL_CALL_FRACTION["cpu"] = batching.MIN_ROW_LEN["gpu"], batching.TAIL_CALL_FRACTION["gpu"]
     if args.model == "stand_in" and "multi_processing" in args.flags:
         stand_in_in_workers(args)
 

@@ -179,7 +179,7 @@ def test_busy_clock_is_safe_across_threads():
 def test_batch_settings_per_backend_and_the_flags_that_override_them():
     cpu, gpu = batching.settings_for("cpu"), batching.settings_for("gpu")
     assert (cpu.batch_size, cpu.calls_per_beam_batch, cpu.local_threads, cpu.shortest_row(256)) == (16, 32, 1, 64)
-    assert (gpu.batch_size, gpu.local_threads, gpu.shortest_row(256)) == (256, 4, 256)  # one row length
+    assert (gpu.batch_size, gpu.local_threads, gpu.shortest_row(256)) == (256, 2, 256)  # one row length
     assert (cpu.tail_call_fraction, gpu.tail_call_fraction) == (8, 1)  # an accelerator: full-size calls only
     assert gpu.summary(256)["beam_batch_tokens"] == 256 * 256 * gpu.calls_per_beam_batch
     assert gpu.summary(256)["tail_call_fraction"] == 1

@@ -15,9 +15,12 @@ import dataclasses
 BATCH_SIZE = {"cpu": 16, "gpu": 256, "tpu": 128}
 CALLS_PER_BEAM_BATCH = {"cpu": 32, "gpu": 4, "tpu": 4}
 # Parallel bundles (threads sharing one model) of a local DirectRunner run when no --direct_* flag is given:
-# on an accelerator, threads tokenize and score while another thread's calls run on the device; on a CPU the
+# on an accelerator, a thread tokenizes and scores while the other's calls run on the device; more threads
+# only queue for the GIL (with a simulated device of MiniLM's or a BERT-base's speed, 2 threads beat 4 by
+# 1.05-1.11x and one bundle by 1.17-1.31x, on a 2-core EPYC: benchmarks/PERF_NOTES.md, "A simulated device"; the
+# GPU runs of benchmarks/gpu_peers.py measure it there); on a CPU the
 # model's own threads already use every core.
-LOCAL_THREADS = {"cpu": 1, "gpu": 4, "tpu": 4}
+LOCAL_THREADS = {"cpu": 1, "gpu": 2, "tpu": 2}
 # Shortest packed row (None: rows of max_len only). Attention costs each token O(row length) and the dense layers
 # do not, so short rows save work, and each row length costs its own compiled programs: worth it on a CPU
 # (compiles ~1 s) down to 64 tokens, where 32 gains nothing (benchmarks/README.md, "Row lengths"); not on an
