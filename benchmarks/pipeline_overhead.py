@@ -66,6 +66,7 @@ class SimulatedDevice:
         import threading
 
         self.us_per_row, self.busy_s, self._lock_path = us_per_row, 0.0, lock_path
+        self.turns: list[tuple[float, float]] = []  # when each call ran (time.time())
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._run, daemon=True, name="simulated-device").start()
 
@@ -77,7 +78,9 @@ class SimulatedDevice:
             seconds, done = self._calls.get()
             if lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
+            began = time.time()
             time.sleep(seconds)
+            self.turns.append((began, time.time()))
             if lock:
                 fcntl.flock(lock, fcntl.LOCK_UN)
             self.busy_s += seconds
