@@ -57,6 +57,20 @@ def test_similarity_scores_and_summary_correlations(tmp_path, minilm):
     assert metrics["pearson"] == pytest.approx(stats.pearsonr(scores.score, gold)[0], abs=1e-9)
 
 
+def test_an_integer_label_past_floats_range_is_no_gold_not_a_failed_run(tmp_path, minilm):
+    """JSON holds integers of any size: one in `label` (checked by validation's peek at the first records, and
+    past them by the run's correlations) crashed validation or failed the whole job (OverflowError)."""
+    records = [{"id": f"s{i}", "text": t, "query": q, "label": g} for i, (t, q, g) in enumerate(SIMILARITY * 4)]
+    for i in (0, 25):  # inside validation's peek, and past it
+        records[i]["label"] = 10 ** 400
+    shard = write_jsonl(tmp_path / "in" / "s.jsonl", records)
+    assert run_docscore("--input", shard, *common_flags("big", tmp_path / "out"), "--task", "similarity",
+                        "--attention", "native") == 0
+    summary = read_summary(tmp_path / "out", "big")
+    assert summary["counts"]["scored"] == len(records) and summary["counts"]["errors"] == 0
+    assert summary["task_metrics"]["n_gold"] == len(records) - 2
+
+
 def test_classify_from_a_config_file_and_summary_accuracy_and_macro_f1(tmp_path, minilm, monkeypatch):
     from pipeline.stages import inference
 

@@ -140,12 +140,12 @@ def corpus_perplexity(total_logliks: Sequence[float], token_counts: Sequence[int
 
 
 def as_number(value: Any) -> float | None:
-    """A gold similarity label as a float (None when it is not a number)."""
+    """A gold similarity label as a float (None when it is not a number, or an integer past float's range)."""
     if isinstance(value, bool):
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return number if math.isfinite(number) else None
 
