@@ -297,3 +297,46 @@ def test_parquet_binary_id_and_text_columns_are_read_as_utf8_text(tmp_path):
     assert [(e.record_index, e.error_type, e.doc_id) for e in errors] == [
         (1, "invalid_utf8", f"{path}#1"), (2, "invalid_utf8", "bin-c")]
     assert "'id'" in errors[0].message and "'text'" in errors[1].message
+
+
+def test_field_problems_name_what_is_wrong_with_the_field(tmp_path):
+    """A null text says so (it was "record has no 'text'" while listing 'text'); a lone surrogate in `query` or
+    `label` is invalid_unicode naming the field (it was bad_field_type, "'label' is a str; it must be a string")."""
+    path = tmp_path / "fields.jsonl"
+    path.write_text('{"id": "n", "text": null}\n'
+                    '{"id": "l", "text": "dogs", "label": "lone \\ud800"}\n'
+                    '{"id": "q", "text": "dogs", "query": "q \\udfff x"}\n', encoding="utf-8")
+    docs, errors = split(list(read_shard(str(path), SPEC)))
+    assert not docs
+    assert [(e.doc_id, e.error_type) for e in errors] == [("n", "missing_field"), ("l", "invalid_unicode"),
+                                                          ("q", "invalid_unicode")]
+    assert errors[0].message == "'text' (--text_field) is null"
+    assert errors[1].message.startswith("'label' holds a lone surrogate") and errors[2].message.startswith("'query'")
+
+
+def test_parquet_decimal_labels_are_numbers_and_fixed_size_binary_text_is_text(tmp_path):
+    """SQL and Spark exports hold numeric gold labels as decimals and may hold text as fixed-size binary."""
+    import decimal
+
+    path = tmp_path / "typed.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"],
+                             "text": pa.array([b"abcd", b"efgh", b"\xff\xfe\xfd\xfc"], pa.binary(4)),
+                             "label": pa.array([decimal.Decimal("0.50"), decimal.Decimal("3.00"), None],
+                                               pa.decimal128(5, 2))}), path)
+    docs, errors = split(list(read_shard(str(path), SPEC)))
+    assert [(d.doc_id, d.text, d.fields) for d in docs] == [("a", "abcd", {"label": 0.5}), ("b", "efgh", {"label": 3})]
+    assert [(e.doc_id, e.error_type) for e in errors] == [("c", "invalid_utf8")]
+
+
+def test_bytes_that_are_gzip_or_utf16_say_so(tmp_path):
+    """A gzip file named .jsonl and a UTF-16 export are not UTF-8: the error row says what they are instead."""
+    gz = tmp_path / "packed.jsonl"
+    gz.write_bytes(gzip.compress(b'{"id": "a", "text": "x"}\n'))
+    wide = tmp_path / "wide.jsonl"
+    wide.write_bytes('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n'.encode("utf-16"))
+    _, gz_errors = split(list(read_shard(str(gz), SPEC)))
+    _, wide_errors = split(list(read_shard(str(wide), SPEC)))
+    assert gz_errors[0].error_type == "invalid_utf8" and "gzip-compressed: name the file *.gz" in gz_errors[0].message
+    assert {e.error_type for e in wide_errors} <= {"invalid_utf8", "invalid_json"}
+    assert all("looks like UTF-16 text: convert the file to UTF-8" in e.message
+               for e in wide_errors if e.error_type == "invalid_utf8") and wide_errors[0].error_type == "invalid_utf8"

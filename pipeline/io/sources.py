@@ -7,6 +7,7 @@ raise on bad data: a bad record is an ErrorRow, a corrupt shard an ErrorRow with
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import fnmatch
 import gzip
 import json
@@ -287,11 +288,14 @@ def make_document(
     if not isinstance(record, dict):
         return ErrorRow(source, index, "parse", "not_an_object", f"record is a {type(record).__name__}, not an object", raw=shown())
     doc_id = _doc_id(record, source, index, spec.id_field)
-    if spec.text_field not in record or record[spec.text_field] is None:
+    if spec.text_field not in record:
         return ErrorRow(
             source, index, "parse", "missing_field",
             f"record has no {spec.text_field!r} (--text_field); fields: {sorted(record)[:20]}", raw=shown(), doc_id=doc_id,
         )
+    if record[spec.text_field] is None:
+        return ErrorRow(source, index, "parse", "missing_field", f"{spec.text_field!r} (--text_field) is null",
+                        raw=shown(), doc_id=doc_id)
     text = record[spec.text_field]
     if not isinstance(text, str):
         return ErrorRow(
@@ -313,15 +317,38 @@ def make_document(
             f"{spec.text_field!r} holds {size} bytes, more than --max_record_bytes={spec.max_record_bytes}; "
             "raise --max_record_bytes to score it", raw=text[:RAW_PREVIEW_BYTES], doc_id=doc_id,
         )
-    fields = {k: record[k] for k in KEPT_FIELDS if k in record and record[k] is not None}
+    fields = {k: plain_number(record[k]) for k in KEPT_FIELDS if k in record and record[k] is not None}
     for name, value in fields.items():
-        if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and utf8_size(value) is None):
+        if isinstance(value, str) and utf8_size(value) is None:
+            return ErrorRow(
+                source, index, "parse", "invalid_unicode",
+                f"{name!r} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not valid Unicode "
+                "text; fix the producer of this record", raw=shown(), doc_id=doc_id,
+            )
+        if not isinstance(value, (str, int, float, bool)):
             return ErrorRow(
                 source, index, "parse", "bad_field_type",
                 f"{name!r} is a {type(value).__name__}; it must be a string or a number", raw=shown(), doc_id=doc_id,
             )
     fields.update((k, record[k]) for k in KEPT_AS_IS if record.get(k) is not None)
     return Document(doc_id=doc_id, text=text, source=source, record_index=index, fields=fields, read_ms=read_ms)
+
+
+def plain_number(value: Any) -> Any:
+    """A Parquet decimal cell as the int or float it equals (SQL and Spark exports hold numeric labels as
+    decimals); any other value as it is."""
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
+
+
+def invalid_utf8_message(error: UnicodeDecodeError, data: bytes) -> str:
+    """A not-UTF-8 error, with what the bytes are instead where that is plain (gzip, UTF-16)."""
+    if data[:2] == b"\x1f\x8b":
+        return f"{error}; these bytes are gzip-compressed: name the file *.gz"
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or 0 < len(data) <= 3 * data.count(b"\x00"):
+        return f"{error}; this looks like UTF-16 text: convert the file to UTF-8 (e.g. iconv -f UTF-16 -t UTF-8)"
+    return str(error)
 
 
 def utf8_size(text: str) -> int | None:
@@ -510,7 +537,7 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                     try:
                         yield index, json.loads(line.decode("utf-8")), line
                     except UnicodeDecodeError as e:
-                        yield index, ErrorRow(path, index, "parse", "invalid_utf8", str(e), raw=line), None
+                        yield index, ErrorRow(path, index, "parse", "invalid_utf8", invalid_utf8_message(e, line), raw=line), None
                     except RecursionError:
                         yield index, ErrorRow(
                             path, index, "parse", "too_deeply_nested",
@@ -545,7 +572,8 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                                   "name"), None
                 return
             has_text = spec.text_field in names
-            holds_bytes = any(f.name in columns and (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
+            holds_bytes = any(f.name in columns and (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)
+                                                     or pa.types.is_fixed_size_binary(f.type))
                               for f in parquet.schema_arrow)
             index = 0
             for batch in parquet.iter_batches(batch_size=512, columns=columns):
@@ -640,7 +668,7 @@ def _read_text(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        yield ErrorRow(path, 0, "parse", "invalid_utf8", str(e), raw=data, doc_id=path)
+        yield ErrorRow(path, 0, "parse", "invalid_utf8", invalid_utf8_message(e, data), raw=data, doc_id=path)
         return
     record = {spec.text_field: text, "__id": path}
     yield make_document(record, path, 0, dataclasses.replace(spec, id_field="__id"), (time.perf_counter() - start) * 1000.0)
