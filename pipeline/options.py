@@ -473,6 +473,9 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, EvalOptions]:
     options = PipelineOptions(flags + [f"--labels={label}" for label in job_labels])
     check_runner(options.view_as(StandardOptions).runner)
     eval_options = options.view_as(EvalOptions)
+    if eval_options.run_id is not None and not eval_options.run_id.strip():  # `--run_id "$RUN"` with RUN unset
+        raise ConfigError(f"--run_id={eval_options.run_id!r} is empty; give the run a name, or leave --run_id out for a "
+                          "UTC timestamp")
     if not eval_options.run_id:
         eval_options.run_id = default_run_id()
     return options, eval_options

@@ -152,6 +152,16 @@ def test_a_run_id_that_is_not_one_plain_path_segment_is_refused(run_id):
         validate.check_run_id(run_id)
 
 
+@pytest.mark.parametrize("given", ["", "  "])
+def test_an_empty_run_id_is_refused_not_replaced_by_a_timestamp(given):
+    """`--run_id "$RUN"` with RUN unset gave a new timestamp run each time instead of the run the script names."""
+    from pipeline.options import parse_options
+
+    with pytest.raises(ConfigError, match="--run_id=.* is empty; give the run a name, or leave --run_id out"):
+        parse_options(["--input", "in.jsonl", "--output", "out", "--run_id", given])
+    assert parse_options(["--input", "in.jsonl", "--output", "out"])[1].run_id  # left out: a timestamp
+
+
 @pytest.mark.parametrize("run_id", ["20260102T030405Z", "nightly-2026.01.02", "a", "A_b-c.d", "9" * 128])
 def test_an_accepted_run_id_stays_one_directory_under_the_output(run_id, tmp_path):
     validate.check_run_id(run_id)
