@@ -187,6 +187,9 @@ def dict_to_flags(values: dict[str, Any], origin: str = "--config") -> list[str]
                               f"it if it is text: {key}: \"{str(value).lower()}\"")
         if value is None or value is False:
             continue
+        if not isinstance(value, bool) and is_switch(key):
+            raise ConfigError(f"{origin}: `{key}` is a switch: give it true or false (YAML 1.2: only true/false are "
+                              f"booleans, so {value!r} is not one)")
         if value is True:
             flags.append(f"--{key}")
         elif isinstance(value, list):
@@ -209,6 +212,17 @@ def takes_value(name: str) -> bool:
     except ConfigError:  # a switch given a value
         return False
     return True
+
+
+def is_switch(name: str) -> bool:
+    """--name is a known bare switch (such as --no_progress): given alone, it parses to true or false."""
+    if name not in known_option_names():
+        return False
+    try:
+        parsed, _ = beam_parser().parse_known_args([f"--{name}"])
+    except ConfigError:  # an option that takes a value
+        return False
+    return isinstance(getattr(parsed, name, None), bool)
 
 
 def repeatable(name: str) -> bool:

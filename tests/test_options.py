@@ -47,6 +47,9 @@ def test_config_scalars_are_the_text_written_and_a_key_given_twice_is_refused(tm
     assert (eo.run_id, eo.no_progress) == ("12:30", True)
     with pytest.raises(ConfigError, match="`text_field` is false \\(a YAML boolean\\) but takes a value"):
         parse_options(["--config", config_file(tmp_path, "text_field: false\n")])
+    for switch in ("no_progress: yes\n", "no_progress: \"true\"\n", "no_progress: 1\n"):  # text or a number, not true
+        with pytest.raises(ConfigError, match="`no_progress` is a switch: give it true or false"):
+            parse_options(["--config", config_file(tmp_path, switch)])
     options, _ = parse_options(["--config", config_file(tmp_path, "dry_run: true\n")])  # Beam's true/false value
     assert options.get_all_options()["dry_run"] == "True"
     options, _ = parse_options(["--config", config_file(tmp_path, "dry_run: false\n")])
