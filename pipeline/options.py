@@ -115,7 +115,7 @@ def parse_labels(spec: str | dict[str, str] | None) -> dict[str, str]:
         if not sep or not name.strip() or not desc.strip():
             raise ConfigError(
                 f"--labels: {part!r} is not name=description; write --labels \"sports=an article about sport;...\" "
-                "(a description holding ; or =: use a `labels:` mapping in --config)"
+                "(a description holding ; or a name holding =: use a `labels:` mapping in --config)"
             )
         if name.strip() in labels:
             raise ConfigError(f"--labels names {name.strip()!r} twice; give each class one description")
