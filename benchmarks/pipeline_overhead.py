@@ -133,17 +133,20 @@ if os.environ.get({STAND_IN_ENV!r}):
 '''
 
 
+def stand_in(device: SimulatedDevice | None):
+    """LoadedModel.start's stand-in: its zeros at once, or from `device` once it has run the call."""
+    def start(self, method, input_ids, segment_ids, *static):
+        out = stand_in_start(self, method, input_ids, segment_ids, *static)
+        return out if device is None else device.start(out)
+
+    return start
+
+
 def install_stand_in(loaded_model_class, setting: str) -> None:
     """In a Beam worker process: LoadedModel.start as the stand-in's, on a simulated device shared through the
     lock file (`setting`: STAND_IN_ENV's value)."""
     us_per_row, lock_path = setting.split(" ", 1)
-    device = SimulatedDevice(float(us_per_row), lock_path) if float(us_per_row) else None
-
-    def start(self, method, input_ids, segment_ids, *static):
-        out = stand_in_start(self, method, input_ids, segment_ids, *static)
-        return device.start(out) if device is not None else out
-
-    loaded_model_class.start = start
+    loaded_model_class.start = stand_in(SimulatedDevice(float(us_per_row), lock_path) if float(us_per_row) else None)
 
 
 def stand_in_in_workers(args) -> None:
@@ -192,12 +195,12 @@ def child(args) -> dict[str, float]:
     if args.model == "stand_in" and "multi_processing" in args.flags:
         stand_in_in_workers(args)
 
+    fake_start = stand_in(device)
+
     def start(self, method, input_ids, segment_ids, *static):
         begin = time.perf_counter()
-        if device is not None:
-            out = device.start(stand_in_start(self, method, input_ids, segment_ids, *static))
-        elif args.model == "stand_in":
-            out = stand_in_start(self, method, input_ids, segment_ids, *static)
+        if args.model == "stand_in" or device is not None:
+            out = fake_start(self, method, input_ids, segment_ids, *static)
         else:
             out = np.asarray(real_start(self, method, input_ids, segment_ids, *static))  # waits: model time counted here
         seconds["model_calls"] += time.perf_counter() - begin
