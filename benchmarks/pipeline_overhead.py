@@ -255,6 +255,8 @@ def main() -> None:
     parser.add_argument("--input", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device_us_per_row and args.model != "stand_in":
+        parser.error("--device_us_per_row simulates the device of --model stand_in; the real model runs on this machine's")
     if args.child:
         print(json.dumps(child(args)), flush=True)
         if args.exit == "frozen":

@@ -219,10 +219,10 @@ def is_switch(name: str) -> bool:
     if name not in known_option_names():
         return False
     try:
-        parsed, _ = beam_parser().parse_known_args([f"--{name}"])
+        parsed, unknown = beam_parser().parse_known_args([f"--{name}"])
     except ConfigError:  # an option that takes a value
         return False
-    return isinstance(getattr(parsed, name, None), bool)
+    return not unknown and isinstance(getattr(parsed, name, None), bool)  # not a --no_X-only option's default
 
 
 def repeatable(name: str) -> bool:

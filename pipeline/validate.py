@@ -508,7 +508,9 @@ def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) ->
     from pipeline.stages.scoring import as_number
 
     values = first_labels(shard, read_spec, peek)
-    text = sorted({str(v) for v in values if v is not None and as_number(v) is None})
+    numbers = (int, float)  # an integer past float's range is a number too (no gold, not text)
+    text = sorted({str(v) for v in values if v is not None and as_number(v) is None
+                   and (isinstance(v, bool) or not isinstance(v, numbers))})
     if not text:
         return None
     shown = ", ".join(repr(v) for v in text[:5])
@@ -549,7 +551,7 @@ def first_labels(shard: str, read_spec: sources.ReadSpec, peek: int) -> list[Any
             return []
     except Exception:  # an unreadable shard is the reader's to report as an error row
         return []
-    return values
+    return [sources.plain_number(v) for v in values]  # as the reader reads them: a decimal 3.00 is 3
 
 
 def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:
@@ -581,13 +583,28 @@ def check_shadow(eo: EvalOptions, model_spec: ModelSpec, primary, backend: str, 
     shadow_kernel = resolve_kernel(eo.shadow_attention, backend, flag="--shadow_attention", dtype=eo.dtype,
                                    loaded=primary, where=where, instead_of=kernel)
     if shadow_kernel == kernel:
-        other = "flash" if kernel == "xla" else "native"
         raise ConfigError(
             f"--shadow_attention={eo.shadow_attention} resolves to {shadow_kernel}, the kernel --attention={eo.attention} "
-            f"already runs, so there is nothing to compare; shadow with another kernel, e.g. --shadow_attention={other}"
+            f"already runs, so there is nothing to compare; shadow with another kernel, e.g. "
+            f"--shadow_attention={other_kernel(kernel, backend, eo.dtype, primary)}"
         )
     load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend, flag="--shadow_attention")
     return shadow.ShadowSpec(eo.shadow_attention, shadow_kernel, eo.shadow_fraction, tolerance, eo.dtype)
+
+
+def other_kernel(kernel: str, backend: str, dtype: str, loaded) -> str:
+    """A choice of --shadow_attention that runs this model on `backend` with another kernel than `kernel`: native or
+    flash where they do, else the first implementation that does (xla runs everything, so there is one)."""
+    from kernels import KernelUnsupportedError, available
+    from models.loader import model_kernel
+
+    for choice in ("native", "flash", *available()):
+        try:
+            if model_kernel(choice, loaded.config, loaded.tokenizer.max_seq_len, dtype, backend) != kernel:
+                return choice
+        except KernelUnsupportedError:
+            continue
+    return "native"
 
 
 def check_shadow_flags(eo: EvalOptions) -> None:

@@ -242,6 +242,39 @@ def test_classify_gold_labels_that_name_no_class_get_a_notice(tmp_path):
     assert "('false', 'true';" in unknown_gold_notice(str(booleans), ReadSpec(), ("True", "False"))
 
 
+def test_validations_peek_reads_labels_as_the_reader_does(tmp_path):
+    """A Parquet decimal 3.00 is the class `3` (the reader's plain_number), and an integer past float's range is a
+    number, not a "text label", for the similarity notice."""
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.io.sources import ReadSpec
+    from pipeline.validate import text_gold_notice, unknown_gold_notice
+
+    decimals = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": ["x", "y"], "label": pa.array([decimal.Decimal("3.00"), decimal.Decimal("4.00")],
+                                                                    pa.decimal128(5, 2))}), decimals)
+    assert unknown_gold_notice(str(decimals), ReadSpec(), ("3", "4")) is None
+    assert "not among --labels ('3';" in unknown_gold_notice(str(decimals), ReadSpec(), ("three", "4"))
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text('{"text": "x", "label": 1' + "0" * 400 + '}\n{"text": "y", "label": 0.5}\n')
+    assert text_gold_notice(str(huge), ReadSpec()) is None
+    words = tmp_path / "words.jsonl"
+    words.write_text('{"text": "x", "label": "high"}\n')
+    assert "has text labels ('high')" in text_gold_notice(str(words), ReadSpec())
+
+
+def test_only_a_real_switch_refuses_a_config_value_that_is_not_true_or_false():
+    """Beam's options that have only a --no_X flag are not switches named X (their X would be an unknown flag)."""
+    from pipeline.options import is_switch
+
+    assert is_switch("no_progress") and is_switch("dry_run") is False
+    assert not is_switch("direct_runner_use_stacked_bundle") and not is_switch("batch_size")
+    assert not is_switch("not_an_option")
+
+
 def test_a_shard_without_the_text_field_among_others_is_bad_input_not_a_bad_flag(tmp_path):
     """check_fields looks at the first record of several shards: a wrong --text_field (no shard has it) is refused
     whatever the file names' order; one shard without it beside shards with it is left to become error rows."""

@@ -164,3 +164,16 @@ def test_a_shadow_kernel_that_fails_the_batch_leaves_the_primary_batchs_metrics(
     summary = read_summary(out, "fails")
     assert summary["counts"]["errors_by_type"] == {"infer/ValueError": 4}
     assert summary["compile"]["model_calls"] >= 1 and summary["device"]["busy_s"] > 0
+
+
+def test_shadowing_with_the_primarys_own_kernel_suggests_a_kernel_that_runs():
+    """The "nothing to compare" refusal names another kernel that runs this model there: on a GPU in float32
+    flash is refused (cudnn and pallas_gpu need 16-bit inputs), so it is blockwise, not flash."""
+    from pipeline.stages.inference import ModelSpec, shared_model
+    from pipeline.validate import other_kernel
+
+    loaded = shared_model(ModelSpec("minilm-l6", attention="native", dtype="float32"))
+    assert other_kernel("xla", "cpu", "float32", loaded) == "flash"
+    assert other_kernel("blockwise", "cpu", "float32", loaded) == "native"
+    assert other_kernel("xla", "gpu", "float32", loaded) == "blockwise"
+    assert other_kernel("xla", "gpu", "bfloat16", loaded) == "flash"

@@ -338,5 +338,11 @@ def test_bytes_that_are_gzip_or_utf16_say_so(tmp_path):
     _, wide_errors = split(list(read_shard(str(wide), SPEC)))
     assert gz_errors[0].error_type == "invalid_utf8" and "gzip-compressed: name the file *.gz" in gz_errors[0].message
     assert {e.error_type for e in wide_errors} <= {"invalid_utf8", "invalid_json"}
-    assert all("looks like UTF-16 text: convert the file to UTF-8" in e.message
-               for e in wide_errors if e.error_type == "invalid_utf8") and wide_errors[0].error_type == "invalid_utf8"
+    assert wide_errors[0].error_type == "invalid_utf8"  # the BOM's line; the next lines decode as UTF-8 with NULs
+    assert all("UTF-16 text, convert it to UTF-8" in e.message or "looks like UTF-16 text: convert the file to UTF-8"
+               in e.message for e in wide_errors)
+    no_bom = tmp_path / "no_bom.jsonl"  # ASCII in UTF-16 without a BOM: every byte pair decodes as UTF-8
+    no_bom.write_bytes('{"id": "a", "text": "x"}\n'.encode("utf-16-le"))
+    _, no_bom_errors = split(list(read_shard(str(no_bom), SPEC)))
+    assert no_bom_errors and all(e.error_type == "invalid_json" and "UTF-16 text, convert it to UTF-8" in e.message
+                                 for e in no_bom_errors)

@@ -351,6 +351,13 @@ def invalid_utf8_message(error: UnicodeDecodeError, data: bytes) -> str:
     return str(error)
 
 
+def not_json_message(error: ValueError, line: bytes) -> str:
+    """A JSON error; a line holding NUL bytes is UTF-16 text read as UTF-8 (ASCII in UTF-16 decodes as UTF-8)."""
+    if b"\x00" in line:
+        return f"{str(error)[:300]}; the line holds NUL bytes: if the file is UTF-16 text, convert it to UTF-8 (e.g. iconv -f UTF-16 -t UTF-8)"
+    return str(error)[:300]
+
+
 def utf8_size(text: str) -> int | None:
     """Bytes of `text` in UTF-8 (ASCII text is not encoded), or None when it holds a lone surrogate
     (JSON allows the escape "\\ud800"; no Parquet or UTF-8 writer accepts the result)."""
@@ -544,7 +551,7 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                             f"JSON nested deeper than Python's parser allows (~{sys.getrecursionlimit()} levels)", raw=line,
                         ), None
                     except ValueError as e:  # JSONDecodeError, or a number too long to convert
-                        yield index, ErrorRow(path, index, "parse", "invalid_json", str(e)[:300], raw=line), None
+                        yield index, ErrorRow(path, index, "parse", "invalid_json", not_json_message(e, line), raw=line), None
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as e:
                 if is_transient(e):
                     raise
