@@ -6,6 +6,6 @@ limits.
 """
 from kernels.dispatch import attention, resolve_for
 from kernels.interface import SHAPE_KEYS, KernelUnsupportedError
-from kernels.policy import available, resolve
+from kernels.policy import available, other_choice, resolve
 
-__all__ = ["attention", "resolve", "resolve_for", "available", "KernelUnsupportedError", "SHAPE_KEYS"]
+__all__ = ["attention", "resolve", "resolve_for", "available", "other_choice", "KernelUnsupportedError", "SHAPE_KEYS"]

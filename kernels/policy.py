@@ -128,9 +128,26 @@ def _alternatives(name: str, backend: str, info: dict, instead_of: str | None = 
     if name in table.FLASH.get(backend, ()) and instead_of is None:
         options.append("auto (picks a kernel that supports these inputs)")
     if not options:  # every usual suggestion is the kernel the caller already runs: another that takes the inputs
-        others = [n for n in table.IMPLEMENTATIONS if n not in (name, instead_of) and _supported(n, backend, info)[0]]
-        options = [f"--attention={n}" for n in others[:1]] or [f"--attention={instead_of}"]
-    return " or ".join(options)
+        options = [f"--attention={n}" for n in _others_supported((name, instead_of), backend, info)[:1]]
+    return " or ".join(options or [f"--attention={instead_of}"])
+
+
+def other_choice(kernel: str, backend: str | None = None, **shape_info) -> str:
+    """A choice of --attention (native, flash or an implementation's name) that runs these inputs on `backend` with
+    another kernel than `kernel` (what a shadow of `kernel` could use): native, else flash, else the first
+    implementation that supports them (xla supports everything, so only xla itself falls through to native)."""
+    backend = _normal_backend(backend)
+    info = _normal_shape_info(shape_info)
+    if kernel != "xla":
+        return "native"
+    if _flash_for(backend, info) not in (None, kernel):
+        return "flash"
+    return next(iter(_others_supported((kernel,), backend, info)), "native")
+
+
+def _others_supported(exclude: tuple, backend: str, info: dict) -> list[str]:
+    """The implementations other than `exclude` that support these inputs on `backend`, in table order."""
+    return [n for n in table.IMPLEMENTATIONS if n not in exclude and _supported(n, backend, info)[0]]
 
 
 def _normal_backend(backend: str | None) -> str:

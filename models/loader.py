@@ -244,10 +244,15 @@ def model_kernel(attention: str, config: ModelConfig, max_seq_len: int, dtype: s
     """The kernel `attention` means for this model's attention (heads, head_dim, causal, sliding window; packed
     rows of up to max_seq_len tokens) on `backend` (default: this process's). Raises KernelUnsupportedError (whose
     suggestions leave out `instead_of`)."""
-    return kernels.resolve(attention, backend, instead_of=instead_of, heads=config.num_heads, kv_heads=config.kv_heads,
-                           head_dim=config.head_dim, dtype=dtype, causal=not config.is_encoder,
-                           has_segments=True, q_len=max_seq_len, kv_len=max_seq_len,
-                           window=config.sliding_window or None)
+    return kernels.resolve(attention, backend, instead_of=instead_of, **model_shape_info(config, max_seq_len, dtype))
+
+
+def model_shape_info(config: ModelConfig, max_seq_len: int, dtype: str) -> dict:
+    """The kernels' shape info (kernels.SHAPE_KEYS) of this model's attention on the pipeline's packed rows of up to
+    max_seq_len tokens."""
+    return dict(heads=config.num_heads, kv_heads=config.kv_heads, head_dim=config.head_dim, dtype=dtype,
+                causal=not config.is_encoder, has_segments=True, q_len=max_seq_len, kv_len=max_seq_len,
+                window=config.sliding_window or None)
 
 
 def load_model_dir(path: str, *, attention: str, dtype: str, name: str,

@@ -593,18 +593,12 @@ def check_shadow(eo: EvalOptions, model_spec: ModelSpec, primary, backend: str, 
 
 
 def other_kernel(kernel: str, backend: str, dtype: str, loaded) -> str:
-    """A choice of --shadow_attention that runs this model on `backend` with another kernel than `kernel`: native or
-    flash where they do, else the first implementation that does (xla runs everything, so there is one)."""
-    from kernels import KernelUnsupportedError, available
-    from models.loader import model_kernel
+    """A choice of --shadow_attention that runs this model on `backend` with another kernel than `kernel`
+    (kernels.other_choice for the model's attention)."""
+    from kernels import other_choice
+    from models.loader import model_shape_info
 
-    for choice in ("native", "flash", *available()):
-        try:
-            if model_kernel(choice, loaded.config, loaded.tokenizer.max_seq_len, dtype, backend) != kernel:
-                return choice
-        except KernelUnsupportedError:
-            continue
-    return "native"
+    return other_choice(kernel, backend, **model_shape_info(loaded.config, loaded.tokenizer.max_seq_len, dtype))
 
 
 def check_shadow_flags(eo: EvalOptions) -> None:
