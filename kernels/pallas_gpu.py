@@ -14,10 +14,6 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-with warnings.catch_warnings():  # jax 0.11 deprecates the module in favour of tokamax (not a dependency)
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from jax.experimental.pallas.ops.gpu import attention as gpu_attention
-
 from kernels.interface import Implementation
 from kernels.masking import zero_padding_rows
 
@@ -44,6 +40,15 @@ def is_supported(*, dtype: str | None = None, head_dim: int | None = None,
         return False, (f"q_len {q_len} != kv_len {kv_len} is not supported (pallas_gpu's segment ids "
                        "serve queries and keys alike)")
     return True, ""
+
+
+def _gpu_attention():
+    """JAX's Pallas GPU attention module, imported when the kernel is first traced: its Triton lowering would
+    add ~0.3 s to the start of every command on hosts that never run it."""
+    with warnings.catch_warnings():  # jax 0.11 deprecates the module in favour of tokamax (not a dependency)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas.ops.gpu import attention
+    return attention
 
 
 def _blocks(length: int, block_q: int, block_k: int) -> tuple[int, int, int]:
@@ -82,6 +87,7 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     elif padded != length:  # keep real queries off the padded keys
         segments = jnp.pad(jnp.ones((batch, length), jnp.int32), ((0, 0), (0, padded - length)))
 
+    gpu_attention = _gpu_attention()
     out = gpu_attention.mha(qp, kp, vp, segments, sm_scale=float(scale), causal=causal,
                             block_sizes=gpu_attention.BlockSizes(block_q=bq, block_k=bk),
                             num_warps=num_warps, num_stages=num_stages, interpret=interpret)

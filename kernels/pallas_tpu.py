@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
 from kernels.interface import Implementation
 from kernels.masking import zero_padding_rows
@@ -42,6 +41,9 @@ def pallas_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                          segment_ids: jax.Array | None = None, causal: bool = False,
                          scale: float | None = None) -> jax.Array:
     """Contract attention (BTNH) through jax.experimental.pallas.ops.tpu.flash_attention."""
+    # Imported when traced: the TPU lowering would add to the start of every command on hosts without a TPU.
+    from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+
     batch, q_len, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
     scale = head_dim ** -0.5 if scale is None else scale

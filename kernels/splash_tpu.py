@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
 from kernels.interface import Implementation
 from kernels.masking import zero_padding_rows
@@ -46,10 +45,19 @@ def _block(padded_length: int) -> int:
     return next(b for b in BLOCKS if padded_length % b == 0)
 
 
+def _splash():
+    """JAX's splash attention module, imported when the kernel is built: its TPU lowering would add to the
+    start of every command on hosts without a TPU."""
+    from jax.experimental.pallas.ops.tpu import splash_attention
+    return splash_attention
+
+
 def make_kernel(heads: int, q_pad: int, kv_pad: int, causal: bool, *, block_q: int | None = None,
-                block_kv: int | None = None) -> splash.SplashAttentionKernel:
-    """The splash kernel for one example of [heads, q_pad, D] queries: a causal (top-left aligned, as the
-    contract's) or full mask for every head, forward blocks only. Built at trace time from static shapes."""
+                block_kv: int | None = None):
+    """The splash kernel (a SplashAttentionKernel) for one example of [heads, q_pad, D] queries: a causal
+    (top-left aligned, as the contract's) or full mask for every head, forward blocks only. Built at trace
+    time from static shapes."""
+    splash = _splash()
     bq = block_q or _block(q_pad)
     bkv = block_kv or _block(kv_pad)
     shape = (q_pad, kv_pad)
@@ -81,6 +89,7 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     qt = to_bnth((q.astype(jnp.float32) * scale).astype(q.dtype), q_pad)  # the kernel has no scale
     kt, vt = to_bnth(k, kv_pad), to_bnth(v, kv_pad)  # kv heads as they are: grouped-query is native
 
+    splash = _splash()
     segments = None
     if segment_ids is not None:
         seg = segment_ids.astype(jnp.int32)

@@ -359,3 +359,22 @@ def test_the_launcher_builds_its_job_without_importing_torch_which_stays_importa
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("torch ")
+
+
+def test_the_launcher_leaves_out_accelerator_kernel_libraries_and_scipy_until_used():
+    """Every command starts by importing the launcher: on a CPU host it must not pay for the Triton and TPU
+    lowerings of kernels it never traces, nor scipy (only a run's metrics need scipy.stats); tracing the
+    Pallas GPU kernel (in its interpreter) then imports its module."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import pipeline.launch, pipeline.graph, pipeline.tasks, kernels; "
+            "late = ('jax.experimental.pallas.ops.gpu.attention', 'jax.experimental.pallas.ops.tpu.flash_attention', "
+            "'jax.experimental.pallas.ops.tpu.splash_attention', 'scipy'); "
+            "loaded = [m for m in late if m in sys.modules]; assert not loaded, loaded; "
+            "import jax.numpy as jnp; from kernels.pallas_gpu import pallas_gpu_attention; "
+            "q = jnp.ones((1, 16, 2, 16), jnp.bfloat16); pallas_gpu_attention(q, q, q, interpret=True); "
+            "print('traced', late[0] in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "traced True"

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 
 # ---------------------------------------------------------------- per document
@@ -33,6 +32,13 @@ def score_embed(window_embeddings: Sequence[np.ndarray]) -> dict[str, Any]:
     return {"score": None, "embedding": pool_windows(window_embeddings)}
 
 
+def softmax(values: np.ndarray) -> np.ndarray:
+    """scipy.special.softmax's formula (the max subtracted first), without its import (~0.25 s of every
+    command's start-up) or its per-call dispatch (~5 us a document against ~2.4 here)."""
+    exps = np.exp(values - np.max(values))
+    return exps / exps.sum()
+
+
 def score_similarity(window_embeddings: Sequence[np.ndarray], query_embeddings: Sequence[np.ndarray]) -> dict[str, Any]:
     """Cosine between the document and its query (both pooled and normalised)."""
     doc, query = pool_windows(window_embeddings), pool_windows(query_embeddings)
@@ -45,7 +51,7 @@ def score_classify(
     """Zero-shot: softmax(cosine(document, label description) / temperature); the top label wins."""
     doc = pool_windows(window_embeddings).astype(np.float64)
     cosines = np.asarray(label_embeddings, np.float64) @ doc
-    probs = special.softmax(cosines / temperature)
+    probs = softmax(cosines / temperature)
     top = int(np.argmax(probs))
     return {
         "score": float(probs[top]),

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from pipeline.stages import long_text, scoring
 from pipeline.tasks.base import DECODER, RecordError, Task, TaskWindows
@@ -183,7 +182,7 @@ def score(outputs, settings):
     per_byte = [ll / n for ll, n in zip(logliks, spans.bytes)]
     chosen = int(np.argmax(logliks))  # the first of equal scores, as lm-evaluation-harness
     return {
-        "score": float(special.softmax(np.asarray(logliks, np.float64))[chosen]),
+        "score": float(scoring.softmax(np.asarray(logliks, np.float64))[chosen]),
         "label": str(chosen),
         "gold_label": None if spans.gold is None else str(spans.gold),
         "scores": [{"label": str(i), "score": ll} for i, ll in enumerate(logliks)],
