@@ -27,6 +27,16 @@ def test_similarity_is_the_cosine_of_pooled_document_and_query():
     assert scoring.score_similarity([doc], [query])["score"] == pytest.approx(float(doc @ query), abs=1e-7)
 
 
+def test_similarity_stays_within_minus_one_and_one():
+    """A document scored against itself: its float32 unit vector's float64 dot with itself passes 1 (by 1.1e-8
+    for this one), which the score must not (arccos of the column)."""
+    v = np.random.default_rng(0).standard_normal((3, 384)).astype(np.float32)[2]
+    pooled = scoring.pool_windows([v]).astype(np.float64)
+    assert pooled @ pooled > 1.0
+    assert scoring.score_similarity([v], [v])["score"] == 1.0
+    assert scoring.score_similarity([v], [-v])["score"] == -1.0
+
+
 def test_classify_softmax_with_temperature_and_top_label():
     doc = unit([1, 0.2, 0])
     labels = np.stack([unit([1, 0, 0]), unit([0, 1, 0]), unit([0, 0, 1])])

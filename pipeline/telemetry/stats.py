@@ -93,6 +93,8 @@ def assemble(totals: dict, quantiles: dict, error_counts: dict, shard_errors: in
     by_stage = Counter()
     for key, n in error_counts.items():
         by_stage[key.split("/", 1)[0]] += n
+    # Each window holds a float share of its call's tokens; a call's shares add up to its whole row count.
+    computed_tokens = round(totals["computed_tokens"])
     stats: dict[str, Any] = {
         "counts": {
             "records": totals["scored"] + errors,
@@ -109,8 +111,8 @@ def assemble(totals: dict, quantiles: dict, error_counts: dict, shard_errors: in
         "tokens": {
             "text_tokens": totals["n_tokens"],
             "model_tokens": totals["window_tokens"],
-            "computed_tokens": totals["computed_tokens"],
-            "padding_efficiency": (totals["window_tokens"] / totals["computed_tokens"]) if totals["computed_tokens"] else None,
+            "computed_tokens": computed_tokens,
+            "padding_efficiency": (totals["window_tokens"] / computed_tokens) if computed_tokens else None,
         },
         "stages": stages,
         "model_id": totals["model_id"],
