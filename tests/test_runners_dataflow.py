@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import DebugOptions, GoogleCloudOption
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from pipeline.options import EvalOptions, parse_options
+from pipeline.runs import publish
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
@@ -73,6 +74,18 @@ def test_dry_run_carries_the_tpu_preset_into_the_job(cloud_env):
     assert debug.number_of_worker_harness_threads == 4
     assert job.options.view_as(EvalOptions).target_backend == "tpu"
     assert container_images(job.proto_pipeline) == {IMAGE}
+
+
+def test_a_dry_run_writes_no_job_file_and_says_so(cloud_env, tmp_path):
+    job_file = tmp_path / "job.json"
+    options, _ = parse_options(["--preset", "dataflow-tpu-v5e", "--input", "unused", "--output", "unused",
+                                "--no_auth", "--dry_run=True", "--template_location", str(job_file)])
+    p = beam.Pipeline(options=options)
+    tiny_pipeline(p)
+    p.run()
+    assert not job_file.exists()
+    assert publish.submit_only(options) == (
+        f"--dry_run: the job was built and translated, not submitted nor written to --template_location {job_file}")
 
 
 def build_template(options, build) -> dict:

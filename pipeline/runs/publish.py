@@ -127,10 +127,11 @@ def submit_only(options: PipelineOptions) -> str | None:
     It waits for every job it runs (Dataflow included: Ctrl-C stops the wait, not the job, which
     publishes its own tables); it cannot wait for a job it only writes down or translates."""
     template = options.view_as(GoogleCloudOptions).template_location
+    if options.view_as(TestOptions).dry_run:  # Beam's dry run returns before it writes --template_location too
+        written = f" nor written to --template_location {template}" if template else ""
+        return f"--dry_run: the job was built and translated, not submitted{written}"
     if template:
         return f"the job was written to --template_location {template} (a Flex Template launch submits it)"
-    if options.view_as(TestOptions).dry_run:
-        return "--dry_run: the job was built and translated, not submitted"
     return None
 
 
