@@ -155,7 +155,8 @@ def file_kind(file: str) -> str:
 
 def fetch_remote(url: str, cache_dir: str) -> str:
     """Copy the model directory at `url` (gs:// through gcsfs, or any fsspec URL) into
-    cache_dir/remote/<fingerprint>/ once, atomically; return the local directory."""
+    cache_dir/remote/<fingerprint>-<max_seq_len>/ once, atomically; return the local directory. The same weights
+    converted at another max_seq_len share the fingerprint but not the copy."""
     import fsspec
 
     url = url.rstrip("/")
@@ -166,7 +167,7 @@ def fetch_remote(url: str, cache_dir: str) -> str:
         raise ModelLoadError(f"{url}/{METADATA}: missing; {url} is not a docscore model directory "
                              "(upload the output of `docscore convert` there)") from None
     metadata = parse_metadata(text, f"{url}/{METADATA}")
-    local = Path(cache_dir) / "remote" / metadata.fingerprint
+    local = Path(cache_dir) / "remote" / f"{metadata.fingerprint}-{metadata.max_seq_len}"
     if (local / METADATA).exists():
         return str(local)
     local.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import fsspec
 
+from models.builtin import BUILTINS
 from pipeline import tasks
 from pipeline.io import run_commit, sinks, sources, tfds_reader
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels
@@ -195,6 +196,29 @@ def is_dataflow(eo: EvalOptions) -> bool:
     return "dataflow" in str(eo.get_all_options().get("runner") or "").lower()
 
 
+def is_label_text(text: str) -> bool:
+    """A Google Cloud label's key or value: at most 63 lowercase letters (any script), digits, _ and -."""
+    return len(text) <= 63 and all(c.isdigit() or c in "_-" or (c.isalpha() and not c.isupper()) for c in text)
+
+
+def check_paths_on_workers(eo: EvalOptions) -> None:
+    """A remote runner's workers open the paths themselves: the input's shards, a model or TFDS directory, the
+    output and profile folders. A path on this machine (it validates here) is not on theirs."""
+    if runs_locally(eo):
+        return
+    read = "which its workers cannot read; copy it to gs://BUCKET/PATH and pass that"
+    written = "whose writes would stay on the workers' own disks; use gs://BUCKET/PATH"
+    paths = (("--input", None if eo.input.startswith(tfds_reader.TFDS_PREFIX) else eo.input, read),
+             ("--tfds_data_dir", eo.tfds_data_dir, read),
+             ("--model", None if eo.model in BUILTINS else eo.model, read),
+             ("--output", None if eo.output.startswith(sinks.BQ_PREFIX) else eo.output,
+              f"{written} or bq:PROJECT.DATASET.PREFIX"),
+             ("--profile_dir", eo.profile_dir, written))
+    for flag, path, fix in paths:
+        if path and fsspec.core.split_protocol(path)[0] in (None, "file", "memory"):
+            raise ConfigError(f"{flag} {path} is on this machine, but the runner runs the job on remote workers, {fix}")
+
+
 def check_dataflow_options(eo: EvalOptions) -> None:
     """DataflowRunner needs a project, a region and a gs:// temp_location, and the worker and project settings
     Beam checks offline (Beam checks them only when the pipeline is built, after the model has loaded, with a
@@ -367,10 +391,15 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         )
 
     check_dataflow_options(eo)
+    check_paths_on_workers(eo)
     for label in eo.job_labels or []:
-        key, sep, _ = label.partition("=")
+        key, sep, value = label.partition("=")
         if not sep or not key:
             raise ConfigError(f"--job_labels {label!r} is not KEY=VALUE; write e.g. --job_labels team=eval")
+        if not (is_label_text(key) and key[0].isalpha() and is_label_text(value)):
+            raise ConfigError(f"--job_labels {label!r}: Dataflow refuses the job: a label's key and value hold only "
+                              "lowercase letters, digits, _ and - (the key starts with a letter; at most 63 characters "
+                              "each); write e.g. --job_labels team=eval")
     tfds_flags = [f"--{flag}" for flag in ("tfds_data_dir", "split") if flag in eo.get_all_options(drop_default=True)]
     if tfds_flags and not eo.input.startswith(tfds_reader.TFDS_PREFIX):
         raise ConfigError(f"{' and '.join(tfds_flags)} only apply to a tfds:NAME --input, and --input {eo.input} is not "
@@ -406,10 +435,6 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
 
     if eo.output.startswith(sinks.BQ_PREFIX) and not eo.get_all_options().get("temp_location"):
         raise ConfigError(f"--output {eo.output} needs --temp_location gs://BUCKET/tmp (where BigQuery loads are staged)")
-    if (not runs_locally(eo) and not eo.output.startswith(sinks.BQ_PREFIX)
-            and fsspec.core.split_protocol(eo.output)[0] in (None, "file", "memory")):
-        raise ConfigError(f"--output {eo.output} is on this machine, but the runner runs the job on remote workers, "
-                          "whose writes would stay on their own disks; use gs://BUCKET/PATH or bq:PROJECT.DATASET.PREFIX")
     if not eo.output.startswith(sinks.BQ_PREFIX):
         try:
             sinks.check_writable(eo.output)
@@ -444,7 +469,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     if max_len > model_max:
         positions = loaded.config.max_positions
         again = (f", or convert the model again with `docscore convert --max_seq_len` up to its {positions} positions"
-                 if positions > model_max and os.path.isdir(eo.model) else "")
+                 if positions > model_max and eo.model not in BUILTINS else "")
         raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max} (the max_seq_len it was converted "
                           f"with); use <= {model_max}{again}")
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))

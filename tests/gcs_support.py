@@ -361,6 +361,15 @@ def gcs(gcs_emulator, tmp_path) -> Iterator[GcsTarget]:
         yield target
 
 
+@pytest.fixture
+def gcs_corpus(gcs) -> str:
+    """The `corpus` fixture's three documents as one shard on the emulator: its gs:// URL, the --input of a remote
+    runner (whose workers could not read a local path)."""
+    lines = [json.dumps({"id": f"d{i}", "text": f"document {i}"}) + "\n" for i in range(3)]
+    gcs.fs().pipe(f"{gcs.bucket}/in/docs.jsonl", "".join(lines).encode())
+    return gcs.url("in", "docs.jsonl")
+
+
 FAULT_RATE = 0.125  # one request in 8 fails
 
 

@@ -22,6 +22,8 @@ from pipeline.io.bigquery import (
 )
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, TIMING_COLUMNS
 
+pytest_plugins = ["gcs_support"]
+
 
 def by_name(schema: dict) -> dict:
     return {f["name"]: f for f in schema["fields"]}
@@ -151,9 +153,9 @@ def test_run_row_from_a_summary():
 
 
 @pytest.mark.integration
-def test_docscore_graph_with_bigquery_output_builds_a_dataflow_job(monkeypatch, tmp_path):
+def test_docscore_graph_with_bigquery_output_builds_a_dataflow_job(monkeypatch, gcs):
     """--output bq:... goes through sinks.write_table into WriteToBigQuery (file loads) in the real
-    graph; built with DataflowRunner --dry_run, nothing reaches Google."""
+    graph; built with DataflowRunner --dry_run, nothing reaches Google (the input is on the GCS emulator)."""
     import apache_beam as beam
 
     from pipeline.graph import build_pipeline
@@ -165,9 +167,8 @@ def test_docscore_graph_with_bigquery_output_builds_a_dataflow_job(monkeypatch, 
     monkeypatch.setenv("DOCSCORE_REGION", "us-central1")
     monkeypatch.setenv("DOCSCORE_TEMP_LOCATION", "gs://docscore-test-bucket/tmp")
     monkeypatch.setenv("DOCSCORE_IMAGE", "us-docker.pkg.dev/docscore-test/docscore/worker:tpu")
-    shard = tmp_path / "in.jsonl"
-    shard.write_text('{"id": "a", "text": "one document"}\n')
-    options, eo = parse_options(["--preset", "dataflow-tpu-v5e", "--input", str(shard),
+    gcs.fs().pipe(f"{gcs.bucket}/in.jsonl", b'{"id": "a", "text": "one document"}\n')
+    options, eo = parse_options(["--preset", "dataflow-tpu-v5e", "--input", gcs.url("in.jsonl"),
                                  "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
                                  "--max_seq_len", "64", "--no_auth", "--dry_run=True"])
     plan = validate(eo)

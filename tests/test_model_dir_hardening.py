@@ -206,7 +206,7 @@ def test_a_named_pipe_in_the_model_directory_exits_2_instead_of_waiting(name, mi
 
 
 def test_a_remote_fingerprint_cannot_name_a_directory_outside_the_cache(tmp_path):
-    """fetch_remote copies a remote model into CACHE/remote/<fingerprint>: the fingerprint must be hex."""
+    """fetch_remote copies a remote model into CACHE/remote/<fingerprint>-<max_seq_len>: the fingerprint must be hex."""
     import fsspec
 
     from models.model_dir import fetch_remote
@@ -220,6 +220,25 @@ def test_a_remote_fingerprint_cannot_name_a_directory_outside_the_cache(tmp_path
     finally:
         fs.rm("/docscore-test-remote", recursive=True)
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "cache").exists()
+
+
+def test_the_same_weights_converted_at_two_lengths_are_two_remote_copies(tmp_path):
+    """Two uploads of one model converted at different --max_seq_len share the fingerprint (weights, config,
+    tokenizer): each is fetched into its own copy, so the second is not read with the first's length."""
+    import fsspec
+
+    from models.model_dir import fetch_remote, read_metadata
+
+    fs = fsspec.filesystem("memory")
+    for length in (32, 64):
+        fs.pipe(f"/docscore-test-remote/m{length}/metadata.json", json.dumps({**METADATA_OK, "max_seq_len": length}).encode())
+        fs.pipe(f"/docscore-test-remote/m{length}/config.json", b"{}")
+    try:
+        copies = {n: fetch_remote(f"memory://docscore-test-remote/m{n}", str(tmp_path / "cache")) for n in (32, 64, 32)}
+    finally:
+        fs.rm("/docscore-test-remote", recursive=True)
+    assert copies[32] != copies[64]
+    assert {n: read_metadata(path).max_seq_len for n, path in copies.items()} == {32: 32, 64: 64}
 
 
 # ---- what the fingerprint is -----------------------------------------------------------------------

@@ -24,6 +24,8 @@ from pipeline.validate import validate
 from tests.conftest import (SENTENCES, common_flags, padded, read_summary, read_table, run_docscore,
                             transformers_logprobs, write_jsonl)
 
+pytest_plugins = ["gcs_support"]
+
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "docscore scores documents in batches",
@@ -301,7 +303,7 @@ def test_unsupported_rope_scaling_is_refused_naming_field_and_value(rope_type, e
     assert code == 2 and f'rope_scaling.rope_type "{rope_type}" is not supported' in message
 
 
-def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(converted, tmp_path):
+def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(converted, tmp_path, gcs):
     """Past its window a Mistral/Qwen2 token sees only the last `window` tokens in each sliding layer (the
     parity test above runs documents longer than the window); the window rides the kernel contract, and a
     kernel without local attention is refused, not silently run without it."""
@@ -320,14 +322,16 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
     # Dataflow GPU/TPU workers: converted at its window (docscore convert's default for it), no row is longer than
     # the window, which then masks nothing, and their flash kernels run it; converted at twice the window, flash is
     # refused before the job starts, as the workers' loader would refuse it. auto plans (and records) the kernel
-    # the workers will run.
-    shard = tmp_path / "docs.jsonl"
-    shard.write_text('{"id": "a", "text": "a short text"}\n')
+    # the workers will run. The workers read the input and the models from GCS (here its emulator).
+    fs = gcs.fs()
+    fs.pipe(f"{gcs.bucket}/docs.jsonl", b'{"id": "a", "text": "a short text"}\n')
     long_dir = tmp_path / "converted-at-twice-the-window"
     assert convert_main(["--hf", str(hf_dir), "--out", str(long_dir), "--max_seq_len", str(2 * config.sliding_window)]) == 0
+    fs.put(str(model_dir), f"{gcs.bucket}/window", recursive=True)
+    fs.put(str(long_dir), f"{gcs.bucket}/twice", recursive=True)
     for accelerator, backend in (("nvidia-l4;count:1", "gpu"), ("tpu-v5-lite-podslice;topology:1x1", "tpu")):
-        def plan(attention, *extra, model=model_dir):
-            _, eo = parse_options(["--input", str(shard), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
+        def plan(attention, *extra, model=gcs.url("window")):
+            _, eo = parse_options(["--input", gcs.url("docs.jsonl"), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
                                    "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "docscore-test",
                                    "--region", "r", "--task", "loglik", "--stride", "8", "--model", str(model), "--dtype", "bfloat16",
                                    "--attention", attention, "--runner", "DataflowRunner",
@@ -336,8 +340,8 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
 
         assert plan("flash").kernel in table.FLASH[backend]
         with pytest.raises(ConfigError, match="--attention=flash .*sliding-window.*the Dataflow workers' accelerator"):
-            plan("flash", model=long_dir)
-        assert plan("auto", model=long_dir).kernel == "xla"
+            plan("flash", model=gcs.url("twice"))
+        assert plan("auto", model=gcs.url("twice")).kernel == "xla"
     # a longer --max_seq_len than the model was converted at needs converting again
     with pytest.raises(ConfigError, match="exceeds the model's .*convert the model again with `docscore convert "
                                           "--max_seq_len` up to its"):

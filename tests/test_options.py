@@ -109,7 +109,7 @@ def not_writable(tmp_path):
 
 
 DATAFLOW = ["--runner", "DataflowRunner", "--dry_run=True", "--project", "docscore-test", "--region", "us-central1",
-            "--temp_location", "gs://b/tmp", "--output", "gs://b/out"]
+            "--temp_location", "gs://b/tmp", "--input", "gs://b/in/*.jsonl", "--output", "gs://b/out"]
 
 CASES = {
     # name: (extra flags as a function of tmp_path, flag the message must name, schema peek allowed)
@@ -164,13 +164,15 @@ CASES = {
                                                        "worker_accelerator=type:nvidia-l4;count:1"],
                                             "--target_backend=cpu, but the Dataflow workers have a GPU", False),
     "job_label_without_value": (lambda t: ["--job_labels", "noequals"], "--job_labels 'noequals' is not KEY=VALUE", False),
+    "job_label_key_with_capitals_and_a_space": (lambda t: ["--job_labels", "Bad Key=x"],
+                                                "--job_labels 'Bad Key=x': Dataflow refuses the job", False),
+    "job_label_value_too_long": (lambda t: ["--job_labels", "team=" + "x" * 64],
+                                 "at most 63 characters each", False),
     "tfds_flags_without_tfds_input": (lambda t: ["--tfds_data_dir", str(t), "--split", "train"],
                                       "--tfds_data_dir and --split only apply to a tfds:NAME --input", False),
     "output_not_writable": (lambda t: ["--output", not_writable(t)], "--output", False),
     "output_file_url": (lambda t: ["--output", f"file://{t}/out"], "(for a local directory write /", False),
-    "output_local_for_remote_workers": (lambda t: ["--runner", "DataflowRunner", "--project", "docscore-test", "--region", "r",
-                                                  "--temp_location", "gs://b/tmp", "--dry_run=True"],
-                                       "is on this machine, but the runner runs the job on remote workers", False),
+
     "output_no_beam_file_system": (lambda t: ["--output", "memory://docscore/out"], "--output memory://", False),
     "missing_model": (lambda t: ["--model", str(t / "no_such_model")], "--model", False),
     "task_incompatible_with_model": (lambda t: ["--task", "loglik"], "--task=loglik", False),
@@ -179,6 +181,20 @@ CASES = {
     "run_id_escaping_output": (lambda t: ["--run_id", "../../etc"], "--run_id", False),
     "tfds_without_data_dir": (lambda t: ["--input", "tfds:foo"], "--tfds_data_dir", False),
 }
+
+
+@pytest.mark.parametrize("flag", ["--input", "--tfds_data_dir", "--model", "--output", "--profile_dir"])
+def test_a_remote_runner_refuses_a_path_on_this_machine(flag, tmp_path, no_data_read, capsys):
+    """Dataflow's workers open the shards, a model or TFDS directory and write the output and profile folders
+    themselves: each local path is exit 2 naming its flag, before any data (or the gs:// input) is read."""
+    local = tmp_path / "here"
+    local.mkdir()
+    extra = ["--input", "tfds:mnist", "--tfds_data_dir", str(local)] if flag == "--tfds_data_dir" else [flag, str(local)]
+    rc = run_docscore(*DATAFLOW, "--run_id", "r1", *extra)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"{flag} {local} is on this machine, but the runner runs the job on remote workers" in err, err
+    assert "gs://BUCKET/PATH" in err and no_data_read == []
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

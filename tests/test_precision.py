@@ -15,6 +15,8 @@ from kernels.xla import xla_attention
 from models.precision import choice_problem, matmul_precision, with_matmul_precision
 from tests.conftest import common_flags, read_summary, run_docscore
 
+pytest_plugins = ["gcs_support"]
+
 
 def test_dtype_to_precision():
     assert matmul_precision("float32") == "highest"
@@ -140,14 +142,14 @@ def test_tf32_is_refused_by_the_loader_off_gpu(minilm):
         models.load("minilm-l6", attention="native", matmul_precision="tf32")
 
 
-def test_tf32_for_gpu_workers_reaches_their_model_spec_and_the_summary(corpus, tmp_path):
+def test_tf32_for_gpu_workers_reaches_their_model_spec_and_the_summary(gcs_corpus, tmp_path):
     """A Dataflow GPU run: validation checks the model on this CPU at its own precision, and the workers'
     ModelSpec (what shared_model loads) and the summary carry tf32."""
     from pipeline.options import parse_options
     from pipeline.runs.summary import launch_facts
     from pipeline.validate import validate
 
-    _, eo = parse_options(["--input", str(corpus), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
+    _, eo = parse_options(["--input", gcs_corpus, "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
                            "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "docscore-test", "--region", "r",
                            "--matmul_precision", "tf32", "--target_backend", "gpu", "--runner", "DataflowRunner",
                            "--dataflow_service_options", "worker_accelerator=type:nvidia-l4;count:1"])

@@ -9,6 +9,8 @@ from tests.conftest import common_flags, run_docscore
 
 OTHER = [b for b in ("cpu", "gpu", "tpu") if b != jax.default_backend()]
 
+pytest_plugins = ["gcs_support"]
+
 
 @pytest.mark.parametrize("flags", [
     ["--target_backend", OTHER[0]],
@@ -33,13 +35,13 @@ def test_the_machines_own_backend_named_explicitly_still_runs(corpus, tmp_path):
     ("worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver", "gpu", "pallas_gpu"),
     (None, "cpu", None),
 ])
-def test_on_dataflow_auto_means_the_workers_backend(accelerator, backend, kernel, corpus):
+def test_on_dataflow_auto_means_the_workers_backend(accelerator, backend, kernel, gcs_corpus):
     """--target_backend auto with DataflowRunner plans for what the workers have (their worker_accelerator), not
     for the launching machine: the kernel, the batch sizes and the summary follow it."""
     from pipeline.options import parse_options
     from pipeline.validate import validate
 
-    flags = ["--input", str(corpus), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1", "--runner",
+    flags = ["--input", gcs_corpus, "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1", "--runner",
              "DataflowRunner", "--project", "docscore-test", "--region", "us-central1", "--temp_location",
              "gs://docscore-test-bucket/tmp", "--attention", "flash", "--dtype", "bfloat16"]
     _, eo = parse_options(flags + (["--dataflow_service_options", accelerator] if accelerator else []))
