@@ -56,7 +56,7 @@ def choice_problem(dtype: str, choice: str | None, backend: str | None = None) -
     if backend is not None and backend not in CHOICE_BACKENDS[choice]:
         return (f"--matmul_precision={choice} needs a GPU (TensorFloat-32 is an NVIDIA tensor-core format), "
                 f"but inference runs on {backend}: drop --matmul_precision (float32 matmuls there are exact), "
-                "or run on GPU workers (--target_backend gpu)")
+                "or run it on GPU workers (--preset dataflow-gpu-l4, runners/DATAFLOW.md) or on a machine with a GPU")
     return None
 
 

@@ -341,8 +341,9 @@ def unreachable_input_message(pattern: str, error: BaseException) -> str:
             "the endpoint and the credentials (STORAGE_EMULATOR_HOST for an emulator)")
 
 
-def validate_plan(eo: EvalOptions) -> RunPlan:
-    """All checks, cheapest first; the model is loaded last (once per process, reused by the pipeline)."""
+def check_options(eo: EvalOptions) -> None:
+    """The checks of the options alone, cheapest first: no runner environment, backend, model or data
+    (runners/scheduling.py runs them on a schedule's `run:` before anything is launched)."""
     if not eo.input:
         raise ConfigError("--input is required: a shard pattern (e.g. 'data/*.jsonl', gs://bucket/x/*.parquet) or tfds:NAME")
     if not eo.output:
@@ -383,15 +384,15 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
             f"--task={eo.task} needs at least two labels: --labels \"name=description;name=description\" "
             "or a `labels:` mapping (label: description) in --config"
         )
+    label_tasks = " or ".join(f"--task={t.name}" for t in tasks.TASKS.values() if t.takes_labels)
     if labels and not task.takes_labels:
-        label_tasks = " or ".join(f"--task={t.name}" for t in tasks.TASKS.values() if t.takes_labels)
         raise ConfigError(
             f"--labels is only for {label_tasks} (the classes documents are scored against); --task={eo.task} "
             f"would ignore it: drop --labels (or the `labels:` key of --config), or pass {label_tasks}"
         )
-
-    check_dataflow_options(eo)
-    check_paths_on_workers(eo)
+    if "temperature" in eo.get_all_options(drop_default=True) and not task.takes_labels:
+        raise ConfigError(f"--temperature is only for {label_tasks} (the softmax over its labels); --task={eo.task} "
+                          f"would ignore it: drop --temperature, or pass {label_tasks}")
     for label in eo.job_labels or []:
         key, sep, value = label.partition("=")
         if not sep or not key:
@@ -400,10 +401,19 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
             raise ConfigError(f"--job_labels {label!r}: Dataflow refuses the job: a label's key and value hold only "
                               "lowercase letters, digits, _ and - (the key starts with a letter; at most 63 characters "
                               "each); write e.g. --job_labels team=eval")
+
+
+def validate_plan(eo: EvalOptions) -> RunPlan:
+    """All checks, cheapest first; the model is loaded last (once per process, reused by the pipeline)."""
+    check_options(eo)
+    task, labels = tasks.get(eo.task), parse_labels(eo.classify_labels)
+    check_dataflow_options(eo)
+    check_paths_on_workers(eo)
     tfds_flags = [f"--{flag}" for flag in ("tfds_data_dir", "split") if flag in eo.get_all_options(drop_default=True)]
     if tfds_flags and not eo.input.startswith(tfds_reader.TFDS_PREFIX):
-        raise ConfigError(f"{' and '.join(tfds_flags)} only apply to a tfds:NAME --input, and --input {eo.input} is not "
-                          "one; drop them")
+        them, apply = ("them", "apply") if len(tfds_flags) > 1 else ("it", "applies")
+        raise ConfigError(f"{' and '.join(tfds_flags)} only {apply} to a tfds:NAME --input, and --input {eo.input} is "
+                          f"not one; drop {them}")
     backend = check_worker_backend(eo) if is_dataflow(eo) else target_backend(eo.target_backend)
     check_reachable_backend(eo, backend)
     check_matmul_precision(eo, backend)
