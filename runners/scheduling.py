@@ -1,8 +1,9 @@
 """Scheduled runs: read a runners/schedules/*.yaml file and turn it into what a scheduler sends -
 the Flex Template launch request (Cloud Scheduler, Composer) and the `docscore compare` gate.
 
-Holds the schedule format, its checks and pure conversions; `python -m runners.scheduling FILE` prints
-the launch request body. Must not call Google APIs or run pipelines.
+Holds the schedule format, its checks (of the run section: the template's regexes, then `docscore run`'s own
+checks of the options alone) and pure conversions; `python -m runners.scheduling FILE` prints the launch request
+body. Must not call Google APIs, read data or run pipelines.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import yaml
 LAUNCHERS = ("cloud-scheduler", "composer")
 TEMPLATE_METADATA = Path(__file__).with_name("flex_template_metadata.json")
 COMPARE_KEYS = ("baseline", "candidate", "limits")
+TEXT_KEYS = ("name", "cron", "time_zone", "launcher", "template", "region")
 
 # The Airflow template values a composer schedule may use (Airflow 2.2+ and 3 have them all): strings as
 # {{ name }}, datetimes through a date filter as {{ name | ds_nodash }} (a bare datetime has spaces and colons).
@@ -147,7 +149,7 @@ def check_run(schedule: Schedule, context: dict[str, Any]) -> None:
     parameters = template_parameters()
     for key, value in schedule.run.items():
         if key not in parameters:
-            close = difflib.get_close_matches(key, parameters, n=1, cutoff=0.5)
+            close = difflib.get_close_matches(str(key), parameters, n=1, cutoff=0.5)  # YAML `1: x` too
             hint = f"did you mean {close[0]}?" if close else f"the parameters are {', '.join(parameters)}"
             raise ValueError(f"run.{key} is not a parameter of the Flex Template (runners/{TEMPLATE_METADATA.name}); {hint}")
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -161,6 +163,46 @@ def check_run(schedule: Schedule, context: dict[str, Any]) -> None:
     missing = [name for name, p in parameters.items() if not p.get("isOptional") and name not in schedule.run]
     if missing:
         raise ValueError(f"run: the template needs {', '.join(missing)}")
+
+
+def check_run_options(schedule: Schedule) -> None:
+    """The run section as `docscore run` would take it at launch (run_refusal): a value no regex can refuse (a '..' in
+    a run id) or one parameter that needs another (task classify and its labels) fails the launch otherwise."""
+    problem = run_refusal(schedule.run)
+    if problem:
+        raise ValueError(f"run: `docscore run` would refuse it at launch: {problem}")
+
+
+def run_refusal(run: dict[str, Any]) -> str | None:
+    """Why `docscore run` refuses these template parameters before reading data, in the pipeline's own words
+    (parse_options, validate.check_options, the batch flags' check), or None. What only the launch
+    knows is not judged: a run naming a config (a file on GCS that may set any option) is left to it, the preset is
+    left out (its cloud settings come from the launch's environment), and so are values holding an Airflow
+    {{ placeholder }}, except input and output, which the pipeline requires: those are rendered for the scheduled
+    run (a date changes nothing its checks of them look at)."""
+    from pipeline import validate
+    from pipeline.options import ConfigError, parse_options
+    from pipeline.stages import batching
+
+    if "config" in run:
+        return None
+    flags = []
+    for key, value in run.items():
+        text = str(value)
+        if _TEMPLATE.search(text):
+            if key not in ("input", "output"):
+                continue
+            text = render(text, SCHEDULED_RUN)
+        if key != "preset":
+            flags.append(f"--{key}={text}")
+    try:
+        _, eo = parse_options(flags)
+        validate.check_options(eo)
+        # validate_plan checks them once the backend is known; only the defaults of flags not given depend on it
+        batching.settings_for("cpu", batch_size=eo.batch_size, calls_per_beam_batch=eo.calls_per_beam_batch)
+    except (ConfigError, ValueError) as e:
+        return str(e)
+    return None
 
 
 def airflow_context(logical_date: datetime, interval_start: datetime, prev_success_start: datetime) -> dict[str, Any]:
@@ -197,8 +239,24 @@ def check_compare(schedule: Schedule) -> None:
                              f"this one ({{{{ ds_nodash }}}})")
 
 
+def read_schedule_file(path: str | Path) -> dict[str, Any]:
+    """The file's mapping; a file that is missing, unreadable, not YAML or not a mapping is a ValueError naming it,
+    as every other problem with a schedule is (main() reports those in one line)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file; pass a runners/schedules/*.yaml file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a schedule is a mapping of key: value, got {type(data).__name__}")
+    return data
+
+
 def load_schedule(path: str | Path) -> Schedule:
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_schedule_file(path)
     known = {f.name for f in dataclasses.fields(Schedule)}
     unknown = set(data) - known
     missing = {f.name for f in dataclasses.fields(Schedule) if f.default is dataclasses.MISSING} - set(data)
@@ -206,6 +264,11 @@ def load_schedule(path: str | Path) -> Schedule:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}; "
                          f"a schedule has {', '.join(sorted(known))}")
     schedule = Schedule(**data)
+    for key in TEXT_KEYS:
+        if not isinstance(getattr(schedule, key), str):
+            raise ValueError(f"{path}: {key}: {getattr(schedule, key)!r} is not text; quote it")
+    if not isinstance(schedule.run, dict):
+        raise ValueError(f"{path}: run: {schedule.run!r} is not a mapping of template parameter: value")
     if schedule.launcher not in LAUNCHERS:
         raise ValueError(f"{path}: launcher {schedule.launcher!r}; use one of {', '.join(LAUNCHERS)}")
     try:
@@ -213,6 +276,7 @@ def load_schedule(path: str | Path) -> Schedule:
         check_time_zone(schedule.time_zone)
         check_templates(schedule)
         check_run(schedule, SCHEDULED_RUN)
+        check_run_options(schedule)
         if schedule.compare is not None:
             check_compare(schedule)
     except ValueError as e:
@@ -269,10 +333,18 @@ def compare_argv(schedule: Schedule) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runners.scheduling", description=__doc__.split("\n")[0])
+    """Print the launch body; a schedule that cannot launch exits 2 with one line on stderr and prints nothing, so
+    `python -m runners.scheduling FILE > body.json && gcloud ...` stops there (as `docscore run` and `compare` do)."""
+    description = " ".join(__doc__.split("\n\n")[0].split())  # the whole first paragraph, not its first line
+    parser = argparse.ArgumentParser(prog="python -m runners.scheduling", description=description)
     parser.add_argument("schedule", help="a runners/schedules/*.yaml file")
     args = parser.parse_args(argv)
-    print(json.dumps(launch_body(load_schedule(args.schedule)), indent=2))
+    try:
+        body = launch_body(load_schedule(args.schedule))
+    except ValueError as e:
+        print(f"{parser.prog}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    print(json.dumps(body, indent=2))
     return 0
 
 

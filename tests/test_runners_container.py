@@ -129,17 +129,61 @@ def test_attention_and_run_id_parameters_follow_the_pipeline():
     assert allowed("shadow_attention").pattern == attention.pattern
 
 
-@pytest.mark.parametrize("name,good,bad", [
-    ("shadow_fraction", ("0.1", ".5", "1", "1.0", "0.001"), ("0", "0.0", "1.5", "2", "-0.1", "abc")),
-    ("max_error_fraction", ("0", "0.0", "0.25", ".5", "1", "1.0"), ("1.5", "2", "-0.1", "abc")),
-    ("shadow_tolerance", ("1e-5", "0.01", "2", "1.5E-3"), ("-1e-5", "abc", "1e")),
-    ("max_record_bytes", ("1024", "33554432"), ("0", "-1", "1.5", "32MiB")),
-])
-def test_numeric_parameters_allow_the_values_the_pipeline_accepts(name, good, bad):
-    """The ranges pipeline/validate.py checks (fractions in (0, 1] and [0, 1]) are refused at launch."""
+# Each numeric parameter's values at and around the limits pipeline/validate.py sets, and ones its parser refuses
+BOUNDARY_VALUES = {
+    "temperature": ("0", "0.0", ".0", "00", "0.001", ".05", "1", "1.", "10", "-1", "nan", "inf", "abc"),
+    "shadow_fraction": ("0", "0.0", ".0", "0.001", ".5", "0.1", "1", "1.0", "1.00", "1.001", "2", "-0.1", "abc"),
+    "shadow_tolerance": ("0", "0.0", "0e5", "0.0E-3", "1e-5", "1.5E-3", "0.01", "2", "2.", "-1e-5", "1e", "inf",
+                         "nan", "abc"),
+    "max_error_fraction": ("0", "0.0", ".5", "0.25", "1", "1.0", "1.001", "1.5", "2", "-0.1", "abc"),
+    "max_record_bytes": ("0", "5", "1000", "1019", "1020", "1023", "1024", "1025", "1029", "1030", "1099", "1100",
+                         "2048", "9999", "10000", "33554432", "-1", "1.5", "32MiB"),
+    "max_seq_len": ("0", "1", "7", "8", "9", "10", "19", "128", "-8", "8.0"),
+    "max_chunks": ("0", "1", "8", "-1", "1.5"),
+    "stride": ("0", "1", "32", "-1", "1.5"),
+    "batch_size": ("0", "1", "128", "-1", "1.5"),
+    "calls_per_beam_batch": ("0", "1", "4", "-1", "1.5"),
+}
+# The rest of a run that lets each of them be judged alone: the shadow flags need --shadow_attention
+BOUNDARY_RUN = {"input": "gs://bucket/docs/*.jsonl", "output": "gs://bucket/docscore", "shadow_attention": "flash",
+                "task": "classify", "classify_labels": "a=about a;b=about b"}  # a task every parameter applies to
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDARY_VALUES))
+def test_numeric_parameters_allow_the_values_the_pipeline_accepts(name):
+    """A value the metadata allows but `docscore run` refuses fails the job after its launch; one it refuses but the
+    pipeline takes cannot be launched at all. The verdict is the pipeline's own: its option parsing and the checks
+    validate.py makes on the options alone (runners.scheduling.run_refusal)."""
+    from runners.scheduling import run_refusal
+
     pattern = allowed(name)
-    assert all(pattern.fullmatch(v) for v in good), name
-    assert not any(pattern.fullmatch(v) for v in bad), name
+    verdicts = {value: run_refusal({**BOUNDARY_RUN, name: value}) for value in BOUNDARY_VALUES[name]}
+    assert {problem is None for problem in verdicts.values()} == {True, False}, verdicts  # both sides of a limit
+    wrong = {value: problem for value, problem in verdicts.items() if bool(pattern.fullmatch(value)) != (problem is None)}
+    assert not wrong, f"{name}: the metadata's {pattern.pattern} disagrees with the pipeline on {wrong}"
+
+
+def test_run_id_parameter_refuses_what_the_pipeline_does_but_dots():
+    """The pipeline's rule is RUN_ID_PATTERN and no '..' (pipeline/io/run_commit.py safe_run_id). A lookahead would
+    say the second, but a template's regexes are not Python's (no lookahead in RE2 or POSIX egrep): the schedule
+    check refuses '..' with the pipeline's own check_run_id, and a launch by hand exits 2 before any job."""
+    from pipeline.options import ConfigError
+    from pipeline.validate import check_run_id
+
+    def pipeline_accepts(run_id: str) -> bool:
+        try:
+            check_run_id(run_id)
+        except ConfigError:
+            return False
+        return True
+
+    pattern = allowed("run_id")
+    for run_id in ("a", "nightly-20260101", "a.b", "a_b-c.d", "a" * 128, "a" * 129, "", ".a", "-a", "a/b", "a b",
+                   "a..b", "a..", "ä"):
+        if pattern.fullmatch(run_id):
+            assert pipeline_accepts(run_id) or ".." in run_id, run_id
+        else:
+            assert not pipeline_accepts(run_id), run_id
 
 
 SAMPLE = {

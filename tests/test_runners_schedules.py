@@ -203,3 +203,60 @@ def test_printing_the_launch_body(capsys):
     assert main([str(ROOT / "runners" / "schedules" / "nightly-classify.yaml")]) == 0
     body = json.loads(capsys.readouterr().out)
     assert body["launchParameter"]["parameters"]["task"] == "classify"
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "no such file"),
+    (CLASSIFY.replace("  task: classify\n", "  task: classify\n  labels: a=b;c=d\n"),
+     "run.labels is not a parameter of the Flex Template (runners/flex_template_metadata.json); did you mean classify_labels?"),
+    (CLASSIFY.replace('cron: "0 3 * * *"', 'cron: "0 25 * * *"'), "cron '0 25 * * *': hour '25' is not 0-23"),
+    ("cron: [0, 3\n", "not valid YAML"),
+    ("- a list\n", "a schedule is a mapping of key: value, got list"),
+    (CLASSIFY.replace("time_zone: Etc/UTC", "time_zone: 3"), "time_zone: 3 is not text"),
+    (CLASSIFY.replace("  task: classify\n", "  task: classify\n  1: x\n"), "run.1 is not a parameter"),
+    (CLASSIFY.split("run:\n")[0] + "run: gs://YOUR_BUCKET/docs\n",
+     "run: 'gs://YOUR_BUCKET/docs' is not a mapping of template parameter: value"),
+], ids=["missing file", "unknown parameter", "cron", "bad yaml", "not a mapping", "text key", "number key", "run not a mapping"])
+def test_a_bad_schedule_exits_2_with_one_line_and_prints_no_body(tmp_path, capsys, text, message):
+    """`python -m runners.scheduling FILE > body.json && gcloud ...` must stop at a bad schedule: exit 2, nothing on
+    stdout, the reason on one line of stderr (not a traceback)."""
+    path = tmp_path / "s.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert main([str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith(f"python -m runners.scheduling: {path}: "), err
+    assert message in err
+
+
+def test_help_describes_the_command_in_whole_sentences(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert ("turn it into what a scheduler sends - the Flex Template launch request (Cloud Scheduler, Composer) and "
+            "the `docscore compare` gate.") in shown
+
+
+@pytest.mark.parametrize("line, message", [
+    ("  task: classify\n  run_id: a..b", "--run_id='a..b' is not a safe partition name"),
+    ("  task: classify\n  shadow_fraction: 0.5", "--shadow_fraction=0.5 has no effect without --shadow_attention"),
+    ("  task: embed", "--labels is only for --task=classify"),
+], ids=["run_id dots", "shadow without kernel", "labels without classify"])
+def test_run_values_docscore_run_refuses_are_refused(tmp_path, line, message):
+    """What no regex can say (a '..' in a run id; one parameter that needs another) is refused by the pipeline's own
+    option checks, before a launch that would fail."""
+    text = CLASSIFY.replace("  run_id: nightly-classify\n", "").replace("  task: classify\n", f"{line}\n")
+    assert f"run: `docscore run` would refuse it at launch: {message}" in refusal(tmp_path, text)
+
+
+def test_classify_without_labels_is_refused(tmp_path):
+    text = "\n".join(line for line in CLASSIFY.splitlines() if not line.startswith("  classify_labels:")) + "\n"
+    assert "--task=classify needs at least two labels" in refusal(tmp_path, text)
+
+
+def test_a_run_with_a_config_file_leaves_the_pipeline_checks_to_the_launch(tmp_path):
+    """The config file on GCS may hold the labels: only the launch can read it."""
+    text = "\n".join(line for line in CLASSIFY.splitlines() if not line.startswith("  classify_labels:")) + "\n"
+    accepts(tmp_path, text.replace("  task: classify\n", "  task: classify\n  config: gs://YOUR_BUCKET/labels.yaml\n"))
