@@ -335,12 +335,6 @@ def _missing_dirs(output: str) -> list[str]:
     return missing
 
 
-def unreachable_input_message(pattern: str, error: BaseException) -> str:
-    """--input's store could not be reached at validation: the underlying error and where to look."""
-    return (f"--input {pattern}: cannot be reached ({type(error).__name__}: {str(error)[:300]}); check the network, "
-            "the endpoint and the credentials (STORAGE_EMULATOR_HOST for an emulator)")
-
-
 def check_options(eo: EvalOptions) -> None:
     """The checks of the options alone, cheapest first: no runner environment, backend, model or data
     (runners/scheduling.py runs them on a schedule's `run:` before anything is launched)."""
@@ -437,7 +431,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     except Exception as e:  # a store that cannot be reached (no network, DNS, refused): not a traceback
         if not (isinstance(e, OSError) or sources.is_transient(e)):
             raise
-        raise ConfigError(unreachable_input_message(eo.input, e)) from None
+        raise ConfigError(sources.unreachable_message(f"--input {eo.input}", e)) from None
     read_spec = sources.ReadSpec(
         text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes
     )

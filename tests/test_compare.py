@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import posixpath
 import uuid
+from types import SimpleNamespace
 
 import fsspec
 import numpy as np
@@ -14,6 +15,8 @@ import pytest
 
 from pipeline.cli import main as docscore
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, TIMING_COLUMNS
+from pipeline.runs import report
+from pipeline.runs.compare import count_change_text
 from pipeline.runs.compare import main as compare
 
 pytest_plugins = ["gcs_support"]
@@ -130,6 +133,16 @@ def test_count_changes_and_unmatched_documents(tmp_path, capsys):
     assert code == 0  # counts are not limited by default
     code, result = run_compare(capsys, a, b, "--max_count_change", "0.5")
     assert code == 1 and any("errors count change" in v for v in result["violations"])
+    # the report says how each count changed, not the bare fraction |B - A| / A the limit is checked against
+    assert compare([a, b]) == 0
+    assert "counts      scored 10 -> 9 (-10%), errors 1 -> 3 (+200%)\n" in capsys.readouterr().out
+
+
+def test_count_change_text_reads_as_a_change():
+    assert count_change_text(20, 10) == "20 -> 10 (-50%)"
+    assert count_change_text(7, 7) == "7 -> 7 (unchanged)"
+    assert count_change_text(0, 3) == "0 -> 3 (none in A)"  # no percentage of nothing
+    assert count_change_text(10_000, 10_001) == "10000 -> 10001 (+0.01%)"  # a small change is not rounded to 0%
 
 
 def test_embedding_cosine_drift(tmp_path, capsys):
@@ -210,6 +223,28 @@ def test_duplicates_are_violations_and_a_task_mismatch_cannot_be_compared(tmp_pa
     assert "classify" in captured.err and "similarity" in captured.err and "same --task" in captured.err
 
 
+def test_classify_runs_over_different_label_sets_cannot_be_compared(tmp_path, capsys):
+    """Every document "flips" between runs that chose among different classes: that is no limit exceeded (it was
+    exit 1, "label flips 20 of 20") but two runs that cannot be compared, as runs of different tasks are."""
+    def labelled(run_id, labels):
+        names = sorted(labels)
+        rows = score_rows(run_id, "classify", 20, scores=np.full(20, 0.9), labels=[names[i % len(names)] for i in range(20)])
+        return write_run(str(tmp_path), run_id, rows, run_summary={**summary(run_id, "classify"), "config": {"labels": labels}})
+
+    a = labelled("a", {"statement": "a statement", "expression": "an expression"})
+    b = labelled("b", {"a": "first", "b": "second", "c": "third"})
+    code = compare([a, b, "--json", "-"])
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert code == 2 and result["violations"] == []
+    assert result["labels"] == {"a": ["expression", "statement"], "b": ["a", "b", "c"]}
+    assert "(A: expression, statement; B: a, b, c)" in captured.err and "same --labels" in captured.err
+    # the same classes described otherwise (a prompt change) are compared: that is what flips measure
+    c = labelled("c", {"expression": "a Python expression", "statement": "a Python statement"})
+    code, result = run_compare(capsys, a, c)
+    assert code == 0 and result["not_comparable"] is None and result["label_flips"]["compared"] == 20
+
+
 def test_no_matched_document_is_not_within_every_limit(tmp_path, capsys):
     """Runs over different data (or the same data under another path) share no key: nothing was compared,
     so the report must not say "within every limit" and the exit status is 2, not 0."""
@@ -285,7 +320,73 @@ def test_runs_that_cannot_be_paired_or_read_exit_2_not_1(tmp_path, capsys):
     part.write_bytes(part.read_bytes()[:100])
     assert compare([d, e]) == 2 and "cannot compare" in capsys.readouterr().err
     (tmp_path / "a_file").write_text("x")
-    assert compare([d, d, "--json", str(tmp_path / "a_file" / "x.json")]) == 2 and "cannot compare" in capsys.readouterr().err
+    assert compare([d, d, "--json", str(tmp_path / "a_file" / "x.json")]) == 2
+    assert "a_file does not exist or is not a folder" in capsys.readouterr().err
+
+
+def test_an_unwritable_json_path_is_exit_2_before_any_run_is_read(tmp_path, capsys):
+    """A --json PATH that cannot be written is refused first (nothing read, no verdict printed and then exit 2), and no
+    missing folder of it is created (fsspec's default made every one of a mistyped path)."""
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
+    a = write_run(str(tmp_path), "a", rows)
+    b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows])
+    nowhere = str(tmp_path / "scores" / "run_id=nope")  # would be exit 2 for another reason, had it been read
+    for json_path, expected in ((tmp_path / "typo" / "deeper" / "cmp.json", "typo/deeper does not exist"),
+                                (tmp_path / "scores", "is a folder")):
+        assert compare([a, nowhere, "--json", str(json_path)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and f"--json {json_path}" in captured.err and expected in captured.err, captured.err
+    assert not (tmp_path / "typo").exists()
+    # a writable path: the verdict's exit status, and the file holds the comparison
+    assert compare([a, b, "--json", str(tmp_path / "cmp.json")]) == 0
+    assert "within every limit" in capsys.readouterr().out
+    assert json.loads((tmp_path / "cmp.json").read_text())["documents"]["matched"] == 4
+
+
+def test_bigquery_outputs_have_no_compare_nor_report(tmp_path, capsys):
+    """runners/DATAFLOW.md, section 7: a bq: run's tables are BigQuery's. Said plainly, with what to do instead,
+    not "does not exist" / "no finished run under bq:..."."""
+    a = write_run(str(tmp_path), "a", score_rows("a", "embed", 4, embeddings=np.eye(4, 8)))
+    assert compare([a, "bq:proj.ds.prefix/scores/run_id=b"]) == 2
+    err = capsys.readouterr().err
+    assert "bq:proj.ds.prefix/scores/run_id=b is a BigQuery output" in err and "no `docscore compare`" in err
+    assert "compare the runs in BigQuery instead" in err and "does not exist" not in err
+    for argv in (["bq:proj.ds.prefix"], ["bq:proj.ds.prefix", "--run_id", "r1"]):
+        assert report.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "bq:proj.ds.prefix is a BigQuery output" in err and "no `docscore report`" in err
+        assert "query the run in BigQuery instead" in err and "no finished run" not in err
+
+
+@pytest.fixture
+def unreachable_gcs(tmp_path, monkeypatch):
+    """gs:// pointed at a closed port of 127.0.0.1 (every request refused), with gcsfs's back-off between its
+    tries taken out: the same refused requests and the same error at the end, without ~35 s of waiting."""
+    import gcsfs.retry
+    from gcs_support import free_port, gcs_environment
+
+    async def no_wait(_seconds):
+        return None
+
+    monkeypatch.setattr(gcsfs.retry, "asyncio", SimpleNamespace(sleep=no_wait))
+    with gcs_environment(f"http://127.0.0.1:{free_port()}", tmp_path):
+        yield
+
+
+def test_an_unreachable_gcs_run_is_exit_2_naming_it(unreachable_gcs, capsys, caplog):
+    """No network (or a wrong endpoint): a one-line message naming the path and what to check, as `docscore run`
+    gives for an unreachable --input, not "cannot compare: ClientConnectorDNSError" or report's traceback; and
+    not gcsfs's own traceback of the request out of retries either."""
+    a, b = "gs://docscore-absent/out/scores/run_id=a", "gs://docscore-absent/out/scores/run_id=b"
+    assert compare([a, b]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"docscore compare: {a}: cannot be reached (ClientConnectorError: "), err
+    assert "check the network, the endpoint and the credentials" in err
+    assert report.main(["gs://docscore-absent/out"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("docscore report: gs://docscore-absent/out: cannot be reached (ClientConnectorError: "), err
+    assert "check the network" in err
+    assert "out of retries" not in caplog.text
 
 
 def test_a_run_compared_with_itself_is_refused(tmp_path, capsys):

@@ -225,9 +225,11 @@ def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_
     assert "no finished run under" in err and "DIR/runs/run_id=ID" in err
     assert report.main([output, "--run_id", "r9"]) == 2
     assert "run 'r9' did not finish" in capsys.readouterr().err
-    # any of the run's directories names it, as for compare; a --run_id saying otherwise is refused, not ignored
-    for table in ("runs", "scores", "errors"):
-        assert report.main([f"{output}/{table}/run_id=r1"]) == 0
+    # any of the run's directories names it, as for compare, and so does the summary.json path `docscore run`
+    # prints at its end; a --run_id saying otherwise is refused, not ignored
+    for run_path in [f"{output}/{table}/run_id=r1" for table in ("runs", "scores", "errors")] + [
+            f"{output}/runs/run_id=r1/summary.json"]:
+        assert report.main([run_path]) == 0, capsys.readouterr().err
         assert capsys.readouterr().out.strip() == report.report_path(output, "r1")
     assert report.main([f"{output}/runs/run_id=r1", "--run_id", "r9"]) == 2
     assert "but --run_id says 'r9'" in capsys.readouterr().err
@@ -235,6 +237,40 @@ def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_
     assert report.main([output, "--run_id", "r1/../../../elsewhere"]) == 2
     assert "is not a run_id docscore writes" in capsys.readouterr().err
     assert not (Path(output).parents[2] / "elsewhere").exists()
+
+
+def test_a_damaged_summary_of_another_run_is_skipped_and_of_the_run_asked_for_is_exit_2(finished_run, tmp_path, capsys):
+    """The run that finished last is chosen among the summaries that read; one that does not (cut short, edited,
+    not an object) is named on stderr and skipped, not a JSONDecodeError traceback. Asked for by name, it is exit 2."""
+    output, *_ = finished_run
+    copy = tmp_path / "out"
+    shutil.copytree(output, copy)
+    for run_id, text in (("r2", '{"run_id": "r2", "finished'), ("r3", "[]")):
+        (copy / "runs" / f"run_id={run_id}").mkdir()
+        (copy / "runs" / f"run_id={run_id}" / "summary.json").write_text(text)
+    assert report.main([str(copy)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == report.report_path(str(copy), "r1")
+    assert f"skipped {copy}/runs/run_id=r2/summary.json: damaged (JSONDecodeError: " in captured.err
+    assert f"skipped {copy}/runs/run_id=r3/summary.json: damaged (ValueError: a JSON list, not an object)" in captured.err
+    for run_id, argv in (("r2", [str(copy), "--run_id", "r2"]), ("r3", [f"{copy}/runs/run_id=r3"])):
+        assert report.main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{copy}/runs/run_id={run_id}/summary.json is damaged (" in err and "publish the run again" in err, err
+
+
+def test_a_committed_file_gone_since_the_run_is_exit_2_naming_it(finished_run, tmp_path, capsys):
+    """`rm OUT/scores/run_id=X/*.parquet`: the file the summary names is missing. A one-line message naming it and
+    what to do (exit 2, as compare), not sinks.read_parts' FileNotFoundError traceback."""
+    output, *_ = finished_run
+    copy = tmp_path / "out"
+    shutil.copytree(output, copy)
+    (part,) = (copy / "scores" / "run_id=r1").glob("*.parquet")
+    part.unlink()
+    assert report.main([str(copy), "--run_id", "r1"]) == 2
+    err = capsys.readouterr().err
+    assert f"run 'r1' under {copy}: a file its summary.json names cannot be read (FileNotFoundError: " in err
+    assert part.name in err and "publish the run again" in err
 
 
 def queries_from_docs() -> list[tuple[str, str]]:

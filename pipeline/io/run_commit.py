@@ -272,13 +272,22 @@ def remove_staging(staging: str) -> None:
 
 
 def committed_summary(output: str, run_id: str) -> dict[str, Any] | None:
-    """The committed summary.json of run_id, or None when the run has none (never committed)."""
+    """The committed summary.json of run_id, or None when the run has none (never committed); ValueError when
+    it is damaged (read_summary)."""
     fs, path = fsspec.core.url_to_fs(summary_path(output, run_id))
     try:
-        with fs.open(path, "rb") as f:
-            return json.loads(f.read())
+        return read_summary(fs, path)
     except FileNotFoundError:
         return None
+
+
+def read_summary(fs, path: str) -> dict[str, Any]:
+    """A summary.json's object. ValueError when the file is not a JSON object (damaged or cut short since the
+    run, or not docscore's)."""
+    summary = json.loads(fs.cat_file(path))
+    if not isinstance(summary, dict):
+        raise ValueError(f"a JSON {type(summary).__name__}, not an object")
+    return summary
 
 
 def committed_files(output: str, run_id: str, table: str, summary: dict[str, Any] | None = None) -> list[str]:

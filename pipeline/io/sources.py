@@ -442,6 +442,13 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, (ConnectionError, TimeoutError, aiohttp.ClientError)) or is_retriable(error)
 
 
+def unreachable_message(what: str, error: BaseException) -> str:
+    """`what` (a flag and its path, or a run) lives on a store that could not be reached (is_transient, after
+    gcsfs's retries): the underlying error and where to look."""
+    return (f"{what}: cannot be reached ({type(error).__name__}: {str(error)[:300]}); check the network, "
+            "the endpoint and the credentials (STORAGE_EMULATOR_HOST for an emulator)")
+
+
 def read_error_type(error: BaseException) -> str:
     """The error_type of a whole shard that could not be read (the exception's name stays in the message):
     corrupt_file - its bytes are not a valid file of its format (a truncated or damaged .gz, a file that is

@@ -3,7 +3,8 @@
 Holds the run loading (committed runs only, read through their summary: pipeline/io/run_commit.py), the pure
 comparison (score drift, label flips, embedding drift, count and timing changes), the threshold
 check and the report. Must not change either run (it only reads them); exit status 1 means a limit
-was exceeded, 2 that the runs cannot be compared (missing run, different tasks, no document in common).
+was exceeded, 2 that the runs cannot be compared (missing or unreachable run, different tasks or label sets,
+no document in common).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import posixpath
 import sys
 from typing import Any
@@ -19,7 +21,8 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from pipeline.io import run_commit, sinks
+from pipeline import options
+from pipeline.io import run_commit, sinks, sources
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs.history import STAGE_TIMING, STAGES, WALL_S, summary_value
 
@@ -46,6 +49,8 @@ class RunRef:
 
     @classmethod
     def parse(cls, text: str) -> "RunRef":
+        if text.startswith(sinks.BQ_PREFIX):
+            raise CompareError(bigquery_message(text, "compare"))
         path = text.rstrip("/")
         base, table = posixpath.basename(path), posixpath.basename(posixpath.dirname(path))
         if not base.startswith("run_id=") or table not in TABLES or len(base) == len("run_id="):
@@ -95,19 +100,37 @@ def missing_directory(ref: RunRef) -> str | None:
     return None
 
 
+def bigquery_message(path: str, command: str) -> str:
+    """`docscore report` / `compare` of a bq: output: its tables are BigQuery's, not files docscore reads
+    (runners/DATAFLOW.md, section 7), so say so and what to do, rather than "does not exist"."""
+    instead = {
+        "report": "query the run in BigQuery instead (its summary is its PREFIX_runs row, its rows those of "
+                  "PREFIX_scores and PREFIX_errors WHERE run_id = 'ID')",
+        "compare": "compare the runs in BigQuery instead (the PREFIX_scores rows of the two run_ids, joined on "
+                   "source and record_index)",
+    }[command]
+    return (f"{path} is a BigQuery output, and BigQuery outputs have no `docscore {command}` (it reads the files of "
+            f"a local or gs:// --output): {instead}, or rerun with --output gs://BUCKET/PATH")
+
+
 def load_run(ref: RunRef) -> LoadedRun:
-    summary = run_commit.committed_summary(ref.output_dir or ".", ref.run_id)
-    if summary is None:
-        missing = missing_directory(ref)
-        if missing:
-            raise CompareError(missing)
-        raise CompareError(
-            f"run {ref.run_id!r} under {ref.output_dir or '.'} has no committed summary.json: it did not finish "
-            "publishing (or has not committed yet) and is ignored; compare runs that `docscore run` published")
-    errors = committed(ref, "errors", summary)
-    n_errors = sinks.read_parts(errors.fs, errors.files, ("run_id",), ERRORS_SCHEMA).num_rows
-    scores = committed(ref, "scores", summary)
-    return LoadedRun(ref, sinks.read_parts(scores.fs, scores.files, SCORE_COLUMNS, SCORES_SCHEMA), n_errors, summary, [])
+    try:
+        summary = run_commit.committed_summary(ref.output_dir or ".", ref.run_id)
+        if summary is None:
+            missing = missing_directory(ref)
+            if missing:
+                raise CompareError(missing)
+            raise CompareError(
+                f"run {ref.run_id!r} under {ref.output_dir or '.'} has no committed summary.json: it did not finish "
+                "publishing (or has not committed yet) and is ignored; compare runs that `docscore run` published")
+        errors = committed(ref, "errors", summary)
+        n_errors = sinks.read_parts(errors.fs, errors.files, ("run_id",), ERRORS_SCHEMA).num_rows
+        scores = committed(ref, "scores", summary)
+        return LoadedRun(ref, sinks.read_parts(scores.fs, scores.files, SCORE_COLUMNS, SCORES_SCHEMA), n_errors, summary, [])
+    except Exception as e:  # the store cannot be reached (no network, DNS, refused): which run, and what to check
+        if not sources.is_transient(e):
+            raise
+        raise CompareError(sources.unreachable_message(str(ref), e)) from None
 
 
 # ---- the comparison (pure) ------------------------------------------------------------------------
@@ -207,6 +230,7 @@ def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict
         "scored": _relative_change(a.scores.num_rows, b.scores.num_rows),
         "errors": _relative_change(a.n_errors, b.n_errors),
     }
+    result["labels"] = {"a": label_set(a.summary), "b": label_set(b.summary)}
     result["timing"] = compare_timing(a.summary, b.summary)
     result["notes"] = [f"run A: {n}" for n in a.notes] + [f"run B: {n}" for n in b.notes]
     launches = {"a": a.summary.get(run_commit.LAUNCH_KEY), "b": b.summary.get(run_commit.LAUNCH_KEY)}
@@ -214,6 +238,13 @@ def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict
     # one run: the same launch (a copy elsewhere included), or the same partition of a run without launch ids
     result["same_run"] = bool(launches["a"] and launches["a"] == launches["b"]) or _place(a.ref) == _place(b.ref)
     return result
+
+
+def label_set(summary: dict[str, Any]) -> list[str] | None:
+    """The class names a classify run scored against (its summary's config.labels), sorted; None for other
+    tasks and for runs that did not record them. The rows cannot tell: a run need not predict every class."""
+    labels = summary_value(summary, "config.labels")
+    return sorted(labels) if isinstance(labels, dict) and labels else None
 
 
 def _place(ref: RunRef) -> tuple[str, str]:
@@ -247,6 +278,11 @@ def not_comparable(result: dict[str, Any]) -> str | None:
     if tasks["a"] != tasks["b"]:
         return (f"the runs scored different tasks (A: {', '.join(tasks['a'])}; B: {', '.join(tasks['b'])}); "
                 "compare runs of the same --task")
+    labels = result.get("labels") or {}
+    if labels.get("a") and labels.get("b") and labels["a"] != labels["b"]:
+        return (f"the runs classified into different label sets (A: {', '.join(labels['a'])}; B: "
+                f"{', '.join(labels['b'])}): a label of one set is no flip from a label of the other; "
+                "compare runs of the same --labels")
     if not d["matched"]:
         hint = ("; if the runs read the same data from different paths, match on --key doc_id"
                 if result["key"] == "source_record" else "")
@@ -298,6 +334,17 @@ def _num(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def count_change_text(a: int, b: int) -> str:
+    """'20 -> 10 (-50%)': a count's change as a reader takes it in, signed; the result's count_change keeps
+    |B - A| / A, the fraction --max_count_change is checked against."""
+    if a == b:
+        return f"{a} -> {b} (unchanged)"
+    if a == 0:
+        return f"{a} -> {b} (none in A)"
+    percent = 100 * (b - a) / a
+    return f"{a} -> {b} ({percent:+.0f}%)" if abs(percent) >= 1 else f"{a} -> {b} ({percent:+.2g}%)"
+
+
 def format_report(result: dict[str, Any], problems: list[str], reason: str | None = None) -> str:
     d, s, f, e = result["documents"], result["score_drift"], result["label_flips"], result["embedding_drift"]
     lines = [
@@ -305,8 +352,9 @@ def format_report(result: dict[str, Any], problems: list[str], reason: str | Non
         f"                  B = {result['run_b']}",
         f"documents   A {d['a']}  B {d['b']}  matched {d['matched']} on {result['key']}  "
         f"only in A {d['only_in_a']}  only in B {d['only_in_b']}",
-        f"errors      A {result['errors']['a']}  B {result['errors']['b']}  "
-        f"(count change: scored {_num(result['count_change']['scored'])}, errors {_num(result['count_change']['errors'])})",
+        f"errors      A {result['errors']['a']}  B {result['errors']['b']}",
+        f"counts      scored {count_change_text(d['a'], d['b'])}, "
+        f"errors {count_change_text(result['errors']['a'], result['errors']['b'])}",
         f"score drift mean {_num(s['mean'])}  max {_num(s['max'])}  over {s['compared']} documents",
         f"label flips {f['flipped']} of {f['compared']} ({_num(f['fraction'])})",
         f"embedding   mean 1-cos {_num(e['mean'])}  max {_num(e['max'])}  over {e['compared']} documents",
@@ -359,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"docscore compare: {', '.join(bad)}: a limit must be a finite number >= 0", file=sys.stderr)
         return EXIT_USAGE
+    options.quiet_beam_noise()  # among it gcsfs's traceback of a store out of retries: load_run names that store
     try:
         return compare_and_report(args, limits)
     except CompareError as e:
@@ -369,8 +418,43 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def json_destination_problem(path: str) -> str | None:
+    """Why --json PATH cannot be written, or None; checked before any run is read, so a mistyped path costs no
+    work and cannot follow a verdict with exit 2. A local PATH's folder must exist already: write_json makes
+    no folder (fsspec's default would create every missing one of a mistyped path). An object store has no
+    folders to check; a failed upload is reported when it happens."""
+    fs, local = fsspec.core.url_to_fs(path)
+    if not run_commit.is_local(fs):
+        return None
+    folder = posixpath.dirname(local)
+    if os.path.isdir(local):
+        return f"--json {path} is a folder; pass the path of a file in it (e.g. {posixpath.join(path, 'compare.json')})"
+    if not os.path.isdir(folder):
+        return f"--json {path}: the folder {folder} does not exist or is not a folder; create it or pass another path"
+    if not os.access(folder, os.W_OK) or (os.path.exists(local) and not os.access(local, os.W_OK)):
+        return f"--json {path}: not writable (permission denied); pass a path you can write"
+    return None
+
+
+def write_json(path: str, result: dict[str, Any]) -> None:
+    """The comparison as JSON at `path`, creating no folder; a failed write names the path (the verdict
+    printed above stands, but the file the caller asked for is missing: exit 2)."""
+    try:
+        with fsspec.open(path, "w", auto_mkdir=False) as f:
+            f.write(json.dumps(result, indent=2, sort_keys=True))
+    except Exception as e:
+        if not (isinstance(e, OSError) or sources.is_transient(e)):
+            raise
+        raise CompareError(f"--json {path}: cannot be written ({type(e).__name__}: {str(e)[:300]}); the "
+                           "comparison above was not saved") from None
+
+
 def compare_and_report(args: argparse.Namespace, limits: Limits) -> int:
     """Load both runs, print (or write) the comparison; the exit code of its verdict."""
+    if args.json not in (None, "-"):
+        problem = json_destination_problem(args.json)
+        if problem:
+            raise CompareError(problem)
     a, b = load_run(RunRef.parse(args.run_a)), load_run(RunRef.parse(args.run_b))
     result = compare_runs(a, b, args.key)
     reason = not_comparable(result)
@@ -383,8 +467,7 @@ def compare_and_report(args: argparse.Namespace, limits: Limits) -> int:
     else:
         print(format_report(result, problems, reason))
         if args.json:
-            with fsspec.open(args.json, "w") as f:
-                f.write(json.dumps(result, indent=2, sort_keys=True))
+            write_json(args.json, result)
     if reason:
         print(f"docscore compare: cannot compare: {reason}", file=sys.stderr)
         return EXIT_USAGE

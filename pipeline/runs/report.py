@@ -11,7 +11,6 @@ import base64
 import dataclasses
 import html
 import io
-import json
 import posixpath
 import sys
 from typing import Any
@@ -26,10 +25,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pipeline import tasks
-from pipeline.io import run_commit, sinks
+from pipeline import options, tasks
+from pipeline.io import run_commit, sinks, sources
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs import history
+from pipeline.runs.compare import bigquery_message
 from pipeline.runs.history import STAGES, summary_value
 from pipeline.telemetry import progress
 
@@ -77,10 +77,17 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
     """RUN_DIR argument -> (output DIR, run_id).
 
     Accepts one of the run's directories (DIR/runs/run_id=ID, or its scores or errors partition, as compare
-    does), or the output DIR with run_id given, or
-    the output DIR alone (then the run that finished last).
+    does), its summary.json (the path `docscore run` prints at its end), or the output DIR with run_id given,
+    or the output DIR alone (then the run that finished last; a damaged summary.json of another run is
+    skipped, named on stderr).
     """
+    if path.startswith(sinks.BQ_PREFIX):
+        raise ReportError(bigquery_message(path, "report"))
     path = path.rstrip("/")
+    folder = posixpath.dirname(path)
+    if (posixpath.basename(path) == SUMMARY_FILE and posixpath.basename(folder).startswith("run_id=")
+            and posixpath.basename(posixpath.dirname(folder)) == "runs"):
+        path = folder  # DIR/runs/run_id=ID/summary.json names run ID
     base = posixpath.basename(path)
     if base.startswith("run_id=") and posixpath.basename(posixpath.dirname(path)) in ("runs", "scores", "errors"):
         if run_id and run_id != base[len("run_id=") :]:
@@ -100,8 +107,12 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
         )
     finished = []
     for summary_file in summaries:
-        with fs.open(summary_file, "r") as f:
-            summary = json.load(f)
+        try:
+            summary = run_commit.read_summary(fs, summary_file)
+        except ValueError as e:  # one damaged run must not hide every other run under DIR
+            shown = posixpath.join(path, posixpath.relpath(summary_file, fs_path))
+            print(f"docscore report: skipped {shown}: damaged ({type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
+            continue
         if run_commit.safe_run_id(summary.get("run_id")):  # a summary.json docscore did not write names no run
             finished.append((str(summary.get("finished_at") or ""), summary["run_id"]))
     if not finished:
@@ -111,23 +122,36 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
 
 
 def load_run(output_dir: str, run_id: str) -> RunData:
-    summary = run_commit.committed_summary(output_dir, run_id)
+    shown = run_commit.summary_path(output_dir, run_id)
+    try:
+        summary = run_commit.committed_summary(output_dir, run_id)
+    except ValueError as e:
+        raise ReportError(f"{shown} is damaged ({type(e).__name__}: {str(e)[:200]}): it is the commit record of run "
+                          f"{run_id!r}, so the run cannot be read; restore it, or publish the run again (`docscore run` "
+                          f"with --run_id {run_id})") from None
     if summary is None:
         raise ReportError(
-            f"{run_commit.summary_path(output_dir, run_id)} does not exist: run {run_id!r} did not finish or is not "
+            f"{shown} does not exist: run {run_id!r} did not finish or is not "
             f"under {output_dir}; check --run_id and the output directory (`ls {output_dir}/runs`)"
         )
     output_format = summary_value(summary, "config.output_format") or "parquet"
     classify = chart_of(summary_value(summary, history.DESCRIPTION["task"])) == "labels"
-    return RunData(
-        output_dir=output_dir,
-        run_id=run_id,
-        summary=summary,
-        scores=read_table(output_dir, "scores", run_id, SCORE_COLUMNS, output_format),
-        errors=read_table(output_dir, "errors", run_id, ERROR_COLUMNS, output_format),
-        samples=progress.read_samples(progress.samples_path(output_dir, run_id), summary.get(run_commit.LAUNCH_KEY)),
-        least_confident=lowest_scores(output_dir, run_id, output_format, LEAST_CONFIDENT_LISTED) if classify else None,
-    )
+    try:
+        return RunData(
+            output_dir=output_dir,
+            run_id=run_id,
+            summary=summary,
+            scores=read_table(output_dir, "scores", run_id, SCORE_COLUMNS, output_format),
+            errors=read_table(output_dir, "errors", run_id, ERROR_COLUMNS, output_format),
+            samples=progress.read_samples(progress.samples_path(output_dir, run_id), summary.get(run_commit.LAUNCH_KEY)),
+            least_confident=lowest_scores(output_dir, run_id, output_format, LEAST_CONFIDENT_LISTED) if classify else None,
+        )
+    except (OSError, ValueError, pa.ArrowException) as e:  # a file the summary names, gone or damaged since
+        if sources.is_transient(e):
+            raise  # not the file's fault: main names the store
+        raise ReportError(f"run {run_id!r} under {output_dir}: a file its summary.json names cannot be read "
+                          f"({type(e).__name__}: {str(e)[:300]}): moved, deleted or damaged since the run was "
+                          f"published; restore it, or publish the run again (`docscore run` with --run_id {run_id})") from None
 
 
 def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...], output_format: str) -> pa.Table | None:
@@ -650,14 +674,20 @@ def main(argv: list[str] | None = None) -> int:
         prog="docscore report",
         description="Write the HTML report of a finished run to DIR/runs/run_id=ID/report.html.",
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory DIR/runs/run_id=ID, or the --output DIR of the run")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory DIR/runs/run_id=ID (or its summary.json), or the --output DIR of the run")
     parser.add_argument("--run_id", default=None, help="which run under DIR (default: the one that finished last)")
     args = parser.parse_args(argv)
+    options.quiet_beam_noise()  # among it gcsfs's traceback of a store out of retries, which is named below
     try:
         output_dir, run_id = locate_run(args.run_dir, args.run_id)
         path = write_report(output_dir, run_id)
     except ReportError as e:
         print(f"docscore report: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # the store cannot be reached (no network, DNS, refused): not a traceback
+        if not sources.is_transient(e):
+            raise
+        print(f"docscore report: {sources.unreachable_message(args.run_dir, e)}", file=sys.stderr)
         return 2
     print(path)
     return 0
