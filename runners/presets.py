@@ -81,7 +81,8 @@ def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] 
 
     Cloud settings the preset needs (project, region, temp_location, image, ...) are filled from
     the environment unless a flag in `argv` (the rest of the command line, config values included)
-    sets them; a required one found in neither raises ValueError naming the flag and variables.
+    sets them; a required one found in neither raises ValueError naming the flag and variables (unless the
+    command line chose another runner than the preset's DataflowRunner: the command line wins).
     """
     data = read_preset_file(name)
     environ = os.environ if environ is None else environ
@@ -101,7 +102,7 @@ def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] 
             options[option] = value
         elif option in environment.get("required", []):
             missing.append(setting.describe())
-    if missing:
+    if missing and (given.get("runner") or options.get("runner")) == "DataflowRunner":  # another runner needs none
         raise ValueError(
             f"preset {name!r} needs {'; '.join(missing)}: pass the flags or set the environment "
             f"variables (runners/DATAFLOW.md, 'Settings')")

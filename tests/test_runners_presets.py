@@ -97,6 +97,15 @@ def test_flags_on_the_command_line_stand_in_for_the_environment(no_cloud_env):
     assert not {"project", "region", "temp_location", "sdk_container_image"} & set(options)
 
 
+def test_another_runner_on_the_command_line_needs_no_cloud_settings(no_cloud_env):
+    """The command line wins over the preset: --runner DirectRunner with a Dataflow preset runs here, with the
+    preset's other settings, and Dataflow's project, region, bucket and image are not asked for."""
+    options = load_preset("dataflow-cpu", ["--runner", "DirectRunner"])
+    assert options["target_backend"] == "cpu" and "project" not in options
+    with pytest.raises(ValueError, match="needs --project"):
+        load_preset("dataflow-cpu", ["--runner", "DataflowRunner"])
+
+
 def test_local_preset_needs_nothing(no_cloud_env):
     assert load_preset("local")["runner"] == "DirectRunner"
 
