@@ -256,17 +256,23 @@ def check_dataflow_options(eo: EvalOptions) -> None:
 ACCELERATOR_BACKENDS = (("tpu-", "tpu"), ("nvidia-", "gpu"))  # Dataflow worker_accelerator type prefixes
 
 
-def dataflow_accelerator_backend(eo: EvalOptions) -> str:
-    """The backend of a Dataflow job's workers: its worker_accelerator's kind (tpu, gpu), else cpu."""
+# Dataflow's TPU types and the machine types that carry their chips (the machine's -<N>t suffix: N chips, one host).
+TPU_MACHINES = {"tpu-v5-lite-podslice": "ct5lp-", "tpu-v6e-slice": "ct6e-", "tpu-v5p-slice": "ct5p-"}
+
+
+def worker_accelerator(eo: EvalOptions) -> dict[str, str]:
+    """The fields of the workers' worker_accelerator service option ({"type": ..., "topology": ...}), else {}."""
     for entry in eo.get_all_options().get("dataflow_service_options") or []:
         name, _, value = str(entry).partition("=")
-        if name.strip() != "worker_accelerator":
-            continue
-        kind = next((part.split(":", 1)[1] for part in value.split(";") if part.startswith("type:")), "")
-        for prefix, backend in ACCELERATOR_BACKENDS:
-            if kind.startswith(prefix):
-                return backend
-    return "cpu"
+        if name.strip() == "worker_accelerator":
+            return dict(part.partition(":")[::2] for part in value.split(";"))
+    return {}
+
+
+def dataflow_accelerator_backend(eo: EvalOptions) -> str:
+    """The backend of a Dataflow job's workers: its worker_accelerator's kind (tpu, gpu), else cpu."""
+    kind = worker_accelerator(eo).get("type", "")
+    return next((backend for prefix, backend in ACCELERATOR_BACKENDS if kind.startswith(prefix)), "cpu")
 
 
 def check_worker_backend(eo: EvalOptions) -> str:
@@ -278,7 +284,36 @@ def check_worker_backend(eo: EvalOptions) -> str:
         has = f"a {workers.upper()} (worker_accelerator)" if workers != "cpu" else "no accelerator (no worker_accelerator in --dataflow_service_options)"
         raise ConfigError(f"--target_backend={eo.target_backend}, but the Dataflow workers have {has}; use a preset for "
                           f"{eo.target_backend} workers (--preset dataflow-..., runners/presets) or --target_backend={workers}")
+    if workers != "cpu":
+        check_accelerator_workers(eo, workers)
     return workers
+
+
+def check_accelerator_workers(eo: EvalOptions, backend: str) -> None:
+    """Worker settings Dataflow would take but the job cannot run on: more than one SDK process per VM (only one
+    process may own an accelerator), a TPU type on a machine that does not carry it, or a TPU topology of more
+    chips than the machine holds (Dataflow runs single-host TPU shapes only). runners/DATAFLOW.md, sections 1-2."""
+    given = eo.get_all_options()
+    if "use_multiple_sdk_containers" in (given.get("experiments") or []):
+        raise ConfigError(f"--experiments use_multiple_sdk_containers starts several SDK processes per worker VM, but only "
+                          f"one process may own its {backend.upper()}; drop it (the presets set "
+                          "no_use_multiple_sdk_containers)")
+    accelerator, machine = worker_accelerator(eo), given.get("machine_type") or ""
+    prefix = TPU_MACHINES.get(accelerator.get("type", ""))
+    if prefix is None or not machine:
+        return
+    if not machine.startswith(prefix):
+        raise ConfigError(f"--machine_type {machine} does not carry the workers' {accelerator['type']} chips (worker_accelerator); "
+                          f"Dataflow runs that TPU on {prefix}* machines: use the preset's machine type or another "
+                          f"{prefix}* one")
+    chips = machine.rpartition("-")[2].removesuffix("t")
+    topology = accelerator.get("topology", "")
+    if chips.isdigit() and topology and all(d.isdigit() for d in topology.split("x")):
+        wanted = math.prod(int(d) for d in topology.split("x"))
+        if wanted != int(chips):
+            raise ConfigError(f"worker_accelerator topology:{topology} is {wanted} TPU chips, but --machine_type {machine} "
+                              f"holds {chips}; Dataflow runs single-host TPU shapes only: use topology "
+                              f"{'1x1' if chips == '1' else 'of ' + chips + ' chips'} or a machine of {wanted} chips")
 
 
 def check_output_outside_input(eo: EvalOptions, shards: Sequence[str]) -> None:

@@ -111,6 +111,8 @@ def not_writable(tmp_path):
 DATAFLOW = ["--runner", "DataflowRunner", "--dry_run=True", "--project", "docscore-test", "--region", "us-central1",
             "--temp_location", "gs://b/tmp", "--input", "gs://b/in/*.jsonl", "--output", "gs://b/out"]
 
+TPU_V5E = ["--dataflow_service_options", "worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1"]
+
 CASES = {
     # name: (extra flags as a function of tmp_path, flag the message must name, schema peek allowed)
     "unknown_task": (lambda t: ["--task", "summarize"], "--task=summarize", False),
@@ -166,6 +168,14 @@ CASES = {
     "dataflow_cpu_backend_on_gpu_workers": (lambda t: [*DATAFLOW, "--target_backend", "cpu", "--dataflow_service_options",
                                                        "worker_accelerator=type:nvidia-l4;count:1"],
                                             "--target_backend=cpu, but the Dataflow workers have a GPU", False),
+    "dataflow_tpu_on_a_machine_without_it": (lambda t: [*DATAFLOW, *TPU_V5E, "--machine_type", "n2-standard-8"],
+                                             "--machine_type n2-standard-8 does not carry the workers' tpu-v5-lite-podslice", False),
+    "dataflow_tpu_topology_of_more_chips_than_the_machine": (
+        lambda t: [*DATAFLOW, "--dataflow_service_options", "worker_accelerator=type:tpu-v5-lite-podslice;topology:2x2",
+                   "--machine_type", "ct5lp-hightpu-1t"], "topology:2x2 is 4 TPU chips, but --machine_type ct5lp-hightpu-1t holds 1", False),
+    "dataflow_several_sdk_processes_on_a_gpu": (
+        lambda t: [*DATAFLOW, "--dataflow_service_options", "worker_accelerator=type:nvidia-l4;count:1",
+                   "--experiments", "use_multiple_sdk_containers"], "only one process may own its GPU", False),
     "job_label_without_value": (lambda t: ["--job_labels", "noequals"], "--job_labels 'noequals' is not KEY=VALUE", False),
     "job_label_key_with_capitals_and_a_space": (lambda t: ["--job_labels", "Bad Key=x"],
                                                 "--job_labels 'Bad Key=x': Dataflow refuses the job", False),
@@ -312,3 +322,14 @@ def test_a_shard_without_the_text_field_among_others_is_bad_input_not_a_bad_flag
 def write_shard(path, record: dict) -> str:
     path.write_text(json.dumps(record) + "\n")
     return str(path)
+
+
+def test_single_host_tpu_shapes_pass_the_worker_checks():
+    """The presets' one-chip shape and a four-chip host (topology 2x2 on ct5lp-hightpu-4t) are what Dataflow runs."""
+    from pipeline.validate import check_accelerator_workers
+
+    for machine, topology in (("ct5lp-hightpu-1t", "1x1"), ("ct5lp-hightpu-4t", "2x2"), ("ct6e-standard-8t", "2x4")):
+        kind = "tpu-v6e-slice" if machine.startswith("ct6e") else "tpu-v5-lite-podslice"
+        _, eo = parse_options([*DATAFLOW, "--machine_type", machine, "--experiments", "no_use_multiple_sdk_containers",
+                               "--dataflow_service_options", f"worker_accelerator=type:{kind};topology:{topology}"])
+        check_accelerator_workers(eo, "tpu")
