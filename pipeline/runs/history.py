@@ -62,6 +62,11 @@ SHADOW_COLUMNS = {
     "shadow_passed": ("shadow.passed", pa.bool_()),
 }
 
+GATE_COLUMNS = {  # the launcher's --max_error_fraction gate (exit 4 when it fails); null for a job it did not wait for
+    "max_error_fraction": ("gates.error_fraction.limit", pa.float64()),
+    "error_gate_passed": ("gates.error_fraction.passed", pa.bool_()),
+}
+
 STAGES = tuple(column[: -len("_ms")] for column in TIMING_COLUMNS)  # read, tokenize, infer, postprocess
 
 HISTORY_SCHEMA = pa.schema(
@@ -93,6 +98,7 @@ HISTORY_SCHEMA = pa.schema(
         *[pa.field(f"{stage}_{stat}_ms", pa.float64()) for stage in STAGES for stat in ("p50", "p95")],
         pa.field("task_metrics", pa.map_(pa.string(), pa.float64())),  # accuracy, macro_f1, spearman, ...
         *[pa.field(name, type_) for name, (_, type_) in SHADOW_COLUMNS.items()],  # null without a shadow kernel
+        *[pa.field(name, type_) for name, (_, type_) in GATE_COLUMNS.items()],
     ]
 )
 
@@ -143,7 +149,7 @@ def history_row(summary: dict[str, Any]) -> dict[str, Any]:
         "compile_count": _int(summary_value(summary, COMPILE_COUNT)),
         "task_metrics": _metrics(summary_value(summary, TASK_METRICS)),
     }
-    for name, (path, _) in SHADOW_COLUMNS.items():
+    for name, (path, _) in (SHADOW_COLUMNS | GATE_COLUMNS).items():
         row[name] = summary_value(summary, path)
     for stage in STAGES:
         stats = stage_stats(summary, stage)
