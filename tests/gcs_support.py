@@ -370,6 +370,24 @@ def gcs_corpus(gcs) -> str:
     return gcs.url("in", "docs.jsonl")
 
 
+@pytest.fixture
+def unreachable_gcs(tmp_path, monkeypatch):
+    """gs:// pointed at a closed port of 127.0.0.1 (every request refused), with gcsfs's back-off between its
+    tries taken out: the same refused requests and the same error at the end, without ~35 s of waiting.
+    Yields the closed endpoint's port."""
+    import types
+
+    import gcsfs.retry
+
+    async def no_wait(_seconds):
+        return None
+
+    monkeypatch.setattr(gcsfs.retry, "asyncio", types.SimpleNamespace(sleep=no_wait))
+    port = free_port()
+    with gcs_environment(f"http://127.0.0.1:{port}", tmp_path):
+        yield port
+
+
 FAULT_RATE = 0.125  # one request in 8 fails
 
 

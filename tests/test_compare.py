@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import posixpath
 import uuid
-from types import SimpleNamespace
 
 import fsspec
 import numpy as np
@@ -356,21 +355,6 @@ def test_bigquery_outputs_have_no_compare_nor_report(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "bq:proj.ds.prefix is a BigQuery output" in err and "no `docscore report`" in err
         assert "query the run in BigQuery instead" in err and "no finished run" not in err
-
-
-@pytest.fixture
-def unreachable_gcs(tmp_path, monkeypatch):
-    """gs:// pointed at a closed port of 127.0.0.1 (every request refused), with gcsfs's back-off between its
-    tries taken out: the same refused requests and the same error at the end, without ~35 s of waiting."""
-    import gcsfs.retry
-    from gcs_support import free_port, gcs_environment
-
-    async def no_wait(_seconds):
-        return None
-
-    monkeypatch.setattr(gcsfs.retry, "asyncio", SimpleNamespace(sleep=no_wait))
-    with gcs_environment(f"http://127.0.0.1:{free_port()}", tmp_path):
-        yield
 
 
 def test_an_unreachable_gcs_run_is_exit_2_naming_it(unreachable_gcs, capsys, caplog):
