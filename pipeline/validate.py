@@ -208,12 +208,13 @@ def check_paths_on_workers(eo: EvalOptions) -> None:
         return
     read = "which its workers cannot read; copy it to gs://BUCKET/PATH and pass that"
     written = "whose writes would stay on the workers' own disks; use gs://BUCKET/PATH"
-    paths = (("--input", None if eo.input.startswith(tfds_reader.TFDS_PREFIX) else eo.input, read),
-             ("--tfds_data_dir", eo.tfds_data_dir, read),
-             ("--model", None if eo.model in BUILTINS else eo.model, read),
-             ("--output", None if eo.output.startswith(sinks.BQ_PREFIX) else eo.output,
-              f"{written} or bq:PROJECT.DATASET.PREFIX"),
-             ("--profile_dir", eo.profile_dir, written))
+    paths = [("--output", None if eo.output.startswith(sinks.BQ_PREFIX) else eo.output,
+              f"{written} or bq:PROJECT.DATASET.PREFIX")]
+    if is_dataflow(eo):  # other runners' workers may share this machine (Flink's or a portable runner's LOOPBACK)
+        paths += [("--input", None if eo.input.startswith(tfds_reader.TFDS_PREFIX) else eo.input, read),
+                  ("--tfds_data_dir", eo.tfds_data_dir, read),
+                  ("--model", None if eo.model in BUILTINS else eo.model, read),
+                  ("--profile_dir", eo.profile_dir, written)]
     for flag, path, fix in paths:
         if path and fsspec.core.split_protocol(path)[0] in (None, "file", "memory"):
             raise ConfigError(f"{flag} {path} is on this machine, but the runner runs the job on remote workers, {fix}")
@@ -290,14 +291,18 @@ def check_worker_backend(eo: EvalOptions) -> str:
 
 
 def check_accelerator_workers(eo: EvalOptions, backend: str) -> None:
-    """Worker settings Dataflow would take but the job cannot run on: more than one SDK process per VM (only one
-    process may own an accelerator), a TPU type on a machine that does not carry it, or a TPU topology of more
-    chips than the machine holds (Dataflow runs single-host TPU shapes only). runners/DATAFLOW.md, sections 1-2."""
+    """TPU worker settings Dataflow would take but the job cannot run on: several SDK processes per VM (Runner
+    v2's default; only one process may own a TPU, whereas processes may share a GPU), a TPU type on a machine
+    that does not carry it, or a topology whose chips are not the machine's (Dataflow runs single-host TPU
+    shapes, each on its own machine type). runners/DATAFLOW.md, sections 1-2."""
+    if backend != "tpu":
+        return
     given = eo.get_all_options()
-    if "use_multiple_sdk_containers" in (given.get("experiments") or []):
-        raise ConfigError(f"--experiments use_multiple_sdk_containers starts several SDK processes per worker VM, but only "
-                          f"one process may own its {backend.upper()}; drop it (the presets set "
-                          "no_use_multiple_sdk_containers)")
+    experiments = given.get("experiments") or []
+    if "no_use_multiple_sdk_containers" not in experiments or "use_multiple_sdk_containers" in experiments:
+        raise ConfigError("TPU workers need --experiments no_use_multiple_sdk_containers (and not "
+                          "use_multiple_sdk_containers): Runner v2 otherwise starts several SDK processes per worker VM, "
+                          "and only one process may own its TPU; add it (the TPU presets set it)")
     accelerator, machine = worker_accelerator(eo), given.get("machine_type") or ""
     prefix = TPU_MACHINES.get(accelerator.get("type", ""))
     if prefix is None or not machine:
@@ -312,8 +317,9 @@ def check_accelerator_workers(eo: EvalOptions, backend: str) -> None:
         wanted = math.prod(int(d) for d in topology.split("x"))
         if wanted != int(chips):
             raise ConfigError(f"worker_accelerator topology:{topology} is {wanted} TPU chips, but --machine_type {machine} "
-                              f"holds {chips}; Dataflow runs single-host TPU shapes only: use topology "
-                              f"{'1x1' if chips == '1' else 'of ' + chips + ' chips'} or a machine of {wanted} chips")
+                              f"holds {chips}; Dataflow runs each single-host TPU shape on the machine type of its chips: "
+                              f"use a topology of {chips} chips{' (1x1)' if chips == '1' else ''} or a machine of "
+                              f"{wanted} chips")
 
 
 def check_output_outside_input(eo: EvalOptions, shards: Sequence[str]) -> None:

@@ -81,14 +81,17 @@ def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] 
 
     Cloud settings the preset needs (project, region, temp_location, image, ...) are filled from
     the environment unless a flag in `argv` (the rest of the command line, config values included)
-    sets them; a required one found in neither raises ValueError naming the flag and variables (unless the
-    command line chose another runner than the preset's DataflowRunner: the command line wins).
+    sets them; a required one found in neither raises ValueError naming the flag and variables. When the
+    command line chooses another runner than Dataflow (it wins over the preset), none is asked for or filled in:
+    a local run must not stage its files through the environment's gs:// temp_location.
     """
     data = read_preset_file(name)
     environ = os.environ if environ is None else environ
     options = dict(data["options"])
     environment = data.get("environment") or {}
     given = options_given(argv) if argv else {}
+    if "dataflow" not in str(given.get("runner") or options.get("runner") or "").lower():
+        return options  # the command line chose another runner (it wins): no cloud settings, none filled in
     missing = []
     for option in list(environment.get("required", [])) + list(environment.get("optional", [])):
         setting = CLOUD_SETTINGS[option]
@@ -102,7 +105,7 @@ def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] 
             options[option] = value
         elif option in environment.get("required", []):
             missing.append(setting.describe())
-    if missing and (given.get("runner") or options.get("runner")) == "DataflowRunner":  # another runner needs none
+    if missing:
         raise ValueError(
             f"preset {name!r} needs {'; '.join(missing)}: pass the flags or set the environment "
             f"variables (runners/DATAFLOW.md, 'Settings')")

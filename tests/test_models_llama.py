@@ -335,7 +335,8 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
                                    "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "docscore-test",
                                    "--region", "r", "--task", "loglik", "--stride", "8", "--model", str(model), "--dtype", "bfloat16",
                                    "--attention", attention, "--runner", "DataflowRunner",
-                                   "--dataflow_service_options", f"worker_accelerator=type:{accelerator}", *extra])
+                                   "--dataflow_service_options", f"worker_accelerator=type:{accelerator}",
+                                   "--experiments", "no_use_multiple_sdk_containers", *extra])
             return validate(eo)
 
         assert plan("flash").kernel in table.FLASH[backend]

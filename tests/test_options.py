@@ -112,6 +112,7 @@ DATAFLOW = ["--runner", "DataflowRunner", "--dry_run=True", "--project", "docsco
             "--temp_location", "gs://b/tmp", "--input", "gs://b/in/*.jsonl", "--output", "gs://b/out"]
 
 TPU_V5E = ["--dataflow_service_options", "worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1"]
+ONE_PROCESS = ["--experiments", "no_use_multiple_sdk_containers"]
 
 CASES = {
     # name: (extra flags as a function of tmp_path, flag the message must name, schema peek allowed)
@@ -168,14 +169,13 @@ CASES = {
     "dataflow_cpu_backend_on_gpu_workers": (lambda t: [*DATAFLOW, "--target_backend", "cpu", "--dataflow_service_options",
                                                        "worker_accelerator=type:nvidia-l4;count:1"],
                                             "--target_backend=cpu, but the Dataflow workers have a GPU", False),
-    "dataflow_tpu_on_a_machine_without_it": (lambda t: [*DATAFLOW, *TPU_V5E, "--machine_type", "n2-standard-8"],
+    "dataflow_tpu_on_a_machine_without_it": (lambda t: [*DATAFLOW, *TPU_V5E, *ONE_PROCESS, "--machine_type", "n2-standard-8"],
                                              "--machine_type n2-standard-8 does not carry the workers' tpu-v5-lite-podslice", False),
     "dataflow_tpu_topology_of_more_chips_than_the_machine": (
         lambda t: [*DATAFLOW, "--dataflow_service_options", "worker_accelerator=type:tpu-v5-lite-podslice;topology:2x2",
-                   "--machine_type", "ct5lp-hightpu-1t"], "topology:2x2 is 4 TPU chips, but --machine_type ct5lp-hightpu-1t holds 1", False),
-    "dataflow_several_sdk_processes_on_a_gpu": (
-        lambda t: [*DATAFLOW, "--dataflow_service_options", "worker_accelerator=type:nvidia-l4;count:1",
-                   "--experiments", "use_multiple_sdk_containers"], "only one process may own its GPU", False),
+                   *ONE_PROCESS, "--machine_type", "ct5lp-hightpu-1t"], "topology:2x2 is 4 TPU chips, but --machine_type ct5lp-hightpu-1t holds 1", False),
+    "dataflow_tpu_workers_with_several_sdk_processes": (lambda t: [*DATAFLOW, *TPU_V5E, "--machine_type", "ct5lp-hightpu-1t"],
+                                                        "TPU workers need --experiments no_use_multiple_sdk_containers", False),
     "job_label_without_value": (lambda t: ["--job_labels", "noequals"], "--job_labels 'noequals' is not KEY=VALUE", False),
     "job_label_key_with_capitals_and_a_space": (lambda t: ["--job_labels", "Bad Key=x"],
                                                 "--job_labels 'Bad Key=x': Dataflow refuses the job", False),
@@ -333,3 +333,26 @@ def test_single_host_tpu_shapes_pass_the_worker_checks():
         _, eo = parse_options([*DATAFLOW, "--machine_type", machine, "--experiments", "no_use_multiple_sdk_containers",
                                "--dataflow_service_options", f"worker_accelerator=type:{kind};topology:{topology}"])
         check_accelerator_workers(eo, "tpu")
+
+
+@pytest.mark.parametrize("runner,local", [("DirectRunner", True), ("direct", True), ("Direct", True), (None, True),
+                                          ("apache_beam.runners.direct.direct_runner.DirectRunner", True),
+                                          ("DataflowRunner", False), ("dataflow", False), ("FlinkRunner", False)])
+def test_beams_spellings_of_a_runner_are_read_as_beam_reads_them(runner, local):
+    from pipeline.telemetry.progress import runs_locally
+
+    _, eo = parse_options(["--input", "x", "--output", "y"] + (["--runner", runner] if runner else []))
+    assert runs_locally(eo) is local
+
+
+def test_a_non_dataflow_remote_runner_may_read_local_inputs_but_not_write_a_local_output(tmp_path, no_data_read):
+    """Flink's or a portable runner's LOOPBACK workers are this process: a local --input may be theirs, while a
+    local --output is still refused for any remote runner (it was before Dataflow's own path checks)."""
+    from pipeline.validate import check_paths_on_workers
+
+    flink = ["--runner", "FlinkRunner", "--input", str(tmp_path / "in.jsonl"), "--model", str(tmp_path)]
+    _, eo = parse_options([*flink, "--output", "gs://b/out"])
+    check_paths_on_workers(eo)
+    _, eo = parse_options([*flink, "--output", str(tmp_path / "out")])
+    with pytest.raises(ConfigError, match="--output .* is on this machine"):
+        check_paths_on_workers(eo)

@@ -131,7 +131,7 @@ def test_attention_and_run_id_parameters_follow_the_pipeline():
 
 # Each numeric parameter's values at and around the limits pipeline/validate.py sets, and ones its parser refuses
 BOUNDARY_VALUES = {
-    "temperature": ("0", "0.0", ".0", "00", "0.001", ".05", "1", "1.", "10", "-1", "nan", "inf", "abc"),
+    "temperature": ("0", "0.0", ".0", "00", "0.001", ".05", "1", "1.", "10", "1e-2", "5E-2", "-1", "nan", "inf", "abc"),
     "shadow_fraction": ("0", "0.0", ".0", "0.001", ".5", "0.1", "1", "1.0", "1.00", "1.001", "2", "-0.1", "abc"),
     "shadow_tolerance": ("0", "0.0", "0e5", "0.0E-3", "1e-5", "1.5E-3", "0.01", "2", "2.", "-1e-5", "1e", "inf",
                          "nan", "abc"),

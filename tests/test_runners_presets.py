@@ -102,8 +102,15 @@ def test_another_runner_on_the_command_line_needs_no_cloud_settings(no_cloud_env
     preset's other settings, and Dataflow's project, region, bucket and image are not asked for."""
     options = load_preset("dataflow-cpu", ["--runner", "DirectRunner"])
     assert options["target_backend"] == "cpu" and "project" not in options
-    with pytest.raises(ValueError, match="needs --project"):
-        load_preset("dataflow-cpu", ["--runner", "DataflowRunner"])
+    for runner in ("DataflowRunner", "dataflow", "apache_beam.runners.dataflow.dataflow_runner.DataflowRunner"):
+        with pytest.raises(ValueError, match="needs --project"):
+            load_preset("dataflow-cpu", ["--runner", runner])
+    # with the settings in the environment, a local run still takes none of them (a gs:// temp_location would
+    # stage its local output through GCS)
+    no_cloud_env.setenv("DOCSCORE_TEMP_LOCATION", "gs://docscore-test-bucket/tmp")
+    no_cloud_env.setenv("DOCSCORE_PROJECT", "docscore-test")
+    options = load_preset("dataflow-cpu", ["--runner", "DirectRunner"])
+    assert not {"temp_location", "project"} & set(options)
 
 
 def test_local_preset_needs_nothing(no_cloud_env):

@@ -35,6 +35,9 @@ def test_similarity_stays_within_minus_one_and_one():
     assert pooled @ pooled > 1.0
     assert scoring.score_similarity([v], [v])["score"] == 1.0
     assert scoring.score_similarity([v], [-v])["score"] == -1.0
+    broken = np.full(384, np.nan, np.float32)  # a model output gone NaN stays NaN (metrics then say None), not -1
+    assert math.isnan(scoring.score_similarity([broken], [v])["score"])
+    assert math.isnan(scoring.score_similarity([v], [broken])["score"])
 
 
 def test_classify_softmax_with_temperature_and_top_label():

@@ -43,7 +43,8 @@ def test_on_dataflow_auto_means_the_workers_backend(accelerator, backend, kernel
 
     flags = ["--input", gcs_corpus, "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1", "--runner",
              "DataflowRunner", "--project", "docscore-test", "--region", "us-central1", "--temp_location",
-             "gs://docscore-test-bucket/tmp", "--attention", "flash", "--dtype", "bfloat16"]
+             "gs://docscore-test-bucket/tmp", "--attention", "flash", "--dtype", "bfloat16",
+             "--experiments", "no_use_multiple_sdk_containers"]  # one SDK process per VM: what TPU workers need
     _, eo = parse_options(flags + (["--dataflow_service_options", accelerator] if accelerator else []))
     plan = validate(eo)
     assert plan.target_backend == backend and plan.batch.backend == backend

@@ -43,7 +43,7 @@ def score_similarity(window_embeddings: Sequence[np.ndarray], query_embeddings: 
     """Cosine between the document and its query (both pooled and normalised), within [-1, 1]: the float32
     unit vectors' dot can pass 1 by ~1e-8, where arccos of the column would be NaN."""
     doc, query = pool_windows(window_embeddings), pool_windows(query_embeddings)
-    return {"score": min(1.0, max(-1.0, float(np.dot(doc.astype(np.float64), query.astype(np.float64)))))}
+    return {"score": float(np.clip(np.dot(doc.astype(np.float64), query.astype(np.float64)), -1.0, 1.0))}  # NaN stays NaN
 
 
 def score_classify(

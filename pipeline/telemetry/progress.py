@@ -368,8 +368,11 @@ def runs_locally(options: PipelineOptions) -> bool:
     """The job runs in or beside this process (DirectRunner and friends), so the launcher waits for it.
     Lives here, beside LOCAL_RUNNERS, so that validate.py and publish.py both import it downwards."""
     runner = options.view_as(StandardOptions).runner
-    name = runner if isinstance(runner, str) or runner is None else type(runner).__name__
-    return name in LOCAL_RUNNERS
+    if runner is None:
+        return True
+    name = (runner if isinstance(runner, str) else type(runner).__name__).rpartition(".")[2].lower()
+    name = name if name.endswith("runner") else f"{name}runner"  # Beam's spellings: direct, Direct, a class path
+    return name in {local.lower() for local in LOCAL_RUNNERS if local}
 
 
 def direct_workers(direct_num_workers: int | None) -> int:
