@@ -299,8 +299,9 @@ def test_every_query_in_docs_runs_on_the_run(finished_run):
     assert results["Accuracy per run"] == [("r1", len(scores), pytest.approx(summary["task_metrics"]["accuracy"]))]
     runs = results["Runs over time"]
     assert len(runs) == 1 and runs[0][0] == "r1"
-    assert runs[0][-5] == pytest.approx(summary["task_metrics"]["accuracy"])
-    assert runs[0][-3:] == ("blockwise", summary["shadow"]["output_max_abs_diff"], True)
+    assert runs[0][-6] == pytest.approx(summary["task_metrics"]["accuracy"])
+    assert runs[0][-4:] == ("blockwise", summary["shadow"]["output_max_abs_diff"], True, summary["gates"]["error_fraction"]["passed"])
+    assert runs[0][-1] is True  # error_gate_passed: the run's error rows are within its --max_error_fraction
     (shadowed,) = results["Shadow kernel divergence"]
     assert shadowed[:4] == ("r1", "xla", "blockwise", len(scores))
     assert shadowed[4] == summary["shadow"]["output_max_abs_diff"] and shadowed[-1] == 0
