@@ -326,7 +326,7 @@ def write_shard(path, record: dict) -> str:
 
 def test_single_host_tpu_shapes_pass_the_worker_checks():
     """The presets' one-chip shape and a four-chip host (topology 2x2 on ct5lp-hightpu-4t) are what Dataflow runs."""
-    from pipeline.validate import check_accelerator_workers
+    from pipeline.dataflow_checks import check_accelerator_workers
 
     for machine, topology in (("ct5lp-hightpu-1t", "1x1"), ("ct5lp-hightpu-4t", "2x2"), ("ct6e-standard-8t", "2x4")):
         kind = "tpu-v6e-slice" if machine.startswith("ct6e") else "tpu-v5-lite-podslice"
@@ -348,7 +348,7 @@ def test_beams_spellings_of_a_runner_are_read_as_beam_reads_them(runner, local):
 def test_a_non_dataflow_remote_runner_may_read_local_inputs_but_not_write_a_local_output(tmp_path, no_data_read):
     """Flink's or a portable runner's LOOPBACK workers are this process: a local --input may be theirs, while a
     local --output is still refused for any remote runner (it was before Dataflow's own path checks)."""
-    from pipeline.validate import check_paths_on_workers
+    from pipeline.dataflow_checks import check_paths_on_workers
 
     flink = ["--runner", "FlinkRunner", "--input", str(tmp_path / "in.jsonl"), "--model", str(tmp_path)]
     _, eo = parse_options([*flink, "--output", "gs://b/out"])
