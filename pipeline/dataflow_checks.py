@@ -13,13 +13,14 @@ from models.builtin import BUILTINS
 from pipeline.io import sinks, tfds_reader
 from pipeline.options import ConfigError, EvalOptions
 from pipeline.telemetry.progress import runs_locally
+from runners.presets import is_dataflow_runner
 
 
 DATAFLOW_REQUIRED = ("project", "region", "temp_location")
 
 
 def is_dataflow(eo: EvalOptions) -> bool:
-    return "dataflow" in str(eo.get_all_options().get("runner") or "").lower()
+    return is_dataflow_runner(eo.get_all_options().get("runner"))
 
 
 def is_label_text(text: str) -> bool:

@@ -76,6 +76,11 @@ def environment_value(setting: CloudSetting, environ: Mapping[str, str]) -> str 
     return None
 
 
+def is_dataflow_runner(runner: Any) -> bool:
+    """--runner names Dataflow, in any of Beam's spellings (DataflowRunner, dataflow, a class path, TestDataflowRunner)."""
+    return "dataflow" in str(runner or "").lower()
+
+
 def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The options of preset `name` (flat option: value, as in a --config file).
 
@@ -90,7 +95,7 @@ def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] 
     options = dict(data["options"])
     environment = data.get("environment") or {}
     given = options_given(argv) if argv else {}
-    if "dataflow" not in str(given.get("runner") or options.get("runner") or "").lower():
+    if not is_dataflow_runner(given.get("runner") or options.get("runner")):
         return options  # the command line chose another runner (it wins): no cloud settings, none filled in
     missing = []
     for option in list(environment.get("required", [])) + list(environment.get("optional", [])):

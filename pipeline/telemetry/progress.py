@@ -362,6 +362,7 @@ class ProgressReporter:
 # ---- wiring it to a pipeline run ----------------------------------------------------------------
 
 LOCAL_RUNNERS = (None, "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner", "PrismRunner", "FnApiRunner")
+_LOCAL_RUNNER_NAMES = {runner.lower() for runner in LOCAL_RUNNERS if runner}
 
 
 def runs_locally(options: PipelineOptions) -> bool:
@@ -372,7 +373,7 @@ def runs_locally(options: PipelineOptions) -> bool:
         return True
     name = (runner if isinstance(runner, str) else type(runner).__name__).rpartition(".")[2].lower()
     name = name if name.endswith("runner") else f"{name}runner"  # Beam's spellings: direct, Direct, a class path
-    return name in {local.lower() for local in LOCAL_RUNNERS if local}
+    return name in _LOCAL_RUNNER_NAMES
 
 
 def direct_workers(direct_num_workers: int | None) -> int:
