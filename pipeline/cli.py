@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from pipeline.interrupt import exit_on_interrupt
+from pipeline.interrupt import exit_on_interrupt, reader_gone
 
 # subcommand -> (module with main(argv) -> int, one-line help)
 SUBCOMMANDS = {
@@ -40,9 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with exit_on_interrupt(lambda: "docscore: interrupted"):  # until the subcommand says more
             return _dispatch(list(sys.argv[1:] if argv is None else argv))
-    except BrokenPipeError:  # the reader went away (`docscore --help | head`): stop quietly, as `cat` does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit must not fail again
-        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the signal
+    except BrokenPipeError:  # the reader went away (`docscore --help | head`)
+        return reader_gone()
     finally:
         if before is None:
             os.environ.pop("PYTHONSAFEPATH", None)

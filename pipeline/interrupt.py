@@ -1,6 +1,7 @@
 """Ctrl-C (SIGINT) ends a docscore command with exit 130, and SIGTERM (a scheduler or container stopping
 it) with exit 143, each with one line saying what it left, wherever the main thread is. Python's own KeyboardInterrupt can land in a weakref callback or a finaliser (jax's and
-Beam's run often), where it is printed as "Exception ignored" and dropped, and the command goes on.
+Beam's run often), where it is printed as "Exception ignored" and dropped, and the command goes on. A reader
+of stdout that goes away (`docscore --help | head`) ends a command quietly too (`reader_gone`).
 Imports nothing heavy: the `docscore` command installs it before it imports a subcommand.
 """
 from __future__ import annotations
@@ -16,6 +17,14 @@ from typing import Any
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command ended by Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the signal
+
+
+def reader_gone() -> int:
+    """For `except BrokenPipeError` around a command's printing: stop quietly, as `cat` does, and return the
+    exit status. stdout now goes to /dev/null, so Python's flush at exit does not fail (and print) again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
 
 
 @contextlib.contextmanager

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from pipeline.interrupt import reader_gone
+
 LAUNCHERS = ("cloud-scheduler", "composer")
 TEMPLATE_METADATA = Path(__file__).with_name("flex_template_metadata.json")
 COMPARE_KEYS = ("baseline", "candidate", "limits")
@@ -344,7 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"{parser.prog}: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    print(json.dumps(body, indent=2))
+    try:
+        print(json.dumps(body, indent=2), flush=True)
+    except BrokenPipeError:  # `python -m runners.scheduling FILE | head`
+        return reader_gone()
     return 0
 
 

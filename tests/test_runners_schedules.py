@@ -205,6 +205,24 @@ def test_printing_the_launch_body(capsys):
     assert body["launchParameter"]["parameters"]["task"] == "classify"
 
 
+def test_printing_into_a_closed_pipe_ends_quietly():
+    """`python -m runners.scheduling FILE | head -0`: the reader is gone before the body is written; no traceback,
+    SIGPIPE's status."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe now fails with EPIPE
+    try:
+        done = subprocess.run([sys.executable, "-m", "runners.scheduling",
+                               str(ROOT / "runners" / "schedules" / "nightly-classify.yaml")],
+                              cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
 @pytest.mark.parametrize("text, message", [
     (None, "no such file"),
     (CLASSIFY.replace("  task: classify\n", "  task: classify\n  labels: a=b;c=d\n"),
