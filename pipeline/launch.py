@@ -26,7 +26,7 @@ from pipeline.io import run_commit, run_lease, sinks
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.runs import publish
 from pipeline.telemetry import progress
-from pipeline.telemetry.progress import runs_locally
+from pipeline.telemetry.progress import direct_workers, runner_name, runs_locally
 from pipeline.telemetry.cpu_tuning import (CpuTuning, apply_cpu_tuning, check_compilation_cache, compilation_cache_dir,
                                            compilation_cache_setting)
 from pipeline.telemetry.timing import STAGES
@@ -35,15 +35,19 @@ from pipeline.validate import validate
 DIRECT_FLAGS = {"direct_running_mode", "direct_num_workers"}
 
 
-def use_local_threads(options: beam.options.pipeline_options.PipelineOptions, threads: int, given: set[str]) -> None:
+def use_local_threads(options: beam.options.pipeline_options.PipelineOptions, threads: int, given: set[str]) -> int:
     """A local DirectRunner run whose flags set neither --direct_running_mode nor --direct_num_workers runs
     `threads` parallel bundles in this process (threads sharing its one model: while one thread's batch is
-    on the device, others read, tokenize and score)."""
-    standard = options.view_as(StandardOptions)
-    if threads <= 1 or (standard.runner or "DirectRunner") != "DirectRunner" or given & DIRECT_FLAGS:
-        return
+    on the device, others read, tokenize and score). Returns the parallel bundles the run has (the flags'
+    threads or processes; 1 in Beam's in-memory mode); `threads` for a remote runner, whose workers choose."""
+    if runner_name(options.view_as(StandardOptions).runner) != "DirectRunner":
+        return threads
     direct = options.view_as(DirectOptions)
-    direct.direct_running_mode, direct.direct_num_workers = "multi_threading", threads
+    if threads > 1 and not given & DIRECT_FLAGS:
+        direct.direct_running_mode, direct.direct_num_workers = "multi_threading", threads
+    if direct.direct_running_mode == "in_memory":  # Beam runs one bundle at a time there, whatever the workers
+        return 1
+    return direct_workers(direct.direct_num_workers)
 
 
 PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
@@ -227,7 +231,8 @@ def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
         print(f"docscore run: {e}", file=sys.stderr)
         return 2
     phase_starts["prepare"] = time.time()
-    use_local_threads(options, plan.batch.local_threads, given_option_names(argv))
+    bundles = use_local_threads(options, plan.batch.local_threads, given_option_names(argv))
+    plan = dataclasses.replace(plan, batch=dataclasses.replace(plan.batch, local_threads=bundles))  # what runs
     for notice in plan.notices:
         print(f"docscore run: note: {notice}", file=sys.stderr)
     staging_root = eo.get_all_options().get("temp_location") if eo.output.startswith(sinks.BQ_PREFIX) else None

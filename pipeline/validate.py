@@ -385,6 +385,9 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         raise ConfigError(f"--stride=0 with --task={eo.task}: {eo.model}'s tokenizer starts a window with no special "
                           "token, so the first token of every window after the first could not be predicted from "
                           "anything and would go unscored; use --stride >= 1 (default 32)")
+    rows_notice = None
+    if same_backend and runs_locally(eo):  # the run's calls are this machine's: rows split over its devices
+        batch, rows_notice = rows_for_local_devices(batch)
     if same_backend:
         check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend, loaded.parallel.data_size)
     shadow_spec = check_shadow(eo, model_spec, loaded, backend, kernel, where)
@@ -409,7 +412,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         suffix_len=len(getattr(loaded.tokenizer, "suffix", ())),
         shadow=shadow_spec,
-        notices=tuple(n for n in (notice, gold_notice) if n),
+        notices=tuple(n for n in (rows_notice, notice, gold_notice) if n),
         batch=batch,
         sharding=loaded.parallel.summary() if same_backend else {
             "mesh": None, "reason": f"chosen by each {backend} worker from its devices' memory (models/sharding.py)"},
@@ -554,6 +557,21 @@ def check_shadow_flags(eo: EvalOptions) -> None:
                 f"--{flag}={given[flag]} has no effect without --shadow_attention ({meaning}); add "
                 f"--shadow_attention=KERNEL (e.g. --shadow_attention=flash) to shadow the run, or drop --{flag}"
             )
+
+
+def rows_for_local_devices(batch: batching.BatchSettings) -> tuple[batching.BatchSettings, str | None]:
+    """The settings with --batch_size rounded up as the model calls round it (a multiple of this machine's
+    devices, which each call's rows are split over), so the summary records what runs; and a notice when it
+    was rounded."""
+    import jax
+
+    devices = jax.local_device_count()
+    rows = batching.rows_per_call(batch.batch_size, devices)
+    if rows == batch.batch_size:
+        return batch, None
+    return dataclasses.replace(batch, batch_size=rows), (
+        f"--batch_size={batch.batch_size} runs as {rows} rows a call: a multiple of the {devices} {batch.backend} "
+        f"devices each call's rows are split over")
 
 
 def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, max_len: int, kernel: str,

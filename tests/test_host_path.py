@@ -196,14 +196,24 @@ def test_local_threads_apply_only_when_no_direct_flag_was_given():
     from pipeline.options import given_option_names, parse_options
 
     argv = ["--input", "x.jsonl", "--output", "out"]
+    for runner in ([], ["--runner", "direct"]):  # Beam's spellings of the DirectRunner
+        options, _ = parse_options(argv + runner)
+        assert use_local_threads(options, 4, given_option_names(argv + runner)) == 4
+        direct = options.view_as(DirectOptions)
+        assert (direct.direct_running_mode, direct.direct_num_workers) == ("multi_threading", 4)
+    # the user's choice stands, and the parallel bundles returned (the summary's batching.local_threads) are its
+    for flags, bundles in ((["--direct_num_workers", "1"], 1), (["--direct_running_mode", "in_memory"], 1),
+                           (["--direct_running_mode", "in_memory", "--direct_num_workers", "3"], 1),  # Beam: no effect
+                           (["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"], 2),
+                           (["--direct_running_mode", "multi_threading", "--direct_num_workers", "3"], 3)):
+        chosen = argv + flags
+        options, _ = parse_options(chosen)
+        assert use_local_threads(options, 4, given_option_names(chosen)) == bundles, flags
+        assert options.view_as(DirectOptions).direct_running_mode == dict(zip(flags[::2], flags[1::2])).get(
+            "--direct_running_mode", "in_memory")
     options, _ = parse_options(argv)
-    use_local_threads(options, 4, given_option_names(argv))
-    direct = options.view_as(DirectOptions)
-    assert (direct.direct_running_mode, direct.direct_num_workers) == ("multi_threading", 4)
-    chosen = argv + ["--direct_num_workers", "1"]
-    options, _ = parse_options(chosen)
-    use_local_threads(options, 4, given_option_names(chosen))
-    assert options.view_as(DirectOptions).direct_num_workers == 1  # the user's choice stands
+    assert use_local_threads(options, 1, set()) == 1  # a CPU run's default: Beam's in-memory runner
+    assert options.view_as(DirectOptions).direct_running_mode == "in_memory"
     remote = argv + ["--runner", "DataflowRunner"]
     options, _ = parse_options(remote)
     use_local_threads(options, 4, given_option_names(remote))
@@ -309,6 +319,7 @@ def test_parallel_bundles_and_small_beam_batches_give_the_outputs_of_one_thread(
     np.testing.assert_allclose(np.stack(par.embedding), np.stack(one.embedding), atol=1e-6)
     summary = read_summary(out, "par")
     assert summary["runner"]["direct_num_workers"] == 3 and summary["batching"]["calls_per_beam_batch"] == 1
+    assert summary["batching"]["local_threads"] == 3 and read_summary(out, "one")["batching"]["local_threads"] == 1
     assert summary["batching"]["tail_call_fraction"] == 8  # the CPU's tail calls
     assert summary["batching"]["beam_batch_tokens"] == 8 * TEST_MAX_LEN
     assert summary["device"]["busy_s"] > 0 and 0 < summary["device"]["busy_fraction"] <= 1.0

@@ -339,10 +339,15 @@ def test_single_host_tpu_shapes_pass_the_worker_checks():
                                           ("apache_beam.runners.direct.direct_runner.DirectRunner", True),
                                           ("DataflowRunner", False), ("dataflow", False), ("FlinkRunner", False)])
 def test_beams_spellings_of_a_runner_are_read_as_beam_reads_them(runner, local):
-    from pipeline.telemetry.progress import runs_locally
+    from pipeline.runs.summary import busy_processes
+    from pipeline.telemetry.progress import runner_name, runs_locally
 
     _, eo = parse_options(["--input", "x", "--output", "y"] + (["--runner", runner] if runner else []))
     assert runs_locally(eo) is local
+    # one name per runner in the summary and history, and a local run's device time is its one process's
+    assert runner_name(runner) == {"dataflow": "DataflowRunner", "FlinkRunner": "FlinkRunner",
+                                   "DataflowRunner": "DataflowRunner"}.get(runner, "DirectRunner")
+    assert busy_processes({"runner": runner} if runner else {}) == (1 if local else None)
 
 
 def test_a_non_dataflow_remote_runner_may_read_local_inputs_but_not_write_a_local_output(tmp_path, no_data_read):

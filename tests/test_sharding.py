@@ -193,7 +193,8 @@ def test_minilm_split_over_four_devices_equals_one_device_and_the_summary_says_s
     ids, seg = minilm_rows(minilm, rows)
     corpus = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES)])
     out = tmp_path / "out"
-    run = ["--input", str(corpus), *common_flags("s4", out), "--attention", "native"]
+    # --batch_size 6 runs as 8 rows a call, a multiple of the 4 devices: the summary records what ran
+    run = ["--input", str(corpus), *common_flags("s4", out), "--attention", "native", "--batch_size", "6"]
     report, four = four_devices(tmp_path, model="minilm-l6", method="embed_packed", ids=ids[:rows], seg=seg[:rows],
                                 budget=budget_for(minilm.config, 4), run=run)
     assert report["layout"]["mesh"] == {"data": 1, "model": 4}
@@ -208,6 +209,8 @@ def test_minilm_split_over_four_devices_equals_one_device_and_the_summary_says_s
     np.testing.assert_allclose(four, minilm.embed_packed(ids, seg, 1)[:rows, 0], atol=1e-5, rtol=0)
 
     assert report["rc"] == 0
+    batching = read_summary(out, "s4")["batching"]
+    assert batching["batch_size"] == 8 and batching["beam_batch_tokens"] == 8 * TEST_MAX_LEN * batching["calls_per_beam_batch"]
     summary = read_summary(out, "s4")["model"]["sharding"]
     assert summary["mesh"] == {"data": 1, "model": 4} and len(summary["devices"]) == 4
     assert "split over 4 devices" in summary["reason"] and sharding.BUDGET_ENV in summary["reason"], summary

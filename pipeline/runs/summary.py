@@ -10,14 +10,14 @@ import platform
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from pipeline.telemetry.progress import LOCAL_RUNNERS, direct_workers
+from pipeline.telemetry.progress import LOCAL_RUNNERS, direct_workers, runner_name
 
 if TYPE_CHECKING:  # the job's Publish step imports this module: keep it light
     from pipeline.options import EvalOptions
     from pipeline.validate import RunPlan
 
 VERSIONED = ("docscore", "apache-beam", "jax", "jaxlib", "flax", "orbax-checkpoint", "numpy", "pyarrow", "tokenizers", "fsspec", "gcsfs")
-RUNNER_KEYS = ("runner", "direct_running_mode", "direct_num_workers")
+RUNNER_KEYS = ("direct_running_mode", "direct_num_workers")  # beside the runner's name
 
 
 def versions() -> dict[str, str]:
@@ -48,9 +48,11 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
         "task": eo.task,
         "started": started,
         "config": config,
-        # no --runner is Beam's DirectRunner, named so that the history table's runner column says it
-        "runner": {"runner": "DirectRunner",
-                   **{k: v for k, v in eo.get_all_options().items() if k in RUNNER_KEYS and v is not None}},
+        # Beam's class name whichever spelling was given (no --runner: DirectRunner), so the history table's
+        # runner column says one name for one runner
+        "runner": {"runner": runner_name(eo.get_all_options().get("runner")),
+                   **{k: v for k, v in eo.get_all_options().items()
+                      if k in RUNNER_KEYS and v is not None}},
         "versions": versions(),
         "backend": {
             "target": plan.target_backend,
@@ -172,7 +174,7 @@ def busy_processes(runner: dict[str, Any]) -> int | None:
     """How many processes a run's device busy time is summed over: 1 for a local run in the launcher's process
     (threads share one busy clock), --direct_num_workers for local multi_processing, None (not known to the
     launcher) for a remote runner's workers."""
-    if runner.get("runner") not in LOCAL_RUNNERS:
+    if runner_name(runner.get("runner")) not in LOCAL_RUNNERS:
         return None
     if runner.get("direct_running_mode") == "multi_processing":
         return direct_workers(runner.get("direct_num_workers"))

@@ -65,6 +65,11 @@ class BatchSettings:
         return {**dataclasses.asdict(self), "beam_batch_tokens": self.beam_batch_tokens(max_len)}
 
 
+def rows_per_call(batch_size: int, devices: int) -> int:
+    """--batch_size rounded up to a multiple of the devices each model call's rows are split over."""
+    return -(-batch_size // devices) * devices
+
+
 def settings_for(backend: str, *, batch_size: int | None = None, calls_per_beam_batch: int | None = None,
                  local_threads: int | None = None) -> BatchSettings:
     """The flags' values where given, else the backend's defaults. Raises ValueError naming the flag."""

@@ -327,7 +327,7 @@ def run_model(
     if tail_fraction is None:
         tail_fraction = batching.tail_fraction_for(jax.default_backend())
     devices = jax.local_device_count()
-    batch_size = -(-batch_size // devices) * devices
+    batch_size = batching.rows_per_call(batch_size, devices)
     if per_token:
 
         def call(input_ids, segment_ids):

@@ -362,18 +362,23 @@ class ProgressReporter:
 # ---- wiring it to a pipeline run ----------------------------------------------------------------
 
 LOCAL_RUNNERS = (None, "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner", "PrismRunner", "FnApiRunner")
-_LOCAL_RUNNER_NAMES = {runner.lower() for runner in LOCAL_RUNNERS if runner}
+_LOCAL_RUNNER_NAMES = {runner.lower(): runner for runner in LOCAL_RUNNERS if runner}
+
+
+def runner_name(runner: Any) -> str:
+    """--runner as Beam's class name, whichever of Beam's spellings was given (direct, Direct, a class path, a
+    runner object): "DirectRunner" for all of those and for no --runner, "DataflowRunner" for dataflow."""
+    if runner is None:
+        return "DirectRunner"
+    name = (runner if isinstance(runner, str) else type(runner).__name__).rpartition(".")[2]
+    name = name if name.lower().endswith("runner") else f"{name[:1].upper()}{name[1:]}Runner"
+    return _LOCAL_RUNNER_NAMES.get(name.lower(), name)
 
 
 def runs_locally(options: PipelineOptions) -> bool:
     """The job runs in or beside this process (DirectRunner and friends), so the launcher waits for it.
     Lives here, beside LOCAL_RUNNERS, so that validate.py and publish.py both import it downwards."""
-    runner = options.view_as(StandardOptions).runner
-    if runner is None:
-        return True
-    name = (runner if isinstance(runner, str) else type(runner).__name__).rpartition(".")[2].lower()
-    name = name if name.endswith("runner") else f"{name}runner"  # Beam's spellings: direct, Direct, a class path
-    return name in _LOCAL_RUNNER_NAMES
+    return runner_name(options.view_as(StandardOptions).runner) in LOCAL_RUNNERS
 
 
 def direct_workers(direct_num_workers: int | None) -> int:
