@@ -41,7 +41,8 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     tokenized = (
         read.docs
         | "SpreadDocs" >> beam.Reshuffle()
-        | "Tokenize" >> beam.ParDo(Tokenize(plan.model_spec, plan.window_spec, with_query=tasks.get(eo.task).with_query))
+        | "Tokenize" >> beam.ParDo(Tokenize(plan.model_spec, plan.window_spec, with_query=tasks.get(eo.task).with_query,
+                                            max_tokens=plan.batch.beam_batch_tokens(plan.window_spec.max_len)))
         .with_output_types(Batch).with_outputs(ERRORS_TAG, main="docs")
     )
     handler = FlaxModelHandler(

@@ -60,3 +60,40 @@ def test_similarity_query_problems_are_error_rows_of_documented_types(minilm):
         ("flag", "tokenize", "bad_field_type"), ("blank", "tokenize", "empty_text"),
         ("no_tokens", "tokenize", "empty_text")]
     assert all("query" in e.message for e in out[1:])
+
+
+
+def test_tokenized_lists_are_cut_to_the_beam_batch_token_budget(minilm):
+    """Tokenize on a real Beam runner: a read list of documents comes out as consecutive lists of at most the
+    budget's model tokens (a document larger than the budget alone), every document once and in order; a
+    document without tokens goes to the errors output."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from pipeline.stages.inference import ModelSpec
+    from pipeline.stages.preprocess import Tokenize, tokens_of
+
+    texts = [f"document {i} " + "word " * (i % 7) * 5 for i in range(40)] + [" ".join([LONG_TEXT] * 3)]
+    docs = [Document(f"d{i}", t, "s", i) for i, t in enumerate(texts)]
+    docs.insert(3, Document("blank", "\u200b", "s", 99))
+    budget = 120
+    expected = [d.doc_id for d in docs if d.doc_id != "blank"]
+
+    def check(lists):  # each list: [(doc_id, model tokens), ...]
+        assert len(lists) > 1
+        for batch in lists:
+            assert sum(size for _, size in batch) <= budget or len(batch) == 1, batch
+        in_order = sorted(lists, key=lambda batch: expected.index(batch[0][0]))
+        assert [doc_id for batch in in_order for doc_id, _ in batch] == expected
+        assert [("d40", tokens_of([long_doc]))] in lists  # LONG_TEXT's windows alone are over the budget
+
+    spec = WindowSpec(max_len=32, stride=8, max_chunks=8)
+    [long_doc] = tokenize_documents([docs[-1]], minilm.tokenizer, spec, with_query=False)
+    assert tokens_of([long_doc]) > budget
+    with beam.Pipeline() as p:
+        out = (p | beam.Create([docs])
+               | beam.ParDo(Tokenize(ModelSpec("minilm-l6"), spec, with_query=False, max_tokens=budget))
+               .with_outputs("errors", main="docs"))
+        assert_that(out.docs | beam.Map(lambda batch: [(d.doc.doc_id, tokens_of([d])) for d in batch]), check)
+        assert_that(out.errors | beam.Map(lambda e: (e.doc_id, e.error_type)), equal_to([("blank", "empty_text")]),
+                    label="errors")

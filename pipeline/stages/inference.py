@@ -41,7 +41,7 @@ from pipeline import tasks
 from pipeline.records import Batch
 from pipeline.stages import shadow
 from pipeline.stages.packing import run_model
-from pipeline.stages.preprocess import TokenizedDoc
+from pipeline.stages.preprocess import TokenizedDoc, tokens_of
 from pipeline.telemetry import device_time, memory, progress
 from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
 from pipeline.telemetry.profiling import profile_batch
@@ -126,11 +126,6 @@ def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, 
         result.append(pool_windows(outputs[k : k + len(doc.windows)]))
         k += len(doc.windows)
     return np.stack(result)
-
-
-def tokens_of(docs: Sequence[TokenizedDoc]) -> int:
-    """A list of documents' weight for Beam's BatchElements: the tokens of their model rows."""
-    return max(1, sum(len(w) for doc in docs for w in doc.windows + doc.query_windows))
 
 
 @dataclasses.dataclass

@@ -94,6 +94,29 @@ def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
     return results  # type: ignore[return-value]
 
 
+def tokens_of(docs: Sequence[TokenizedDoc]) -> int:
+    """A list of documents' weight for Beam's BatchElements: the tokens of their model rows."""
+    return max(1, sum(len(w) for doc in docs for w in doc.windows + doc.query_windows))
+
+
+def within_budget(docs: Sequence[TokenizedDoc], max_tokens: int | None) -> list[Batch]:
+    """The documents in order, as consecutive lists of at most max_tokens model tokens each (tokens_of; a
+    document larger than that alone), so that no element RunInference batches by tokens is bigger than one
+    Beam batch (--batch_size x --max_seq_len x --calls_per_beam_batch). None: one list."""
+    if max_tokens is None:
+        return [Batch(docs)] if docs else []
+    lists: list[Batch] = []
+    current, tokens = Batch(), 0
+    for doc in docs:
+        size = tokens_of([doc])
+        if current and tokens + size > max_tokens:
+            lists.append(current)
+            current, tokens = Batch(), 0
+        current.append(doc)
+        tokens += size
+    return lists + ([current] if current else [])
+
+
 def tokenize_by_task(docs: Sequence[Document], tokenizer, spec: WindowSpec, tokenize) -> list[TokenizedDoc | ErrorRow]:
     """The task's own tokenize (Task.tokenize) of the list, one document at a time when the list fails (so a
     text the tokenizer cannot handle is one error row); tokenize_ms is the list's time shared by window tokens."""
@@ -177,13 +200,14 @@ def encode_text(tokenizer, text: str, spec: WindowSpec):
 
 
 class Tokenize(beam.DoFn):
-    """Beam adapter: a list of Documents in, the list of their TokenizedDocs out (ErrorRows on the
-    'errors' output). Loads only the tokenizer, not the model."""
+    """Beam adapter: a list of Documents in, their TokenizedDocs out in lists of at most max_tokens model
+    tokens (within_budget; ErrorRows on the 'errors' output). Loads only the tokenizer, not the model."""
 
-    def __init__(self, model_spec, window_spec: WindowSpec, *, with_query: bool):
+    def __init__(self, model_spec, window_spec: WindowSpec, *, with_query: bool, max_tokens: int | None = None):
         self._model_spec = model_spec
         self._window_spec = window_spec
         self._with_query = with_query
+        self._max_tokens = max_tokens
         self._tokenizer = None
 
     def setup(self):
@@ -192,11 +216,10 @@ class Tokenize(beam.DoFn):
         self._tokenizer = models.load_tokenizer(self._model_spec.name, cache_dir=self._model_spec.cache_dir)
 
     def process(self, docs: list[Document]):
-        tokenized = Batch()
+        tokenized = []
         for item in tokenize_documents(docs, self._tokenizer, self._window_spec, with_query=self._with_query):
             if isinstance(item, ErrorRow):
                 yield beam.pvalue.TaggedOutput(ERRORS_TAG, item)
             else:
                 tokenized.append(item)
-        if tokenized:
-            yield tokenized
+        yield from within_budget(tokenized, self._max_tokens)
