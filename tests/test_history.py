@@ -51,6 +51,7 @@ def test_history_row_flattens_the_summary():
 def test_a_sparse_summary_gives_nulls_and_no_run_id_is_refused():
     row = history.history_row({"run_id": "old", "counts": {"records": 0, "scored": 0, "errors": 0}})
     assert row["error_rate"] is None and row["started_at"] is None and row["task_metrics"] is None
+    assert row["command_wall_s"] is row["device_busy_fraction"] is row["compile_cold_count"] is row["batch_size"] is None
     with pytest.raises(ValueError, match="no run_id"):
         history.history_row({"counts": {}})
 

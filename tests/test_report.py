@@ -214,6 +214,14 @@ def test_history_row_agrees_with_the_tables(finished_run):
     written = pq.read_table(history_file)
     assert written.schema == history.HISTORY_SCHEMA
     assert written.to_pylist()[0]["scored"] == row["scored"]
+    # what the run cost besides throughput: the written row holds the summary's values
+    written_row = written.to_pylist()[0]
+    assert written_row["command_wall_s"] == summary["command_wall_s"] > summary["wall_s"]
+    assert written_row["device_busy_fraction"] == summary["device"]["busy_fraction"] and 0 < written_row["device_busy_fraction"] <= 1
+    assert written_row["host_us_per_doc"] == summary["device"]["host_us_per_doc"] > 0
+    assert (written_row["compile_cold_count"], written_row["compile_cached_count"], written_row["batch_size"]) == (
+        summary["compile"]["cold_count"], summary["compile"]["cached_count"], summary["batching"]["batch_size"])
+    assert written_row["compile_cold_count"] + written_row["compile_cached_count"] == summary["compile"]["count"]
 
 
 def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_run, tmp_path, capsys):
@@ -299,9 +307,12 @@ def test_every_query_in_docs_runs_on_the_run(finished_run):
     assert results["Accuracy per run"] == [("r1", len(scores), pytest.approx(summary["task_metrics"]["accuracy"]))]
     runs = results["Runs over time"]
     assert len(runs) == 1 and runs[0][0] == "r1"
-    assert runs[0][-6] == pytest.approx(summary["task_metrics"]["accuracy"])
-    assert runs[0][-4:] == ("blockwise", summary["shadow"]["output_max_abs_diff"], True, summary["gates"]["error_fraction"]["passed"])
-    assert runs[0][-1] is True  # error_gate_passed: the run's error rows are within its --max_error_fraction
+    assert runs[0][-11] == pytest.approx(summary["task_metrics"]["accuracy"])
+    assert runs[0][-9:-5] == ("blockwise", summary["shadow"]["output_max_abs_diff"], True, summary["gates"]["error_fraction"]["passed"])
+    assert runs[0][-6] is True  # error_gate_passed: the run's error rows are within its --max_error_fraction
+    assert runs[0][-5:] == (round(summary["command_wall_s"], 1), round(summary["device"]["busy_fraction"], 2),
+                            round(summary["device"]["host_us_per_doc"]), summary["compile"]["cold_count"],
+                            summary["compile"]["cached_count"])
     (shadowed,) = results["Shadow kernel divergence"]
     assert shadowed[:4] == ("r1", "xla", "blockwise", len(scores))
     assert shadowed[4] == summary["shadow"]["output_max_abs_diff"] and shadowed[-1] == 0
@@ -467,3 +478,22 @@ def test_class_labels_from_the_data_never_break_the_label_chart():
     png, title = outcome_chart(scores, "classify")
     assert title == "Label distribution" and png.startswith(b"\x89PNG")
     assert chart_text("$\\alpha$") == "\\$\\alpha\\$" and len(chart_text("x" * 5000)) == CHART_TEXT_CHARS
+
+
+def test_report_header_shows_what_the_run_cost(finished_run):
+    """The page's facts: the whole command beside the pipeline, compiles split cold / cached, the device's busy
+    share and host time per document, the batch settings, as summary.json has them."""
+    output, summary, _ = finished_run
+    page = PageOutline(Path(report.report_path(output, "r1")).read_text())
+    facts = dict([rows for classes, rows in page.tables if "facts" in classes][0])  # the header's, first
+    assert facts["wall time (s): pipeline / whole command"] == (
+        f"{report._fmt(summary['wall_s'])} / {report._fmt(summary['command_wall_s'])}")
+    compile_ = summary["compile"]
+    assert facts["compiles"].endswith(f": {compile_['cold_count']} compiled, {compile_['cached_count']} from the "
+                                      "compilation cache")
+    device = summary["device"]
+    assert facts["device busy"].startswith(f"{device['busy_fraction']:.2f} of the pipeline's wall time")
+    assert f"host {report._fmt(device['host_us_per_doc'])} us a document" in facts["device busy"]
+    batching = summary["batching"]
+    assert facts["batching"] == (f"{batching['batch_size']} rows a call, {batching['calls_per_beam_batch']} calls a "
+                                 f"Beam batch ({batching['beam_batch_tokens']} tokens), 1 parallel bundle(s)")

@@ -67,6 +67,15 @@ GATE_COLUMNS = {  # the launcher's --max_error_fraction gate (exit 4 when it fai
     "error_gate_passed": ("gates.error_fraction.passed", pa.bool_()),
 }
 
+RUN_COST_COLUMNS = {  # what the run cost besides its throughput (#24): null where the summary has no value
+    "command_wall_s": ("command_wall_s", pa.float64()),  # the whole `docscore run` command
+    "device_busy_fraction": ("device.busy_fraction", pa.float64()),  # one process's model-call time over wall_s
+    "host_us_per_doc": ("device.host_us_per_doc", pa.float64()),
+    "compile_cold_count": ("compile.cold_count", pa.int64()),  # compiled by XLA
+    "compile_cached_count": ("compile.cached_count", pa.int64()),  # read from the persistent compilation cache
+    "batch_size": ("batching.batch_size", pa.int64()),  # rows a model call
+}
+
 STAGES = tuple(column[: -len("_ms")] for column in TIMING_COLUMNS)  # read, tokenize, infer, postprocess
 
 HISTORY_SCHEMA = pa.schema(
@@ -99,6 +108,7 @@ HISTORY_SCHEMA = pa.schema(
         pa.field("task_metrics", pa.map_(pa.string(), pa.float64())),  # accuracy, macro_f1, spearman, ...
         *[pa.field(name, type_) for name, (_, type_) in SHADOW_COLUMNS.items()],  # null without a shadow kernel
         *[pa.field(name, type_) for name, (_, type_) in GATE_COLUMNS.items()],
+        *[pa.field(name, type_) for name, (_, type_) in RUN_COST_COLUMNS.items()],
     ]
 )
 
@@ -151,6 +161,8 @@ def history_row(summary: dict[str, Any]) -> dict[str, Any]:
     }
     for name, (path, _) in (SHADOW_COLUMNS | GATE_COLUMNS).items():
         row[name] = summary_value(summary, path)
+    for name, (path, type_) in RUN_COST_COLUMNS.items():
+        row[name] = (_int if type_ == pa.int64() else _float)(summary_value(summary, path))
     for stage in STAGES:
         stats = stage_stats(summary, stage)
         for stat in ("p50", "p95"):

@@ -546,6 +546,24 @@ def runner_text(summary: dict[str, Any]) -> str:
     return f"{name} ({rest})" if rest else str(name)
 
 
+def device_text(row: dict[str, Any]) -> str:
+    """'0.54 of the pipeline's wall time; host 64.0 us a document' (one process's; summed over processes: -)."""
+    if row["device_busy_fraction"] is None:
+        return "- (not known for a run over several processes or remote workers)"
+    return (f"{row['device_busy_fraction']:.2f} of the pipeline's wall time with a model call in flight; "
+            f"host {_fmt(row['host_us_per_doc'])} us a document")
+
+
+def batching_text(summary: dict[str, Any]) -> str:
+    """'16 rows a call, 32 calls a Beam batch (131072 tokens), 1 local thread' from the summary's batching."""
+    batching = summary_value(summary, "batching")
+    if not isinstance(batching, dict):
+        return "-"
+    return (f"{_fmt(batching.get('batch_size'))} rows a call, {_fmt(batching.get('calls_per_beam_batch'))} calls a "
+            f"Beam batch ({_fmt(batching.get('beam_batch_tokens'))} tokens), {_fmt(batching.get('local_threads'))} "
+            f"parallel bundle(s)")
+
+
 def header_facts(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     row = history.history_row(summary)
     kernel_rows = summary_value(summary, "kernel.in_rows")
@@ -559,12 +577,15 @@ def header_facts(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         ("dtype", row["dtype"]),
         ("input", row["input"]),
         ("started / finished (UTC)", " / ".join(_when(row[k]) for k in ("started_at", "finished_at"))),
-        ("wall time (s)", row["wall_s"]),
+        ("wall time (s): pipeline / whole command", f"{_fmt(row['wall_s'])} / {_fmt(row['command_wall_s'])}"),
         ("records / scored / errors", f"{_fmt(row['input_records'])} / {_fmt(row['scored'])} / {_fmt(row['errors'])}"),
         ("error rate", None if row["error_rate"] is None else f"{100 * row['error_rate']:.2f}%"),
         ("throughput", f"{_fmt(row['docs_per_s'])} docs/s, {_fmt(row['tokens_per_s'])} tokens/s"),
         ("padding efficiency", row["padding_efficiency"]),
-        ("compiles", f"{_fmt(row['compile_count'])} ({_fmt(row['compile_ms'])} ms)"),
+        ("compiles", f"{_fmt(row['compile_count'])} ({_fmt(row['compile_ms'])} ms): {_fmt(row['compile_cold_count'])} "
+                     f"compiled, {_fmt(row['compile_cached_count'])} from the compilation cache"),
+        ("device busy", device_text(row)),
+        ("batching", batching_text(summary)),
         ("peak RSS (MB)", row["peak_rss_mb"]),
     ]
 
