@@ -344,7 +344,12 @@ def unknown_flags(flags: list[str]) -> list[str]:
     argparse refuses (--batch_size abc) is a ConfigError naming the flag, not Beam's page of usage."""
     every = set(PipelineOptions(flags).get_all_options(retain_unknown_options=True,
                                                        add_extra_args_fn=refuse_bad_values).keys())
-    return sorted(every - known_option_names())
+    # Beam keeps an unknown --text-field under argparse's name for it, text_field, which is a known option:
+    # the names as written that no option's parser takes are unknown too
+    _, unparsed = beam_parser().parse_known_args(flags)
+    written = {arg[2:].partition("=")[0] for arg in unparsed if arg.startswith("--") and len(arg) > 2}
+    kept_as = {name.replace("-", "_") for name in written}  # the same flag under Beam's dest name
+    return sorted(written | {name for name in every - known_option_names() if name not in kept_as})
 
 
 def refuse_bad_values(parser: argparse.ArgumentParser) -> None:
@@ -375,7 +380,8 @@ def unknown_flags_message(unknown: list[str]) -> str:
     known = sorted(known_option_names() | {"labels"})
     parts = []
     for name in unknown:
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        close = [name.replace("-", "_")] if name.replace("-", "_") in known else difflib.get_close_matches(
+            name, known, n=1, cutoff=0.6)
         parts.append(f"--{name} (did you mean --{close[0]}?)" if close else f"--{name}")
     return (f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(parts)}; check the spelling "
             f"(`docscore run --help` lists docscore's flags; Beam's are in its PipelineOptions)")

@@ -118,6 +118,10 @@ CASES = {
     # name: (extra flags as a function of tmp_path, flag the message must name, schema peek allowed)
     "unknown_task": (lambda t: ["--task", "summarize"], "--task=summarize", False),
     "unknown_option": (lambda t: ["--tsak", "embed"], "--tsak (did you mean --task?)", False),
+    # argparse would keep it as text_field, a known option's name, and Beam drop it with a warning
+    "dashed_option": (lambda t: ["--text-field=body"], "unknown option --text-field (did you mean --text_field?)", False),
+    "dashed_option_and_value": (lambda t: ["--max-error-fraction", "0"],
+                                "unknown option --max-error-fraction (did you mean --max_error_fraction?)", False),
     "misspelled_runner": (lambda t: ["--runner", "DirectRuner"], "did you mean --runner=DirectRunner?", False),
     "labels_with_embed": (lambda t: ["--labels", "a=first;b=second"], "--labels is only for --task=classify", False),
     "labels_with_similarity": (lambda t: ["--task", "similarity", "--labels", "a=x;b=y"], "--task=similarity", False),
