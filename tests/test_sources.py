@@ -328,6 +328,28 @@ def test_parquet_decimal_labels_are_numbers_and_fixed_size_binary_text_is_text(t
     assert [(e.doc_id, e.error_type) for e in errors] == [("c", "invalid_utf8")]
 
 
+def test_a_text_file_in_utf16_without_a_byte_order_mark_is_an_error_row_not_scored_garbage(tmp_path):
+    """UTF-16 of ASCII, Cyrillic or Greek text without a BOM decodes as UTF-8 (control bytes between the
+    characters); it is an invalid_utf8 row that says what the file is. UTF-8 text with a stray NUL is text."""
+    import dataclasses
+
+    texts = {"ascii_le.txt": ("hello world in ascii", "utf-16-le"), "ascii_be.txt": ("hello world", "utf-16-be"),
+             "cyrillic.txt": ("привет мир, как дела сегодня", "utf-16-le"), "greek.txt": ("Καλημέρα κόσμε", "utf-16-le")}
+    for name, (text, encoding) in texts.items():
+        path = tmp_path / name
+        path.write_bytes(text.encode(encoding))
+        docs, errors = split(list(read_shard(str(path), SPEC)))
+        assert docs == [] and [e.error_type for e in errors] == ["invalid_utf8"], name
+        assert "UTF-16" in errors[0].message and "convert the file to UTF-8" in errors[0].message, errors[0].message
+    stray = tmp_path / "stray.txt"
+    stray.write_bytes("plain UTF-8 text with one stray \x00 byte in it".encode())
+    [doc] = list(read_shard(str(stray), SPEC))
+    assert isinstance(doc, Document) and "stray" in doc.text
+    # a --max_record_bytes far above any file (or what a machine could hold) still reads a small file
+    [doc] = list(read_shard(str(stray), dataclasses.replace(SPEC, max_record_bytes=10**20)))
+    assert isinstance(doc, Document) and doc.text.startswith("plain")
+
+
 def test_bytes_that_are_gzip_or_utf16_say_so(tmp_path):
     """A gzip file named .jsonl and a UTF-16 export are not UTF-8: the error row says what they are instead."""
     gz = tmp_path / "packed.jsonl"

@@ -342,11 +342,36 @@ def plain_number(value: Any) -> Any:
     return value
 
 
+def read_at_most(f, limit: int, chunk_bytes: int = READ_CHUNK_BYTES) -> bytes:
+    """Up to `limit` bytes of a binary file, read chunk_bytes at a time: f.read(limit) would reserve `limit`
+    bytes at once (a MemoryError or OverflowError for a large --max_record_bytes, whatever the file's size)."""
+    parts, held = [], 0
+    while held < limit and (chunk := f.read(min(chunk_bytes, limit - held))):
+        parts.append(chunk)
+        held += len(chunk)
+    return b"".join(parts)
+
+
+# C0 control bytes other than tab, newlines, vertical tab and form feed: rare in text, while in UTF-16 every
+# character of ASCII, Latin-1, Greek, Cyrillic, Hebrew or Arabic has one beside it (0x00, 0x03, 0x04, 0x05, 0x06)
+CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0E, 0x20)])
+
+
+def control_bytes(data: bytes) -> int:
+    return len(data) - len(data.translate(None, CONTROL_BYTES))
+
+
+def looks_like_utf16(data: bytes) -> bool:
+    """At least a third of the bytes are control bytes: UTF-16 text (valid UTF-8 too when its characters
+    are ASCII, Cyrillic, Greek, ...), not a UTF-8 text with a stray NUL."""
+    return 0 < len(data) <= 3 * control_bytes(data)
+
+
 def invalid_utf8_message(error: UnicodeDecodeError, data: bytes) -> str:
     """A not-UTF-8 error, with what the bytes are instead where that is plain (gzip, UTF-16)."""
     if data[:2] == b"\x1f\x8b":
         return f"{error}; these bytes are gzip-compressed: name the file *.gz"
-    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or 0 < len(data) <= 3 * data.count(b"\x00"):
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or looks_like_utf16(data):
         return f"{error}; this looks like UTF-16 text: convert the file to UTF-8 (e.g. iconv -f UTF-16 -t UTF-8)"
     return str(error)
 
@@ -674,7 +699,7 @@ def _read_text(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                 "(raise --max_record_bytes to score it)", raw=f.read(RAW_PREVIEW_BYTES), doc_id=path,
             )
             return
-        data = f.read(spec.max_record_bytes + 1)
+        data = read_at_most(f, spec.max_record_bytes + 1)
     if len(data) > spec.max_record_bytes:  # a file system that did not know the size
         yield ErrorRow(path, 0, "read", "record_too_large",
                        f"file is larger than --max_record_bytes={spec.max_record_bytes}", raw=data[:RAW_PREVIEW_BYTES], doc_id=path)
@@ -683,6 +708,12 @@ def _read_text(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         yield ErrorRow(path, 0, "parse", "invalid_utf8", invalid_utf8_message(e, data), raw=data, doc_id=path)
+        return
+    if looks_like_utf16(data):  # valid UTF-8 too when every character is ASCII or the NULs pair up
+        yield ErrorRow(path, 0, "parse", "invalid_utf8",
+                       f"{control_bytes(data)} of its {len(data)} bytes are control bytes (such as NUL): this looks "
+                       "like UTF-16 text without a byte order mark; convert the file to UTF-8 (e.g. iconv -f UTF-16LE "
+                       "-t UTF-8)", raw=data, doc_id=path)
         return
     record = {spec.text_field: text, "__id": path}
     yield make_document(record, path, 0, dataclasses.replace(spec, id_field="__id"), (time.perf_counter() - start) * 1000.0)
