@@ -209,6 +209,11 @@ def test_a_20mb_text_is_tokenised_only_as_far_as_its_windows_need(minilm):
     # short texts are tokenised whole, as before
     short = preprocess.encode_text(minilm.tokenizer, words * 10, spec)
     assert short.n_tokens == len(minilm.tokenizer.encode_ids([words * 10])[0]) and not short.truncated
+    # a text that starts with more characters without tokens than a prefix reads (spaces, zero-width spaces):
+    # its tokens are those of the text after them, not "no tokens"
+    for filler in (" ", "\u200b", " \u200b\n"):
+        padded = filler * (BIG_DOC_BYTES // len(filler)) + words * 10
+        assert preprocess.encode_text(minilm.tokenizer, padded, spec).windows[0].tolist() == short.windows[0].tolist()
 
 
 def test_a_shard_name_that_is_not_utf8_is_refused_before_reading(tmp_path):

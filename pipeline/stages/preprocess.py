@@ -193,8 +193,11 @@ def encode_text(tokenizer, text: str, spec: WindowSpec):
         # whitespace may change that run's last tokens, so those must lie past the windows
         if encoded.n_tokens >= needed + (0 if cut else NO_SPACE_SPARE_TOKENS):
             return encoded
-        if chars >= needed * MAX_PREFIX_CHARS_PER_TOKEN:  # a degenerate text (one huge unknown word): stop here
-            return dataclasses.replace(encoded, truncated=True)
+        if chars >= needed * MAX_PREFIX_CHARS_PER_TOKEN:
+            if encoded.n_tokens == 0:  # characters without tokens (whitespace, zero-width): the text starts after them
+                text, chars = text[cut or chars:], max(FULL_TOKENIZE_CHARS, needed * PREFIX_CHARS_PER_TOKEN)
+                continue
+            return dataclasses.replace(encoded, truncated=True)  # a degenerate text (one huge unknown word): stop here
         chars *= 4  # long words or unknown runs: fewer tokens a character than guessed
     return tokenizer.encode_windows([text], **kwargs)[0]
 
