@@ -145,7 +145,9 @@ def run_gates(summary: dict[str, Any], max_error_fraction: float) -> dict[str, d
     shadow = summary.get("shadow")
     if shadow is not None:
         gates = {"shadow": {
-            "limit": shadow["tolerance"], "value": shadow["output_max_abs_diff"] if shadow["documents"] else None,
+            # the worst document's |difference| over max(1, |output|), the measure the tolerance bounds
+            "limit": shadow["tolerance"],
+            "value": shadow["worst_ratio_to_tolerance"] * shadow["tolerance"] if shadow["documents"] else None,
             "documents": shadow["documents"], "documents_over_tolerance": shadow["documents_over_tolerance"],
             "passed": shadow["passed"], "message": shadow_gate_failure(summary) or shadow_gate_not_run(summary),
         }, **gates}

@@ -78,9 +78,14 @@ def test_gates_from_a_summary():
               "output_max_abs_diff": 3e-5, "worst_ratio_to_tolerance": 3.0, "passed": False}
     failed = launch.with_gates({**base, "shadow": shadow}, 0.2)
     assert [code for code, _ in launch.failed_gates(failed)] == [3, 4]
-    assert failed["gates"]["shadow"]["value"] == 3e-5 and failed["notices"] == ["earlier"]
+    assert failed["gates"]["shadow"]["value"] == pytest.approx(3e-5) and failed["notices"] == ["earlier"]
     passing = launch.with_gates({**base, "shadow": {**shadow, "documents_over_tolerance": 0, "passed": True}}, 0.3)
     assert launch.failed_gates(passing) == []
+    # outputs of magnitude 10 (log-likelihoods): 5e-5 apart is 5e-6 relative, within the 1e-5 tolerance, and the
+    # gate's value is that relative measure, so passed agrees with value <= limit
+    large = launch.with_gates({**base, "shadow": {**shadow, "documents_over_tolerance": 0, "output_max_abs_diff": 5e-5,
+                                                  "worst_ratio_to_tolerance": 0.5, "passed": True}}, 0.3)["gates"]["shadow"]
+    assert large["passed"] is True and large["value"] == pytest.approx(5e-6) and large["value"] <= large["limit"]
     assert all(g["passed"] is True and g["message"] is None for g in passing["gates"].values())
     empty = {**shadow, "documents": 0, "documents_over_tolerance": 0, "output_max_abs_diff": 0.0, "passed": None}
     not_run = launch.with_gates({**base, "shadow": empty}, 0.3)
