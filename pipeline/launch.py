@@ -139,7 +139,7 @@ def run_gates(summary: dict[str, Any], max_error_fraction: float) -> dict[str, d
     value = counts["errors"] / counts["records"] if counts["records"] else None
     gates = {"error_fraction": {
         "limit": max_error_fraction, "value": value, "errors": counts["errors"], "records": counts["records"],
-        "passed": None if value is None else value <= max_error_fraction,
+        "passed": None if value is None else error_fraction_failure(summary, max_error_fraction) is None,
         "message": error_fraction_failure(summary, max_error_fraction),
     }}
     shadow = summary.get("shadow")
@@ -337,14 +337,24 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
 def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str | None:
     """The message of a run whose error rows are more than max_fraction of its records, or None."""
     counts = summary["counts"]
-    if not counts["records"] or counts["errors"] / counts["records"] <= max_fraction:
+    if not counts["records"]:
         return None
-    common = sorted(counts["errors_by_type"].items(), key=lambda kv: -kv[1])[:3]
-    return (
-        f"{counts['errors']} of {counts['records']} records ({counts['errors'] / counts['records']:.1%}) are error "
-        f"rows, more than --max_error_fraction={max_fraction:g} (most: {', '.join(f'{k} {n}' for k, n in common)}); "
-        "the tables and summary are published: read the errors table, fix the input, or raise --max_error_fraction"
-    )
+    if counts["errors"] / counts["records"] > max_fraction:
+        common = sorted(counts["errors_by_type"].items(), key=lambda kv: -kv[1])[:3]
+        return (
+            f"{counts['errors']} of {counts['records']} records ({counts['errors'] / counts['records']:.1%}) are error "
+            f"rows, more than --max_error_fraction={max_fraction:g} (most: {', '.join(f'{k} {n}' for k, n in common)}); "
+            "the tables and summary are published: read the errors table, fix the input, or raise --max_error_fraction"
+        )
+    shards = counts.get("shard_errors") or 0
+    if shards and max_fraction < 1:  # a damaged file is one error row however many of its records were lost
+        return (
+            f"{shards} shard{'s' if shards > 1 else ''} could not be read to the end (a corrupt or truncated file: the "
+            "errors table's rows without a record_index); its records past the damage are in neither table, so "
+            "the error fraction undercounts them; the tables and summary are published: repair or remove the "
+            "file, or pass --max_error_fraction 1 to accept the loss"
+        )
+    return None
 
 
 def _shown(value: float | None, spec: str) -> str:

@@ -89,7 +89,8 @@ class EvalOptions(PipelineOptions):
                             help="a record (JSONL line, text file, text cell) larger than this becomes an error row "
                                  "record_too_large without being read whole (default 32 MiB)")
         parser.add_argument("--max_error_fraction", type=float, default=0.1,
-                            help="past this share of error rows among the records the run exits 4 (tables and "
+                            help="past this share of error rows among the records, or with a shard not read to its "
+                                 "end (a corrupt or truncated file) unless it is 1, the run exits 4 (tables and "
                                  "summary still published), so scheduled runs notice")
         parser.add_argument("--config", default=None, help="YAML file with the same keys as the flags")
         parser.add_argument("--preset", default=None, help="runner preset name (runners/presets)")

@@ -46,6 +46,30 @@ def test_a_run_past_the_error_fraction_says_so_in_its_summary_and_at_the_top_of_
 
 
 @pytest.mark.integration
+def test_a_shard_not_read_to_its_end_fails_the_error_gate_unless_the_loss_is_accepted(tmp_path, capsys):
+    """A .gz cut short: what precedes the break is scored, the rest is lost and only one error row says so,
+    so an error fraction under the limit would pass a run missing most of a file. It exits 4 instead, unless
+    --max_error_fraction is 1."""
+    import gzip
+
+    write_jsonl(tmp_path / "in" / "good.jsonl", [{"id": f"g{i}", "text": t} for i, t in enumerate(SENTENCES * 3)])
+    lines = "".join(json.dumps({"id": f"c{i}", "text": f"{SENTENCES[i % len(SENTENCES)]} {i}"}) + "\n" for i in range(400))
+    packed = gzip.compress(lines.encode())
+    (tmp_path / "in" / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    out = tmp_path / "out"
+    code = run_docscore("--input", tmp_path / "in", *common_flags("cut", out), "--attention", "native", "--no_progress",
+                        "--max_error_fraction", "0.1")
+    summary = read_summary(out, "cut")
+    counts, gate = summary["counts"], summary["gates"]["error_fraction"]
+    assert counts["shard_errors"] == 1 and counts["error_fraction"] < 0.1  # the loss is not in the fraction
+    assert code == 4 and gate["passed"] is False and gate["value"] <= gate["limit"]
+    assert "1 shard could not be read to the end" in gate["message"] and gate["message"] in capsys.readouterr().err
+    assert len(read_table(out, "scores", "cut")[0]) == counts["scored"] > len(SENTENCES) * 3  # what was read is published
+    accepted = run_docscore("--input", tmp_path / "in", *common_flags("ok", out), "--attention", "native", "--no_progress")
+    assert accepted == 0 and read_summary(out, "ok")["gates"]["error_fraction"]["passed"] is True  # common_flags: 1
+
+
+@pytest.mark.integration
 def test_a_shadow_kernel_that_compared_nothing_did_not_pass(tmp_path, capsys):
     shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:6])])
     out = tmp_path / "out"
