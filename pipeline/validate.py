@@ -325,7 +325,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
             if not eo.tfds_data_dir:
                 raise ConfigError(f"--input {eo.input}: pass --tfds_data_dir DIR (the data_dir it was prepared in)")
             tfds = tfds_reader.locate_dataset(eo.input, eo.tfds_data_dir)
-        shards = sources.discover_shards(eo.input, tfds_data_dir=eo.tfds_data_dir, split=eo.split)
+        shards, skipped = sources.find_input(eo.input, tfds_data_dir=eo.tfds_data_dir, split=eo.split)
     except (FileNotFoundError, PermissionError, ValueError, KeyError) as e:
         message = str(e).strip("'\"")
         raise ConfigError(message if "--" in message else f"--input {eo.input}: {message}") from None
@@ -412,7 +412,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         suffix_len=len(getattr(loaded.tokenizer, "suffix", ())),
         shadow=shadow_spec,
-        notices=tuple(n for n in (rows_notice, notice, gold_notice) if n),
+        notices=tuple(n for n in (skipped_notice(eo.input, skipped), rows_notice, notice, gold_notice) if n),
         batch=batch,
         sharding=loaded.parallel.summary() if same_backend else {
             "mesh": None, "reason": f"chosen by each {backend} worker from its devices' memory (models/sharding.py)"},
@@ -557,6 +557,15 @@ def check_shadow_flags(eo: EvalOptions) -> None:
                 f"--{flag}={given[flag]} has no effect without --shadow_attention ({meaning}); add "
                 f"--shadow_attention=KERNEL (e.g. --shadow_attention=flash) to shadow the run, or drop --{flag}"
             )
+
+
+def skipped_notice(pattern: str, skipped: list[str]) -> str | None:
+    """What a directory --input holds besides shards, which the run leaves out (a .csv, a .json, a .bz2)."""
+    if not skipped:
+        return None
+    names = ", ".join(os.path.basename(p) for p in skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+    return (f"--input {pattern}: {len(skipped)} file{'s' if len(skipped) > 1 else ''} in no format docscore reads "
+            f"{'were' if len(skipped) > 1 else 'was'} left out ({names}); it reads {sources.SUPPORTED.rsplit(', ', 1)[0]}")
 
 
 def rows_for_local_devices(batch: batching.BatchSettings) -> tuple[batching.BatchSettings, str | None]:

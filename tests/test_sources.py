@@ -368,3 +368,21 @@ def test_bytes_that_are_gzip_or_utf16_say_so(tmp_path):
     _, no_bom_errors = split(list(read_shard(str(no_bom), SPEC)))
     assert no_bom_errors and all(e.error_type == "invalid_json" and "UTF-16 text, convert it to UTF-8" in e.message
                                  for e in no_bom_errors)
+
+
+def test_a_directory_input_names_the_files_it_leaves_out(tmp_path):
+    """A directory --input reads the files of readable formats; the others (a .csv, a .json, a .bz2) are left out
+    and listed, so the run can say so (validate's notice), while hidden folders stay unlisted."""
+    from pipeline.io.sources import find_input
+    from pipeline.validate import skipped_notice
+
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    for name in ("d.csv", "e.json", "f.jsonl.bz2", "_tmp/z.csv", ".git/config"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x")
+    found = find_input(str(tmp_path))
+    assert found.shards == [str(tmp_path / "a.jsonl")]
+    assert found.skipped == [str(tmp_path / n) for n in ("d.csv", "e.json", "f.jsonl.bz2")]
+    notice = skipped_notice(str(tmp_path), found.skipped)
+    assert "3 files in no format docscore reads were left out (d.csv, e.json, f.jsonl.bz2)" in notice
+    assert find_input(str(tmp_path / "a.jsonl")).skipped == [] and skipped_notice(str(tmp_path), []) is None

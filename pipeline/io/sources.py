@@ -18,7 +18,7 @@ import sys
 import time
 import zlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 import fsspec
@@ -72,7 +72,17 @@ def shard_format(path: str) -> str | None:
     return None
 
 
+class InputFiles(NamedTuple):
+    shards: list[str]  # sorted shard paths/URLs
+    skipped: list[str]  # files of a directory --input in no readable format, sorted (a glob refuses them instead)
+
+
 def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: str = "test") -> list[str]:
+    """find_input's shards."""
+    return find_input(pattern, tfds_data_dir=tfds_data_dir, split=split).shards
+
+
+def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "test") -> InputFiles:
     """Expand --input to a sorted list of shard paths/URLs. A directory means every regular file of a
     readable format under it, except under `_`/`.` folders; a glob every regular file it matches. Named pipes, sockets and devices are
     skipped (opening a named pipe waits for a writer forever); symlinked directories are followed, each
@@ -87,7 +97,8 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
         if not tfds_data_dir:
             raise ValueError(f"--input {pattern}: pass --tfds_data_dir DIR (the data_dir the dataset was prepared in)")
         dataset = tfds_reader.locate_dataset(pattern, tfds_data_dir)
-        return dataset.shard_paths(split)
+        return InputFiles(dataset.shard_paths(split), [])
+    skipped: list[str] = []
     protocol = fsspec.core.split_protocol(pattern)[0]
     if protocol in GCS_PROTOCOLS:
         check_bucket(pattern)
@@ -108,6 +119,7 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
         root = paths[0].rstrip("/") + "/"
         # a file under a `_`/`.` folder is hidden too (_staging/, _temporary/, .git/): only the part below the root counts
         found = [p for p in files if not _hidden_below(root, p) and shard_format(p)]
+        skipped = sorted(p for p in files if not _hidden_below(root, p) and not shard_format(p))
     else:
         if one_path and local and os.path.lexists(paths[0]) and not _is_regular(paths[0]):
             raise ValueError(
@@ -132,7 +144,8 @@ def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: st
     undecodable = [p for p in found if utf8_size(p) is None]
     if undecodable:  # every row would carry it as `source`, and no table can hold it
         raise ValueError(f"--input {pattern}: the file name {_printable(undecodable[0])!r} is not valid UTF-8; rename it")
-    return sorted(fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in found)
+    return InputFiles(sorted(fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in found),
+                      [fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in skipped])
 
 
 def refuse_array_record(pattern: str, found: list[str]) -> None:
