@@ -37,8 +37,8 @@ def is_supported(*, dtype: str | None = None, head_dim: int | None = None,
     if head_dim is not None and head_dim > MAX_HEAD_DIM:
         return False, f"head_dim {head_dim} is not supported (pallas_gpu needs <= {MAX_HEAD_DIM})"
     if q_len is not None and kv_len is not None and q_len != kv_len:
-        return False, (f"q_len {q_len} != kv_len {kv_len} is not supported (pallas_gpu's segment ids "
-                       "serve queries and keys alike)")
+        return False, (f"q_len {q_len} != kv_len {kv_len} is not supported (pallas_gpu pads queries and keys "
+                       "to one length and masks them with one set of segment ids: self-attention only)")
     return True, ""
 
 

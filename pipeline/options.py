@@ -249,7 +249,7 @@ def load_config_file(path: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: file not found; pass an existing YAML file") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"--config {path}: not valid YAML ({e}); fix the file") from None
+        raise ConfigError(f"--config {path}: not valid YAML ({' '.join(str(e).split())}); fix the file") from None
     except UnicodeDecodeError:
         raise ConfigError(f"--config {path}: not UTF-8 text; pass a YAML file") from None
     except OSError as e:  # a directory, no permission, ...

@@ -186,7 +186,9 @@ def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec
             return
         problems.append(problem)
     if problems:
-        raise ConfigError(problems[0] + (f" (nor do the {len(problems) - 1} other shards looked at)" if len(problems) > 1 else ""))
+        others = len(problems) - 1
+        raise ConfigError(problems[0] + (f" (nor {'does the other shard' if others == 1 else f'do the {others} other shards'}"
+                                         " looked at)" if others else ""))
 
 
 def check_output_outside_input(eo: EvalOptions, shards: Sequence[str]) -> None:

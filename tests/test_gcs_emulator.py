@@ -144,6 +144,11 @@ def test_gs_inputs_that_exist_are_discovered_and_an_empty_match_is_still_named_s
     assert discover_shards(gcs.url("in", "*.jsonl")) == [gcs.url("in", "a.jsonl")]
     with pytest.raises(FileNotFoundError, match="matches no readable shard"):  # a folder without a shard exists
         discover_shards(gcs.url("in", "*.parquet"))
+    with pytest.raises(ValueError, match=f"cannot read {gcs.url('in', 'notes.yaml')};"):  # named as the user wrote it
+        discover_shards(gcs.url("in", "*"))
+    from pipeline.io.sources import find_input
+
+    assert find_input(gcs.url("in")).skipped == [gcs.url("in", "notes.yaml")]  # a directory lists what it leaves out
 
 
 def test_one_object_is_read_with_credentials_that_may_read_but_not_list_its_bucket(gcs_emulator, tmp_path):

@@ -119,8 +119,8 @@ def test_auto_on_gpu_reaches_xla_only_for_what_flash_refuses():
      "--attention=pallas_gpu cannot run on cpu: it needs a GPU; "
      "use --attention=flash (blockwise on cpu) or native"),
     ("pallas_gpu", "gpu", dict(dtype="bfloat16", q_len=1, kv_len=64),
-     "--attention=pallas_gpu cannot run on gpu: q_len 1 != kv_len 64 is not supported (pallas_gpu's "
-     "segment ids serve queries and keys alike); use --attention=flash (cudnn on gpu) or native or "
+     "--attention=pallas_gpu cannot run on gpu: q_len 1 != kv_len 64 is not supported (pallas_gpu pads queries "
+     "and keys to one length and masks them with one set of segment ids: self-attention only); use --attention=flash (cudnn on gpu) or native or "
      "auto (picks a kernel that supports these inputs)"),
     ("flash", "tpu", dict(dtype="float16"),
      "--attention=flash (splash_tpu or pallas_tpu on tpu) cannot run on tpu: splash_tpu: dtype "

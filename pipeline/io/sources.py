@@ -134,7 +134,7 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
         unknown = [p for p in found if shard_format(p) is None]
         if unknown:
             raise ValueError(
-                f"--input {pattern}: cannot read {unknown[0]}"
+                f"--input {pattern}: cannot read {fs.unstrip_protocol(unknown[0]) if protocol not in (None, 'file') else unknown[0]}"
                 + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
                 + f"; use a pattern matching only {SUPPORTED} files"
             )
