@@ -40,23 +40,10 @@ AUTO: dict[str, tuple[str, ...]] = {
     "tpu": ("splash_tpu", "pallas_tpu", "xla", "blockwise"),
 }
 
-# "auto" skips xla when kv_len is above this: its [L, L] scores grow quadratically.
-# cpu: kernel time alone puts the crossover at or below 512, so 1024 is a conservative memory guard,
-#   not a measured speed optimum. benchmarks/README.md ("Attention kernels"): blockwise/xla time 0.50
-#   at 512 and 0.70 at 2048 (batch 1, 12 heads, head_dim 32, float32, 2-core box). Rerun here
-#   2026-12-04 (attention_memory.py --batches 1 8 --lengths 256 512 1024 2048; load 1.1-4.6 from
-#   other work, so noisy): 1.23 / 0.66 / 0.58 / 0.38 at batch 1, 1.02 / 0.98 / 0.28 / 0.34 at
-#   batch 8. Inside the whole model flash/native averaged 1.00 in bfloat16 over the pipeline's row
-#   shapes (benchmarks/kernel_in_model.py), so a lower limit would change little; left at 1024.
-# gpu: only the fallback above reaches xla (flash is tried first at every length), so this bounds
-#   xla for inputs no flash kernel takes (float32 and the like); it is a memory guard, not a speed
-#   crossover. Measured on an H200 (2026-12-04, benchmarks/RESULTS.md "GPU kernels";
-#   benchmarks/gpu_kernels.py; batch 1, 12 heads, head_dim 64, bf16, not causal, median of 5):
-#   xla 0.39 / 0.37 / 1.27 / 4.31 ms at 1k / 2k / 4k / 8k tokens, cudnn (padded rows, lengths)
-#   0.24 / 0.29 / 0.48 / 0.71, pallas_gpu (packed rows) 0.24 / 0.26 / 0.51 ms to 4k: flash is
-#   1.6x xla at 1k, 1.3-1.5x at 2k, 2.5-2.7x at 4k, 6.1x at 8k. xla's compiled temp memory grows
-#   ~4x per 2x length (80 MiB at 1k, 1.1 GiB at 4k, 4.6 GiB at 8k for one row), cudnn's and
-#   pallas_gpu's stay under 10 KB. Not measured yet: 16k/32k and causal timings, blockwise's time
-#   on gpu (so no measured xla/blockwise crossover for float32), float32 xla; left at 4096.
-# tpu: not measured (no TPU here); the same memory guard as gpu.
+# "auto" skips xla when kv_len is above this: its [L, L] scores grow quadratically. Memory guards, not speed
+# crossovers. cpu: flash is as fast as xla from 512 tokens and faster above, and inside the whole model the
+# kernels tie, so 1024 bounds memory only. gpu: flash is tried first at every length, so only inputs no flash
+# kernel takes (float32 and the like) reach xla, whose temporaries grow ~4x per doubling (4.6 GiB for one row
+# of 8k on an H200). tpu: not measured; gpu's guard. The measurements: benchmarks/README.md, "Attention
+# kernels", and benchmarks/RESULTS.md, "GPU kernels" and "auto's thresholds".
 AUTO_XLA_MAX_KV_LEN: dict[str, int] = {"cpu": 1024, "gpu": 4096, "tpu": 4096}
