@@ -360,6 +360,7 @@ def test_bytes_that_are_gzip_or_utf16_say_so(tmp_path):
     _, wide_errors = split(list(read_shard(str(wide), SPEC)))
     assert gz_errors[0].error_type == "invalid_utf8" and "gzip-compressed: name the file *.gz" in gz_errors[0].message
     assert {e.error_type for e in wide_errors} <= {"invalid_utf8", "invalid_json"}
+    assert len(wide_errors) == 2  # one row per record: the NUL that UTF-16's last newline leaves is no record
     assert wide_errors[0].error_type == "invalid_utf8"  # the BOM's line; the next lines decode as UTF-8 with NULs
     assert all("UTF-16 text, convert it to UTF-8" in e.message or "looks like UTF-16 text: convert the file to UTF-8"
                in e.message for e in wide_errors)

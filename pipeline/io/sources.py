@@ -40,6 +40,8 @@ KEPT_AS_IS = ("choices",)
 # row; a JSONL reader holds at most this much of one line. 32 MiB: far above real documents (the model
 # reads at most --max_chunks windows of them) yet small enough that a few parallel readers fit a worker.
 DEFAULT_MAX_RECORD_BYTES = 32 * 2**20
+# a line of only these is blank, not a record: ASCII whitespace, and NUL (UTF-16's newline leaves one behind it)
+BLANK_BYTES = b" \t\n\r\x0b\x0c\x00"
 READ_CHUNK_BYTES = 2**20  # JSONL shards are read in chunks of this size, never whole
 # Documents per element after reading: large enough that Beam's per-element work (~10 us a transform) is
 # noise per document, small enough that a shard's chunks spread over parallel bundles and workers.
@@ -584,7 +586,7 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                             raw=line[:RAW_PREVIEW_BYTES],
                         ), None
                         continue
-                    if not line.strip():
+                    if not line.strip(BLANK_BYTES):
                         continue  # blank lines are not records
                     try:
                         yield index, json.loads(line.decode("utf-8")), line
