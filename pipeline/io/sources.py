@@ -434,7 +434,8 @@ def decoded_record(record: dict, path: str, index: int, spec: ReadSpec) -> dict 
 
 
 def _doc_id(record: dict, source: str, index: int, id_field: str | None) -> str:
-    """The record's id as text; SOURCE#INDEX when it has none that can tell it apart (absent, null, empty,
+    """The record's id as text (a whole number the same however it was stored: 1, 1.0); SOURCE#INDEX when it has
+    none that can tell it apart (absent, null, empty,
     NaN or infinite, a list or an object, bytes that are not UTF-8, a cell that cannot be read)."""
     value = record.get(id_field) if id_field else None
     if value is None or value == "" or isinstance(value, (dict, list, bytes, BadCell)):
@@ -443,6 +444,8 @@ def _doc_id(record: dict, source: str, index: int, id_field: str | None) -> str:
         return f"{source}#{index}"
     if isinstance(value, bool):  # JSON's spelling, not Python's True
         return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():  # 1.0 is the id 1 (an integer column pandas made float)
+        return str(int(value))
     return str(value)
 
 
