@@ -137,10 +137,10 @@ def run_gates(summary: dict[str, Any], max_error_fraction: float) -> dict[str, d
     it passed (True, False, or None when it did not run) and, unless it passed, the message saying what to do."""
     counts = summary["counts"]
     value = counts["errors"] / counts["records"] if counts["records"] else None
+    failure = error_fraction_failure(summary, max_error_fraction)
     gates = {"error_fraction": {
         "limit": max_error_fraction, "value": value, "errors": counts["errors"], "records": counts["records"],
-        "passed": None if value is None else error_fraction_failure(summary, max_error_fraction) is None,
-        "message": error_fraction_failure(summary, max_error_fraction),
+        "passed": None if value is None else failure is None, "message": failure,
     }}
     shadow = summary.get("shadow")
     if shadow is not None:
@@ -335,7 +335,8 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
 
 
 def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str | None:
-    """The message of a run whose error rows are more than max_fraction of its records, or None."""
+    """The message of a run whose error rows are more than max_fraction of its records, or that has a shard not
+    read to its end while max_fraction is under 1; None when the gate passes."""
     counts = summary["counts"]
     if not counts["records"]:
         return None
