@@ -220,14 +220,17 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
     if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
         head_size = max(1, hidden // heads) if type(hidden) is int and type(heads) is int and heads > 0 else 1
     kv_heads = hf.get("num_key_value_heads")
-    attention_bias = bool(hf.get("attention_bias", False))
+    # the biases as transformers builds each model, whatever else its config says: Llama reads attention_bias and
+    # mlp_bias; Qwen2 always has q/k/v biases and no others; Mistral has none
+    attention_bias = model_type == "llama" and bool(hf.get("attention_bias", False))
+    mlp_bias = model_type == "llama" and bool(hf.get("mlp_bias", False))
     return ModelConfig(
         family="llama", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=hf["num_hidden_layers"],
         num_heads=heads, intermediate_size=hf["intermediate_size"],
         max_positions=hf["max_position_embeddings"], layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
         activation="silu", num_kv_heads=heads if kv_heads is None else kv_heads, head_size=head_size,
         rope=_rope(hf), qkv_bias=model_type == "qwen2" or attention_bias, output_bias=attention_bias,
-        mlp_bias=bool(hf.get("mlp_bias", False)), tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        mlp_bias=mlp_bias, tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         **_sliding_window(hf))
 
 

@@ -368,6 +368,19 @@ def test_pickle_weights_and_leftover_tensors_are_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+def test_bias_settings_transformers_ignores_are_ignored_as_it_does(family, tmp_path, capsys):
+    """Qwen2 always has q/k/v biases and Mistral none, whatever attention_bias and mlp_bias say (only Llama
+    reads them): such a config was refused for a missing o_proj bias that transformers never builds."""
+    src = build_hf(tmp_path / "hf", family, num_hidden_layers=1, attention_bias=True, mlp_bias=True)
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 0, message
+    loaded = models.load(str(tmp_path / "out"), attention="native")
+    ids, segments = padded(documents(loaded.config.vocab_size)[:3])
+    np.testing.assert_allclose(loaded.token_logprobs(ids, segments), transformers_logprobs(src, ids, segments),
+                               atol=1e-4, rtol=0)
+
+
 def test_untied_model_without_its_head_is_refused(tmp_path, capsys):
     src = build_hf(tmp_path / "hf", "llama", num_hidden_layers=1)
     tensors = load_file(src / "model.safetensors")
