@@ -18,8 +18,9 @@ from safetensors import safe_open
 from models.architecture import check_param_shapes
 from models.config import ModelConfig, read_config
 from models.errors import ModelLoadError
-from models.model_dir import ModelMetadata, write_model_dir
+from models.model_dir import ModelMetadata, check_new_dir, remove_unfinished, write_model_dir
 from models.tokenizer import DocTokenizer
+from pipeline.interrupt import exit_on_interrupt
 
 # Tensors of task heads and buffers that carry no encoder/decoder weights.
 IGNORED_PREFIXES = ("pooler.", "cls.", "classifier.", "qa_outputs.", "lm_head.")
@@ -51,12 +52,15 @@ class TensorSource:
             return {"scale": self.take(f"{name}.gamma"), "bias": self.take(f"{name}.beta")}
         return {"scale": self.take(f"{name}.weight"), "bias": self.take(f"{name}.bias")}
 
-    def check_all_used(self) -> None:
+    def check_all_used(self, task_heads: list[str] = ()) -> None:
+        """Every tensor was taken or is one docscore leaves out; `task_heads` (config.json's architectures with
+        a head docscore does not compute) explain leftovers."""
         left = [k for k in self.tensors if k not in self.taken and not k.endswith(IGNORED_SUFFIXES)
                 and not k[len(self.prefix):].startswith(IGNORED_PREFIXES) and not k.startswith(IGNORED_PREFIXES)]
         if left:
-            raise ModelLoadError(f"{self.where}: tensors {sorted(left)[:5]} have no place in the model; "
-                                 "is this the checkpoint that belongs to config.json?")
+            why = (f"config.json names {', '.join(task_heads)}, a task head docscore does not compute; convert the "
+                   "base model's checkpoint" if task_heads else "is this the checkpoint that belongs to config.json?")
+            raise ModelLoadError(f"{self.where}: tensors {sorted(left)[:5]} have no place in the model; {why}")
 
 
 def bert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
@@ -213,6 +217,24 @@ def tensor_prefix(tensors: dict[str, np.ndarray], family: str, marker: str) -> s
 SENTENCE_TRANSFORMERS_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
+def read_json_file(path: str) -> Any:
+    """A JSON file of the source directory; ModelLoadError naming it when it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError) as err:
+        raise ModelLoadError(f"{path}: cannot be read ({type(err).__name__}: {err})") from None
+    except (ValueError, RecursionError) as err:
+        raise ModelLoadError(f"{path}: not valid JSON ({' '.join(str(err).split())[:200]})") from None
+
+
+def json_object(path: str) -> dict[str, Any]:
+    value = read_json_file(path)
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{path}: a JSON {type(value).__name__}, not an object")
+    return value
+
+
 def sentence_transformers_modules(src: str) -> dict[str, str]:
     """{module type's last name: its folder} from a sentence-transformers directory's modules.json (the
     usual three when there is none); refuses a module docscore does not compute (Dense, LayerNorm, ...),
@@ -220,10 +242,12 @@ def sentence_transformers_modules(src: str) -> dict[str, str]:
     listing = os.path.join(src, "modules.json")
     if not os.path.exists(listing):
         return {"Pooling": "1_Pooling"}
-    with open(listing) as f:
-        modules = json.load(f)
+    modules = read_json_file(listing)
+    if not isinstance(modules, list):
+        raise ModelLoadError(f"{listing}: a JSON {type(modules).__name__}, not the list of modules "
+                             "sentence-transformers writes")
     found = {}
-    for module in modules if isinstance(modules, list) else []:
+    for module in modules:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else ""
         if kind not in SENTENCE_TRANSFORMERS_MODULES:
             raise ModelLoadError(f"{listing}: module {module!r} is not supported; docscore computes only "
@@ -238,16 +262,18 @@ def sentence_transformers_max_len(src: str) -> int | None:
     modules after pooling that docscore does not compute."""
     pooling = os.path.join(src, sentence_transformers_modules(src).get("Pooling", "1_Pooling"), "config.json")
     if os.path.exists(pooling):
-        with open(pooling) as f:
-            modes = {k: v for k, v in json.load(f).items() if k.startswith("pooling_mode") and v}
+        modes = {k: v for k, v in json_object(pooling).items() if k.startswith("pooling_mode") and v}
         if set(modes) != {"pooling_mode_mean_tokens"}:
             raise ModelLoadError(f"{pooling}: pooling {sorted(modes)} is not supported; docscore embeddings "
                                  "are mean pooling over tokens")
     sbert = os.path.join(src, "sentence_bert_config.json")
-    if os.path.exists(sbert):
-        with open(sbert) as f:
-            return json.load(f).get("max_seq_length")
-    return None
+    if not os.path.exists(sbert):
+        return None
+    length = json_object(sbert).get("max_seq_length")
+    if length is not None and (type(length) is not int or length < 1):
+        raise ModelLoadError(f"{sbert}: max_seq_length {length!r} is not a positive whole number; fix it, or remove "
+                             "it and pass --max_seq_len")
+    return length
 
 
 def with_sentence_transformers_text_rules(src: str, tokenizer_text: str) -> str:
@@ -257,18 +283,14 @@ def with_sentence_transformers_text_rules(src: str, tokenizer_text: str) -> str:
     the embeddings would differ from the model's."""
     settings = os.path.join(src, "config_sentence_transformers.json")
     if os.path.exists(settings):
-        with open(settings, encoding="utf-8") as f:
-            name = json.load(f).get("default_prompt_name")
+        name = json_object(settings).get("default_prompt_name")
         if name:
             raise ModelLoadError(f"{settings}: default_prompt_name {name!r} puts a prompt before every text, which "
                                  "docscore does not; remove default_prompt_name and write the prompt into the "
                                  "documents' text if you want it")
     sbert = os.path.join(src, "sentence_bert_config.json")
-    if not os.path.exists(sbert):
+    if not os.path.exists(sbert) or not json_object(sbert).get("do_lower_case"):
         return tokenizer_text
-    with open(sbert, encoding="utf-8") as f:
-        if not json.load(f).get("do_lower_case"):
-            return tokenizer_text
     from tokenizers import Tokenizer, normalizers
 
     tokenizer = Tokenizer.from_str(tokenizer_text)
@@ -277,28 +299,59 @@ def with_sentence_transformers_text_rules(src: str, tokenizer_text: str) -> str:
     return tokenizer.to_str()
 
 
+# architectures whose weights are the encoder or decoder docscore computes (a task head on top is left out)
+BASE_ARCHITECTURE_ENDINGS = ("Model", "ForMaskedLM", "ForCausalLM", "LMHeadModel", "ForPreTraining")
+
+
+def task_heads(src: str) -> list[str]:
+    """The architectures of config.json that put a task head on the base model (BertForSequenceClassification)."""
+    architectures = json_object(os.path.join(src, "config.json")).get("architectures") or []
+    return [a for a in architectures if isinstance(a, str) and not a.endswith(BASE_ARCHITECTURE_ENDINGS)]
+
+
+def dropped_head(src: str) -> str | None:
+    """What a converted model leaves out when config.json names a task head: docscore computes the base
+    model's embeddings, so `--task classify` is zero-shot, not the trained head."""
+    heads = task_heads(src)
+    if not heads:
+        return None
+    return (f"{', '.join(heads)}'s task head was not converted: docscore computes the base model (embeddings, "
+            "token log-probabilities), and --task classify scores labels zero-shot by similarity, not with "
+            "the trained head")
+
+
 def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source: str | None = None,
                    exist_ok: bool = False) -> ModelMetadata:
     """Convert the Hugging Face directory `src` into the docscore model directory `dst` (atomic)."""
     if not os.path.isdir(src):
         raise ModelLoadError(f"{src}: not a directory; --hf takes a Hugging Face model directory "
                              "(config.json, tokenizer.json, *.safetensors)")
+    if not exist_ok:  # before reading gigabytes of weights
+        check_new_dir(dst)
     texts = {}
     for name in ("config.json", "tokenizer.json"):
+        path = os.path.join(src, name)
         try:
-            with open(os.path.join(src, name), encoding="utf-8") as f:
+            if not os.path.isfile(path) and os.path.exists(path):  # a FIFO would wait for a writer forever
+                raise IsADirectoryError("not a regular file")
+            with open(path, encoding="utf-8") as f:
                 texts[name] = f.read()
         except FileNotFoundError:
             fix = ("save a fast tokenizer with tokenizer.save_pretrained(dir)" if name == "tokenizer.json"
                    else "save the model with save_pretrained(dir)")
-            raise ModelLoadError(f"{os.path.join(src, name)}: missing; {fix}") from None
+            raise ModelLoadError(f"{path}: missing; {fix}") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ModelLoadError(f"{path}: cannot be read as UTF-8 text ({type(err).__name__}: {err})") from None
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
     st_len = sentence_transformers_max_len(src)  # also refuses pooling and modules docscore does not compute
     texts["tokenizer.json"] = with_sentence_transformers_text_rules(src, texts["tokenizer.json"])
     seq_len = next(n for n in (max_seq_len, st_len, config.default_seq_len) if n is not None)
     if not 0 < seq_len <= config.max_positions:
-        raise ModelLoadError(f"{src}: max_seq_len {seq_len} must be between 1 and the model's "
-                             f"{config.max_positions} positions")
+        origin = ("--max_seq_len" if max_seq_len is not None else
+                  f"{os.path.join(src, 'sentence_bert_config.json')}'s max_seq_length" if st_len is not None else
+                  "the config's default")
+        raise ModelLoadError(f"{src}: max_seq_len {seq_len} ({origin}) must be between 1 and the model's "
+                             f"{config.max_positions} positions; pass --max_seq_len <= {config.max_positions}")
     tokenizer = DocTokenizer.from_str(texts["tokenizer.json"], max_seq_len=seq_len,
                                       path=os.path.join(src, "tokenizer.json"))
     if seq_len <= tokenizer.n_special:
@@ -309,7 +362,7 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     tensors, where = read_safetensors(src)
     tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, config.family, MARKERS[config.family]))
     params = FAMILY_PARAMS[config.family][1](tensor_source, config)
-    tensor_source.check_all_used()
+    tensor_source.check_all_used(task_heads(src))
     try:
         check_param_shapes(params, config, where)
     except ValueError as err:
@@ -325,17 +378,28 @@ def main(argv: list[str]) -> int:
         description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
                     "BERT, GPT-2 or Llama/Mistral/Qwen2 family) into a docscore model directory (Orbax params).")
     parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
-    parser.add_argument("--out", required=True, help="docscore model directory to write (must not exist)")
+    parser.add_argument("--out", required=True, help="docscore model directory to write: a local path that does not "
+                                                     "exist yet, or an empty directory")
     parser.add_argument("--max_seq_len", type=int, default=None,
                         help="longest model input in tokens (default: sentence_bert_config.json's "
                              "max_seq_length, else the model's position count, or its sliding window when it "
                              "has one and the window is shorter)")
     args = parser.parse_args(argv)
+
+    def interrupted() -> str:
+        removed = remove_unfinished()
+        return (f"docscore convert: interrupted; nothing was written to {args.out}"
+                + (f" (its partial copy {', '.join(removed)} was removed)" if removed else ""))
+
     try:
-        metadata = convert_hf_dir(args.hf, args.out, max_seq_len=args.max_seq_len)
+        with exit_on_interrupt(interrupted):
+            metadata = convert_hf_dir(args.hf, args.out, max_seq_len=args.max_seq_len)
     except ModelLoadError as err:
         print(f"docscore convert: {err}", file=sys.stderr)
         return 2
+    head = dropped_head(args.hf)
+    if head:
+        print(f"docscore convert: note: {head}", file=sys.stderr)
     print(f"wrote {args.out}: {metadata.family}, max_seq_len {metadata.max_seq_len}, "
           f"fingerprint {metadata.fingerprint[:12]}")
     return 0

@@ -49,28 +49,69 @@ def is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
+# temporary directories of writes in progress in this process: an interrupted command removes them
+# (remove_unfinished) before it exits, so no model's worth of hidden files is left behind
+UNFINISHED: set[Path] = set()
+
+
+def check_new_dir(dst: str) -> None:
+    """Refuse, before any work, a directory write_model_dir could not make: a remote URL, a path that exists
+    (an empty directory is taken), or one under a file or where nothing may be written. ModelLoadError."""
+    if is_remote(dst):
+        raise ModelLoadError(f"--out {dst}: convert writes a local directory; convert into one, then copy it "
+                             f"(e.g. gcloud storage cp -r DIR {dst}): `docscore run --model {dst}` reads it there")
+    path = Path(dst).absolute()
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        return
+    if path.exists() or path.is_symlink():
+        raise ModelLoadError(f"--out {dst}: already exists; choose an --out that does not exist yet, or delete it")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ModelLoadError(f"--out {dst}: {parent} is a file, not a directory; choose an --out under a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ModelLoadError(f"--out {dst}: cannot create it in {parent} (not writable here: permissions or a "
+                             "read-only file system); choose a directory you can write to")
+
+
+def remove_unfinished() -> list[str]:
+    """Remove the temporary directories of the writes in progress (an interrupt); the paths removed."""
+    removed = sorted(str(tmp) for tmp in UNFINISHED)
+    for tmp in list(UNFINISHED):
+        shutil.rmtree(tmp, ignore_errors=True)
+        UNFINISHED.discard(tmp)
+    return removed
+
+
 def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, tokenizer_text: str,
                     family: str, max_seq_len: int, source: str, exist_ok: bool = False) -> ModelMetadata:
     """Write a complete model directory at `dst`, atomically: built in a temporary sibling, then renamed.
     When `dst` appears meanwhile (another process converted the same model) and exist_ok, keep theirs."""
     dst_path = Path(dst).absolute()
-    dst_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst_path.parent / f".{dst_path.name}.tmp-{uuid.uuid4().hex}"
     metadata = ModelMetadata(family=family, max_seq_len=int(max_seq_len), source=source,
                              fingerprint=fingerprint(params, config_text.encode(), tokenizer_text.encode()))
+    UNFINISHED.add(tmp)
     try:
+        dst_path.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         (tmp / CONFIG).write_text(config_text)
         (tmp / TOKENIZER).write_text(tokenizer_text)
         save_params(str(tmp / PARAMS), params)
         (tmp / METADATA).write_text(json.dumps(dataclasses.asdict(metadata), indent=2) + "\n")
         os.rename(tmp, dst_path)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as err:  # OSError, and Orbax's own errors (a full disk is its ValueError RESOURCE_EXHAUSTED)
         if exist_ok and (dst_path / METADATA).exists():
             return read_metadata(str(dst_path))
-        raise ModelLoadError(f"{dst}: cannot write the model directory ({err}); choose an --out that does "
-                             "not exist yet or delete it") from None
+        if dst_path.exists() and not (dst_path.is_dir() and not any(dst_path.iterdir())):
+            raise ModelLoadError(f"{dst}: already exists; choose an --out that does not exist yet, or delete it") from None
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        raise ModelLoadError(f"{dst}: cannot write the model directory ({reason}); check the free space and "
+                             "permissions there") from None
+    finally:  # renamed, or failed (an exception, Ctrl-C): no temporary directory stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        UNFINISHED.discard(tmp)
     return metadata
 
 

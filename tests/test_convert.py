@@ -67,6 +67,8 @@ def test_bert_with_task_head_converts_and_matches_transformers(hf_bert, tmp_path
 
     code, message = convert(hf_bert, tmp_path / "out", capsys)
     assert code == 0, message
+    # the classifier is left out, and the user is told so: classify is zero-shot over the embeddings
+    assert "note: BertForSequenceClassification's task head was not converted" in message
     loaded = models.load(str(tmp_path / "out"), attention="native")
     assert loaded.config.family == "bert" and loaded.tokenizer.max_seq_len == 64  # no sentence_bert_config
     windows = [d.windows[0] for d in loaded.tokenizer.encode_windows(CORPUS[:4] + [""], max_len=64, stride=0)]
@@ -151,8 +153,102 @@ def test_existing_output_is_not_overwritten(hf_bert, tmp_path, capsys):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     code, message = convert(hf_bert, out, capsys)
-    assert code == 2 and f"{out}: cannot write the model directory" in message
+    assert code == 2 and f"--out {out}: already exists; choose an --out that does not exist yet" in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "keep.txt").read_text() == "mine"
+
+
+def test_an_out_convert_cannot_make_is_refused_before_the_weights_are_read(hf_bert, tmp_path, capsys):
+    """--out is checked first (a 7B model's weights read and written only to be refused took minutes and its size
+    on disk): a path that exists, one under a file, a gs:// URL; the weights here are damaged, so a message about
+    them would mean they were read. An empty directory is taken."""
+    src = broken_copy(hf_bert, tmp_path)
+    (src / "model.safetensors").write_bytes(b"not safetensors")
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("x")
+    for out, refusal in ((tmp_path / "taken", "already exists"), (tmp_path / "a_file" / "sub", "is a file, not a directory"),
+                         ("gs://bucket/models/m", "convert writes a local directory; convert into one, then copy it")):
+        code, message = convert(src, out, capsys)
+        assert code == 2 and f"--out {out}: " in message and refusal in message, message
+        assert message.count("\n") == 1  # one line, no traceback
+    assert not Path("gs:").exists()  # no local directory named after the URL
+    (tmp_path / "empty").mkdir()
+    code, message = convert(hf_bert, tmp_path / "empty", capsys)
+    assert code == 0 and (tmp_path / "empty" / "metadata.json").exists(), message
+
+
+def test_a_write_that_fails_midway_leaves_no_partial_copy_and_says_why(hf_bert, tmp_path, capsys, monkeypatch):
+    """Orbax reports a full disk as ValueError (RESOURCE_EXHAUSTED), not OSError: it was a traceback that left the
+    temporary copy (and the full disk) behind."""
+    from models import model_dir
+
+    def full_disk(path, params):
+        Path(path).mkdir()
+        (Path(path) / "part").write_bytes(b"x" * 1000)
+        raise ValueError("RESOURCE_EXHAUSTED: No space left on device")
+
+    monkeypatch.setattr(model_dir, "save_params", full_disk)
+    code, message = convert(hf_bert, tmp_path / "out", capsys)
+    assert code == 2 and "cannot write the model directory (ValueError: RESOURCE_EXHAUSTED" in message
+    assert "check the free space and permissions there" in message and list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_convert_removes_its_partial_copy(hf_bert, tmp_path):
+    """Ctrl-C while the weights are being written: exit 130, one line, and no hidden `.out.tmp-*` directory of a
+    model's size left behind (the handler ends the process at once, so the write's own cleanup never runs)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        from pathlib import Path
+        from models import model_dir
+        def interrupted_midway(path, params):
+            Path(path).mkdir()
+            (Path(path) / "part").write_bytes(b"x" * 1000)
+            os.kill(os.getpid(), signal.SIGINT)
+        model_dir.save_params = interrupted_midway
+        from pipeline.cli import main
+        sys.exit(main(["convert", "--hf", {str(hf_bert)!r}, "--out", {str(tmp_path / "out")!r}]))
+    """)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().startswith(f"docscore convert: interrupted; nothing was written to {tmp_path / 'out'}")
+    assert "partial copy" in done.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_unreadable_source_files_are_named_not_a_traceback(hf_bert, tmp_path, capsys):
+    """config.json that is a directory or not UTF-8, and sentence-transformers files that are not valid JSON or
+    hold the wrong kind of value: exit 2, one line naming the file."""
+    cases = {
+        "config.json": ("dir", "cannot be read as UTF-8 text"),
+        "tokenizer.json": (b"\xff\xfe{", "cannot be read as UTF-8 text"),
+        "sentence_bert_config.json": (b"{not json", "not valid JSON"),
+        "modules.json": (b'{"x": 1}', "not the list of modules"),
+        "1_Pooling/config.json": (b"[1, 2]", "a JSON list, not an object"),
+    }
+    for name, (content, refusal) in cases.items():
+        src = broken_copy(hf_bert, tmp_path / name.replace("/", "_"))
+        target = src / name
+        if target.exists():
+            target.unlink()
+        target.parent.mkdir(exist_ok=True)
+        target.mkdir() if content == "dir" else target.write_bytes(content)
+        code, message = convert(src, tmp_path / "out", capsys)
+        assert code == 2 and f"{target}: " in message and refusal in message, (name, message)
+        assert message.count("\n") == 1, message
+    src = broken_copy(hf_bert, tmp_path / "length")
+    (src / "sentence_bert_config.json").write_text('{"max_seq_length": "128"}')
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and "max_seq_length '128' is not a positive whole number" in message
+    (src / "sentence_bert_config.json").write_text('{"max_seq_length": 512}')
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and "sentence_bert_config.json's max_seq_length) must be between 1 and the model's 64" in message
+    assert "pass --max_seq_len <= 64" in message
 
 
 @pytest.mark.parametrize("key", ["is_decoder", "add_cross_attention"])

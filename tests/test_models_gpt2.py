@@ -237,3 +237,21 @@ def test_missing_or_broken_directory(model_dir, tmp_path):
         models.load(str(target))
     with pytest.raises(models.ModelLoadError, match="dtype 'float16' is not supported"):
         models.load(str(model_dir), dtype="float16")
+
+
+def test_a_gpt2_with_a_classification_head_is_refused_naming_the_head(tmp_path):
+    """GPT2ForSequenceClassification saves its head as score.weight, which docscore's model has no place for:
+    the refusal says it is a task head and what to convert instead, not that the checkpoint may be another's."""
+    import torch
+    import transformers
+    from models.errors import ModelLoadError
+
+    build_hf_gpt2(tmp_path / "hf")
+    config = transformers.GPT2Config.from_pretrained(tmp_path / "hf")
+    config.architectures, config.num_labels, config.pad_token_id = ["GPT2ForSequenceClassification"], 3, 0
+    torch.manual_seed(0)
+    transformers.GPT2ForSequenceClassification(config).eval().save_pretrained(tmp_path / "hf")
+    with pytest.raises(ModelLoadError, match=r"\['score.weight'\] have no place in the model; config.json names "
+                                             r"GPT2ForSequenceClassification, a task head docscore does not compute"):
+        convert_hf_dir(str(tmp_path / "hf"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
