@@ -1,6 +1,6 @@
 """Attention kernels behind one contract (see docs/DESIGN.md, "kernels").
 
-`attention(q, k, v, *, segment_ids=None, causal=False, scale=None, impl="auto", packed=True)` runs
+`attention(q, k, v, *, segment_ids=None, causal=False, window=None, scale=None, impl="auto", packed=True)` runs
 the kernel `resolve(impl, backend, **shape_info)` names; `available()` lists the kernels and their
 limits.
 """

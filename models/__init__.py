@@ -3,7 +3,8 @@ with injected attention, their model directories (Orbax params), Hugging Face im
 the device mesh (sharding.py) and float32 matmul precision.
 
 Public API: `load(name_or_path, attention=, dtype=, cache_dir=, matmul_precision=) -> LoadedModel`, `load_tokenizer`, `ModelLoadError`,
-`ModelConfig`, `DocTokenizer`, `EncodedDoc`. Nothing here knows about kernels beyond `kernels.attention`.
+`ModelConfig`, `DocTokenizer`, `EncodedDoc`. Nothing here knows about kernels beyond `kernels.attention` (the
+layers) and `kernels.resolve` (the loader's choice of kernel).
 """
 from models.config import ModelConfig
 from models.errors import ModelLoadError

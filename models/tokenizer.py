@@ -1,7 +1,8 @@
 """`DocTokenizer`: text -> model input windows, with the Hugging Face `tokenizers` library.
 
 Holds batch encoding and the split of long documents into overlapping windows (each window a full
-model input with its special tokens). Must not pad, batch or pack rows (pipeline/stages/preprocess.py does).
+model input with its special tokens). Must not pad or pack rows (pipeline/stages/packing.py does) nor
+gather documents into lists (pipeline/stages/preprocess.py does).
 """
 from __future__ import annotations
 

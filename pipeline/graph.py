@@ -85,7 +85,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     shadow_tolerance = plan.shadow.tolerance if plan.shadow else None
     stats = (scored[STATS_TAG], errors, read.docs) | "RunStats" >> ComputeRunStats(eo.task, shadow_tolerance)
     facts = launch_facts(eo, plan, time.time() if started is None else started)
-    # history and report: written by the job, except for a local run, whose launcher writes them once it
-    # has added the Beam metrics and progress samples (publish.write_derived either way)
+    # the history row is committed with the run by the job; the report too, except for a local run, whose
+    # launcher writes it (and the history row again) once it has added the Beam metrics and progress samples
     published = stats | "Publish" >> publish.PublishRun(out, facts, written, derived=not runs_locally(p.options))
     return {"scores": scored.rows, "errors": error_rows, "stats": stats, "published": published}

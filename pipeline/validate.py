@@ -1,8 +1,9 @@
 """Every configuration check of `docscore run`, done BEFORE the pipeline is built or any data read.
 
 Turns EvalOptions into a RunPlan (shards, read spec, model spec, resolved kernel, window spec) or
-raises ConfigError with a message naming the flag and the fix. Must not start a pipeline; the last
-check reads at most one shard's schema (Parquet footer, TFDS features, first JSONL records).
+raises ConfigError with a message naming the flag and the fix. Must not start a pipeline; the field
+checks read the schema (Parquet footer, TFDS features) or first 20 JSONL records of each of the first
+PEEKED_SHARDS shards, and classify and similarity the first shard's first 20 labels.
 """
 from __future__ import annotations
 

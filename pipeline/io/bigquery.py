@@ -3,7 +3,8 @@ and PREFIX_runs, with schemas converted from the same pyarrow schemas as the Par
 
 Holds the pure schema/row conversions, the Beam write (one staging table per run and table, loaded
 with WriteToBigQuery) and the publish step that swaps a run's rows in one BigQuery transaction.
-Must not compute scores; only pipeline/io/sinks.py calls into it.
+Must not compute scores; only pipeline/io/sinks.py (the writes) and pipeline/runs/publish.py (the publish
+transaction) call into it.
 """
 from __future__ import annotations
 
