@@ -92,9 +92,9 @@ def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, token
     tmp = dst_path.parent / f".{dst_path.name}.tmp-{uuid.uuid4().hex}"
     metadata = ModelMetadata(family=family, max_seq_len=int(max_seq_len), source=source,
                              fingerprint=fingerprint(params, config_text.encode(), tokenizer_text.encode()))
+    dst_path.parent.mkdir(parents=True, exist_ok=True)  # outside the try: the model cache turns its OSError into --cache_dir
     UNFINISHED.add(tmp)
     try:
-        dst_path.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         (tmp / CONFIG).write_text(config_text)
         (tmp / TOKENIZER).write_text(tokenizer_text)
