@@ -12,6 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 RECIPE=${RECIPE:-.gpu}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 TESTS_S=${TESTS_S:-90} KERNELS_S=${KERNELS_S:-140} E2E_S=${E2E_S:-270} HOST_S=${HOST_S:-60}
 KERNEL_ARGS=${KERNEL_ARGS:---sections precision pipeline timing tiles --lengths 8192 16384 32768 --timing-causal all --repeats 5 --budget-s 120}
 PEERS_ARGS=${PEERS_ARGS:---peers float32:256 bfloat16:256 --runs bf16_flash bf16_flash bert12_bf16_flash bert12_bf16_flash bf16_flash_1thread bf16_flash_4procs bf16_flash_4threads}
