@@ -108,7 +108,7 @@ def parse_labels(spec: str | dict[str, str] | None) -> dict[str, str]:
         spec = carried if isinstance(carried, dict) else spec
     if isinstance(spec, dict):
         return checked_label_mapping(spec)
-    labels: dict[str, str] = {}
+    pairs = []
     for part in spec.split(";"):
         if not part.strip():
             continue
@@ -118,16 +118,14 @@ def parse_labels(spec: str | dict[str, str] | None) -> dict[str, str]:
                 f"--labels: {part!r} is not name=description; write --labels \"sports=an article about sport;...\" "
                 "(a description holding ; or a name holding =: use a `labels:` mapping in --config)"
             )
-        if name.strip() in labels:
-            raise ConfigError(f"--labels names {name.strip()!r} twice; give each class one description")
-        labels[name.strip()] = desc.strip()
-    return labels
+        pairs.append((name.strip(), desc.strip()))
+    return distinct_labels(pairs, "--labels")
 
 
 def checked_label_mapping(mapping: dict) -> dict[str, str]:
     """A `labels:` mapping of --config as {name: description}, held to --labels' rules: names and descriptions are
     non-empty text (a YAML true/false/null or a number must be quoted to be text)."""
-    labels: dict[str, str] = {}
+    pairs = []
     for name, desc in mapping.items():
         if isinstance(name, bool) or not isinstance(name, (str, int)) or not str(name).strip():
             raise ConfigError(f"labels: the label name {name!r} is not text; write each name as text (quote it: "
@@ -135,7 +133,22 @@ def checked_label_mapping(mapping: dict) -> dict[str, str]:
         if not isinstance(desc, str) or not desc.strip():
             raise ConfigError(f"labels: {name!r} has the description {desc!r}; give each class a non-empty text "
                               "description (quote it if YAML reads it as something else)")
-        labels[str(name).strip()] = desc.strip()
+        pairs.append((str(name).strip(), desc.strip()))
+    return distinct_labels(pairs, "labels")
+
+
+def distinct_labels(pairs: list[tuple[str, str]], where: str) -> dict[str, str]:
+    """{name: description}, refusing a name given twice (1 and "1", "a" and " a" are one name) and two classes
+    with one description (their embeddings would be equal: every document a tie the first class wins)."""
+    labels: dict[str, str] = {}
+    for name, desc in pairs:
+        if name in labels:
+            raise ConfigError(f"{where} names {name!r} twice; give each class one description")
+        same = next((other for other, text in labels.items() if text == desc), None)
+        if same is not None:
+            raise ConfigError(f"{where}: {same!r} and {name!r} have the same description {desc!r}, so no document "
+                              "could tell them apart; describe each class differently")
+        labels[name] = desc
     return labels
 
 

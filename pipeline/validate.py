@@ -337,7 +337,9 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
             raise
         raise ConfigError(sources.unreachable_message(f"--input {eo.input}", e)) from None
     read_spec = sources.ReadSpec(
-        text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes
+        text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes,
+        checked_fields=tuple(name for name, read in (("query", task.with_query), ("label", task.gathers == "gold_pairs"))
+                             if read),
     )
     check_output_outside_input(eo, shards)
 

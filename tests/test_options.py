@@ -103,6 +103,12 @@ def bad_config_file(tmp_path):
     return str(path)
 
 
+def labels_config(tmp_path):
+    path = tmp_path / "labels.yaml"
+    path.write_text("labels:\n  1: one\n  '1': uno\n  2: two\n")  # YAML's 1 and '1': one name to --labels
+    return str(path)
+
+
 def not_writable(tmp_path):
     (tmp_path / "a_file").write_text("x")
     return str(tmp_path / "a_file" / "out")  # a directory cannot be made under a file
@@ -124,6 +130,11 @@ CASES = {
                                 "unknown option --max-error-fraction (did you mean --max_error_fraction?)", False),
     "misspelled_runner": (lambda t: ["--runner", "DirectRuner"], "did you mean --runner=DirectRunner?", False),
     "labels_with_embed": (lambda t: ["--labels", "a=first;b=second"], "--labels is only for --task=classify", False),
+    # two classes one description: every document a tie that the first class wins
+    "labels_same_description": (lambda t: ["--task", "classify", "--labels", "sports=an article;politics=an article"],
+                                "'sports' and 'politics' have the same description 'an article'", False),
+    "labels_mapping_names_one_class_twice": (lambda t: ["--task", "classify", "--config", labels_config(t)],
+                                             "labels names '1' twice", False),
     "labels_with_similarity": (lambda t: ["--task", "similarity", "--labels", "a=x;b=y"], "--task=similarity", False),
     "temperature_with_embed": (lambda t: ["--task", "embed", "--temperature", "0.5"],
                                "--temperature is only for --task=classify", False),

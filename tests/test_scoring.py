@@ -115,3 +115,21 @@ def test_a_gold_label_that_names_nothing_is_no_gold():
     assert gold_value(float("nan")) is None and gold_value(float("inf")) is None and gold_value(None) is None
     assert (gold_value(True), gold_value(False)) == ("true", "false")
     assert (gold_value("sports"), gold_value(3), gold_value(2.5)) == ("sports", 3, 2.5)
+
+
+def test_a_document_with_no_scored_token_has_no_loglik_score():
+    """A one-token text under a tokenizer without a start token: nothing precedes its token to predict it, so
+    nothing is scored; 0.0 would be the best log-likelihood of the corpus."""
+    result = scoring.score_loglik([np.array([-1.5])], stride=2, prefix_len=0)
+    assert (result["score"], result["perplexity"], result["loglik_tokens"]) == (None, None, 0)
+
+
+def test_gold_labels_are_read_as_the_class_names_are():
+    """A whole float is its integer class (pandas writes 1.0 for an integer column with a missing value);
+    text golds lose surrounding whitespace as --labels names do; empty or non-finite golds are no gold."""
+    from pipeline.stages.postprocess import gold_value
+
+    assert [gold_value(v) for v in (1.0, 2, 2.5, " sports ", "", "  ", float("nan"), True, 1e20)] == [
+        1, 2, 2.5, "sports", None, None, None, "true", 10**20]
+    assert scoring.classify_metrics([("1", gold_value(1.0)), ("2", gold_value(" 2"))])["accuracy"] == 1.0
+    assert scoring.as_number("1_0") is None and scoring.as_number(" 0.5 ") == 0.5  # float() would read 1_0 as 10

@@ -396,3 +396,18 @@ def test_a_whole_number_id_is_the_same_id_stored_as_int_or_float(tmp_path):
                    tmp_path / "b.parquet")
     ids = [d.doc_id for name in ("a.jsonl", "b.parquet") for d in read_shard(str(tmp_path / name), SPEC)]
     assert ids == ["1", "2", "2.5", "1", f"{tmp_path / 'b.parquet'}#1", "300000000000000000000"]
+
+
+def test_a_field_the_task_does_not_read_never_fails_its_record(tmp_path):
+    """A multi-label `label` (a list) or a `query` object: an error row for the task that reads the field (its
+    value could not be scored), left off the document for a task that does not (embed, loglik)."""
+    import dataclasses
+
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"id": "a", "text": "x", "label": [1, 2], "query": {"q": 1}}\n')
+    [error] = read_shard(str(path), SPEC)  # the default: both fields checked
+    assert isinstance(error, ErrorRow) and error.error_type == "bad_field_type"
+    [doc] = read_shard(str(path), dataclasses.replace(SPEC, checked_fields=()))
+    assert isinstance(doc, Document) and doc.fields == {}
+    [error] = read_shard(str(path), dataclasses.replace(SPEC, checked_fields=("query",)))  # similarity reads it
+    assert isinstance(error, ErrorRow) and "'query' is a dict" in error.message

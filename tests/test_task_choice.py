@@ -225,9 +225,10 @@ def test_the_task_is_registered_as_a_decoder_task_with_its_own_windows():
 
 
 def test_gold_index_accepts_integers_and_digit_strings_only():
-    assert [choice.gold_index(v, 3) for v in (0, 2, "1", " 2 ", 1.0, None)] == [0, 2, 1, 2, 1, None]
+    # NaN is pandas' missing value: no gold, as in every task
+    assert [choice.gold_index(v, 3) for v in (0, 2, "1", " 2 ", 1.0, None, float("nan"))] == [0, 2, 1, 2, 1, None, None]
     for value, kind in ((3, "gold_out_of_range"), (-1, "gold_out_of_range"), ("-1", "gold_out_of_range"),
-                        ("x", "bad_gold"), (True, "bad_gold"), (1.5, "bad_gold"), (float("nan"), "bad_gold"),
+                        ("x", "bad_gold"), (True, "bad_gold"), (1.5, "bad_gold"), (float("inf"), "bad_gold"),
                         ([0], "bad_gold"), ("١", "bad_gold"), ("--1", "bad_gold"), ("1-2", "bad_gold")):
         with pytest.raises(RecordError) as raised:
             choice.gold_index(value, 3)

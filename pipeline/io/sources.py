@@ -58,6 +58,9 @@ class ReadSpec:
     id_field: str | None = "id"
     tfds: tfds_reader.TfdsDataset | None = None
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    # the KEPT_FIELDS the run's task reads: one of them that is not a scalar is an error row; another such
+    # field is left off the Document (embed never fails a record over a multi-label `label` it does not read)
+    checked_fields: tuple[str, ...] = KEPT_FIELDS
 
 
 def shard_format(path: str) -> str | None:
@@ -333,6 +336,8 @@ def make_document(
             "raise --max_record_bytes to score it", raw=text[:RAW_PREVIEW_BYTES], doc_id=doc_id,
         )
     fields = {k: plain_number(record[k]) for k in KEPT_FIELDS if k in record and record[k] is not None}
+    for name in [n for n in fields if n not in spec.checked_fields and not _scalar_text(fields[n])]:
+        del fields[name]
     for name, value in fields.items():
         if isinstance(value, str) and utf8_size(value) is None:
             return ErrorRow(
@@ -347,6 +352,11 @@ def make_document(
             )
     fields.update((k, record[k]) for k in KEPT_AS_IS if record.get(k) is not None)
     return Document(doc_id=doc_id, text=text, source=source, record_index=index, fields=fields, read_ms=read_ms)
+
+
+def _scalar_text(value: Any) -> bool:
+    """A field value a Document carries: a string that is valid Unicode, or a number."""
+    return isinstance(value, (int, float, bool)) or (isinstance(value, str) and utf8_size(value) is not None)
 
 
 def plain_number(value: Any) -> Any:

@@ -70,11 +70,17 @@ def task_fields(spec: ScoreSpec, output: InferenceOutput, spans: Any = None, tru
 
 def gold_value(value: Any) -> Any:
     """A record's gold label as the tasks read it: none for a non-finite number (NaN names no class and no
-    similarity), true/false in JSON's spelling (as ids are), anything else as it is."""
+    similarity) and for empty text; true/false in JSON's spelling (as ids are); a whole number as an int (1.0,
+    pandas' float64 for an integer column with a missing value, is the class 1, as an id is); text without
+    the whitespace around it (as --labels names are read); anything else as it is."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return int(value) if value.is_integer() else value
+    if isinstance(value, str):
+        return value.strip() or None
     return value
 
 

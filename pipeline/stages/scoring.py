@@ -83,7 +83,9 @@ def score_loglik(window_logprobs: Sequence[np.ndarray], stride: int, prefix_len:
         picked = np.asarray(logprobs, np.float64)[positions]
         total += float(picked.sum())
         count += int(picked.size)
-    return {"score": total, "perplexity": math.exp(-total / count) if count else None, "loglik_tokens": count}
+    # no token scored (one token and nothing before it to predict it from): no score, not 0.0, the best one
+    return {"score": total if count else None, "perplexity": math.exp(-total / count) if count else None,
+            "loglik_tokens": count}
 
 
 def continuation_logliks(window_logprobs: Sequence[np.ndarray], continuation_tokens: Sequence[int]) -> list[float]:
@@ -147,8 +149,9 @@ def corpus_perplexity(total_logliks: Sequence[float], token_counts: Sequence[int
 
 
 def as_number(value: Any) -> float | None:
-    """A gold similarity label as a float (None when it is not a number, or an integer past float's range)."""
-    if isinstance(value, bool):
+    """A gold similarity label as a float (None when it is not a number, or an integer past float's range; text
+    with an underscore, which Python's float() reads as a digit separator, is not a number: "1_0" is not 10)."""
+    if isinstance(value, bool) or (isinstance(value, str) and "_" in value):
         return None
     try:
         number = float(value)

@@ -68,7 +68,7 @@ def _kind(value: Any) -> str:
 
 def gold_index(value: Any, n_choices: int) -> int | None:
     """The record's gold as an index into its choices: an integer or a string of digits (None: no gold)."""
-    if value is None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):  # NaN: pandas' missing value, no gold
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise RecordError("bad_gold", f"`{GOLD_FIELD}` must be the index of the right choice, not a {type(value).__name__}")

@@ -12,8 +12,8 @@ def score(outputs, settings):
 
 
 def prediction(fields, gold):
-    """(total log-likelihood, scored tokens): the run sums both."""
-    return fields.get("score"), fields.get("loglik_tokens")
+    """(total log-likelihood, scored tokens): the run sums both (a document with no scored token adds 0, 0)."""
+    return fields.get("score") or 0.0, fields.get("loglik_tokens")
 
 
 def metrics(totals):
