@@ -445,10 +445,9 @@ def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) ->
     means a class must still be scorable."""
     from pipeline.stages.scoring import as_number
 
-    values = first_labels(shard, read_spec, peek)
+    values = [gold_value(v) for v in first_labels(shard, read_spec, peek)]  # as scoring reads them: true, not True
     numbers = (int, float)  # an integer past float's range is a number too (no gold, not text)
-    text = sorted({str(v) for v in values if v is not None and as_number(v) is None
-                   and (isinstance(v, bool) or not isinstance(v, numbers))})
+    text = sorted({str(v) for v in values if v is not None and as_number(v) is None and not isinstance(v, numbers)})
     if not text:
         return None
     shown = ", ".join(repr(v) for v in text[:5])

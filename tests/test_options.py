@@ -306,8 +306,8 @@ def test_validations_peek_reads_labels_as_the_reader_does(tmp_path):
     huge.write_text('{"text": "x", "label": 1' + "0" * 400 + '}\n{"text": "y", "label": 0.5}\n')
     assert text_gold_notice(str(huge), ReadSpec()) is None
     words = tmp_path / "words.jsonl"
-    words.write_text('{"text": "x", "label": "high"}\n')
-    assert "has text labels ('high')" in text_gold_notice(str(words), ReadSpec())
+    words.write_text('{"text": "x", "label": "high"}\n{"text": "y", "label": true}\n{"text": "z", "label": " "}\n')
+    assert "has text labels ('high', 'true')" in text_gold_notice(str(words), ReadSpec())  # as the table spells them
 
 
 def test_only_a_real_switch_refuses_a_config_value_that_is_not_true_or_false():
