@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from pipeline.interrupt import exit_on_interrupt, reader_gone
+from pipeline.interrupt import exit_on_interrupt, exit_with_on_signal, reader_gone
 
 # subcommand -> (module with main(argv) -> int, one-line help)
 SUBCOMMANDS = {
@@ -55,6 +55,7 @@ def entry() -> int:
     collector first, so the interpreter's shutdown does not rescan them all: about 1 s after a run
     (benchmarks/README.md, "Start-up"). A caller that runs main() in-process keeps collecting as before."""
     code = main()
+    exit_with_on_signal(code)  # the command is done: a late signal must not turn its outcome into 130/143
     gc.freeze()
     return code
 

@@ -1,7 +1,9 @@
 """Ctrl-C (SIGINT) ends a docscore command with exit 130, and SIGTERM (a scheduler or container stopping
 it) with exit 143, each with one line saying what it left, wherever the main thread is. Python's own KeyboardInterrupt can land in a weakref callback or a finaliser (jax's and
 Beam's run often), where it is printed as "Exception ignored" and dropped, and the command goes on. A reader
-of stdout that goes away (`docscore --help | head`) ends a command quietly too (`reader_gone`).
+of stdout that goes away (`docscore --help | head`) ends a command quietly too (`reader_gone`). A second
+signal while the first is being handled is ignored (the first says the one line); one after the command has
+finished keeps its exit code (`exit_with_on_signal`).
 Imports nothing heavy: the `docscore` command installs it before it imports a subcommand.
 """
 from __future__ import annotations
@@ -18,6 +20,17 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command ended b
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the signal
+ENDING = threading.Event()  # set by the first SIGINT/SIGTERM the handler takes: the process is ending
+
+
+def exit_with_on_signal(code: int) -> None:
+    """For the moments after a command has finished (its outcome printed, the interpreter shutting down): a
+    SIGINT or SIGTERM then ends the process with the command's own exit code, not 130/143 without a word."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone, a stream closed: nothing left to say
+            stream.flush()
+    for signum in EXIT_CODES:
+        signal.signal(signum, lambda _signum, _frame: os._exit(code))
 
 
 def reader_gone() -> int:
@@ -37,6 +50,9 @@ def exit_on_interrupt(say: Callable[[], str], lock: Any = None) -> Iterator[None
         return
 
     def on_signal(signum, _frame) -> None:
+        if ENDING.is_set():  # a second Ctrl-C while the first stops the workers: the first says the one line
+            return
+        ENDING.set()
         # the process is ending: what its other threads and child processes say about the ending (Beam's
         # workers and their connections breaking) is noise, so stderr is closed to them and the one line
         # goes to a copy of it

@@ -250,6 +250,11 @@ def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
                 except run_lease.LeaseHeld as e:
                     print(f"docscore run: {e}", file=sys.stderr)
                     return 2
+                except OSError as e:  # a lock file another user made, a read-only _leases/: nothing was read
+                    print(f"docscore run: --output {eo.output}: cannot take run {eo.run_id}'s lease "
+                          f"{run_lease.lease_path(eo.output, eo.run_id)} ({type(e).__name__}: {e}); make it writable "
+                          "for this user, or choose another --output", file=sys.stderr)
+                    return 2
                 out = dataclasses.replace(out, leased=True)
                 for left in run_lease.remove_stale(eo.output, own_launch=out.launch):
                     print(f"docscore run: note: removed {left}, left by a launch that did not finish", file=sys.stderr)

@@ -250,6 +250,8 @@ def test_ctrl_c_on_worker_processes_stops_them_and_prints_only_the_one_line(tmp_
         time.sleep(0.5)  # until both workers run (each is `sh -c python -m ...sdk_worker_main`)
         workers = [p for p in launcher.children(recursive=True) if "sdk_worker_main" in " ".join(p.cmdline())]
     run.send_signal(signal.SIGINT)
+    time.sleep(0.2)  # an impatient second Ctrl-C while the first stops the workers: the one line still comes
+    run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=300)
     assert run.returncode == 130, err[-2000:]
     assert "interrupted; nothing was published" in err and "Traceback" not in err, err[-3000:]
@@ -308,3 +310,28 @@ def test_ctrl_c_while_starting_up_is_exit_130_without_a_traceback(tmp_path):
     _, err = run.communicate(timeout=300)
     assert run.returncode == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
+
+
+def test_a_signal_after_the_command_finished_keeps_its_exit_code():
+    """SIGTERM in the last moments of a finished command (its outcome printed, the interpreter shutting down)
+    exits with the command's own code, not 143 without a word."""
+    script = ("import os, signal, sys\n"
+              "from pipeline.interrupt import exit_with_on_signal\n"
+              "print('done', flush=True)\n"
+              "exit_with_on_signal(4)\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "signal.pause()\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (4, "done\n", "")
+
+
+def test_a_lease_file_that_cannot_be_opened_is_exit_2_naming_it(tmp_path, capsys, no_data_read):
+    """Another user's lock file, a read-only _leases/ (here: a directory where the lock file goes): one line
+    naming the lease, exit 2, nothing read (it was a traceback and exit 1)."""
+    shard = corpus(tmp_path / "in" / "docs.jsonl", "l", 2)
+    lock = Path(run_lease.lease_path(str(tmp_path / "out"), RUN_ID))
+    lock.mkdir(parents=True)
+    code = run_docscore("--input", shard, *common_flags(RUN_ID, tmp_path / "out"), *FLAGS)
+    err = capsys.readouterr().err
+    assert code == 2 and f"cannot take run {RUN_ID}'s lease {lock} (IsADirectoryError" in err, err
+    assert "Traceback" not in err
