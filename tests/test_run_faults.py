@@ -335,3 +335,24 @@ def test_a_lease_file_that_cannot_be_opened_is_exit_2_naming_it(tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and f"cannot take run {RUN_ID}'s lease {lock} (IsADirectoryError" in err, err
     assert "Traceback" not in err
+
+
+def test_workers_of_a_killed_launcher_cannot_commit_its_run(tmp_path):
+    """A local lease is the launcher's flock. Beam's multi_processing workers outlive a launcher killed with
+    SIGKILL and publish from a worker: the check before the commit refuses once the flock is gone, though the
+    lease file still names the dead launch."""
+    out = str(tmp_path / "out")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from pipeline.io import run_lease\n"
+                               f"run_lease.acquire({out!r}, 'k1', 'launch-dead')\n"
+                               "print('held', flush=True)\n"
+                               "time.sleep(300)\n"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        run_lease.check_holder(out, "k1", "launch-dead")  # its holder is alive: a worker of it may commit
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    assert run_lease.holder(out, "k1")["launch"] == "launch-dead"
+    with pytest.raises(run_lease.LeaseHeld, match="the launch launch-dead that held the lease of .* has ended"):
+        run_lease.check_holder(out, "k1", "launch-dead")

@@ -140,6 +140,11 @@ def check_holder(output: str, run_id: str, launch: str) -> None:
     if current.get("launch") != launch:
         raise LeaseHeld(f"run {run_id}: this launch ({launch}) no longer holds the lease of {output}; "
                         f"{_who(current)} does; nothing was published")
+    # a local lease is the launcher's flock: Beam's worker processes outlive a launcher killed with SIGKILL, and
+    # must not commit after it (a new launch may be taking the run_id over meanwhile)
+    if is_local(fsspec.core.url_to_fs(lease_path(output, run_id))[0]) and not is_held(output, run_id):
+        raise LeaseHeld(f"run {run_id}: the launch {launch} that held the lease of {output} has ended; nothing was "
+                        "published")
 
 
 def _create(fs, path: str, value: dict[str, Any]) -> bool:
