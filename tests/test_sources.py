@@ -411,3 +411,25 @@ def test_a_field_the_task_does_not_read_never_fails_its_record(tmp_path):
     assert isinstance(doc, Document) and doc.fields == {}
     [error] = read_shard(str(path), dataclasses.replace(SPEC, checked_fields=("query",)))  # similarity reads it
     assert isinstance(error, ErrorRow) and "'query' is a dict" in error.message
+
+
+def test_a_shard_cut_after_the_run_found_it_is_a_shard_error_beside_what_it_still_holds(tmp_path):
+    """Input rewritten while the run reads it (`: > shard`, a shorter copy): its lost records are in no table, so
+    a shard error says so (the error gate then fails the run); a file that grew is read whole, no error."""
+    import dataclasses
+
+    from pipeline.io.sources import shard_sizes
+
+    cut, grown = tmp_path / "cut.jsonl", tmp_path / "grown.jsonl"
+    for path in (cut, grown):
+        path.write_text("".join(json.dumps({"id": f"{path.stem}{i}", "text": "x"}) + "\n" for i in range(10)))
+    spec = dataclasses.replace(SPEC, sizes=shard_sizes([str(cut), str(grown), "gs://bucket/remote.jsonl"]))
+    assert set(spec.sizes) == {str(cut), str(grown)}  # remote objects are not checked
+    cut.write_text("".join(json.dumps({"id": f"cut{i}", "text": "x"}) + "\n" for i in range(3)))
+    with grown.open("a") as f:
+        f.write(json.dumps({"id": "grown10", "text": "x"}) + "\n")
+    docs, errors = split(list(read_shard(str(cut), spec)))
+    assert len(docs) == 3 and [(e.record_index, e.error_type) for e in errors] == [(None, "shard_changed")]
+    assert "when the run found it: it was cut or rewritten while the run read its input" in errors[0].message
+    docs, errors = split(list(read_shard(str(grown), spec)))
+    assert len(docs) == 11 and errors == []

@@ -61,6 +61,8 @@ class ReadSpec:
     # the KEPT_FIELDS the run's task reads: one of them that is not a scalar is an error row; another such
     # field is left off the Document (embed never fails a record over a multi-label `label` it does not read)
     checked_fields: tuple[str, ...] = KEPT_FIELDS
+    # local shards' sizes when the run found them: one that is smaller when read was cut or rewritten meanwhile
+    sizes: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def shard_format(path: str) -> str | None:
@@ -474,6 +476,11 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     if fmt is None:
         yield ErrorRow(path, None, "read", "unknown_format", f"cannot read {path}; supported: {SUPPORTED}")
         return
+    found, now = spec.sizes.get(path), local_size(path)
+    if found is not None and now is not None and now < found:
+        yield ErrorRow(path, None, "read", "shard_changed",
+                       f"the file is {now} bytes, {found} when the run found it: it was cut or rewritten while the "
+                       "run read its input, so records may be missing from the tables; rerun once the input is whole")
     try:
         for item in readers[fmt](path, spec):
             yield _printable_error(item) if isinstance(item, ErrorRow) else item
@@ -482,6 +489,22 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
             raise
         yield _printable_error(ErrorRow(path, None, "read", read_error_type(e),
                                         f"{fmt} shard could not be read ({type(e).__name__}: {e})"))
+
+
+def local_size(path: str) -> int | None:
+    """The size of a local file (None: a remote one, or gone: its reader says so)."""
+    if "://" in path and not path.startswith("file://"):
+        return None
+    try:
+        return os.stat(path.removeprefix("file://")).st_size
+    except OSError:
+        return None
+
+
+def shard_sizes(shards: list[str]) -> dict[str, int]:
+    """{shard: size} of the local shards, for ReadSpec.sizes (remote ones are not checked)."""
+    sizes = {path: local_size(path) for path in shards}
+    return {path: size for path, size in sizes.items() if size is not None}
 
 
 def is_transient(error: BaseException) -> bool:
