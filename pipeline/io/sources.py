@@ -338,27 +338,27 @@ def make_document(
             "raise --max_record_bytes to score it", raw=text[:RAW_PREVIEW_BYTES], doc_id=doc_id,
         )
     fields = {k: plain_number(record[k]) for k in KEPT_FIELDS if k in record and record[k] is not None}
-    for name in [n for n in fields if n not in spec.checked_fields and not _scalar_text(fields[n])]:
-        del fields[name]
-    for name, value in fields.items():
-        if isinstance(value, str) and utf8_size(value) is None:
-            return ErrorRow(
-                source, index, "parse", "invalid_unicode",
-                f"{name!r} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not valid Unicode "
-                "text; fix the producer of this record", raw=shown(), doc_id=doc_id,
-            )
-        if not isinstance(value, (str, int, float, bool)):
-            return ErrorRow(
-                source, index, "parse", "bad_field_type",
-                f"{name!r} is a {type(value).__name__}; it must be a string or a number", raw=shown(), doc_id=doc_id,
-            )
+    for name, value in list(fields.items()):
+        problem = field_problem(name, value)
+        if problem is None:
+            continue
+        if name not in spec.checked_fields:  # the task never reads it: left off, the record still scored
+            del fields[name]
+            continue
+        return ErrorRow(source, index, "parse", *problem, raw=shown(), doc_id=doc_id)
     fields.update((k, record[k]) for k in KEPT_AS_IS if record.get(k) is not None)
     return Document(doc_id=doc_id, text=text, source=source, record_index=index, fields=fields, read_ms=read_ms)
 
 
-def _scalar_text(value: Any) -> bool:
-    """A field value a Document carries: a string that is valid Unicode, or a number."""
-    return isinstance(value, (int, float, bool)) or (isinstance(value, str) and utf8_size(value) is not None)
+def field_problem(name: str, value: Any) -> tuple[str, str] | None:
+    """Why a KEPT_FIELDS value cannot be carried, as (error_type, message): a Document carries a string that is
+    valid Unicode, or a number."""
+    if isinstance(value, str) and utf8_size(value) is None:
+        return ("invalid_unicode", f"{name!r} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is "
+                                   "not valid Unicode text; fix the producer of this record")
+    if not isinstance(value, (str, int, float, bool)):
+        return "bad_field_type", f"{name!r} is a {type(value).__name__}; it must be a string or a number"
+    return None
 
 
 def plain_number(value: Any) -> Any:
