@@ -303,16 +303,16 @@ def with_sentence_transformers_text_rules(src: str, tokenizer_text: str) -> str:
 BASE_ARCHITECTURE_ENDINGS = ("Model", "ForMaskedLM", "ForCausalLM", "LMHeadModel", "ForPreTraining")
 
 
-def task_heads(src: str) -> list[str]:
+def task_heads(config: dict[str, Any]) -> list[str]:
     """The architectures of config.json that put a task head on the base model (BertForSequenceClassification)."""
-    architectures = json_object(os.path.join(src, "config.json")).get("architectures") or []
+    architectures = config.get("architectures") or []
     return [a for a in architectures if isinstance(a, str) and not a.endswith(BASE_ARCHITECTURE_ENDINGS)]
 
 
 def dropped_head(src: str) -> str | None:
     """What a converted model leaves out when config.json names a task head: docscore computes the base
     model's embeddings, so `--task classify` is zero-shot, not the trained head."""
-    heads = task_heads(src)
+    heads = task_heads(json_object(os.path.join(src, "config.json")))
     if not heads:
         return None
     return (f"{', '.join(heads)}'s task head was not converted: docscore computes the base model (embeddings, "
@@ -362,7 +362,7 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     tensors, where = read_safetensors(src)
     tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, config.family, MARKERS[config.family]))
     params = FAMILY_PARAMS[config.family][1](tensor_source, config)
-    tensor_source.check_all_used(task_heads(src))
+    tensor_source.check_all_used(task_heads(json.loads(texts["config.json"])))
     try:
         check_param_shapes(params, config, where)
     except ValueError as err:
