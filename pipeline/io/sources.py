@@ -117,6 +117,10 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
         if fsspec.core.has_magic(pattern) and "*" not in pattern:  # fsspec expands a pattern only when it holds a *
             paths = sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1]))
     local = isinstance(fs, LocalFileSystem)
+
+    def as_written(path: str) -> str:  # a path fsspec found, with the scheme --input was written with
+        return fs.unstrip_protocol(path) if protocol not in (None, "file") else path
+
     # a glob skips _/. names (_SUCCESS, .crc) and folders (_tmp/, .git/) below its fixed prefix; a file named explicitly is read
     glob_root = _fixed_prefix(existing or fsspec.core.url_to_fs(pattern)[1])
     one_path = existing is not None or (not fsspec.core.has_magic(pattern) and len(paths) == 1)
@@ -141,7 +145,7 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
         unknown = [p for p in found if shard_format(p) is None]
         if unknown:
             raise ValueError(
-                f"--input {pattern}: cannot read {fs.unstrip_protocol(unknown[0]) if protocol not in (None, 'file') else unknown[0]}"
+                f"--input {pattern}: cannot read {as_written(unknown[0])}"
                 + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
                 + f"; use a pattern matching only {SUPPORTED} files"
             )
@@ -151,8 +155,7 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
     undecodable = [p for p in found if utf8_size(p) is None]
     if undecodable:  # every row would carry it as `source`, and no table can hold it
         raise ValueError(f"--input {pattern}: the file name {_printable(undecodable[0])!r} is not valid UTF-8; rename it")
-    return InputFiles(sorted(fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in found),
-                      [fs.unstrip_protocol(p) if protocol not in (None, "file") else p for p in skipped])
+    return InputFiles(sorted(map(as_written, found)), list(map(as_written, skipped)))
 
 
 def refuse_array_record(pattern: str, found: list[str]) -> None:
