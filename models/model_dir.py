@@ -54,6 +54,16 @@ def is_remote(path: str) -> bool:
 UNFINISHED: set[Path] = set()
 
 
+ALREADY_THERE = "already exists; choose an --out that does not exist yet, or delete it"
+
+
+def taken(path: Path) -> bool:
+    """Something is at `path` that a model directory may not replace: anything but an empty directory."""
+    if path.is_dir() and not path.is_symlink():
+        return any(path.iterdir())
+    return path.exists() or path.is_symlink()
+
+
 def check_new_dir(dst: str) -> None:
     """Refuse, before any work, a directory write_model_dir could not make: a remote URL, a path that exists
     (an empty directory is taken), or one under a file or where nothing may be written. ModelLoadError."""
@@ -61,10 +71,10 @@ def check_new_dir(dst: str) -> None:
         raise ModelLoadError(f"--out {dst}: convert writes a local directory; convert into one, then copy it "
                              f"(e.g. gcloud storage cp -r DIR {dst}): `docscore run --model {dst}` reads it there")
     path = Path(dst).absolute()
-    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+    if taken(path):
+        raise ModelLoadError(f"--out {dst}: {ALREADY_THERE}")
+    if path.is_dir():  # empty: the write renames its copy onto it
         return
-    if path.exists() or path.is_symlink():
-        raise ModelLoadError(f"--out {dst}: already exists; choose an --out that does not exist yet, or delete it")
     parent = path.parent
     while not parent.exists():
         parent = parent.parent
@@ -104,8 +114,8 @@ def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, token
     except Exception as err:  # OSError, and Orbax's own errors (a full disk is its ValueError RESOURCE_EXHAUSTED)
         if exist_ok and (dst_path / METADATA).exists():
             return read_metadata(str(dst_path))
-        if dst_path.exists() and not (dst_path.is_dir() and not any(dst_path.iterdir())):
-            raise ModelLoadError(f"{dst}: already exists; choose an --out that does not exist yet, or delete it") from None
+        if taken(dst_path):
+            raise ModelLoadError(f"{dst}: {ALREADY_THERE}") from None
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
         raise ModelLoadError(f"{dst}: cannot write the model directory ({reason}); check the free space and "
                              "permissions there") from None
