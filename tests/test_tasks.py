@@ -57,7 +57,8 @@ def test_tasks_score_with_the_scoring_functions():
     np.testing.assert_array_equal(fields["embedding"], scoring.score_embed([a, b])["embedding"])
     assert tasks.get("similarity").score(Outputs([a], [a]), Settings())["score"] == pytest.approx(1.0)
     prepared = tasks.get("classify").prepare({"x": "about x", "y": "about y"}, lambda texts: np.stack([a, b]))
-    assert prepared == Prepared(("x", "y"), prepared.label_embeddings) and prepared.label_embeddings.shape == (2, 3)
+    assert isinstance(prepared, Prepared) and prepared.label_names == ("x", "y")
+    np.testing.assert_array_equal(prepared.label_embeddings, np.stack([a, b]))
     out = Outputs([a], label_names=prepared.label_names, label_embeddings=prepared.label_embeddings)
     assert tasks.get("classify").score(out, Settings())["label"] == "x"
     assert tasks.get("embed").prepare({}, None) == Prepared()
