@@ -328,6 +328,17 @@ def test_parquet_decimal_labels_are_numbers_and_fixed_size_binary_text_is_text(t
     assert [(e.doc_id, e.error_type) for e in errors] == [("c", "invalid_utf8")]
 
 
+def test_parquet_float32_labels_and_ids_are_the_decimals_written_not_their_binary_expansion(tmp_path):
+    """A float32 column of 0.1 holds 0.100000001490116...: read as float64 it would be gold_label
+    '0.10000000149011612' where the JSONL of the same data says 0.1."""
+    path = tmp_path / "f32.parquet"
+    pq.write_table(pa.table({"id": pa.array([0.7, 2.0, None], pa.float32()), "text": ["x", "y", "z"],
+                             "label": pa.array([0.1, None, 3.4028235e38], pa.float32())}), path)
+    docs = list(read_shard(str(path), SPEC))
+    assert [(d.doc_id, d.fields) for d in docs] == [
+        ("0.7", {"label": 0.1}), ("2", {}), (f"{path}#2", {"label": 3.4028235e38})]
+
+
 def test_a_text_file_in_utf16_without_a_byte_order_mark_is_an_error_row_not_scored_garbage(tmp_path):
     """UTF-16 of ASCII, Cyrillic or Greek text without a BOM decodes as UTF-8 (control bytes between the
     characters); it is an invalid_utf8 row that says what the file is. UTF-8 text with a stray NUL is text."""

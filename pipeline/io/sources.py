@@ -670,6 +670,7 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                               for f in parquet.schema_arrow)
             index = 0
             for batch in parquet.iter_batches(batch_size=512, columns=columns):
+                batch = float32_as_written(batch)
                 try:
                     rows, cell_by_cell = batch.to_pylist(), False
                 except Exception:  # a cell pyarrow cannot convert: find it, so that only its record is an error row
@@ -683,6 +684,19 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                     index += 1
 
     yield from _timed(records(), path, spec)
+
+
+def float32_as_written(batch):
+    """The batch with its float32 columns as the float64 of their shortest decimal text: a float32 gold of 0.1
+    is 0.1 as JSONL would give it, not 0.10000000149011612 (the float32's exact value) in gold_label."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for i, field in enumerate(batch.schema):
+        if pa.types.is_float32(field.type):
+            column = pc.cast(pc.cast(batch.column(i), pa.string()), pa.float64())
+            batch = batch.set_column(i, pa.field(field.name, pa.float64(), field.nullable), column)
+    return batch
 
 
 def used_fields(spec: ReadSpec) -> tuple[str, ...]:
