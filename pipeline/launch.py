@@ -285,6 +285,17 @@ def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec, lease: run_leas
     return f"docscore run {eo.run_id}: interrupted; {what}"
 
 
+def job_error_text(error: Exception) -> str:
+    """'Type: message' of a failed job's error in one line. A worker thread's or process's error reaches the
+    launcher as a RuntimeError whose message is the worker's whole traceback (Beam has already printed it):
+    its last line names the error."""
+    text = str(error)
+    if "Traceback (most recent call last)" in text:
+        lines = [line for line in text.strip().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else type(error).__name__
+    return f"{type(error).__name__}: {text}"
+
+
 def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_not_wait: str | None,
                    phase_starts: dict[str, float]) -> int:
     """Build and run the job, wait for it, enrich what it committed, print where the tables are; the exit code."""
@@ -305,7 +316,7 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
         if result.state not in (None, "DONE"):
             failed = f"the pipeline ended in state {result.state}"
     except Exception as e:
-        failed = f"the pipeline failed ({type(e).__name__}: {e})"
+        failed = f"the pipeline failed ({job_error_text(e)})"
     if failed:  # the job did not commit: the previous run stays what readers see
         if not eo.output.startswith(sinks.BQ_PREFIX) and runs_locally(options):
             run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)

@@ -448,14 +448,24 @@ BEAM_NOISE = (
     # without torch (pipeline/stages/inference.py); the launcher relays a multi_processing worker's warning.
     ("", "Resource module is not available"),
     ("apache_beam.runners.portability.local_job_service", "Resource module is not available"),
+    # multi_processing's SDK workers have no staging directory and warn that objects registered in Beam's
+    # registries "may not be effective"; docscore's one (records.BatchCoder) is registered when its module loads.
+    ("apache_beam.runners.portability.local_job_service", "No semi_persistent_directory found"),
     # gcsfs logs every request that ran out of retries with its traceback, also when docscore then reports
     # the failure itself (an unreachable --input: exit 2 naming it) or a retry one level up succeeds.
     ("gcsfs", "out of retries on exception"),
+    # A full or read-only disk under the tables fails the bundle writing them; Beam logs that with the traceback
+    # of its file sink, and docscore's last line then names the error and says nothing was published.
+    *((name, fault) for name in ("apache_beam.runners.common", "apache_beam.runners.portability.local_job_service")
+      for fault in ("No space left on device", "Read-only file system", "Disk quota exceeded")),
+    # Beam's SDK worker prints a failed bundle's traceback to stderr, then logs the same traceback again.
+    ("apache_beam.runners.worker.sdk_worker", "Original traceback is"),
 )
 
 
 def quiet_beam_noise() -> None:
-    """Install (once) the filters that drop BEAM_NOISE: warnings that say something untrue about a docscore run."""
+    """Install (once) the filters that drop BEAM_NOISE: warnings that say something untrue about a docscore run,
+    and tracebacks of a failure docscore's own last line names."""
     for name, prefix in BEAM_NOISE:  # a filter on the logger that emits: records pass loggers' filters once
         logger = logging.getLogger(name or None)
         if not any(isinstance(f, DropMessages) and prefix in f.fragments for f in logger.filters):

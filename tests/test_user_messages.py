@@ -68,6 +68,7 @@ def test_a_run_on_worker_processes_prints_no_untrue_beam_warnings(docs, tmp_path
     assert "4 scored, 0 errors" in output
     assert "Discarding unparseable args" not in output
     assert "Resource module is not available" not in output
+    assert "No semi_persistent_directory found" not in output and "WARNING" not in output
 
 
 def test_beams_resource_warning_is_dropped_once_options_are_parsed(docs, tmp_path, caplog):
