@@ -298,10 +298,21 @@ def test_every_query_in_docs_runs_on_the_run(finished_run):
     queries = queries_from_docs()
     assert len(queries) >= 6
     results, con = {}, duckdb.connect()
+    changed = "Documents whose label changed between two runs"
     for title, sql in queries:
         results[title] = con.execute(sql.replace("DIR", output)).fetchall()
-        assert results[title] or sql.startswith("CREATE"), f"{title}: no rows"
+        assert results[title] or sql.startswith("CREATE") or title == changed, f"{title}: no rows"
     scores, errors = _scores(output), _errors(output)
+    assert results[changed] == []  # r1 against itself
+    # against a run B in which one document's label changed, only that document
+    (sql,) = [sql for title, sql in queries if title == changed]
+    first = min(scores, key=lambda r: (r["source"], r["record_index"]))
+    b = (f"(SELECT * REPLACE (CASE WHEN record_index = {first['record_index']} THEN 'another' ELSE label END AS label) "
+         "FROM scores WHERE run_id = 'r1') b")
+    assert sql.count("(SELECT * FROM scores WHERE run_id = 'r1') b") == 1
+    rows = con.execute(sql.replace("(SELECT * FROM scores WHERE run_id = 'r1') b", b)).fetchall()
+    assert [(r[0], r[1], r[2], r[3], r[4]) for r in rows] == [
+        (first["source"], first["record_index"], first["doc_id"], first["label"], "another")]
     assert results["Documents per predicted label"] and sum(n for _, n in results["Documents per predicted label"]) == len(scores)
     assert sum(r[-1] for r in results["Errors by stage and type"]) == len(errors)
     assert results["Accuracy per run"] == [("r1", len(scores), pytest.approx(summary["task_metrics"]["accuracy"]))]
