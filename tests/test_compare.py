@@ -125,7 +125,7 @@ def test_count_changes_and_unmatched_documents(tmp_path, capsys):
     # B lost documents 0 and 1 and has one new document (10); errors went from 1 to 3
     b = write_run(str(tmp_path), "b", score_rows("b", "similarity", 9, scores=np.arange(2, 11) / 10, start=2), n_errors=3)
     code, result = run_compare(capsys, a, b)
-    assert result["documents"] == {"a": 10, "b": 9, "matched": 8, "only_in_a": 2, "only_in_b": 1,
+    assert result["documents"] == {"a": 10, "b": 9, "matched": 8, "changed_doc_id": 0, "only_in_a": 2, "only_in_b": 1,
                                    "duplicate_keys_a": 0, "duplicate_keys_b": 0}
     assert result["count_change"] == {"scored": pytest.approx(0.1), "errors": pytest.approx(2.0)}
     assert result["score_drift"] == {"compared": 8, "mean": 0.0, "max": 0.0}
@@ -242,6 +242,29 @@ def test_classify_runs_over_different_label_sets_cannot_be_compared(tmp_path, ca
     c = labelled("c", {"expression": "a Python expression", "statement": "a Python statement"})
     code, result = run_compare(capsys, a, c)
     assert code == 0 and result["not_comparable"] is None and result["label_flips"]["compared"] == 20
+
+
+def test_records_whose_doc_id_changed_at_the_same_place_are_not_compared_as_one_document(tmp_path, capsys):
+    """The input file was rewritten between the runs: record 3 of it is another document in B. Pairing them would
+    measure two documents' difference as the model's drift (it was exit 1, "label flips")."""
+    labels = ["tech"] * 6
+    a = write_run(str(tmp_path), "a", score_rows("a", "classify", 6, scores=np.full(6, 0.9), labels=labels))
+    rows_b = score_rows("b", "classify", 6, scores=np.full(6, 0.9), labels=labels)
+    rows_b[3].update(doc_id="another-doc", label="sports", score=0.2)
+    b = write_run(str(tmp_path), "b", rows_b)
+    code, result = run_compare(capsys, a, b)
+    assert result["documents"]["matched"] == 5 and result["documents"]["changed_doc_id"] == 1
+    assert result["label_flips"] == {"compared": 5, "flipped": 0, "fraction": 0.0}
+    assert result["score_drift"]["max"] == 0.0
+    assert code == 1 and result["violations"] == [
+        "1 records at the same (source, record_index) hold another doc_id in run B than in run A: the input changed "
+        "between the runs; those were not compared"]
+    # every record changed: nothing is left to compare (exit 2); matched on doc_id they are simply other documents
+    c = write_run(str(tmp_path), "c", [dict(r, doc_id=f"new-{r['record_index']}", run_id="c")
+                                       for r in score_rows("c", "classify", 6, scores=np.full(6, 0.9), labels=labels)])
+    assert compare([a, c]) == 2
+    assert "the input changed between the runs" in capsys.readouterr().err
+    assert run_compare(capsys, a, c, "--key", "doc_id")[0] == 2
 
 
 def test_no_matched_document_is_not_within_every_limit(tmp_path, capsys):

@@ -161,6 +161,11 @@ def compare_tables(scores_a: pa.Table, scores_b: pa.Table, key: str = "source_re
     index_a = {k: i for i, k in enumerate(keys_a)}
     index_b = {k: i for i, k in enumerate(keys_b)}
     matched = [(index_a[k], index_b[k]) for k in index_b if k in index_a]
+    changed = 0
+    if key == "source_record":  # a record at the same place with another doc_id is another document: the input changed
+        ids_a, ids_b = _column(scores_a, "doc_id"), _column(scores_b, "doc_id")
+        same = [(i, j) for i, j in matched if ids_a[i] == ids_b[j]]
+        changed, matched = len(matched) - len(same), same
     ia = np.array([i for i, _ in matched], dtype=np.int64)
     ib = np.array([j for _, j in matched], dtype=np.int64)
 
@@ -190,6 +195,7 @@ def compare_tables(scores_a: pa.Table, scores_b: pa.Table, key: str = "source_re
             "a": scores_a.num_rows,
             "b": scores_b.num_rows,
             "matched": len(matched),
+            "changed_doc_id": changed,  # same (source, record_index), other doc_id: not compared
             "only_in_a": len(index_a.keys() - index_b.keys()),
             "only_in_b": len(index_b.keys() - index_a.keys()),
             "duplicate_keys_a": len(keys_a) - len(index_a),
@@ -283,6 +289,10 @@ def not_comparable(result: dict[str, Any]) -> str | None:
         return (f"the runs classified into different label sets (A: {', '.join(labels['a'])}; B: "
                 f"{', '.join(labels['b'])}): a label of one set is no flip from a label of the other; "
                 "compare runs of the same --labels")
+    if not d["matched"] and d.get("changed_doc_id"):
+        return (f"every record both runs scored ({d['changed_doc_id']}) holds another doc_id in run B than at the "
+                "same (source, record_index) in run A: the input changed between the runs, so no document can be "
+                "compared; compare runs of the same input (or match on --key doc_id)")
     if not d["matched"]:
         hint = ("; if the runs read the same data from different paths, match on --key doc_id"
                 if result["key"] == "source_record" else "")
@@ -312,6 +322,9 @@ def violations(result: dict[str, Any], limits: Limits) -> list[str]:
             if result["documents"][f"duplicate_keys_{side}"]:
                 found.append(f"run {side.upper()} has {result['documents'][f'duplicate_keys_{side}']} duplicated "
                              "(source, record_index) rows")
+    if result["documents"].get("changed_doc_id"):
+        found.append(f"{result['documents']['changed_doc_id']} records at the same (source, record_index) hold another "
+                     "doc_id in run B than in run A: the input changed between the runs; those were not compared")
     over(result["score_drift"]["mean"], limits.max_mean_drift, "max_mean_drift", "mean |score drift|")
     over(result["score_drift"]["max"], limits.max_max_drift, "max_max_drift", "max |score drift|")
     over(result["label_flips"]["fraction"], limits.max_label_flip_fraction, "max_label_flip_fraction", "label flip fraction")
@@ -351,7 +364,8 @@ def format_report(result: dict[str, Any], problems: list[str], reason: str | Non
         f"docscore compare  A = {result['run_a']}",
         f"                  B = {result['run_b']}",
         f"documents   A {d['a']}  B {d['b']}  matched {d['matched']} on {result['key']}  "
-        f"only in A {d['only_in_a']}  only in B {d['only_in_b']}",
+        f"only in A {d['only_in_a']}  only in B {d['only_in_b']}"
+        + (f"  other doc_id at the same record {d['changed_doc_id']}" if d.get("changed_doc_id") else ""),
         f"errors      A {result['errors']['a']}  B {result['errors']['b']}",
         f"counts      scored {count_change_text(d['a'], d['b'])}, "
         f"errors {count_change_text(result['errors']['a'], result['errors']['b'])}",
