@@ -344,6 +344,10 @@ def test_runs_that_cannot_be_paired_or_read_exit_2_not_1(tmp_path, capsys):
     (tmp_path / "a_file").write_text("x")
     assert compare([d, d, "--json", str(tmp_path / "a_file" / "x.json")]) == 2
     assert "a_file does not exist or is not a folder" in capsys.readouterr().err
+    # a summary edited into a shape compare does not know (a stage's timing a number, not its figures)
+    odd = {**summary("f", "classify"), "timing": {"stages": {"infer": 5.0}, "wall_s": 1.0}}
+    f = write_run(str(tmp_path), "f", [dict(r, run_id="f") for r in twice], run_summary=odd)
+    assert compare([d, f]) == 2 and "cannot compare" in capsys.readouterr().err
 
 
 def test_an_unwritable_json_path_is_exit_2_before_any_run_is_read(tmp_path, capsys):
