@@ -491,6 +491,20 @@ def test_class_labels_from_the_data_never_break_the_label_chart():
     assert chart_text("$\\alpha$") == "\\$\\alpha\\$" and len(chart_text("x" * 5000)) == CHART_TEXT_CHARS
 
 
+def test_label_chart_counts_predicted_and_gold_over_the_same_records():
+    """Predicted bars over all 5 records beside gold bars over the 3 with gold read as 2x over-prediction of
+    "a": with gold labels both count the records that have one."""
+    import pyarrow as pa
+
+    from pipeline.runs.report import label_counts
+
+    scores = pa.table({"label": ["a", "a", "b", "a", None], "gold_label": ["a", None, "b", None, "b"]})
+    counts = label_counts(scores)
+    assert (counts.labels, counts.predicted, counts.gold, counts.counted, counts.scored) == (["a", "b"], [1, 1], [1, 1], 2, 5)
+    no_gold = label_counts(pa.table({"label": ["a", "a", "b", None], "gold_label": pa.array([None] * 4, pa.string())}))
+    assert (no_gold.labels, no_gold.predicted, no_gold.gold, no_gold.counted) == (["a", "b"], [2, 1], [], 3)
+
+
 def test_report_header_shows_what_the_run_cost(finished_run):
     """The page's facts: the whole command beside the pipeline, compiles split cold / cached, the device's busy
     share and host time per document, the batch settings, as summary.json has them."""

@@ -315,6 +315,30 @@ def chart_text(value: Any) -> str:
     return text.replace("$", r"\$")
 
 
+@dataclasses.dataclass(frozen=True)
+class LabelCounts:
+    labels: list[str]
+    predicted: list[int]
+    gold: list[int]  # empty when no record has a gold label
+    counted: int  # records behind the bars: those with a gold label when some have one, else every labelled one
+    scored: int
+
+
+def label_counts(scores: pa.Table) -> LabelCounts:
+    """Predicted and gold counts per label over the same records: with gold labels, only the records that have
+    one (predicted bars over every record beside gold bars over some would read as over-prediction)."""
+    predicted = scores["label"].to_pylist()
+    gold = scores["gold_label"].to_pylist() if "gold_label" in scores.schema.names else [None] * len(predicted)
+    pairs = [(p, g) for p, g in zip(predicted, gold) if p is not None and g is not None]
+    if pairs:
+        predicted, gold = [p for p, _ in pairs], [g for _, g in pairs]
+    else:
+        predicted, gold = [p for p in predicted if p is not None], []
+    labels = sorted(set(predicted) | set(gold))
+    return LabelCounts(labels, [predicted.count(l) for l in labels], [gold.count(l) for l in labels] if gold else [],
+                       len(predicted), scores.num_rows)
+
+
 def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | None, str]:
     """The task's chart (Task.chart): labels (classify): predicted (and gold) label counts; scores
     (similarity, loglik): a histogram of its chart_column; lengths (embed): tokens per document."""
@@ -325,19 +349,19 @@ def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | No
     ax = fig.add_subplot()
     names = scores.schema.names
     if chart == "labels" and "label" in names:
-        predicted = [v for v in scores["label"].to_pylist() if v is not None]
-        gold = [v for v in scores["gold_label"].to_pylist() if v is not None] if "gold_label" in names else []
-        labels = sorted(set(predicted) | set(gold))
-        x = np.arange(len(labels))
-        width = 0.4 if gold else 0.8
-        ax.bar(x - (width / 2 if gold else 0), [predicted.count(l) for l in labels], width, label="predicted", color="#4c72b0")
-        if gold:
-            ax.bar(x + width / 2, [gold.count(l) for l in labels], width, label="gold", color="#dd8452")
-        ax.set_xticks(x, [chart_text(label) for label in labels], rotation=30, ha="right")
+        counts = label_counts(scores)
+        x = np.arange(len(counts.labels))
+        width = 0.4 if counts.gold else 0.8
+        ax.bar(x - (width / 2 if counts.gold else 0), counts.predicted, width, label="predicted", color="#4c72b0")
+        if counts.gold:
+            ax.bar(x + width / 2, counts.gold, width, label="gold", color="#dd8452")
+        ax.set_xticks(x, [chart_text(label) for label in counts.labels], rotation=30, ha="right")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("records")
         ax.legend(fontsize="small")
         title = "Label distribution"
+        if counts.gold and counts.counted < counts.scored:
+            ax.set_title(f"the {counts.counted} of {counts.scored} records with a gold label", fontsize="small", loc="right")
     elif chart == "scores" and "score" in names:
         spec = tasks.TASKS[task]
         column = spec.chart_column if spec.chart_column in names else "score"
@@ -355,7 +379,7 @@ def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | No
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("records")
         title = "Document length"
-    ax.set_title(title)
+    ax.set_title(title, loc="left" if ax.get_title(loc="right") else "center")
     return _png(fig), title
 
 
