@@ -223,6 +223,11 @@ def test_run_packed_maps_each_segment_and_token_back_to_its_window():
     assert sum(c.computed_tokens_per_row for c in costs) == pytest.approx(totals["computed_tokens"])
     assert sum(c.ms_per_row for c in costs) == pytest.approx(totals["ms"])
 
+    # compiling is left out of the batch's time (its compile_ms): here "10 s" of it, more than the batch's wall
+    clock = iter([0.0, 10.0])
+    _, costs, totals = run_packed(windows, per_segment, max_len=64, batch_size=4, compiling_s=lambda: next(clock))
+    assert totals["compile_ms"] == 10_000.0 and totals["ms"] == 0.0 and all(c.ms_per_row == 0.0 for c in costs)
+
     per_token, _, _ = run_packed(windows, lambda ids, seg: ids.astype(np.float32), max_len=64, batch_size=4,
                                  per_token=True)
     assert [o.tolist() for o in per_token] == [w.astype(np.float32).tolist() for w in windows]
