@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from pipeline.interrupt import reader_gone
+from pipeline.interrupt import exit_on_interrupt, reader_gone
+from pipeline.options import ConfigLoader
 
 LAUNCHERS = ("cloud-scheduler", "composer")
 TEMPLATE_METADATA = Path(__file__).with_name("flex_template_metadata.json")
@@ -55,6 +56,21 @@ CRON_FIELDS = (("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 3
 _CRON_PART = re.compile(r"^(?:(\*)|(\w+)(?:-(\w+))?)(?:/(\d+))?$")
 
 
+class ScheduleLoader(ConfigLoader):
+    """--config's YAML (a key given twice refused; yes/no/on/off text) with numbers kept as the text written, as the
+    launch sends them (template parameters are strings): run_id 0755 stays 0755, 12:30 stays 12:30, a limit
+    0.00001 stays 0.00001 (not 1e-05, which the template's regex refuses)."""
+
+
+ScheduleLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag.rsplit(":", 1)[-1] not in ("int", "float")]
+    for first, resolvers in ConfigLoader.yaml_implicit_resolvers.items()}
+
+# Dataflow job names; Flex Template specs are JSON files on GCS (gcloud dataflow flex-template build writes one).
+JOB_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+TEMPLATE_PATH = re.compile(r"gs://[^/\s]+/\S*\.json")
+
+
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     name: str
@@ -70,39 +86,62 @@ class Schedule:
 def _cron_value(text: str, name: str, low: int, high: int, names: tuple[str, ...]) -> int:
     if text.upper() in names:  # names in any case, as cron and Airflow's croniter read them
         return low + names.index(text.upper())
-    if not text.isdigit() or not low <= int(text) <= high:
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:  # int() also reads other scripts' digits
         spelled = f" or {names[0]}-{names[-1]}" if names else ""
         raise ValueError(f"{name} {text!r} is not {low}-{high}{spelled}")
     return int(text)
 
 
+DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February 29 comes in leap years
+
+
 def check_cron(cron: str) -> None:
     """Five unix-cron fields: numbers in range or names (JAN, MON), *, a-b ranges, lists, /steps (after *, a
-    range, or a start: 5/15 is minute 5 and every 15 after it)."""
+    range, or a start: 5/15 is minute 5 and every 15 after it); and a day of the month that some chosen month
+    has (30 2 fires never), unless a day of the week is chosen too (cron fires on either)."""
     fields = cron.split()
     if len(fields) != 5:
         raise ValueError(f"cron {cron!r}: write five fields (minute hour day month weekday), e.g. '0 3 * * MON-FRI'")
+    values = []
     for text, (name, low, high, names) in zip(fields, CRON_FIELDS):
+        chosen: set[int] = set()
         for part in text.split(","):
             match = _CRON_PART.match(part)
             try:
                 if not match:
                     raise ValueError(f"{name} {part!r} is not N, a-b, *, N/step, a-b/step or */step")
+                first, last = low, high
                 if match.group(2):
-                    first = _cron_value(match.group(2), name, low, high, names)
-                    if match.group(3) and _cron_value(match.group(3), name, low, high, names) < first:
+                    first = last = _cron_value(match.group(2), name, low, high, names)
+                    if match.group(3):
+                        last = _cron_value(match.group(3), name, low, high, names)
+                    elif match.group(4):  # N/step: from N to the field's end
+                        last = high
+                    if last < first:
                         raise ValueError(f"{name} range {part!r} runs backwards")
-                if match.group(4) and int(match.group(4)) < 1:
+                step = int(match.group(4) or 1)
+                if step < 1:
                     raise ValueError(f"{name} step {part!r} must be at least 1")
+                chosen.update(range(first, last + 1, step))
             except ValueError as e:
                 raise ValueError(f"cron {cron!r}: {e}") from None
+        values.append(chosen)
+    days, months = values[2], values[3]
+    if fields[4] == "*" and not any(day <= DAYS_IN_MONTH[month - 1] for day in days for month in months):
+        raise ValueError(f"cron {cron!r}: no chosen month has day {min(days)}, so it would never run; choose days "
+                         "the months have")
 
 
 def check_time_zone(time_zone: str) -> None:
+    """An IANA time zone name, as Cloud Scheduler and Airflow take it: not this machine's `localtime` file, nor
+    the tz database's right/ and posix/ variants."""
     try:
         zoneinfo.ZoneInfo(time_zone)
+        known = time_zone not in ("localtime", "posixrules") and not time_zone.startswith(("right/", "posix/"))
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"time_zone {time_zone!r} is not an IANA time zone; write e.g. Etc/UTC or Europe/Berlin") from None
+        known = False
+    if not known:
+        raise ValueError(f"time_zone {time_zone!r} is not an IANA time zone; write e.g. Etc/UTC or Europe/Berlin")
 
 
 def template_parameters() -> dict[str, dict[str, Any]]:
@@ -232,6 +271,16 @@ def check_compare(schedule: Schedule) -> None:
     if schedule.launcher == "cloud-scheduler":
         raise ValueError("compare: a Cloud Scheduler schedule only launches the job, nothing runs its gate; "
                          "gate from launcher: composer (a task after the launch) or remove compare")
+    limits = compare.get("limits") or {}
+    if not isinstance(limits, dict):
+        raise ValueError(f"compare.limits: write a mapping of limit: value (e.g. max_mean_drift: 0.001), not {limits!r}")
+    check_limits(limits)
+    output, run_id = schedule.run.get("output"), schedule.run.get("run_id")
+    if "config" not in schedule.run and isinstance(output, str) and isinstance(run_id, str):
+        candidate, run = render([compare["candidate"], f"{output.rstrip('/')}/scores/run_id={run_id}"], SCHEDULED_RUN)
+        if str(candidate).rstrip("/") != run:
+            raise ValueError(f"compare.candidate renders as {candidate}, which is not the run this schedule launches "
+                             f"({run}); the gate would find no such run every night")
     for kind, context in (("scheduled", SCHEDULED_RUN), ("manually triggered", MANUAL_RUN)):
         baseline, candidate = render([compare["baseline"], compare["candidate"]], context)
         if baseline == candidate:
@@ -241,11 +290,28 @@ def check_compare(schedule: Schedule) -> None:
                              f"this one ({{{{ ds_nodash }}}})")
 
 
+def check_limits(limits: dict[str, Any]) -> None:
+    """The gate's limits as `docscore compare` parses them: its flags and values it takes."""
+    from pipeline.runs import compare
+
+    parser = compare.build_parser()
+    parser.exit_on_error = False
+    argv = ["A", "B", *[f"--{name}={value}" for name, value in limits.items()]]
+    try:
+        _, unknown = parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        raise ValueError(f"compare.limits: {e}") from None
+    if unknown:
+        names = [f.name for f in dataclasses.fields(compare.Limits)]
+        raise ValueError(f"compare.limits: {unknown[0].split('=')[0].lstrip('-')} is not a limit of `docscore compare`; "
+                         f"the limits are {', '.join(names)}")
+
+
 def read_schedule_file(path: str | Path) -> dict[str, Any]:
     """The file's mapping; a file that is missing, unreadable, not YAML or not a mapping is a ValueError naming it,
     as every other problem with a schedule is (main() reports those in one line)."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yaml.load(Path(path).read_text(), Loader=ScheduleLoader) or {}
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file; pass a runners/schedules/*.yaml file") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -263,7 +329,7 @@ def load_schedule(path: str | Path) -> Schedule:
     unknown = set(data) - known
     missing = {f.name for f in dataclasses.fields(Schedule) if f.default is dataclasses.MISSING} - set(data)
     if unknown or missing:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}; "
+        raise ValueError(f"{path}: unknown keys {sorted(map(str, unknown))}, missing keys {sorted(missing)}; "
                          f"a schedule has {', '.join(sorted(known))}")
     schedule = Schedule(**data)
     for key in TEXT_KEYS:
@@ -273,6 +339,12 @@ def load_schedule(path: str | Path) -> Schedule:
         raise ValueError(f"{path}: run: {schedule.run!r} is not a mapping of template parameter: value")
     if schedule.launcher not in LAUNCHERS:
         raise ValueError(f"{path}: launcher {schedule.launcher!r}; use one of {', '.join(LAUNCHERS)}")
+    if not JOB_NAME.fullmatch(schedule.name):
+        raise ValueError(f"{path}: name {schedule.name!r} is not a Dataflow job name: lower-case letters, digits and "
+                         "hyphens, starting with a letter and not ending with a hyphen (e.g. docscore-nightly)")
+    if not TEMPLATE_PATH.fullmatch(schedule.template):
+        raise ValueError(f"{path}: template {schedule.template!r} is not a Flex Template spec; write the gs://BUCKET/"
+                         "PATH.json that `gcloud dataflow flex-template build` wrote")
     try:
         check_cron(schedule.cron)
         check_time_zone(schedule.time_zone)
@@ -342,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("schedule", help="a runners/schedules/*.yaml file")
     args = parser.parse_args(argv)
     try:
-        body = launch_body(load_schedule(args.schedule))
+        with exit_on_interrupt(lambda: f"{parser.prog}: interrupted; nothing printed"):
+            body = launch_body(load_schedule(args.schedule))
     except ValueError as e:
         print(f"{parser.prog}: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,9 @@ def test_unix_cron_is_accepted(cron):
     ("70/15 * * * *", "minute '70' is not 0-59"),
     ("*/0 * * * *", "at least 1"),
     ("0 3 * *", "five fields"),
+    ("0 3 30 2 *", "no chosen month has day 30, so it would never run"),
+    ("0 3 31 4,6,9,11 *", "no chosen month has day 31"),
+    ("\u0663 3 * * *", "minute '\u0663' is not 0-59"),  # an Arabic-Indic 3, which int() would read
 ])
 def test_impossible_cron_is_refused(cron, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -140,6 +144,51 @@ def test_impossible_cron_is_refused(cron, message):
 def test_time_zone_must_exist(tmp_path):
     accepts(tmp_path, CLASSIFY.replace("Etc/UTC", "America/New_York"))
     assert "time_zone 'Mars/Olympus' is not an IANA time zone" in refusal(tmp_path, CLASSIFY.replace("Etc/UTC", "Mars/Olympus"))
+    # files of this machine's tz database that are no zone name Cloud Scheduler or Airflow knows
+    for name in ("localtime", "right/UTC", "posix/Etc/UTC"):
+        assert f"time_zone {name!r} is not an IANA time zone" in refusal(tmp_path, CLASSIFY.replace("Etc/UTC", name))
+
+
+def test_values_are_sent_as_written_and_a_key_given_twice_is_refused(tmp_path):
+    """YAML 1.1 reads 0755 as 493 and 1e3 as 1000.0: the launch would have run another run_id than the file's."""
+    path = tmp_path / "s.yaml"
+    for written in ("0755", "1e3", "20260102"):
+        path.write_text(CLASSIFY.replace("run_id: nightly-classify", f"run_id: {written}"))
+        assert launch_body(load_schedule(path))["launchParameter"]["parameters"]["run_id"] == written
+    path.write_text(CLASSIFY.replace("  task: classify\n", "  task: classify\n  max_error_fraction: 0.00001\n"))
+    assert launch_body(load_schedule(path))["launchParameter"]["parameters"]["max_error_fraction"] == "0.00001"
+    assert "the key 'task' is given twice" in refusal(tmp_path, CLASSIFY + "  task: embed\n")
+    assert "the key 'run' is given twice" in refusal(tmp_path, CLASSIFY + "run:\n  task: embed\n")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("name", "Docscore_Nightly", "is not a Dataflow job name"),
+    ("name", "docscore-", "is not a Dataflow job name"),
+    ("name", '""', "is not a Dataflow job name"),
+    ("template", "templates/docscore-tpu.json", "is not a Flex Template spec"),
+    ("template", "gs://YOUR_BUCKET/templates/docscore-tpu.yaml", "is not a Flex Template spec"),
+])
+def test_a_job_name_or_template_dataflow_would_refuse_is_refused(tmp_path, field, value, message):
+    text = re.sub(rf"^{field}: .*$", f"{field}: {value}", CLASSIFY, count=1, flags=re.M)
+    assert message in refusal(tmp_path, text)
+
+
+@pytest.mark.parametrize("limits, message", [
+    ("    max_drift: 0.001", "compare.limits: max_drift is not a limit of `docscore compare`; the limits are max_mean_drift"),
+    ("    max_mean_drift: lots", "compare.limits: argument --max_mean_drift: 'lots' is not a number"),
+])
+def test_gate_limits_are_ones_docscore_compare_takes(tmp_path, limits, message):
+    text = CANARY.replace("    max_mean_drift: 0.001", limits)
+    assert message in refusal(tmp_path, text)
+    assert "compare.limits: write a mapping" in refusal(tmp_path, CANARY.split("  limits:")[0] + "  limits: [0.001]\n")
+
+
+def test_a_gate_on_a_run_the_schedule_does_not_launch_is_refused(tmp_path):
+    text = CANARY.replace('candidate: "gs://YOUR_BUCKET/docscore-canary/scores/run_id=nightly-{{ ds_nodash }}"',
+                          'candidate: "gs://YOUR_BUCKET/docscore-canary/scores/run_id=nightly-{{ ds }}"')
+    assert ("compare.candidate renders as gs://YOUR_BUCKET/docscore-canary/scores/run_id=nightly-2026-01-02, which is "
+            "not the run this schedule launches (gs://YOUR_BUCKET/docscore-canary/scores/run_id=nightly-20260102)"
+            in refusal(tmp_path, text))
 
 
 @pytest.mark.parametrize("line, message", [
@@ -152,7 +201,8 @@ def test_time_zone_must_exist(tmp_path):
     ("  batch_size: 0", "run.batch_size: '0' does not match"),
 ], ids=["labels", "num_workers", "no_progress", "bool", "run_id", "batch_size"])
 def test_run_keys_and_values_must_be_template_parameters(tmp_path, line, message):
-    assert message in refusal(tmp_path, CLASSIFY.replace("  task: classify\n", f"  task: classify\n{line}\n"))
+    text = CLASSIFY.replace("  run_id: nightly-classify\n", "")  # a key given twice is refused as such
+    assert message in refusal(tmp_path, text.replace("  task: classify\n", f"  task: classify\n{line}\n"))
 
 
 def test_template_required_parameters_must_be_there(tmp_path):
@@ -205,6 +255,33 @@ def test_printing_the_launch_body(capsys):
     assert body["launchParameter"]["parameters"]["task"] == "classify"
 
 
+def test_ctrl_c_ends_it_with_one_line_and_exit_130(tmp_path):
+    """The schedule is a named pipe nobody writes: the command waits inside its work for the interrupt."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "schedule.yaml"
+    os.mkfifo(fifo)
+    process = subprocess.Popen([sys.executable, "-m", "runners.scheduling", str(fifo)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writer = None
+    try:
+        while writer is None and process.poll() is None:  # until it opens the pipe (after installing its handler)
+            try:
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while no reader has it open
+            except OSError:
+                time.sleep(0.05)
+        process.send_signal(signal.SIGINT)  # it now waits to read what this writer never writes
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        if writer is not None:
+            os.close(writer)
+    assert (process.returncode, out, err.strip()) == (130, "", "python -m runners.scheduling: interrupted; nothing printed")
+
+
 def test_printing_into_a_closed_pipe_ends_quietly():
     """`python -m runners.scheduling FILE | head -0`: the reader is gone before the body is written; no traceback,
     SIGPIPE's status."""
@@ -230,11 +307,13 @@ def test_printing_into_a_closed_pipe_ends_quietly():
     (CLASSIFY.replace('cron: "0 3 * * *"', 'cron: "0 25 * * *"'), "cron '0 25 * * *': hour '25' is not 0-23"),
     ("cron: [0, 3\n", "not valid YAML"),
     ("- a list\n", "a schedule is a mapping of key: value, got list"),
-    (CLASSIFY.replace("time_zone: Etc/UTC", "time_zone: 3"), "time_zone: 3 is not text"),
+    (CLASSIFY.replace("time_zone: Etc/UTC", "time_zone: [UTC]"), "time_zone: ['UTC'] is not text"),
     (CLASSIFY.replace("  task: classify\n", "  task: classify\n  1: x\n"), "run.1 is not a parameter"),
     (CLASSIFY.split("run:\n")[0] + "run: gs://YOUR_BUCKET/docs\n",
      "run: 'gs://YOUR_BUCKET/docs' is not a mapping of template parameter: value"),
-], ids=["missing file", "unknown parameter", "cron", "bad yaml", "not a mapping", "text key", "number key", "run not a mapping"])
+    (CLASSIFY + "1: x\nretries: 3\n", "unknown keys ['1', 'retries']"),
+], ids=["missing file", "unknown parameter", "cron", "bad yaml", "not a mapping", "text key", "number key", "run not a mapping",
+        "keys of two types"])
 def test_a_bad_schedule_exits_2_with_one_line_and_prints_no_body(tmp_path, capsys, text, message):
     """`python -m runners.scheduling FILE > body.json && gcloud ...` must stop at a bad schedule: exit 2, nothing on
     stdout, the reason on one line of stderr (not a traceback)."""
