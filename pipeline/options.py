@@ -291,7 +291,7 @@ def layered_flags(argv: list[str]) -> list[str]:
     pre.add_argument("--preset")
     first, _ = pre.parse_known_args(argv)
     config = load_config_file(first.config) if first.config else {}
-    preset_name = first.preset or config.get("preset")
+    preset_name = first.preset if first.preset is not None else config.get("preset")  # --preset "": refused, not none
     config = {k: v for k, v in config.items() if k not in ("config", "preset")}
     refuse_unknown_keys(f"--config {first.config}", config)
     if "labels" in config and not isinstance(config["labels"], (dict, str)):
@@ -299,7 +299,7 @@ def layered_flags(argv: list[str]) -> list[str]:
     config_flags = dict_to_flags(config, f"--config {first.config}")
     unknown_flags(config_flags + list(argv))  # a value of the wrong type: one line naming it, before the preset parses them
     # the preset's cloud settings come from the environment unless the config file or the command line gives them
-    preset = load_preset(preset_name, config_flags + list(argv)) if preset_name else {}
+    preset = load_preset(preset_name, config_flags + list(argv)) if preset_name is not None else {}
     refuse_unknown_keys(f"--preset {preset_name}", preset)
     return (replaced_list_entries(dict_to_flags(preset), config_flags + list(argv))
             + replaced_list_entries(config_flags, list(argv)) + list(argv))

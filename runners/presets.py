@@ -105,6 +105,10 @@ def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] 
         value = environment_value(setting, environ)
         region = given.get("worker_region") or given.get("region") or options.get("region")
         if option == "worker_zone" and value and (given.get("worker_region") or region and not value.startswith(f"{region}-")):
+            if not (given.get("worker_region") or given.get("region")):  # both from the environment: one is wrong
+                raise ValueError(f"preset {name!r}: {setting.env[0]}={value} lies outside the region {region} "
+                                 f"({CLOUD_SETTINGS['region'].env[0]}); set a zone of that region (a reservation's "
+                                 f"zone is the one it holds), or unset {setting.env[0]} and Dataflow picks one")
             continue  # the flags chose a worker region, or a region the environment's zone lies outside: Dataflow picks one
         if value is not None:
             options[option] = value

@@ -143,6 +143,9 @@ def test_layering_preset_then_config_then_command_line(no_cloud_env, tmp_path):
 def test_unknown_preset_is_a_config_error():
     with pytest.raises(ConfigError, match="--preset"):
         parse_options(["--preset", "nope", "--input", "x", "--output", "y"])
+    # an empty name (`--preset "$UNSET"`) is no preset's name either: a Dataflow job must not run here instead
+    with pytest.raises(ConfigError, match="unknown preset ''"):
+        parse_options(["--preset", "", "--input", "x", "--output", "y"])
 
 
 def test_docscore_run_accepts_cloud_settings_as_flags_without_environment(no_cloud_env):
@@ -191,6 +194,10 @@ def test_a_region_flag_drops_a_zone_of_another_region_from_the_environment(no_cl
     assert load_preset("dataflow-gpu-l4", ["--region", "us-west4"])["worker_zone"] == "us-west4-a"
     # a worker region excludes a zone (Beam refuses both): the environment's zone goes
     assert "worker_zone" not in load_preset("dataflow-gpu-l4", ["--region", "us-west4", "--worker_region", "us-west4"])
+    # both from the environment: the zone (a reservation's, say) would be dropped without a word; refused instead
+    with pytest.raises(ValueError, match="DOCSCORE_ZONE=us-west4-a lies outside the region us-central1 "
+                                         r"\(DOCSCORE_REGION\); set a zone of that region"):
+        load_preset("dataflow-gpu-l4")
 
 
 def test_a_keyed_list_entry_on_the_command_line_replaces_the_presets(no_cloud_env):
