@@ -301,10 +301,10 @@ def check_options(eo: EvalOptions) -> None:
     dataflow_checks.check_job_labels(eo)
 
 
-def validate_plan(eo: EvalOptions) -> RunPlan:
-    """All checks, cheapest first; the model is loaded last (once per process, reused by the pipeline)."""
+def check_before_data(eo: EvalOptions) -> tuple[str, str, batching.BatchSettings]:
+    """The checks of the options alone, with no data, model or network: (backend, kernel, batch settings). A
+    scheduled run's options are checked with these before any launch (runners/scheduling.py)."""
     check_options(eo)
-    task, labels = tasks.get(eo.task), parse_labels(eo.classify_labels)
     dataflow_checks.check_dataflow_options(eo)
     dataflow_checks.check_paths_on_workers(eo)
     tfds_flags = [f"--{flag}" for flag in ("tfds_data_dir", "split") if flag in eo.get_all_options(drop_default=True)]
@@ -321,7 +321,14 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         batch = batching.settings_for(backend, batch_size=eo.batch_size, calls_per_beam_batch=eo.calls_per_beam_batch)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    return backend, kernel, batch
 
+
+def validate_plan(eo: EvalOptions) -> RunPlan:
+    """All checks, cheapest first; the model is loaded last (once per process, reused by the pipeline)."""
+    backend, kernel, batch = check_before_data(eo)
+    task, labels = tasks.get(eo.task), parse_labels(eo.classify_labels)
+    where = backend_origin(eo, backend)
     try:
         tfds = None
         if eo.input.startswith(tfds_reader.TFDS_PREFIX):

@@ -209,38 +209,41 @@ def check_run(schedule: Schedule, context: dict[str, Any]) -> None:
 def check_run_options(schedule: Schedule) -> None:
     """The run section as `docscore run` would take it at launch (run_refusal): a value no regex can refuse (a '..' in
     a run id) or one parameter that needs another (task classify and its labels) fails the launch otherwise."""
-    problem = run_refusal(schedule.run)
+    problem = run_refusal(schedule.run, schedule.region)
     if problem:
         raise ValueError(f"run: `docscore run` would refuse it at launch: {problem}")
 
 
-def run_refusal(run: dict[str, Any]) -> str | None:
+# Stand-ins for the cloud settings a Dataflow preset reads from the launch's environment (runners/presets.py):
+# what a launch's checks look at is their presence and form, not which project or bucket they name.
+CLOUD_STAND_INS = {"project": "docscore-schedule-check", "temp_location": "gs://docscore-schedule-check/tmp",
+                   "sdk_container_image": "docscore-schedule-check"}
+
+
+def run_refusal(run: dict[str, Any], region: str) -> str | None:
     """Why `docscore run` refuses these template parameters before reading data, in the pipeline's own words
-    (parse_options, validate.check_options, the batch flags' check), or None. What only the launch
-    knows is not judged: a run naming a config (a file on GCS that may set any option) is left to it, the preset is
-    left out (its cloud settings come from the launch's environment), and so are values holding an Airflow
-    {{ placeholder }}, except input and output, which the pipeline requires: those are rendered for the scheduled
-    run (a date changes nothing its checks of them look at)."""
+    (parse_options with the preset, then validate.check_before_data: the options, the workers' backend, the
+    kernel, the precision, the batch flags), or None. The preset's cloud settings come from the launch's
+    environment: stand-ins here, and the schedule's region. What only the launch knows is not judged: a run
+    naming a config (a file on GCS that may set any option) is left to it, and so are values holding an Airflow
+    {{ placeholder }}, except input and output, which the pipeline requires: those are rendered for the
+    scheduled run (a date changes nothing its checks of them look at)."""
     from pipeline import validate
     from pipeline.options import ConfigError, parse_options
-    from pipeline.stages import batching
 
     if "config" in run:
         return None
-    flags = []
+    flags = [f"--{name}={value}" for name, value in {**CLOUD_STAND_INS, "region": region}.items()]
     for key, value in run.items():
         text = str(value)
         if _TEMPLATE.search(text):
             if key not in ("input", "output"):
                 continue
             text = render(text, SCHEDULED_RUN)
-        if key != "preset":
-            flags.append(f"--{key}={text}")
+        flags.append(f"--{key}={text}")
     try:
         _, eo = parse_options(flags)
-        validate.check_options(eo)
-        # validate_plan checks them once the backend is known; only the defaults of flags not given depend on it
-        batching.settings_for("cpu", batch_size=eo.batch_size, calls_per_beam_batch=eo.calls_per_beam_batch)
+        validate.check_before_data(eo)
     except (ConfigError, ValueError) as e:
         return str(e)
     return None

@@ -340,7 +340,11 @@ def test_help_describes_the_command_in_whole_sentences(capsys):
     ("  task: classify\n  run_id: a..b", "--run_id='a..b' is not a safe partition name"),
     ("  task: classify\n  shadow_fraction: 0.5", "--shadow_fraction=0.5 has no effect without --shadow_attention"),
     ("  task: embed", "--labels is only for --task=classify"),
-], ids=["run_id dots", "shadow without kernel", "labels without classify"])
+    # what the preset sets decides these: its TPU workers, its bfloat16
+    ("  task: classify\n  attention: cudnn", "--attention=cudnn cannot run on tpu: it needs a GPU"),
+    ("  task: classify\n  target_backend: gpu", "--target_backend=gpu, but the Dataflow workers have a TPU"),
+    ("  task: classify\n  matmul_precision: tf32", "--matmul_precision=tf32 applies to --dtype float32 only"),
+], ids=["run_id dots", "shadow without kernel", "labels without classify", "kernel", "backend", "precision"])
 def test_run_values_docscore_run_refuses_are_refused(tmp_path, line, message):
     """What no regex can say (a '..' in a run id; one parameter that needs another) is refused by the pipeline's own
     option checks, before a launch that would fail."""
