@@ -201,7 +201,7 @@ def test_an_encoder_model_is_refused_before_reading_data(tmp_path, capsys, no_da
                       "--model", "minilm-l6", "--attention", "native")
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert "--task=choice needs a decoder (GPT-2-family) model but --model minilm-l6 is bert" in err, err
+    assert "--task=choice needs a decoder (GPT-2 or Llama-family) model but --model minilm-l6 is bert" in err, err
     assert "pass a GPT-2 or Llama-family model directory" in err, err
     assert no_data_read == [] and not (tmp_path / "out" / "scores").exists()
 

@@ -37,7 +37,7 @@ ENCODER = ModelFamily(
 )
 DECODER = ModelFamily(
     "gpt2",
-    "--task={task} needs a decoder (GPT-2-family) model but --model {model} is {family}; "
+    "--task={task} needs a decoder (GPT-2 or Llama-family) model but --model {model} is {family}; "
     "pass a GPT-2 or Llama-family model directory (docscore convert --hf DIR --out DIR)",
     also=("llama",),
 )
