@@ -25,6 +25,7 @@ def test_rate_eta_and_status_line():
     assert rate == pytest.approx(10.0)  # 100 docs in 10 s
     assert eta == pytest.approx(30.0)  # 300 left at 10 records/s
     assert progress.format_status(samples[-1], rate, eta) == "100/400 records (25%) | 10.0 records/s | ETA 0:00:30 | 0:00:10 elapsed"
+    assert progress.format_status(progress.ProgressSample(0.4, 0, 0), None, None) == "no record read yet | 0:00:00 elapsed"
     bar = progress.format_bar(samples[-1], rate, eta, width=20)
     assert bar.startswith("[#####---------------] 100/400")
     # the window only looks back window_s: the rate follows the recent pace, not the whole run

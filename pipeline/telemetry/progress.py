@@ -245,7 +245,9 @@ def format_status(sample: ProgressSample, rate: float | None, eta_s: float | Non
     """'120/500 records (24%) | 12.3 records/s | ETA 0:00:31 | 0:00:10 elapsed': records, as done counts a
     record once it is scored or becomes an error row."""
     total = max(sample.discovered, sample.done)
-    percent = f" ({100 * sample.done / total:.0f}%)" if total else ""
+    if not total:  # the readers have not counted a record yet: a total of 0 and no rate would say nothing true
+        return f"no record read yet | {format_duration(sample.t_s)} elapsed"
+    percent = f" ({100 * sample.done / total:.0f}%)"
     rate_text = "? records/s" if rate is None else f"{rate:.1f} records/s"
     return (
         f"{sample.done}/{total} records{percent} | {rate_text} | ETA {format_duration(eta_s)}"
