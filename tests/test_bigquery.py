@@ -112,10 +112,12 @@ def test_rows_become_json_ready_bigquery_rows():
 def test_bigquery_output_spec():
     out = BigQueryOutput.parse("bq:my-project.evals.nightly")
     assert out.table("scores") == "my-project.evals.nightly_scores"
-    staging = out.staging_table("errors", "2026-01-01T00:00Z")
-    assert re.fullmatch(r"my-project\.evals\.nightly_errors__staging_2026_01_01T00_00Z_[0-9a-f]{8}", staging)
-    # run_ids that read alike as table names keep their own staging tables (bq: outputs take no lease)
-    assert len({out.staging_table("scores", run_id) for run_id in ("eval.1", "eval-1", "eval_1")}) == 3
+    staging = out.staging_table("errors", "2026-01-01T00:00Z", "0123456789ab")
+    assert re.fullmatch(r"my-project\.evals\.nightly_errors__staging_2026_01_01T00_00Z_[0-9a-f]{12}", staging)
+    # run_ids that read alike as table names, and two launches of one run_id (bq: outputs take no lease), keep
+    # their own staging tables: a launch never publishes rows another one loaded
+    assert len({out.staging_table("scores", run_id, "l1") for run_id in ("eval.1", "eval-1", "eval_1")}) == 3
+    assert out.staging_table("scores", "eval", "l1") != out.staging_table("scores", "eval", "l2")
     for bad in ("bq:my-project.evals", "bq:My_Project.evals.x", "bq:my-project.ev-als.x"):
         with pytest.raises(ValueError, match="bq:PROJECT.DATASET.PREFIX"):
             BigQueryOutput.parse(bad)
@@ -123,7 +125,7 @@ def test_bigquery_output_spec():
 
 def test_publish_replaces_a_run_in_one_transaction():
     out = BigQueryOutput.parse("bq:my-project.evals.nightly")
-    lines = publish_script(out, "run-7").splitlines()
+    lines = publish_script(out, "run-7", "l1").splitlines()
     begin, commit = lines.index("BEGIN TRANSACTION;"), lines.index("COMMIT TRANSACTION;")
     inside, after = lines[begin + 1:commit], lines[commit + 1:]
     for name, schema in TABLE_SCHEMAS.items():
@@ -131,10 +133,89 @@ def test_publish_replaces_a_run_in_one_transaction():
         assert delete in inside
         insert = next(line for line in inside if line.startswith(f"INSERT INTO `my-project.evals.nightly_{name}`"))
         assert inside.index(delete) < inside.index(insert)
-        assert f"FROM `{out.staging_table(name, 'run-7')}` WHERE run_id = run;" in insert
+        assert f"FROM `{out.staging_table(name, 'run-7', 'l1')}` WHERE run_id = run;" in insert
         assert insert.count("`record_index`" if "record_index" in schema.names else "`run_id`") == 2
-        assert f"DROP TABLE IF EXISTS `{out.staging_table(name, 'run-7')}`;" in after
+        assert f"DROP TABLE IF EXISTS `{out.staging_table(name, 'run-7', 'l1')}`;" in after
     assert lines[0] == 'DECLARE run STRING DEFAULT "run-7";'
+
+
+class RecordingClient:
+    """The part of google.cloud.bigquery.Client that publish() calls, over tables held in memory: BigQuery cannot
+    be reached here. Scripts are recorded, not run; a runs row a script would commit is set with `published`."""
+
+    def __init__(self, tables=None, published=None):
+        self.tables = dict(tables or {})  # name -> list of SchemaField
+        self.published = published  # the launch_id PREFIX_runs holds for the run
+        self.scripts, self.loads, self.updated, self.deleted = [], [], [], []
+
+    def create_table(self, table, exists_ok=False):
+        name = f"{table.project}.{table.dataset_id}.{table.table_id}"
+        self.tables.setdefault(name, list(table.schema))
+        made = type(table)(name, schema=self.tables[name])
+        return made
+
+    def get_table(self, name):
+        from google.api_core.exceptions import NotFound
+        from google.cloud import bigquery as bq
+
+        if name not in self.tables:
+            raise NotFound(name)
+        return bq.Table(name, schema=self.tables[name])
+
+    def update_table(self, table, fields):
+        assert fields == ["schema"]
+        self.tables[f"{table.project}.{table.dataset_id}.{table.table_id}"] = list(table.schema)
+        self.updated.append(table.table_id)
+
+    def delete_table(self, name, not_found_ok=False):
+        self.tables.pop(name, None)
+        self.deleted.append(name)
+
+    def load_table_from_json(self, rows, name, job_config=None):
+        self.loads.append((name, rows))
+        return self
+
+    def query(self, sql, job_config=None):
+        if sql.startswith("SELECT JSON_VALUE"):
+            self.rows = [] if self.published is None else [{"launch": self.published}]
+        else:
+            self.scripts.append(sql)
+            self.rows = []
+        return self
+
+    def result(self):
+        return getattr(self, "rows", [])
+
+
+def test_publish_checks_its_own_staging_tables_and_is_safe_to_repeat():
+    from google.cloud import bigquery as bq
+
+    from pipeline.io import bigquery
+    from pipeline.io.sinks import OutputSpec
+
+    spec = OutputSpec("bq:my-project.evals.nightly", "r1", "parquet", "gs://b/tmp/_staging/r1/launch1")
+    out = BigQueryOutput.parse(spec.output)
+    summary = {"run_id": "r1", "task": "embed", "counts": {"records": 3, "scored": 3, "errors": 0}}
+    scores_fields = [bq.SchemaField.from_api_repr(f) for f in bigquery_schema(SCORES_SCHEMA)["fields"]]
+    # a scores table made before the shadow_* columns existed; the launch's loaded scores staging table
+    old = [f for f in scores_fields if not f.name.startswith("shadow_")]
+    staged = {out.staging_table("scores", "r1", spec.launch): scores_fields}
+    client = RecordingClient({out.table("scores"): old, **staged})
+    bigquery.publish(spec, summary, client)
+    assert client.updated == ["nightly_scores"] and client.tables[out.table("scores")] == scores_fields
+    assert out.staging_table("errors", "r1", spec.launch) in client.tables  # no error rows: an empty one
+    (runs_table, (row,)), = client.loads
+    assert runs_table == out.staging_table("runs", "r1", spec.launch) and json.loads(row["summary_json"])["launch_id"] == spec.launch
+    assert client.scripts == [publish_script(out, "r1", spec.launch)]
+    # a retried bundle after the commit (its script dropped the staging tables): nothing deleted or inserted again
+    retry = RecordingClient(published=spec.launch)
+    bigquery.publish(spec, summary, retry)
+    assert retry.scripts == [] and retry.loads == []
+    # the scores this launch loaded are gone (another hand dropped them): refused, not published as no scores
+    gone = RecordingClient(published="another-launch")
+    with pytest.raises(RuntimeError, match="is gone though this launch loaded 3 scores rows"):
+        bigquery.publish(spec, summary, gone)
+    assert gone.scripts == []
 
 
 def test_run_row_from_a_summary():

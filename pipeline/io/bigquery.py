@@ -69,10 +69,11 @@ class BigQueryOutput:
         """PROJECT.DATASET.PREFIX_name (standard SQL form)."""
         return f"{self.project}.{self.dataset}.{self.prefix}_{name}"
 
-    def staging_table(self, name: str, run_id: str) -> str:
-        """PREFIX_name__staging_RUN_HASH: the run_id made a table name (its . and - as _) and a hash of it, so that
-        eval.1, eval-1 and eval_1 (whose launches may run at once: bq: outputs take no lease) never share one."""
-        digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+    def staging_table(self, name: str, run_id: str, launch: str) -> str:
+        """PREFIX_name__staging_RUN_HASH: the run_id made a table name (its . and - as _) and a hash of it and the
+        launch, so that no two launches share one: not eval.1, eval-1 and eval_1, nor two launches of one run_id
+        (bq: outputs take no lease), nor a rerun and the rows a failed launch left behind."""
+        digest = hashlib.sha256(f"{run_id}\0{launch}".encode()).hexdigest()[:12]
         return f"{self.table(name)}__staging_{re.sub(r'[^A-Za-z0-9_]', '_', run_id)}_{digest}"
 
 
@@ -151,9 +152,9 @@ class WriteStagingTable(beam.PTransform):
     """Load one table's rows of one run into its staging table (replaced if it exists);
     publish() later moves them into PREFIX_<table> in one transaction."""
 
-    def __init__(self, table: str, schema: pa.Schema, output: str, run_id: str, gcs_temp: str | None = None):
+    def __init__(self, table: str, schema: pa.Schema, output: str, run_id: str, launch: str, gcs_temp: str | None = None):
         super().__init__()
-        self.table, self.schema, self.run_id, self.gcs_temp = table, schema, run_id, gcs_temp
+        self.table, self.schema, self.run_id, self.launch, self.gcs_temp = table, schema, run_id, launch, gcs_temp
         self.output = BigQueryOutput.parse(output)
 
     def expand(self, rows):
@@ -163,7 +164,7 @@ class WriteStagingTable(beam.PTransform):
             rows
             | "ToBigQueryRows" >> beam.Map(to_bigquery_row, self.schema)
             | "Load" >> WriteToBigQuery(
-                table=self.output.staging_table(self.table, self.run_id),
+                table=self.output.staging_table(self.table, self.run_id, self.launch),
                 schema=bigquery_schema(self.schema),
                 create_disposition=BigQueryDisposition.CREATE_IF_NEEDED,
                 write_disposition=BigQueryDisposition.WRITE_TRUNCATE,
@@ -178,7 +179,7 @@ def write_table(table: str, schema: pa.Schema, spec) -> beam.PTransform:
     `spec` is a sinks.OutputSpec with output bq:PROJECT.DATASET.PREFIX; load files are staged under
     spec.staging when it is a gs:// path (else Beam's --temp_location)."""
     gcs_temp = spec.staging if str(spec.staging).startswith("gs://") else None
-    return WriteStagingTable(table, schema, spec.output, spec.run_id, gcs_temp)
+    return WriteStagingTable(table, schema, spec.output, spec.run_id, spec.launch, gcs_temp)
 
 
 def summary_to_run_row(summary: dict[str, Any]) -> dict[str, Any]:
@@ -203,7 +204,7 @@ def summary_to_run_row(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def publish_script(output: BigQueryOutput, run_id: str) -> str:
+def publish_script(output: BigQueryOutput, run_id: str, launch: str) -> str:
     """One BigQuery script that replaces run `run_id` in PREFIX_scores/_errors/_runs with the rows
     of its staging tables: DELETE + INSERT inside one transaction (readers see all the old rows or
     all the new ones, never a mix), then the staging tables are dropped."""
@@ -212,29 +213,79 @@ def publish_script(output: BigQueryOutput, run_id: str) -> str:
         columns = ", ".join(f"`{f.name}`" for f in TABLE_SCHEMAS[name])
         lines.append(f"DELETE FROM `{output.table(name)}` WHERE run_id = run;")
         lines.append(f"INSERT INTO `{output.table(name)}` ({columns}) "
-                     f"SELECT {columns} FROM `{output.staging_table(name, run_id)}` WHERE run_id = run;")
+                     f"SELECT {columns} FROM `{output.staging_table(name, run_id, launch)}` WHERE run_id = run;")
     lines.append("COMMIT TRANSACTION;")
     for name in TABLE_SCHEMAS:
-        lines.append(f"DROP TABLE IF EXISTS `{output.staging_table(name, run_id)}`;")
+        lines.append(f"DROP TABLE IF EXISTS `{output.staging_table(name, run_id, launch)}`;")
     return "\n".join(lines)
 
 
+# The rows each staging table holds, by the run's counts (the runs row is loaded by publish itself).
+STAGED_COUNTS = {"scores": "scored", "errors": "errors"}
+
+
 def publish(spec, summary: dict[str, Any], client=None) -> dict[str, str]:
-    """After the pipeline (called by pipeline/runs/publish.py for bq: outputs): make sure the final and
-    staging tables exist (a table without rows in this run has no staging table yet), load the run
-    row, then run publish_script. Needs credentials and the BigQuery API; returns the table names."""
+    """After the pipeline (called by pipeline/runs/publish.py for bq: outputs): make sure the final tables exist
+    with every current column, check this launch's staging tables (one without rows may have none yet; one
+    whose rows the run counts must be there), load the run row, then run publish_script. Safe to repeat (a
+    retried Beam bundle): a launch whose runs row is already the run's only drops its staging tables again.
+    Needs credentials and the BigQuery API; returns the table names."""
+    from google.api_core.exceptions import NotFound
     from google.cloud import bigquery as bq
 
     output = BigQueryOutput.parse(spec.output)
     client = client or bq.Client(project=output.project)
     for name, schema in TABLE_SCHEMAS.items():
         fields = [bq.SchemaField.from_api_repr(f) for f in bigquery_schema(schema)["fields"]]
-        client.create_table(bq.Table(output.table(name), schema=fields), exists_ok=True)
-        client.create_table(bq.Table(output.staging_table(name, spec.run_id), schema=fields), exists_ok=True)
+        table = client.create_table(bq.Table(output.table(name), schema=fields), exists_ok=True)
+        add_missing_columns(client, table, fields)
+    if published_launch(client, output, spec.run_id) == spec.launch:
+        for name in TABLE_SCHEMAS:
+            client.delete_table(output.staging_table(name, spec.run_id, spec.launch), not_found_ok=True)
+        return {name: output.table(name) for name in TABLE_SCHEMAS}
+    counts = summary.get("counts", {})
+    for name, schema in TABLE_SCHEMAS.items():
+        staging = output.staging_table(name, spec.run_id, spec.launch)
+        try:
+            client.get_table(staging)
+        except NotFound:
+            rows = counts.get(STAGED_COUNTS.get(name, ""), 0) or 0
+            if rows:
+                raise RuntimeError(f"run {spec.run_id}: the staging table {staging} is gone though this launch loaded "
+                                   f"{rows} {name} rows into it; nothing was published (rerun the run)") from None
+            fields = [bq.SchemaField.from_api_repr(f) for f in bigquery_schema(schema)["fields"]]
+            client.create_table(bq.Table(staging, schema=fields), exists_ok=True)
     runs_fields = [bq.SchemaField.from_api_repr(f) for f in bigquery_schema(RUNS_SCHEMA)["fields"]]
     client.load_table_from_json(
-        [to_bigquery_row(summary_to_run_row(summary), RUNS_SCHEMA)], output.staging_table("runs", spec.run_id),
+        [to_bigquery_row(summary_to_run_row({**summary, "launch_id": spec.launch}), RUNS_SCHEMA)],
+        output.staging_table("runs", spec.run_id, spec.launch),
         job_config=bq.LoadJobConfig(schema=runs_fields, write_disposition=bq.WriteDisposition.WRITE_TRUNCATE),
     ).result()
-    client.query(publish_script(output, spec.run_id)).result()
+    client.query(publish_script(output, spec.run_id, spec.launch)).result()
     return {name: output.table(name) for name in TABLE_SCHEMAS}
+
+
+def add_missing_columns(client, table, fields) -> None:
+    """Columns docscore added since the table was made (nullable or repeated: BigQuery adds those to a table with
+    rows), so the publish's INSERT, which names every current column, finds them."""
+    have = {f.name for f in table.schema}
+    missing = [f for f in fields if f.name not in have]
+    if not missing:
+        return
+    required = [f.name for f in missing if f.mode == "REQUIRED"]
+    if required:
+        raise ValueError(f"{table.reference}: lacks the required column(s) {', '.join(required)} that this docscore "
+                         "writes; BigQuery cannot add a required column to a table: publish to a new PREFIX")
+    table.schema = [*table.schema, *missing]
+    client.update_table(table, ["schema"])
+
+
+def published_launch(client, output: BigQueryOutput, run_id: str) -> str | None:
+    """The launch whose rows PREFIX_runs holds for run_id (its summary's launch_id), or None."""
+    from google.cloud import bigquery as bq
+
+    job = client.query(
+        f"SELECT JSON_VALUE(summary_json, '$.launch_id') AS launch FROM `{output.table('runs')}` WHERE run_id = @run",
+        job_config=bq.QueryJobConfig(query_parameters=[bq.ScalarQueryParameter("run", "STRING", run_id)]))
+    launches = [row["launch"] for row in job.result()]
+    return launches[0] if len(launches) == 1 else None
