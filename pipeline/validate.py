@@ -255,6 +255,13 @@ def check_options(eo: EvalOptions) -> None:
         raise ConfigError("--output is required: the directory the tables are written under")
     check_choice("task", eo.task, tuple(tasks.TASKS))  # the live registry: a task registered at run time counts
     check_choice("output_format", eo.output_format, OUTPUT_FORMATS)
+    if eo.output.startswith(sinks.BQ_PREFIX):
+        from pipeline.io.bigquery import BigQueryOutput
+
+        try:
+            BigQueryOutput.parse(eo.output)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if "\\" in eo.output and not eo.output.startswith(sinks.BQ_PREFIX):
         raise ConfigError(f"--output {eo.output} holds a backslash, which DuckDB's file patterns cannot match: the views "
                           "of docs/queries.md would find none of the run's files; choose a directory name without one")

@@ -261,3 +261,13 @@ def test_docscore_graph_with_bigquery_output_builds_a_dataflow_job(monkeypatch, 
     for table in ("Scores", "Errors"):
         loads = [n for n in names if n.startswith(f"Write{table}ToBigQuery/Load")]
         assert loads, f"no BigQuery load for {table}: {sorted(names)[:20]}"
+
+
+def test_a_malformed_bigquery_output_is_a_configuration_error():
+    """It was a ValueError traceback out of building the graph (exit 1), after the model had loaded."""
+    from pipeline.options import ConfigError, parse_options
+    from pipeline.validate import check_options
+
+    _, eo = parse_options(["--input", "x.jsonl", "--task", "embed", "--output", "bq:my_proj.evals.x"])
+    with pytest.raises(ConfigError, match=r"--output bq:my_proj.evals.x: write bq:PROJECT.DATASET.PREFIX"):
+        check_options(eo)
