@@ -216,15 +216,15 @@ def check_run_options(schedule: Schedule) -> None:
 
 # Stand-ins for the cloud settings a Dataflow preset reads from the launch's environment (runners/presets.py):
 # what a launch's checks look at is their presence and form, not which project or bucket they name.
-CLOUD_STAND_INS = {"project": "docscore-schedule-check", "temp_location": "gs://docscore-schedule-check/tmp",
-                   "sdk_container_image": "docscore-schedule-check"}
+CLOUD_STAND_INS = {"project": "docscore-schedule-check", "region": "us-central1",
+                   "temp_location": "gs://docscore-schedule-check/tmp", "sdk_container_image": "docscore-schedule-check"}
 
 
-def run_refusal(run: dict[str, Any], region: str) -> str | None:
+def run_refusal(run: dict[str, Any], region: str | None = None) -> str | None:
     """Why `docscore run` refuses these template parameters before reading data, in the pipeline's own words
     (parse_options with the preset, then validate.check_before_data: the options, the workers' backend, the
     kernel, the precision, the batch flags), or None. The preset's cloud settings come from the launch's
-    environment: stand-ins here, and the schedule's region. What only the launch knows is not judged: a run
+    environment: stand-ins here, and the schedule's region when given. What only the launch knows is not judged: a run
     naming a config (a file on GCS that may set any option) is left to it, and so are values holding an Airflow
     {{ placeholder }}, except input and output, which the pipeline requires: those are rendered for the
     scheduled run (a date changes nothing its checks of them look at)."""
@@ -233,7 +233,7 @@ def run_refusal(run: dict[str, Any], region: str) -> str | None:
 
     if "config" in run:
         return None
-    flags = [f"--{name}={value}" for name, value in {**CLOUD_STAND_INS, "region": region}.items()]
+    flags = [f"--{name}={value}" for name, value in {**CLOUD_STAND_INS, "region": region or CLOUD_STAND_INS["region"]}.items()]
     for key, value in run.items():
         text = str(value)
         if _TEMPLATE.search(text):
