@@ -300,7 +300,7 @@ def check_options(eo: EvalOptions) -> None:
     if labels and not task.takes_labels:
         raise ConfigError(
             f"--labels is only for {label_tasks} (the classes documents are scored against); --task={eo.task} "
-            f"would ignore it: drop --labels (or the `labels:` key of --config), or pass {label_tasks}"
+            f"would ignore it: drop --labels (a --config's `labels:` key is cleared by --labels ''), or pass {label_tasks}"
         )
     if "temperature" in eo.get_all_options(drop_default=True) and not task.takes_labels:
         raise ConfigError(f"--temperature is only for {label_tasks} (the softmax over its labels); --task={eo.task} "

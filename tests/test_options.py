@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -376,3 +377,16 @@ def test_a_non_dataflow_remote_runner_may_read_local_inputs_but_not_write_a_loca
     _, eo = parse_options([*flink, "--output", str(tmp_path / "out")])
     with pytest.raises(ConfigError, match="--output .* is on this machine"):
         check_paths_on_workers(eo)
+
+
+def test_a_config_files_labels_are_cleared_by_an_empty_labels_flag(tmp_path):
+    """A classify config reused for another task: the refusal says how to clear its labels from the command line."""
+    from pipeline.validate import check_options
+
+    config = tmp_path / "classify.yaml"
+    config.write_text("input: x.jsonl\noutput: out\ntask: classify\nlabels:\n  a: first\n  b: second\n")
+    _, eo = parse_options(["--config", str(config), "--task", "embed"])
+    with pytest.raises(ConfigError, match=re.escape("a --config's `labels:` key is cleared by --labels ''")):
+        check_options(eo)
+    _, eo = parse_options(["--config", str(config), "--task", "embed", "--labels", ""])
+    check_options(eo)
