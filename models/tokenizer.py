@@ -79,6 +79,11 @@ class DocTokenizer:
                        max_windows: int | None = None) -> list[EncodedDoc]:
         """Each text as windows of at most `max_len` tokens (specials included); consecutive windows
         overlap by `stride` text tokens (HF semantics); at most `max_windows` windows per text."""
+        return [self.windows(ids, max_len=max_len, stride=stride, max_windows=max_windows) for ids in self.encode_ids(texts)]
+
+    def windows(self, ids: np.ndarray, *, max_len: int | None = None, stride: int = 0,
+                max_windows: int | None = None) -> EncodedDoc:
+        """encode_windows of a text given as its token ids (encode_ids; pieces of one text concatenated)."""
         max_len = self._max_seq_len if max_len is None else int(max_len)
         content = max_len - self.n_special
         if max_len > self._max_seq_len:
@@ -91,9 +96,6 @@ class DocTokenizer:
                              "or windows would never advance")
         if max_windows is not None and max_windows < 1:
             raise ValueError(f"max_windows={max_windows} must be >= 1 or None (no limit)")
-        return [self._windows(ids, content, stride, max_windows) for ids in self.encode_ids(texts)]
-
-    def _windows(self, ids: np.ndarray, content: int, stride: int, max_windows: int | None) -> EncodedDoc:
         windows, start, truncated = [], 0, False
         while True:
             windows.append(np.concatenate([self.prefix, ids[start:start + content], self.suffix]))

@@ -181,7 +181,7 @@ def test_max_record_bytes_applies_to_every_format(tmp_path):
 
 
 class RecordingTokenizer:
-    """The real tokenizer, recording how many characters each encode_windows call was given."""
+    """The real tokenizer, recording how many characters each call was given."""
 
     def __init__(self, tokenizer):
         self._tokenizer, self.lengths = tokenizer, []
@@ -190,6 +190,13 @@ class RecordingTokenizer:
     def encode_windows(self, texts, **kwargs):
         self.lengths += [len(t) for t in texts]
         return self._tokenizer.encode_windows(texts, **kwargs)
+
+    def encode_ids(self, texts):
+        self.lengths += [len(t) for t in texts]
+        return self._tokenizer.encode_ids(texts)
+
+    def windows(self, ids, **kwargs):
+        return self._tokenizer.windows(ids, **kwargs)
 
 
 def test_a_20mb_text_is_tokenised_only_as_far_as_its_windows_need(minilm):
@@ -202,10 +209,22 @@ def test_a_20mb_text_is_tokenised_only_as_far_as_its_windows_need(minilm):
     whole_enough = minilm.tokenizer.encode_windows([text[:300_000]], max_len=256, stride=32, max_windows=MAX_CHUNKS)[0]
     assert encoded.truncated and len(encoded.windows) == MAX_CHUNKS
     assert [w.tolist() for w in encoded.windows] == [w.tolist() for w in whole_enough.windows]
-    # a text without whitespace (one unknown "word"): the prefix stops growing, the rest is not read
+    # a text without whitespace (one unknown "word"): read in pieces of bounded size, each a few [UNK]s
     recording.lengths = []
     blob = preprocess.encode_text(recording, "x" * BIG_DOC_BYTES, spec)
-    assert blob.truncated and max(recording.lengths) <= 2_000_000 and sum(recording.lengths) <= 3_000_000
+    assert max(recording.lengths) <= 1_000_000 and not blob.truncated and blob.n_tokens < 1000
+    # such a run before real text (a hex dump, then an article) is read past: the article fills the windows (it
+    # was one [UNK] window, truncated, the article never read); a run of characters without tokens before a
+    # few words (3 million combining accents) is read to the end, not truncated
+    article = words * 2000
+    dump = preprocess.encode_text(minilm.tokenizer, "0f" * 550_000 + "\n" + article, spec)
+    article_ids = minilm.tokenizer.encode_ids([article])[0].tolist()
+    assert dump.truncated and len(dump.windows) == MAX_CHUNKS
+    as_text = lambda ids: " " + " ".join(map(str, ids)) + " "  # noqa: E731 - a contiguous run of ids as text
+    assert as_text(dump.windows[-1][1:-1]) in as_text(article_ids)
+    accents = "a" + "\u0301" * 3_000_000 + " tail words"
+    assert preprocess.encode_text(minilm.tokenizer, accents, spec).windows[0].tolist() == \
+        minilm.tokenizer.encode_windows([accents], max_len=256, stride=32, max_windows=MAX_CHUNKS)[0].windows[0].tolist()
     # short texts are tokenised whole, as before
     short = preprocess.encode_text(minilm.tokenizer, words * 10, spec)
     assert short.n_tokens == len(minilm.tokenizer.encode_ids([words * 10])[0]) and not short.truncated

@@ -15,6 +15,10 @@ def test_tokenize_documents_windows_query_and_truncation(minilm):
     assert full.doc.text == "" and full.tokenize_ms >= 0
     [cut] = tokenize_documents([doc], minilm.tokenizer, WindowSpec(max_len=32, stride=8, max_chunks=2), with_query=False)
     assert len(cut.windows) == 2 and cut.truncated and cut.query_windows == []
+    # a similarity pair whose query is cut (the text whole) is truncated too: part of what it compares was not read
+    [pair] = tokenize_documents([Document("q", "a short text", "s", 2, fields={"query": LONG_TEXT})], minilm.tokenizer,
+                                WindowSpec(max_len=32, stride=8, max_chunks=2), with_query=True)
+    assert len(pair.windows) == 1 and len(pair.query_windows) == 2 and pair.truncated
     [error] = tokenize_documents([Document("e", "text", "s", 1)], minilm.tokenizer, WindowSpec(32, 8, 8), with_query=True)
     assert isinstance(error, ErrorRow) and "query" in error.message and error.stage == "tokenize"
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline import tasks
 from pipeline.records import ERRORS_TAG, Batch, Document, ErrorRow
-from pipeline.stages.long_text import (FULL_TOKENIZE_CHARS, MAX_PREFIX_CHARS_PER_TOKEN, NO_SPACE_SPARE_TOKENS,
+from pipeline.stages.long_text import (FULL_TOKENIZE_CHARS, NO_SPACE_SPARE_TOKENS,
                                        PREFIX_CHARS_PER_TOKEN, space_before)
 from pipeline.tasks.base import RecordError
 
@@ -87,7 +87,7 @@ def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
                 doc=doc.without_text(),
                 windows=list(text.windows),
                 n_tokens=int(text.n_tokens),
-                truncated=bool(text.truncated),
+                truncated=bool(text.truncated or (with_query and query.truncated)),  # either part of the pair cut
                 tokenize_ms=share,
                 query_windows=list(query.windows) if with_query else [],
             )
@@ -179,27 +179,31 @@ def _error(doc: Document, error_type: str, message: str) -> ErrorRow:
 
 
 def encode_text(tokenizer, text: str, spec: WindowSpec):
-    """tokenizer.encode_windows of one text; a text over FULL_TOKENIZE_CHARS is tokenised from a prefix
-    that yields at least one token more than spec.max_chunks windows hold (so the windows equal those of
-    the whole text, and truncated is true)."""
+    """tokenizer.encode_windows of one text; a text over FULL_TOKENIZE_CHARS is tokenised in pieces of a
+    bounded size, each cut at whitespace where it has some, until they yield one token more than spec.max_chunks
+    windows hold (so the windows equal those of the whole text, and truncated is true) or the text ends. A
+    piece costs the same whatever the text, so a long run the tokenizer makes few tokens of (a hex dump, a
+    20 MB word) is read past, not the end of what is read."""
     kwargs = {"max_len": spec.max_len, "stride": spec.stride, "max_windows": spec.max_chunks}
+    if len(text) <= FULL_TOKENIZE_CHARS:
+        return tokenizer.encode_windows([text], **kwargs)[0]
     content = spec.max_len - tokenizer.n_special
     needed = content + (spec.max_chunks - 1) * (content - spec.stride) + 1
-    chars = max(FULL_TOKENIZE_CHARS, needed * PREFIX_CHARS_PER_TOKEN)
-    while chars < len(text):
-        cut = space_before(text, chars)
-        encoded = tokenizer.encode_windows([text[: cut or chars]], **kwargs)[0]
+    piece = max(FULL_TOKENIZE_CHARS, needed * PREFIX_CHARS_PER_TOKEN)
+    pieces, n_ids, start = [], 0, 0
+    while start < len(text):
+        end = min(len(text), start + piece)
+        cut = space_before(text, end) if end < len(text) else end
+        end = cut if cut is not None and cut > start else end
+        pieces.append(tokenizer.encode_ids([text[start:end]])[0])
+        n_ids += len(pieces[-1])
+        start = end
         # a cut at whitespace leaves every token before it as in the whole text; a cut inside a run without
         # whitespace may change that run's last tokens, so those must lie past the windows
-        if encoded.n_tokens >= needed + (0 if cut else NO_SPACE_SPARE_TOKENS):
-            return encoded
-        if chars >= needed * MAX_PREFIX_CHARS_PER_TOKEN:
-            if encoded.n_tokens == 0:  # characters without tokens (whitespace, zero-width): the text starts after them
-                text, chars = text[cut or chars:], max(FULL_TOKENIZE_CHARS, needed * PREFIX_CHARS_PER_TOKEN)
-                continue
-            return dataclasses.replace(encoded, truncated=True)  # a degenerate text (one huge unknown word): stop here
-        chars *= 4  # long words or unknown runs: fewer tokens a character than guessed
-    return tokenizer.encode_windows([text], **kwargs)[0]
+        if n_ids >= needed + (0 if cut is not None else NO_SPACE_SPARE_TOKENS):
+            break
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+    return tokenizer.windows(ids, **kwargs)
 
 
 class Tokenize(beam.DoFn):
