@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import fsspec
+import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 TFDS_PREFIX = "tfds:"
@@ -166,6 +167,8 @@ def decode_example(data: bytes, dataset: TfdsDataset) -> dict[str, Any]:
         values = list(getattr(feature, kind).value) if kind else []
         if kind == "bytes_list" and dataset.feature_kinds.get(name) == "text":
             values = [_text(v) for v in values]
+        if kind == "float_list":  # float32s: the decimal written (0.1), not the float32's expansion 0.10000000149...
+            values = [float(str(np.float32(v))) for v in values]
         if dataset.feature_kinds.get(name) == "class_label" and values:
             names = dataset.class_names.get(name) or []
             values = [names[v] if 0 <= v < len(names) else v for v in values]
