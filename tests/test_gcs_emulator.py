@@ -151,6 +151,26 @@ def test_gs_inputs_that_exist_are_discovered_and_an_empty_match_is_still_named_s
     assert find_input(gcs.url("in")).skipped == [gcs.url("in", "notes.yaml")]  # a directory lists what it leaves out
 
 
+def test_gs_names_holding_glob_characters_and_folder_placeholders(gcs):
+    """An object or folder named a[1] is that object or folder (as a local path is), not a pattern matching
+    nothing; the zero-byte `sub/` keys a console makes for folders are neither shards nor files left out."""
+    from pipeline.io.sources import discover_shards, find_input
+
+    fs = fsspec.filesystem("gs")
+    fs.pipe(gcs.url("br", "a[1].jsonl"), b'{"id": 1, "text": "x"}\n')
+    fs.pipe(gcs.url("br", "d[1]", "b.jsonl"), b'{"id": 2, "text": "y"}\n')
+    fs.pipe(gcs.url("br", "a2.jsonl"), b'{"id": 3, "text": "z"}\n')
+    assert discover_shards(gcs.url("br", "a[1].jsonl")) == [gcs.url("br", "a[1].jsonl")]
+    assert discover_shards(gcs.url("br", "d[1]") + "/") == [gcs.url("br", "d[1]", "b.jsonl")]
+    assert discover_shards(gcs.url("br", "a[2].jsonl")) == [gcs.url("br", "a2.jsonl")]  # no such object: a pattern
+    from google.cloud import storage  # gcsfs writes "ph/" as the object "ph": the console's keys keep the /
+
+    for key in ("ph/", "ph/sub/"):
+        storage.Client().bucket(gcs.bucket).blob(key).upload_from_string(b"")
+    fs.pipe(gcs.url("ph", "sub", "c.jsonl"), b'{"id": 4, "text": "w"}\n')
+    assert find_input(gcs.url("ph") + "/") == ([gcs.url("ph", "sub", "c.jsonl")], [])
+
+
 def test_one_object_is_read_with_credentials_that_may_read_but_not_list_its_bucket(gcs_emulator, tmp_path):
     """Credentials that may get objects but not list the bucket (objectViewer on a prefix, legacyObjectReader): one
     named object is still an input (the bucket check's 403 refused it); a glob, which needs the listing, is refused

@@ -114,8 +114,11 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
         fs, paths = LocalFileSystem(), [existing]
     else:
         fs, _, paths = fsspec.get_fs_token_paths(pattern)
-        if fsspec.core.has_magic(pattern) and "*" not in pattern:  # fsspec expands a pattern only when it holds a *
-            paths = sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1]))
+        literal = fsspec.core.url_to_fs(pattern)[1]
+        if fsspec.core.has_magic(pattern) and not isinstance(fs, LocalFileSystem) and fs.exists(literal):
+            paths, existing = [literal], literal  # gs://b/a[1].jsonl names that object (or folder), as locally
+        elif fsspec.core.has_magic(pattern) and "*" not in pattern:  # fsspec expands a pattern only when it holds a *
+            paths = sorted(fs.glob(literal))
     local = isinstance(fs, LocalFileSystem)
 
     def as_written(path: str) -> str:  # a path fsspec found, with the scheme --input was written with
@@ -125,8 +128,9 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
     glob_root = _fixed_prefix(existing or fsspec.core.url_to_fs(pattern)[1])
     one_path = existing is not None or (not fsspec.core.has_magic(pattern) and len(paths) == 1)
     if one_path and (os.path.isdir(paths[0]) if local else remote_kind(fs, pattern, paths[0]) == "directory"):
-        files = (local_regular_files(paths[0]) if local
-                 else [p for p, info in fs.find(paths[0], detail=True).items() if info.get("type") == "file"])
+        files = (local_regular_files(paths[0]) if local  # a key ending in / is a console's folder placeholder
+                 else [p for p, info in fs.find(paths[0], detail=True).items() if info.get("type") == "file"
+                       and not p.endswith("/")])
         root = paths[0].rstrip("/") + "/"
         # a file under a `_`/`.` folder is hidden too (_staging/, _temporary/, .git/): only the part below the root counts
         found = [p for p in files if not _hidden_below(root, p) and shard_format(p)]
@@ -141,7 +145,7 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
         # one remote path is a file here: remote_kind raised if it was neither a file nor a directory
         written = glob_parts(pattern, glob_root)
         found = [p for p in paths if (one_path or not _hidden_below(glob_root, p, written))
-                 and (_is_regular(p) if local else one_path or fs.isfile(p))]
+                 and (_is_regular(p) if local else not p.endswith("/") and (one_path or fs.isfile(p)))]
         unknown = [p for p in found if shard_format(p) is None]
         if unknown:
             raise ValueError(
