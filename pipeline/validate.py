@@ -269,6 +269,11 @@ def check_options(eo: EvalOptions) -> None:
         raise ConfigError(f"--output {eo.output} holds glob characters ([ ] * ?), which Beam's text writer reads as a "
                           "pattern when it moves the JSONL files into place (a run would fail after reading all data); "
                           "choose a directory name without them, or --output_format parquet")
+    remote = "://" in eo.output and not eo.output.startswith(("file://", sinks.BQ_PREFIX))
+    if remote and fsspec.core.has_magic(eo.output):
+        raise ConfigError(f"--output {eo.output} holds glob characters ([ ] * ?), which the remote file system reads as "
+                          "a pattern when it moves the tables into place (a run would fail after reading all data); "
+                          "choose a name without them")
     check_choice("dtype", eo.dtype, DTYPES)
     check_choice("target_backend", eo.target_backend, TARGET_BACKENDS)
     check_run_id(eo.run_id)
@@ -363,6 +368,13 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     if not eo.output.startswith(sinks.BQ_PREFIX):
         try:
             sinks.check_writable(eo.output)
+        except FileNotFoundError as e:
+            bucket = fsspec.core.url_to_fs(eo.output)[1].split("/", 1)[0]
+            if fsspec.core.split_protocol(eo.output)[0] not in sources.GCS_PROTOCOLS:
+                raise ConfigError(f"--output {eo.output} is not writable ({e}); choose a directory you can write to") from None
+            raise ConfigError(f"--output {eo.output}: bucket gs://{bucket} does not exist, or is not visible with these "
+                              f"credentials; check the bucket name (gcloud storage ls gs://{bucket}) and the project and "
+                              "credentials in use") from None
         except OSError as e:
             raise ConfigError(f"--output {eo.output} is not writable ({e}); choose a directory you can write to") from None
         except ValueError as e:

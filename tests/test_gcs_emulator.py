@@ -117,6 +117,21 @@ def test_an_input_in_a_bucket_that_does_not_exist_is_exit_2_naming_the_bucket(gc
     assert not no_data_read and not (tmp_path / "out" / "scores").exists()
 
 
+def test_an_output_in_a_bucket_that_does_not_exist_or_with_glob_characters_is_exit_2(gcs, tmp_path, no_data_read, capsys):
+    from tests.conftest import common_flags, run_docscore
+
+    fsspec.filesystem("gs").pipe(gcs.url("in", "docs.jsonl"), b'{"id": 1, "text": "x"}\n')
+    out = f"gs://{gcs.bucket}-missing/out"
+    assert run_docscore("--input", gcs.url("in", "docs.jsonl"), *common_flags("o1", out)) == 2
+    err = capsys.readouterr().err
+    assert f"--output {out}: bucket gs://{gcs.bucket}-missing does not exist, or is not visible" in err, err
+    # gcsfs reads [1] as a pattern when the run's files are moved into place: the run failed after reading all data
+    bracketed = gcs.url("o[1]")
+    assert run_docscore("--input", gcs.url("in", "docs.jsonl"), *common_flags("o2", bracketed)) == 2
+    assert f"--output {bracketed} holds glob characters" in capsys.readouterr().err
+    assert not no_data_read
+
+
 @pytest.mark.parametrize("path", ["in/", "in/docs.jsonl"], ids=["directory", "file"])
 def test_an_input_path_missing_from_its_bucket_is_exit_2_naming_the_path(gcs, tmp_path, path, no_data_read, capsys):
     """The bucket exists and holds other objects; the path --input names is neither an object nor a folder."""
