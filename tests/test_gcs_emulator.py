@@ -206,3 +206,14 @@ def test_one_object_is_read_with_credentials_that_may_read_but_not_list_its_buck
                 discover_shards(f"gs://{bucket}/in/*.jsonl")
     finally:
         proxy.stop()
+
+
+def test_an_object_deleted_after_the_run_found_it_is_an_error_row_saying_so(gcs):
+    from pipeline.io.sources import ReadSpec, discover_shards, read_shard
+
+    fs = fsspec.filesystem("gs")
+    fs.pipe(gcs.url("gone", "docs.jsonl"), b'{"id": 1, "text": "x"}\n')
+    (shard,) = discover_shards(gcs.url("gone") + "/")
+    fs.rm_file(shard)
+    (row,) = read_shard(shard, ReadSpec())
+    assert row.error_type == "unreadable_shard" and "shard is gone since the run found it" in row.message, row

@@ -494,8 +494,8 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     except Exception as e:  # a shard that cannot be opened or breaks mid-way
         if is_transient(e):
             raise
-        yield _printable_error(ErrorRow(path, None, "read", read_error_type(e),
-                                        f"{fmt} shard could not be read ({type(e).__name__}: {e})"))
+        what = "is gone since the run found it" if isinstance(e, FileNotFoundError) else "could not be read"
+        yield _printable_error(ErrorRow(path, None, "read", read_error_type(e), f"{fmt} shard {what} ({type(e).__name__}: {e})"))
 
 
 def local_size(path: str) -> int | None:
@@ -645,8 +645,9 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as e:
                 if is_transient(e):
                     raise
-                yield 0, ErrorRow(path, None, "read", read_error_type(e),
-                                  f"shard ends early or is corrupt ({type(e).__name__}: {e})"), None
+                what = ("shard is gone since the run found it" if isinstance(e, FileNotFoundError)
+                        else "shard ends early or is corrupt")
+                yield 0, ErrorRow(path, None, "read", read_error_type(e), f"{what} ({type(e).__name__}: {e})"), None
 
     yield from _timed(records(), path, spec)
 
