@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -148,6 +149,36 @@ class FaultSchedule:
 
 
 OBJECT_LISTING = re.compile(r"^/storage/v1/b/[^/]+/o/?$")  # objects.list (a GET of one object names it after /o/)
+OBJECT_PATH = re.compile(r"^(?:/upload)?/storage/v1/b/([^/]+)/o(?:/(.+))?$")  # an object's bucket and (quoted) name
+
+
+def precondition_target(command: str, path: str, body: bytes) -> tuple[str, str, str] | None:
+    """(bucket, object name, the generation it must have: "0" = must not exist) of a request with GCS's
+    ifGenerationMatch precondition, which gcp-storage-emulator ignores; None for any other request."""
+    url = urllib.parse.urlsplit(path)
+    expected = urllib.parse.parse_qs(url.query).get("ifGenerationMatch")
+    match = OBJECT_PATH.match(url.path)
+    if not expected or not match:
+        return None
+    bucket, name = match.group(1), urllib.parse.unquote(match.group(2) or "")
+    if not name:  # an upload: the name is a query parameter (resumable) or in the multipart's JSON part (simple)
+        name = (urllib.parse.parse_qs(url.query).get("name") or [""])[0]
+        if not name and command == "POST":
+            found = re.search(rb'\{"name": ?"((?:[^"\\]|\\.)*)"', body)
+            name = json.loads(b'"' + found.group(1) + b'"') if found else ""
+    return (bucket, name, expected[0]) if name else None
+
+
+def generation_of(upstream_port: int, bucket: str, name: str) -> str:
+    """The object's current generation on the emulator, "0" when there is none."""
+    connection = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
+    try:
+        connection.request("GET", f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}")
+        response = connection.getresponse()
+        data = response.read()
+        return str(json.loads(data)["generation"]) if response.status == 200 else "0"
+    finally:
+        connection.close()
 
 
 class _ProxyHandler(http.server.BaseHTTPRequestHandler):
@@ -198,6 +229,17 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         if action == "503":
             self._send_json(503, "injected fault: backend unavailable")
             return
+        target = precondition_target(self.command, self.path, body)
+        if target is None:
+            self._forward(body)
+            return
+        with self.server.precondition_lock:  # GCS checks and acts at once: no other precondition in between
+            if generation_of(self.server.upstream_port, target[0], target[1]) != target[2]:
+                self._send_json(412, "Precondition Failed (checked by the test proxy: the emulator does not)")
+                return
+            self._forward(body)
+
+    def _forward(self, body: bytes) -> None:
         # The Host header goes through unchanged: the emulator builds upload/media URLs from it,
         # so follow-up requests come back through the proxy.
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP | {"content-length"}}
@@ -233,13 +275,15 @@ class _ProxyServer(http.server.ThreadingHTTPServer):
     def __init__(self, port: int, upstream_port: int, schedule: FaultSchedule):
         self.upstream_port = upstream_port
         self.schedule = schedule
+        self.precondition_lock = threading.Lock()
         super().__init__(("127.0.0.1", port), _ProxyHandler)
 
 
 class FaultProxy:
     """An HTTP proxy in front of the emulator that answers 503 or drops the connection for a
     seeded, bounded share of requests (FaultSchedule); `stats` counts what it did. Every test
-    reaches the emulator through one (fault_rate 0 for a clean run)."""
+    reaches the emulator through one (fault_rate 0 for a clean run). It also checks GCS's ifGenerationMatch
+    preconditions (412), which the emulator ignores and docscore's gs:// leases rely on."""
 
     def __init__(self, upstream_port: int, *, fault_rate: float = 0.125, seed: int = 0, forbid_listing: bool = False):
         self.schedule = FaultSchedule(fault_rate, seed)

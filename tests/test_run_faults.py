@@ -5,6 +5,7 @@ previous complete run or the new complete run, never a mix and never neither, an
 reconcile (scored + errors = records, no record twice)."""
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import time
 import secrets
 from pathlib import Path
 
+import fsspec
 import pyarrow.parquet as pq
 import pytest
 
@@ -208,6 +210,40 @@ def test_a_gs_lease_is_exclusive_until_released_or_expired(gcs_emulator, tmp_pat
             run_lease.check_holder(out, "g1", "launch-two")
         third.release()
         assert run_lease.holder(out, "g1") == {}  # released: the object is gone
+
+
+def test_two_launches_taking_over_an_expired_gs_lease_at_once_are_one_holder(gcs_emulator, tmp_path):  # noqa: F811
+    """Both read the expired lease; the first deletes it and creates its own; the second deleted that new lease
+    (a delete without a precondition) and created its own too: two holders running one run_id."""
+    import threading
+
+    with gcs_target(gcs_emulator, tmp_path, fault_rate=0) as target:
+        out = target.url("out")
+        fs, path = fsspec.core.url_to_fs(run_lease.lease_path(out, "race"))
+        for trial in range(6):
+            fs.pipe_file(path, json.dumps({"launch": "dead", "expires": time.time() - 1}).encode())
+            barrier, outcomes = threading.Barrier(2), {}
+
+            def take(launch):
+                barrier.wait()
+                try:
+                    outcomes[launch] = run_lease.acquire(out, "race", launch)
+                except run_lease.LeaseHeld as e:
+                    outcomes[launch] = e
+
+            threads = [threading.Thread(target=take, args=(name,)) for name in ("a", "b")]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            held = [name for name, got in outcomes.items() if isinstance(got, run_lease.Lease)]
+            assert len(held) == 1 and run_lease.holder(out, "race")["launch"] == held[0], (trial, outcomes)
+            outcomes[held[0]].release()
+        # a delete that names a generation the object no longer has leaves it: the precondition GCS checks
+        fs.pipe_file(path, b"{}")
+        stale = run_lease._generation(fs, path)
+        fs.pipe_file(path, b'{"launch": "new"}')
+        assert not run_lease._delete_generation(fs, path, stale) and run_lease.holder(out, "race") == {"launch": "new"}
 
 
 @pytest.mark.integration

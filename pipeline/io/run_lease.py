@@ -4,7 +4,8 @@ Local outputs: DIR/_leases/run_id=ID.lock held with flock, which the kernel rele
 dies however it dies, so a killed launch never blocks the next one. Object stores (gs://) have no
 locks: the lease is an object read first and then created only if absent (a generation precondition,
 for two launches at the same moment), holding an expiry that the holder renews while it runs; an expired
-lease is taken over. The lease file also names the
+lease is taken over by deleting the generation that was read (another precondition: of two launches taking
+it over at once, one gets it). The lease file also names the
 holder (launch id, host, pid), which is what the message to a refused launch and the commit's check
 read. Must not publish or delete tables (pipeline/io/run_commit.py).
 """
@@ -82,11 +83,15 @@ def acquire(output: str, run_id: str, launch: str, *, ttl_s: float = TTL_S) -> L
         os.fsync(fd)
         return Lease(output, run_id, launch, _fd=fd)
     me["expires"] = time.time() + ttl_s
+    generation = _generation(fs, path)
     current = _read(fs, path)  # read first: a store that ignores the precondition must not let us overwrite it
     if current.get("expires", 0) > time.time():
         raise LeaseHeld(_held_message(output, run_id, current))
-    if current:
-        fs.rm_file(path)  # expired: its holder stopped renewing (dead, or cut off); take it over
+    # expired: its holder stopped renewing (dead, or cut off); take it over, deleting only the object read (two
+    # launches taking it over at once: the second would delete the lease the first had just created)
+    if current and not (generation is not None and generation == _generation(fs, path)
+                        and _delete_generation(fs, path, generation)):
+        raise LeaseHeld(_held_message(output, run_id, _read(fs, path)))
     if not _create(fs, path, me):  # another launch created it since we read: the precondition says so
         raise LeaseHeld(_held_message(output, run_id, _read(fs, path)))
     stop = threading.Event()
@@ -145,6 +150,26 @@ def check_holder(output: str, run_id: str, launch: str) -> None:
     if is_local(fsspec.core.url_to_fs(lease_path(output, run_id))[0]) and not is_held(output, run_id):
         raise LeaseHeld(f"run {run_id}: the launch {launch} that held the lease of {output} has ended; nothing was "
                         "published")
+
+
+def _generation(fs, path: str) -> str | None:
+    """The object's generation (GCS's version number of its content) as the store says now, None without one."""
+    fs.invalidate_cache(path)
+    try:
+        generation = fs.info(path).get("generation")
+    except FileNotFoundError:
+        return None
+    return None if generation is None else str(generation)
+
+
+def _delete_generation(fs, path: str, generation: str) -> bool:
+    """Delete the object if it is still that generation (a precondition GCS checks); False when it is not."""
+    bucket, key = path.split("/", 1)
+    try:
+        fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=generation)
+        return True
+    except (FileNotFoundError, OSError):  # gone, or replaced (412 Precondition Failed): another launch took it
+        return False
 
 
 def _create(fs, path: str, value: dict[str, Any]) -> bool:
