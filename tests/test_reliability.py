@@ -235,6 +235,34 @@ def test_the_memory_watch_records_start_warm_peak_and_end():
     assert memory.summarize({})["growth_after_warmup_pct"] is None
 
 
+def test_the_peak_rss_counts_a_spike_between_samples():
+    """A batch that held 400 MB for a moment and freed it before its sample: the sampled RSS never saw it, the
+    process's high-water mark did (the summary's peak was the largest sample)."""
+    import numpy as np
+    import psutil
+
+    class Spike(beam.DoFn):
+        def setup(self):
+            self.watch = memory.MemoryWatch()
+
+        def process(self, _):
+            spike = np.ones(50_000_000)  # 400 MB, written, so resident
+            during = psutil.Process().memory_info().rss / memory.MB
+            del spike  # an mmap'd block: freed to the kernel at once
+            self.watch.record_batch()
+            beam.metrics.Metrics.distribution("test", "during_mb").update(int(during))
+            yield 1
+
+    with beam.Pipeline() as p:
+        _ = p | beam.Create([0]) | beam.ParDo(Spike())
+    from pipeline.launch import metric_values
+
+    values = metric_values(p.result, "docscore")
+    during = metric_values(p.result, "test")["test/during_mb"]["max"]
+    found = memory.summarize(values)
+    assert found["end_rss_mb"] < during - 200 and found["peak_rss_mb"] >= during
+
+
 @pytest.mark.integration
 def test_logs_hold_neither_document_text_nor_credentials(two_runs):
     logs = "\n".join(two_runs["logs"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 from typing import Any
 
@@ -31,6 +32,17 @@ class MemorySample:
     rss_mb: float
     device_in_use_mb: float | None = None
     device_peak_mb: float | None = None
+    high_water_mb: float | None = None  # the process's largest RSS so far, between samples too (the kernel's count)
+
+
+def high_water_mb() -> float | None:
+    """The largest resident set this process has had (getrusage's ru_maxrss: KiB on Linux, bytes on macOS)."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak * (1 if sys.platform == "darwin" else 1024) / MB
 
 
 def sample() -> MemorySample:
@@ -48,7 +60,7 @@ def sample() -> MemorySample:
     if stats:
         in_use = sum(s.get("bytes_in_use", 0) for s in stats) / MB
         peak = sum(s.get("peak_bytes_in_use", 0) for s in stats) / MB
-    return MemorySample(rss, in_use, peak)
+    return MemorySample(rss, in_use, peak, high_water_mb())
 
 
 class MemoryWatch:
@@ -79,6 +91,8 @@ class MemoryWatch:
             beam.metrics.Metrics.distribution(NAMESPACE, "rss_mb_start").update(rss)
         if batch == WARMUP_BATCHES:
             beam.metrics.Metrics.distribution(NAMESPACE, "rss_mb_warm").update(rss)
+        if reading.high_water_mb is not None:
+            beam.metrics.Metrics.distribution(NAMESPACE, "rss_high_water_mb").update(int(round(reading.high_water_mb)))
         if reading.device_in_use_mb is not None:
             in_use = int(round(reading.device_in_use_mb))
             beam.metrics.Metrics.distribution(NAMESPACE, "device_in_use_mb").update(in_use)
@@ -90,12 +104,15 @@ class MemoryWatch:
 def summarize(metrics: dict[str, Any]) -> dict[str, Any]:
     """The summary's memory section from run.metric_values(result, "docscore") (keys NAMESPACE/name):
     start (first batch), warm (batch WARMUP_BATCHES; None in shorter runs), peak, end (the latest sample),
-    growth after warm-up in percent, and device memory where the backend reports it. With several
-    workers, start/warm/peak are the largest worker's and end is whichever worker sampled last."""
+    growth after warm-up in percent, and device memory where the backend reports it. peak is the process's
+    high-water mark at its last sample (a call's peak between samples included), or the largest sample where
+    there is none. With several workers, start/warm/peak are the largest worker's and end is whichever worker
+    sampled last."""
     def get(name: str) -> Any:
         return metrics.get(f"{NAMESPACE}/{name}")
 
     rss, start, warm, end = get("rss_mb") or {}, get("rss_mb_start") or {}, get("rss_mb_warm") or {}, get("rss_mb_end")
+    peaks = [value for value in (rss.get("max"), (get("rss_high_water_mb") or {}).get("max")) if value is not None]
     warm_mb = warm.get("max")
     growth = 100.0 * (end - warm_mb) / warm_mb if warm_mb and end is not None else None
     device = None
@@ -109,7 +126,7 @@ def summarize(metrics: dict[str, Any]) -> dict[str, Any]:
         "batches": rss.get("count", 0),
         "start_rss_mb": start.get("max"),
         "warm_rss_mb": warm_mb,
-        "peak_rss_mb": rss.get("max"),
+        "peak_rss_mb": max(peaks) if peaks else None,
         "end_rss_mb": end,
         "mean_rss_mb": (rss["sum"] / rss["count"]) if rss.get("count") else None,
         "growth_after_warmup_pct": growth,
