@@ -368,14 +368,10 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     if not eo.output.startswith(sinks.BQ_PREFIX):
         try:
             sinks.check_writable(eo.output)
-        except FileNotFoundError as e:
-            bucket = fsspec.core.url_to_fs(eo.output)[1].split("/", 1)[0]
-            if fsspec.core.split_protocol(eo.output)[0] not in sources.GCS_PROTOCOLS:
-                raise ConfigError(f"--output {eo.output} is not writable ({e}); choose a directory you can write to") from None
-            raise ConfigError(f"--output {eo.output}: bucket gs://{bucket} does not exist, or is not visible with these "
-                              f"credentials; check the bucket name (gcloud storage ls gs://{bucket}) and the project and "
-                              "credentials in use") from None
         except OSError as e:
+            if isinstance(e, FileNotFoundError) and fsspec.core.split_protocol(eo.output)[0] in sources.GCS_PROTOCOLS:
+                bucket = fsspec.core.url_to_fs(eo.output)[1].split("/", 1)[0]
+                raise ConfigError(sources.missing_bucket_message(f"--output {eo.output}", bucket)) from None
             raise ConfigError(f"--output {eo.output} is not writable ({e}); choose a directory you can write to") from None
         except ValueError as e:
             raise ConfigError(f"--output {eo.output}: {e}; use a local directory, gs://BUCKET/PATH or "

@@ -277,7 +277,7 @@ def check_compare(schedule: Schedule) -> None:
     limits = compare.get("limits") or {}
     if not isinstance(limits, dict):
         raise ValueError(f"compare.limits: write a mapping of limit: value (e.g. max_mean_drift: 0.001), not {limits!r}")
-    check_limits(limits)
+    check_limits(schedule)
     output, run_id = schedule.run.get("output"), schedule.run.get("run_id")
     if "config" not in schedule.run and isinstance(output, str) and isinstance(run_id, str):
         candidate, run = render([compare["candidate"], f"{output.rstrip('/')}/scores/run_id={run_id}"], SCHEDULED_RUN)
@@ -293,15 +293,14 @@ def check_compare(schedule: Schedule) -> None:
                              f"this one ({{{{ ds_nodash }}}})")
 
 
-def check_limits(limits: dict[str, Any]) -> None:
-    """The gate's limits as `docscore compare` parses them: its flags and values it takes."""
+def check_limits(schedule: Schedule) -> None:
+    """The gate's command line (compare_argv) as `docscore compare` parses it: its limits and values it takes."""
     from pipeline.runs import compare
 
     parser = compare.build_parser()
     parser.exit_on_error = False
-    argv = ["A", "B", *[f"--{name}={value}" for name, value in limits.items()]]
     try:
-        _, unknown = parser.parse_known_args(argv)
+        _, unknown = parser.parse_known_args(compare_argv(schedule))
     except argparse.ArgumentError as e:
         raise ValueError(f"compare.limits: {e}") from None
     if unknown:
@@ -404,7 +403,7 @@ def compare_argv(schedule: Schedule) -> list[str]:
     """`docscore compare` arguments of the gate (empty when the schedule has none)."""
     if not schedule.compare:
         return []
-    limits = schedule.compare.get("limits", {})
+    limits = schedule.compare.get("limits") or {}
     return [schedule.compare["baseline"], schedule.compare["candidate"],
             *[f"--{name}={value}" for name, value in limits.items()]]
 

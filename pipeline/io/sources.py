@@ -185,6 +185,12 @@ def existing_local_path(pattern: str) -> str | None:
     return os.path.abspath(path) if path and os.path.lexists(path) else None
 
 
+def missing_bucket_message(flag: str, bucket: str) -> str:
+    """What to tell of a gs:// --input or --output (`flag`: the flag and its value) whose bucket is not there."""
+    return (f"{flag}: bucket gs://{bucket} does not exist, or is not visible with these credentials; check the bucket "
+            f"name (gcloud storage ls gs://{bucket}) and the project and credentials in use")
+
+
 def check_bucket(pattern: str) -> None:
     """Raise, naming --input, when the bucket of a gs:// --input does not exist (FileNotFoundError) or these
     credentials may not list it for a glob or a directory (PermissionError). One listing request of at most one
@@ -194,10 +200,7 @@ def check_bucket(pattern: str) -> None:
     try:
         fs.call("GET", "b/{}/o", bucket, json_out=True, maxResults=1)
     except FileNotFoundError:  # objects.list answers 404 only for a bucket that does not exist
-        raise FileNotFoundError(
-            f"--input {pattern}: bucket gs://{bucket} does not exist, or is not visible with these credentials; "
-            f"check the bucket name (gcloud storage ls gs://{bucket}) and the project and credentials in use"
-        ) from None
+        raise FileNotFoundError(missing_bucket_message(f"--input {pattern}", bucket)) from None
     except OSError as e:
         if not str(e).startswith("Forbidden"):  # gcsfs's OSError for a 403 answer
             raise
@@ -494,7 +497,7 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     except Exception as e:  # a shard that cannot be opened or breaks mid-way
         if is_transient(e):
             raise
-        what = "is gone since the run found it" if isinstance(e, FileNotFoundError) else "could not be read"
+        what = shard_failure(e, "could not be read")
         yield _printable_error(ErrorRow(path, None, "read", read_error_type(e), f"{fmt} shard {what} ({type(e).__name__}: {e})"))
 
 
@@ -530,6 +533,12 @@ def unreachable_message(what: str, error: BaseException) -> str:
     gcsfs's retries): the underlying error and where to look."""
     return (f"{what}: cannot be reached ({type(error).__name__}: {str(error)[:300]}); check the network, "
             "the endpoint and the credentials (STORAGE_EMULATOR_HOST for an emulator)")
+
+
+def shard_failure(error: BaseException, otherwise: str) -> str:
+    """How a shard failed, for its error row: gone (deleted since discovery: a remote store answers 404 only
+    once the shard is read) or `otherwise`."""
+    return "is gone since the run found it" if isinstance(error, FileNotFoundError) else otherwise
 
 
 def read_error_type(error: BaseException) -> str:
@@ -645,9 +654,8 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
             except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as e:
                 if is_transient(e):
                     raise
-                what = ("shard is gone since the run found it" if isinstance(e, FileNotFoundError)
-                        else "shard ends early or is corrupt")
-                yield 0, ErrorRow(path, None, "read", read_error_type(e), f"{what} ({type(e).__name__}: {e})"), None
+                what = shard_failure(e, "ends early or is corrupt")
+                yield 0, ErrorRow(path, None, "read", read_error_type(e), f"shard {what} ({type(e).__name__}: {e})"), None
 
     yield from _timed(records(), path, spec)
 
