@@ -2,15 +2,14 @@
 
 Turns EvalOptions into a RunPlan (shards, read spec, model spec, resolved kernel, window spec) or
 raises ConfigError with a message naming the flag and the fix. Must not start a pipeline; the field
-checks read the schema (Parquet footer, TFDS features) or first 20 JSONL records of each of the first
-PEEKED_SHARDS shards, and classify and similarity the first shard's first 20 labels.
+checks read the schema (Parquet footer, TFDS features) or first PEEKED_RECORDS JSONL records of each of the first
+PEEKED_SHARDS shards, and classify and similarity the first shard's first PEEKED_RECORDS labels.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import itertools
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -133,7 +132,11 @@ def backend_origin(eo: EvalOptions, backend: str) -> str:
     return f"target backend {backend}: set --target_backend if the workers differ"
 
 
-def first_record_fields(shard: str, read_spec: sources.ReadSpec, peek: int = 20) -> set[str] | None:
+PEEKED_SHARDS = 8  # shards whose first PEEKED_RECORDS records check_fields reads
+PEEKED_RECORDS = 20
+
+
+def first_record_fields(shard: str, read_spec: sources.ReadSpec, peek: int = PEEKED_RECORDS) -> set[str] | None:
     """The field names of a shard's schema, or of the first `peek` JSONL records together (so one bad
     first record cannot fail the run); None when they cannot be known without reading more data."""
     fmt = sources.shard_format(shard)
@@ -153,24 +156,11 @@ def first_record_fields(shard: str, read_spec: sources.ReadSpec, peek: int = 20)
 
 
 def first_jsonl_records(shard: str, read_spec: sources.ReadSpec, peek: int) -> list[dict]:
-    """The JSON objects among the first `peek` non-empty lines of a JSONL shard (lines that are too large or
-    not JSON objects are skipped: the reader reports them as error rows)."""
-    compression = "gzip" if shard.lower().endswith(".gz") else None
-    records = []
-    limit = read_spec.max_record_bytes + len(sources.UTF8_BOM) + 1  # as the reader: a BOM and a CRLF's \r on top
-    with sources.open_shard(shard, compression) as f:
-        lines = (line for line, size in sources.bounded_lines(f, limit) if size <= limit and line.strip())
-        for line in itertools.islice(lines, peek):
-            try:
-                record = json.loads(line.decode("utf-8-sig"))
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-    return records
+    """The JSON objects among the first `peek` records of a JSONL shard, read as the reader reads them (lines
+    that are too large or not JSON objects are skipped: the reader reports them as error rows)."""
+    first = itertools.islice(sources.jsonl_records(shard, read_spec), peek)
+    return [record for _, record, _ in first if isinstance(record, dict)]
 
-
-PEEKED_SHARDS = 8  # shards whose first record check_fields reads
 
 
 def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec) -> None:
@@ -461,7 +451,7 @@ def unread_gold_notice(task: str, shard: str, read_spec: sources.ReadSpec) -> st
             "which is not read, so the summary's task_metrics get no gold; rename it to `label` to score against it")
 
 
-def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) -> str | None:
+def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = PEEKED_RECORDS) -> str | None:
     """--task=similarity takes a record's `label` as a numeric gold score; text labels in the first `peek`
     records (JSONL or Parquet) -> a notice that no spearman/pearson comes from them. A notice, not an
     error: the scores do not depend on labels, and the field name is fixed, so a corpus whose `label`
@@ -479,7 +469,7 @@ def text_gold_notice(shard: str, read_spec: sources.ReadSpec, peek: int = 20) ->
             "only numeric labels); use numbers for the gold scores, or --task=classify for named classes")
 
 
-def unknown_gold_notice(shard: str, read_spec: sources.ReadSpec, label_names: Sequence[str], peek: int = 20) -> str | None:
+def unknown_gold_notice(shard: str, read_spec: sources.ReadSpec, label_names: Sequence[str], peek: int = PEEKED_RECORDS) -> str | None:
     """--task=classify compares a record's `label` with the --labels names as text; gold labels in the first
     `peek` records that name no class (`Sports` for `sports`) -> a notice that they count as wrong predictions."""
     golds = (gold_value(v) for v in first_labels(shard, read_spec, peek))  # as scoring reads them: true, not True
@@ -499,7 +489,7 @@ def first_labels(shard: str, read_spec: sources.ReadSpec, peek: int) -> list[Any
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            with fsspec.open(shard, "rb") as f:
+            with sources.open_shard(shard) as f:
                 parquet = pq.ParquetFile(f)
                 if "label" not in parquet.schema_arrow.names:
                     return []

@@ -276,8 +276,10 @@ def test_classify_gold_labels_that_name_no_class_get_a_notice(tmp_path):
     jsonl = tmp_path / "a.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
     pq.write_table(pa.table({"text": ["x", "y"], "label": ["Sports", "politics"]}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"text": ["x"], "label": ["Sports"]}), tmp_path / "notes::v2.parquet")  # opened as named
     names = ("sports", "politics")
-    for shard, unknown in ((jsonl, "'3', 'Sports'"), (tmp_path / "b.parquet", "'Sports'")):
+    for shard, unknown in ((jsonl, "'3', 'Sports'"), (tmp_path / "b.parquet", "'Sports'"),
+                           (tmp_path / "notes::v2.parquet", "'Sports'")):
         notice = unknown_gold_notice(str(shard), ReadSpec(), names)
         assert notice and f"not among --labels ({unknown};" in notice and "count as wrong" in notice
     assert unknown_gold_notice(str(jsonl), ReadSpec(), ("Sports", "politics", "3")) is None

@@ -84,11 +84,6 @@ class InputFiles(NamedTuple):
     skipped: list[str]  # files of a directory --input in no readable format, sorted (a glob refuses them instead)
 
 
-def discover_shards(pattern: str, *, tfds_data_dir: str | None = None, split: str = "test") -> list[str]:
-    """find_input's shards."""
-    return find_input(pattern, tfds_data_dir=tfds_data_dir, split=split).shards
-
-
 def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "test") -> InputFiles:
     """Expand --input to a sorted list of shard paths/URLs. A directory means every regular file of a
     readable format under it, except under `_`/`.` folders; a glob every regular file it matches. Named pipes, sockets and devices are
@@ -621,43 +616,46 @@ def open_shard(path: str, compression: str | None = None):
     return LocalFileSystem().open(path, "rb", compression=compression)
 
 
-def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
-    def records() -> Iterator[tuple[int, Any, bytes | None]]:
-        compression = "gzip" if path.lower().endswith(".gz") else None
-        with open_shard(path, compression) as f:
-            try:
-                # a BOM and a CRLF's \r are not part of the record: a line may hold them on top of --max_record_bytes
-                for index, (line, size) in enumerate(bounded_lines(f, spec.max_record_bytes + len(UTF8_BOM) + 1)):
-                    if line.startswith(UTF8_BOM):  # a UTF-8 BOM (first line, or shards concatenated)
-                        line, size = line[len(UTF8_BOM):], size - len(UTF8_BOM)
-                    if size > spec.max_record_bytes:
-                        yield index, ErrorRow(
-                            path, index, "read", "record_too_large",
-                            f"line of {size} bytes is longer than --max_record_bytes={spec.max_record_bytes}; it was "
-                            "skipped without being read whole (raise --max_record_bytes to score it)",
-                            raw=line[:RAW_PREVIEW_BYTES],
-                        ), None
-                        continue
-                    if not line.strip(BLANK_BYTES):
-                        continue  # blank lines are not records
-                    try:
-                        yield index, json.loads(line.decode("utf-8")), line
-                    except UnicodeDecodeError as e:
-                        yield index, ErrorRow(path, index, "parse", "invalid_utf8", invalid_utf8_message(e, line), raw=line), None
-                    except RecursionError:
-                        yield index, ErrorRow(
-                            path, index, "parse", "too_deeply_nested",
-                            f"JSON nested deeper than Python's parser allows (~{sys.getrecursionlimit()} levels)", raw=line,
-                        ), None
-                    except ValueError as e:  # JSONDecodeError, or a number too long to convert
-                        yield index, ErrorRow(path, index, "parse", "invalid_json", not_json_message(e, line), raw=line), None
-            except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as e:
-                if is_transient(e):
-                    raise
-                what = shard_failure(e, "ends early or is corrupt")
-                yield 0, ErrorRow(path, None, "read", read_error_type(e), f"shard {what} ({type(e).__name__}: {e})"), None
+def jsonl_records(path: str, spec: ReadSpec) -> Iterator[tuple[int, Any, bytes | None]]:
+    """A JSONL shard's records as (line index, the parsed JSON value or its ErrorRow, the raw line or None);
+    blank lines are no records. What the reader turns into Documents, and what validation peeks at."""
+    compression = "gzip" if path.lower().endswith(".gz") else None
+    with open_shard(path, compression) as f:
+        try:
+            # a BOM and a CRLF's \r are not part of the record: a line may hold them on top of --max_record_bytes
+            for index, (line, size) in enumerate(bounded_lines(f, spec.max_record_bytes + len(UTF8_BOM) + 1)):
+                if line.startswith(UTF8_BOM):  # a UTF-8 BOM (first line, or shards concatenated)
+                    line, size = line[len(UTF8_BOM):], size - len(UTF8_BOM)
+                if size > spec.max_record_bytes:
+                    yield index, ErrorRow(
+                        path, index, "read", "record_too_large",
+                        f"line of {size} bytes is longer than --max_record_bytes={spec.max_record_bytes}; it was "
+                        "skipped without being read whole (raise --max_record_bytes to score it)",
+                        raw=line[:RAW_PREVIEW_BYTES],
+                    ), None
+                    continue
+                if not line.strip(BLANK_BYTES):
+                    continue  # blank lines are not records
+                try:
+                    yield index, json.loads(line.decode("utf-8")), line
+                except UnicodeDecodeError as e:
+                    yield index, ErrorRow(path, index, "parse", "invalid_utf8", invalid_utf8_message(e, line), raw=line), None
+                except RecursionError:
+                    yield index, ErrorRow(
+                        path, index, "parse", "too_deeply_nested",
+                        f"JSON nested deeper than Python's parser allows (~{sys.getrecursionlimit()} levels)", raw=line,
+                    ), None
+                except ValueError as e:  # JSONDecodeError, or a number too long to convert
+                    yield index, ErrorRow(path, index, "parse", "invalid_json", not_json_message(e, line), raw=line), None
+        except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as e:
+            if is_transient(e):
+                raise
+            what = shard_failure(e, "ends early or is corrupt")
+            yield 0, ErrorRow(path, None, "read", read_error_type(e), f"shard {what} ({type(e).__name__}: {e})"), None
 
-    yield from _timed(records(), path, spec)
+
+def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
+    yield from _timed(jsonl_records(path, spec), path, spec)
 
 
 def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
