@@ -93,11 +93,6 @@ class ModelConfig:
         return self.num_kv_heads or self.num_heads
 
     @property
-    def longest_segment(self) -> int:
-        """Longest document segment the model computes: its positions (sliding windows are attention masks)."""
-        return self.max_positions
-
-    @property
     def default_seq_len(self) -> int:
         """Window length `docscore convert` picks when none is given: the positions, or a sliding-window
         model's window (past it, memory grows while each token still sees only the window)."""

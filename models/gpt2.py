@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.config import ModelConfig
-from models.layers import (COMPUTE_DTYPES, FeedForward, SelfAttention, layer_norm, matmul_precision,
+from models.layers import (COMPUTE_DTYPES, FeedForward, SelfAttention, layer_norm,
                            positions_in_segments, run_blocks)
 
 
@@ -54,4 +54,4 @@ class GPT2Decoder(nnx.Module):
         """Logits over the vocabulary: hidden @ token_embedding^T (tied weights), float32 out."""
         table = self.token_embedding.embedding[...].astype(self.compute_dtype)
         return jnp.einsum("bld,vd->blv", hidden.astype(self.compute_dtype), table,
-                          precision=matmul_precision(self.compute_dtype), preferred_element_type=jnp.float32)
+                          preferred_element_type=jnp.float32)

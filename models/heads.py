@@ -15,13 +15,6 @@ def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
     return x / jnp.maximum(norm, eps)
 
 
-def document_embedding(hidden: jax.Array, segment_ids: jax.Array) -> jax.Array:
-    """[B, L, D] -> [B, D]: one document per row = every token with segment id > 0."""
-    mask = (segment_ids > 0).astype(jnp.float32)[:, :, None]
-    total = jnp.sum(hidden.astype(jnp.float32) * mask, axis=1)
-    return l2_normalize(total / jnp.maximum(jnp.sum(mask, axis=1), 1e-9))
-
-
 def segment_embeddings(hidden: jax.Array, segment_ids: jax.Array, max_segments: int) -> jax.Array:
     """[B, L, D] -> [B, max_segments, D]: slot s = segment s + 1; zeros where a segment is absent."""
     slots = jnp.arange(1, max_segments + 1, dtype=segment_ids.dtype)

@@ -40,15 +40,10 @@ def layer_norm(features: int, eps: float, rngs: nnx.Rngs) -> nnx.LayerNorm:
     return nnx.LayerNorm(features, epsilon=eps, dtype=jnp.float32, use_fast_variance=False, rngs=rngs)
 
 
-def matmul_precision(dtype: jnp.dtype) -> jax.lax.Precision | None:
-    """None: the dense layers' dots take the precision the program is traced under (LoadedModel traces
-    every program under models/precision.py's: float32 -> highest, or --matmul_precision's choice)."""
-    return None
-
-
 def linear(features_in: int, features_out: int, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
-    """Dense layer: float32 params cast to `dtype` for the matmul, accumulated and returned in float32."""
-    return nnx.Linear(features_in, features_out, dtype=dtype, precision=matmul_precision(dtype),
+    """Dense layer: float32 params cast to `dtype` for the matmul, accumulated and returned in float32. No
+    precision of its own: the dot runs at the one models/precision.py sets where the program is traced."""
+    return nnx.Linear(features_in, features_out, dtype=dtype,
                       preferred_element_type=jnp.float32, rngs=rngs)
 
 

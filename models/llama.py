@@ -17,12 +17,12 @@ from flax import nnx
 
 from kernels import attention
 from models.config import ModelConfig, Rope
-from models.layers import COMPUTE_DTYPES, matmul_precision, positions_in_segments, run_blocks
+from models.layers import COMPUTE_DTYPES, positions_in_segments, run_blocks
 
 
 def dense(features_in: int, features_out: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
     """layers.linear with the bias optional (Llama's projections have none; Qwen2's q/k/v do)."""
-    return nnx.Linear(features_in, features_out, use_bias=bias, dtype=dtype, precision=matmul_precision(dtype),
+    return nnx.Linear(features_in, features_out, use_bias=bias, dtype=dtype,
                       preferred_element_type=jnp.float32, rngs=rngs)
 
 
@@ -154,4 +154,4 @@ class LlamaDecoder(nnx.Module):
             return self.lm_head(hidden)
         table = self.token_embedding.embedding[...].astype(self.compute_dtype)
         return jnp.einsum("bld,vd->blv", hidden.astype(self.compute_dtype), table,
-                          precision=matmul_precision(self.compute_dtype), preferred_element_type=jnp.float32)
+                          preferred_element_type=jnp.float32)

@@ -173,7 +173,7 @@ class LoadedModel:
         if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
             raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}) for {self.model_id}; got "
                              f"[{input_ids.min()}, {input_ids.max()}]")
-        limit = self.config.longest_segment
+        limit = self.config.max_positions  # a sliding window is a mask, not a cap on the segment
         if input_ids.shape[1] > limit:
             longest = longest_segment(segment_ids)
             if longest > limit:

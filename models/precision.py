@@ -4,7 +4,7 @@ TF32 is offered only as a named choice (--matmul_precision tf32: float32 models 
 runs at the backend's native precision. Pure functions only; the loader applies them where programs are
 traced. Must not choose kernels or dtypes.
 
-The model's dots name no precision of their own (models/layers.matmul_precision is None), so this one is
+The model's dots name no precision of their own (no `precision=` argument), so this one is
 what the dense layers, the LM head and the attention kernels' einsums run at; only the embedding pooling
 (models/heads.py) stays at "highest", since an exact mean of the hidden states costs nothing.
 """

@@ -121,10 +121,6 @@ class MeshLayout:
         """Split the first (batch) axis over the data axis (each row copied over the model axis)."""
         return NamedSharding(self.mesh, PartitionSpec(DATA_AXIS))
 
-    @property
-    def replicated(self) -> NamedSharding:
-        return NamedSharding(self.mesh, PartitionSpec())
-
     def padded_rows(self, n_rows: int) -> int:
         """n_rows rounded up to a multiple of the data axis (at least one row per data shard)."""
         return max(1, -(-n_rows // self.data_size)) * self.data_size

@@ -233,16 +233,16 @@ def run_refusal(run: dict[str, Any], region: str | None = None) -> str | None:
 
     if "config" in run:
         return None
-    flags = [f"--{name}={value}" for name, value in {**CLOUD_STAND_INS, "region": region or CLOUD_STAND_INS["region"]}.items()]
+    checked = {}
     for key, value in run.items():
         text = str(value)
         if _TEMPLATE.search(text):
             if key not in ("input", "output"):
                 continue
             text = render(text, SCHEDULED_RUN)
-        flags.append(f"--{key}={text}")
+        checked[key] = text
     try:
-        _, eo = parse_options(flags)
+        _, eo = parse_options(run_flags({**CLOUD_STAND_INS, "region": region or CLOUD_STAND_INS["region"], **checked}))
         validate.check_before_data(eo)
     except (ConfigError, ValueError) as e:
         return str(e)

@@ -15,8 +15,8 @@ from pipeline.io import run_commit
 from pipeline.runs import history
 
 
-def summary_like_run_py(run_id: str, *, scored: int, errors: int, docs_per_s: float, accuracy: float | None) -> dict:
-    """A summary in the layout pipeline/runs/summary.py build_summary writes (only the keys history reads)."""
+def summary_in_layout(run_id: str, *, scored: int, errors: int, docs_per_s: float, accuracy: float | None) -> dict:
+    """A summary in the layout pipeline/runs/summary.py writes (only the keys history reads)."""
     return {
         "run_id": run_id,
         "task": "classify",
@@ -39,7 +39,7 @@ def summary_like_run_py(run_id: str, *, scored: int, errors: int, docs_per_s: fl
 
 
 def test_history_row_flattens_the_summary():
-    row = history.history_row(summary_like_run_py("r1", scored=90, errors=10, docs_per_s=1.5, accuracy=0.75))
+    row = history.history_row(summary_in_layout("r1", scored=90, errors=10, docs_per_s=1.5, accuracy=0.75))
     assert row["started_at"] == datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
     assert (row["backend"], row["runner"], row["attention"], row["attention_impl"]) == ("tpu", "DataflowRunner", "flash", "pallas_tpu")
     assert (row["input_records"], row["scored"], row["errors"], row["error_rate"]) == (100, 90, 10, 0.1)
@@ -58,9 +58,9 @@ def test_a_sparse_summary_gives_nulls_and_no_run_id_is_refused():
 
 def test_each_launch_writes_its_own_file_and_only_committed_rows_are_read(tmp_path):
     out = str(tmp_path)
-    r1 = history.write_history_row(out, summary_like_run_py("r1", scored=9, errors=1, docs_per_s=1.0, accuracy=0.5), "aaaa")
-    r2 = history.write_history_row(out, summary_like_run_py("r2", scored=10, errors=0, docs_per_s=2.0, accuracy=0.6), "bbbb")
-    r1_again = history.write_history_row(out, summary_like_run_py("r1", scored=10, errors=0, docs_per_s=3.0, accuracy=0.7), "cccc")
+    r1 = history.write_history_row(out, summary_in_layout("r1", scored=9, errors=1, docs_per_s=1.0, accuracy=0.5), "aaaa")
+    r2 = history.write_history_row(out, summary_in_layout("r2", scored=10, errors=0, docs_per_s=2.0, accuracy=0.6), "bbbb")
+    r1_again = history.write_history_row(out, summary_in_layout("r1", scored=10, errors=0, docs_per_s=3.0, accuracy=0.7), "cccc")
     assert r1 == "runs/run_id=r1/history-aaaa.parquet" and r1_again != r1
     for run_id, launch, path in (("r1", "cccc", r1_again), ("r2", "bbbb", r2)):  # what the commit writes
         (tmp_path / "runs" / f"run_id={run_id}" / "summary.json").write_text(
@@ -77,7 +77,7 @@ def test_each_launch_writes_its_own_file_and_only_committed_rows_are_read(tmp_pa
 
 def test_history_goes_through_fsspec():
     out = "memory://docscore-history-test/out"
-    path = history.write_history_row(out, summary_like_run_py("m1", scored=1, errors=0, docs_per_s=1.0, accuracy=None), "ab12")
+    path = history.write_history_row(out, summary_in_layout("m1", scored=1, errors=0, docs_per_s=1.0, accuracy=None), "ab12")
     assert path == "runs/run_id=m1/history-ab12.parquet"
     fs, fs_path = fsspec.core.url_to_fs(f"{out}/{path}")
     with fs.open(fs_path, "rb") as f:

@@ -146,7 +146,7 @@ def test_config_reads_each_family(converted):
                       rope=Rope(theta=500_000.0)),
         "llama3": dict(head_dim=32, qkv_bias=True, output_bias=True,
                        rope=Rope(10_000.0, "llama3", 8.0, 1.0, 4.0, 64)),
-        "mistral": dict(sliding_window=32, sliding_layers=(0, 1), longest_segment=1024, qkv_bias=False),
+        "mistral": dict(sliding_window=32, sliding_layers=(0, 1), max_positions=1024, qkv_bias=False),
         "qwen2-window": dict(sliding_window=24, sliding_layers=(1, 2), qkv_bias=True),
         "qwen2": dict(qkv_bias=True, output_bias=False, tie_word_embeddings=True, sliding_window=0,
                       rope=Rope(1_000_000.0, "linear", 2.0)),
@@ -313,7 +313,6 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
     assert (config.sliding_window, config.sliding_layers) == expected
     if not config.sliding_window:
         return
-    assert config.longest_segment == config.max_positions  # the window no longer caps the input
     with pytest.raises(KernelUnsupportedError, match="sliding-window"):
         resolve("flash", "gpu", heads=4, kv_heads=2, head_dim=16, dtype="bfloat16", causal=True,
                 has_segments=True, q_len=4096, kv_len=4096, window=config.sliding_window)

@@ -20,7 +20,7 @@ from pipeline.io import run_commit
 from pipeline.records import TIMING_COLUMNS
 
 
-# Where each value lives in summary.json (dotted paths, as pipeline/runs/summary.py build_summary writes
+# Where each value lives in summary.json (dotted paths, as pipeline/runs/summary.py writes
 # it), in one place so a change of the summary's layout is one edit here. The report reads the
 # summary through these too.
 RUN_ID = "run_id"

@@ -65,10 +65,6 @@ class RunData:
 # ---- finding and loading a run ------------------------------------------------------------------
 
 
-def run_dir(output_dir: str, run_id: str) -> str:
-    return posixpath.join(output_dir.rstrip("/"), "runs", f"run_id={run_id}")
-
-
 def report_path(output_dir: str, run_id: str) -> str:
     return run_commit.report_path(output_dir, run_id)
 

@@ -124,7 +124,6 @@ def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, A
 
     infer_ns = f"docscore_inference_{summary['kernel']['resolved']}/"
     counters = {k[len(infer_ns):]: v for k, v in metrics.items() if k.startswith(infer_ns)}
-    rss = counters.get("rss_mb") or {}
     count, time_ms = int(counters.get("compiles", 0)), int(counters.get("compile_ms", 0))
     cached_count, cached_ms = int(counters.get("compiles_cached", 0)), int(counters.get("compile_cached_ms", 0))
     enriched = {
@@ -139,8 +138,7 @@ def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, A
             "cold_ms": time_ms - cached_ms,
         },
         "device": device_time(summary, metrics.get("docscore/device_busy_us", 0) / 1e6),
-        "memory": memory.summarize(metrics) if f"{memory.NAMESPACE}/rss_mb" in metrics else
-                  {"peak_rss_mb": rss.get("max"), "start_rss_mb": rss.get("min")},
+        "memory": memory.summarize(metrics),
         "metrics": metrics,
     }
     if "shadow" in summary:
@@ -196,9 +194,3 @@ def with_command_wall(summary: dict[str, Any], phase_starts: dict[str, float], n
     ends = [began for _, began in marked[1:]] + [now]
     return {**summary, "command_wall_s": now - phase_starts["start"],
             "command_phases_s": {phase: round(end - began, 3) for (phase, began), end in zip(marked, ends)}}
-
-
-def build_summary(eo: EvalOptions, plan: RunPlan, stats: dict[str, Any], metrics: dict[str, Any],
-                  started: float, finished: float) -> dict[str, Any]:
-    """All three steps at once (what a launcher that has everything in hand would write)."""
-    return add_metrics(summary_from_stats(launch_facts(eo, plan, started), stats, finished), metrics)

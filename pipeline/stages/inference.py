@@ -314,5 +314,4 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
             beam.metrics.Metrics.counter(namespace, "compile_ms").inc(int(round(seconds * 1000)))
             beam.metrics.Metrics.counter(namespace, "compiles_cached").inc(int(cached))
             beam.metrics.Metrics.counter(namespace, "compile_cached_ms").inc(int(round(cached_seconds * 1000)))
-        reading = self._memory.record_batch()  # namespace docscore_memory; rss_mb here too for older summaries
-        beam.metrics.Metrics.distribution(namespace, "rss_mb").update(int(reading.rss_mb))
+        self._memory.record_batch()

@@ -150,10 +150,9 @@ class RunStatsFn(beam.CombineFn):
     per statistic. Per-stage p50/p95/p99 come from Beam's approximate quantiles of each document's stage
     times, kept per stage column inside the accumulator (bounded memory)."""
 
-    def __init__(self, task: str, shadow_tolerance: float | None = None, counts_reads: bool = True):
+    def __init__(self, task: str, shadow_tolerance: float | None = None):
         self._totals = RunTotals(task)
         self._shadow = shadow.ShadowTotals(shadow_tolerance) if shadow_tolerance is not None else None
-        self._counts_reads = counts_reads
         self._quantiles = ApproximateQuantilesCombineFn.create(num_quantiles=timing.NUM_QUANTILES)
 
     def create_accumulator(self):
@@ -226,7 +225,7 @@ class RunStatsFn(beam.CombineFn):
             acc["shard_errors"],
             self._shadow.extract_output(acc["shadow"]) if self._shadow is not None else None,
             tuple(acc["duplicates"]),
-            acc["read"] if self._counts_reads else None,
+            acc["read"],
         )
 
 
@@ -296,7 +295,8 @@ def _repeated_parts(bucket_repeats: tuple[int, list[int]]) -> list[tuple[str, in
 
 
 class ComputeRunStats(beam.PTransform):
-    """(lists of DocStats, ErrorRows) -> a PCollection holding the run-stats JSON string (one element)."""
+    """(lists of DocStats, ErrorRows, the readers' Document lists) -> a PCollection holding the run-stats
+    JSON string (one element)."""
 
     def __init__(self, task: str, shadow_tolerance: float | None = None):
         super().__init__()
@@ -304,9 +304,8 @@ class ComputeRunStats(beam.PTransform):
         self._shadow_tolerance = shadow_tolerance  # None: the run has no shadow kernel
 
     def expand(self, pcolls):
-        """pcolls: (DocStats lists, ErrorRows) or (DocStats lists, ErrorRows, the readers' Document lists)."""
-        doc_stats, errors, *read_docs = pcolls
-        combine_fn = RunStatsFn(self._task, self._shadow_tolerance, counts_reads=bool(read_docs))
+        doc_stats, errors, read_docs = pcolls
+        combine_fn = RunStatsFn(self._task, self._shadow_tolerance)
         parts = [  # docs and reads arrive pre-combined (TaggedPartial), not one part per document
             doc_stats | "DocsPartial" >> beam.CombineGlobally(TaggedPartial(combine_fn, "doc")).without_defaults(),
             errors | "TagErrors" >> beam.Map(_error_part),
@@ -314,7 +313,6 @@ class ComputeRunStats(beam.PTransform):
             | "DocIds" >> beam.FlatMap(doc_id_buckets)
             | "CountDocIds" >> beam.CombinePerKey(RepeatedDocIds())
             | "TagRepeated" >> beam.FlatMap(_repeated_parts),
+            read_docs | "ReadPartial" >> beam.CombineGlobally(TaggedPartial(combine_fn, "read")).without_defaults(),
         ]
-        if read_docs:
-            parts.append(read_docs[0] | "ReadPartial" >> beam.CombineGlobally(TaggedPartial(combine_fn, "read")).without_defaults())
         return parts | "StatsParts" >> beam.Flatten() | "Assemble" >> beam.CombineGlobally(combine_fn)
