@@ -158,8 +158,7 @@ def test_report_opens_in_chromium_with_every_chart(finished_run, tmp_path):
         browser.quit()
     assert console == [], f"console errors: {console}"
     alts = [alt for alt, *_ in images]
-    throughput = ["Throughput over the run"] if "progress.json" in run_files else []  # see the xfail test above
-    assert alts == ["Time per stage", "Per-stage latency distribution", *throughput, "Label distribution",
+    assert alts == ["Time per stage", "Per-stage latency distribution", "Throughput over the run", "Label distribution",
                     "Errors by stage / type", "Shadow kernel divergence"]
     assert all(complete and width > 0 and height > 0 for _, complete, width, height in images), images
     assert screenshot.stat().st_size > 10_000
