@@ -21,8 +21,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-DATA_AXIS = "data"
-MODEL_AXIS = "model"
+from kernels.mesh import DATA_AXIS, MODEL_AXIS  # the kernels' shard_map names the same axes
+from models.memory_room import format_bytes, host_memory_room, smallest_free
 
 # Per-device memory budget in bytes; overrides what the devices report (CPU devices report nothing).
 BUDGET_ENV = "DOCSCORE_DEVICE_MEMORY_BYTES"
@@ -184,21 +184,6 @@ def local_data_parallel(devices: Sequence[jax.Device] | None = None) -> MeshLayo
     return layout(devices, 1, "data parallel: parameters copied to every device")
 
 
-def smallest_free(devices: Sequence[jax.Device]) -> tuple[int, jax.Device] | None:
-    """The smallest bytes_limit - bytes_in_use of the devices' memory_stats() and that device; None when a
-    device reports no limit (CPU, some backends)."""
-    rooms = []
-    for device in devices:
-        try:
-            stats = device.memory_stats()
-        except Exception:  # a backend without an allocator to ask
-            stats = None
-        if not stats or not stats.get("bytes_limit"):
-            return None
-        rooms.append((max(0, int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))), device))
-    return min(rooms, key=lambda r: r[0]) if rooms else None
-
-
 def device_room(devices: Sequence[jax.Device]) -> tuple[int, str]:
     """(bytes each device can give the parameters, where that number comes from): BUDGET_ENV when set, else
     the smallest bytes_limit - bytes_in_use of memory_stats(), else (CPU devices, which report none) the
@@ -213,10 +198,8 @@ def device_room(devices: Sequence[jax.Device]) -> tuple[int, str]:
     if free is not None:
         room, device = free
         return room, f"free on {device.platform}:{device.id} (memory_stats)"
-    import psutil
-
-    return (int(psutil.virtual_memory().available) // max(1, len(devices)),
-            f"the host's available RAM shared by {len(devices)} {devices[0].platform} device(s)")
+    host = host_memory_room()
+    return host.bytes // max(1, len(devices)), f"the host's {host.source}, shared by {len(devices)} {devices[0].platform} device(s)"
 
 
 def choose_layout(params: Any, devices: Sequence[jax.Device] | None = None) -> MeshLayout:
@@ -229,33 +212,24 @@ def choose_layout(params: Any, devices: Sequence[jax.Device] | None = None) -> M
     total = bytes_per_device(params, 1)
     n = len(devices)
     if devices[0].platform != "cpu" and not os.environ.get(BUDGET_ENV):
-        import psutil
-
-        host = int(psutil.virtual_memory().available)
-        if total > host:  # the checkpoint is read into host RAM before it is placed on the devices
-            raise ModelDoesNotFit(f"the model's parameters ({_size(total)}) cannot fit this host: they are read into "
-                                  f"host RAM first, which has {_size(host)} available; use a machine with more RAM")
+        host = host_memory_room()
+        if total > host.bytes:  # the checkpoint is read into host RAM before it is placed on the devices
+            raise ModelDoesNotFit(f"the model's parameters ({format_bytes(total)}) cannot fit this host: they are read into "
+                                  f"host RAM first, which has {format_bytes(host.bytes)} ({host.source}); use a machine with more RAM")
     for model_size in (m for m in range(1, n + 1) if n % m == 0):
         share = bytes_per_device(params, model_size)
         if share <= PARAM_SHARE * room:
             if model_size == 1:
-                why = (f"parameters ({_size(total)}) fit one device ({_size(room)}, {source}): copied to each of "
+                why = (f"parameters ({format_bytes(total)}) fit one device ({format_bytes(room)}, {source}): copied to each of "
                        f"{n} device(s), rows split over them")
             else:
-                why = (f"parameters ({_size(total)}) exceed one device's room ({_size(room)}, {source}): split over "
-                       f"{model_size} devices ({_size(share)} each), rows over {n // model_size}")
+                why = (f"parameters ({format_bytes(total)}) exceed one device's room ({format_bytes(room)}, {source}): split over "
+                       f"{model_size} devices ({format_bytes(share)} each), rows over {n // model_size}")
             return layout(devices, model_size, why)
     raise ModelDoesNotFit(
-        f"the model's parameters ({_size(total)}) cannot fit this host: split over all {n} "
-        f"{devices[0].platform} device(s) each would hold {_size(bytes_per_device(params, n))}, more than "
-        f"{PARAM_SHARE:.0%} of the {_size(room)} per device ({source}); run on a machine with more or larger "
+        f"the model's parameters ({format_bytes(total)}) cannot fit this host: split over all {n} "
+        f"{devices[0].platform} device(s) each would hold {format_bytes(bytes_per_device(params, n))}, more than "
+        f"{PARAM_SHARE:.0%} of the {format_bytes(room)} per device ({source}); run on a machine with more or larger "
         "devices (more accelerators, or more RAM for CPU workers)"
         + (f", or raise {BUDGET_ENV}" if os.environ.get(BUDGET_ENV) else ""))
 
-
-def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

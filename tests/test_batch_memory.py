@@ -13,6 +13,7 @@ from flax import nnx
 from models.architecture import abstract_model
 from models.config import config_from_hf
 from models.heads import next_token_logprobs, segment_embeddings
+from models import memory_room
 from models.layers import stacked_abstract
 from pipeline.telemetry import memory
 from tests.conftest import TEST_BATCH, TEST_MAX_LEN, run_docscore
@@ -92,7 +93,7 @@ def test_the_estimate_grows_with_rows_and_is_smaller_without_score_tensors():
 
 
 def test_todays_defaults_and_test_settings_fit_this_machine():
-    config, room = config_from_hf(MINILM), memory.host_memory_room()
+    config, room = config_from_hf(MINILM), memory_room.host_memory_room()
     for dtype in ("float32", "bfloat16"):
         for attention in ("xla", "blockwise"):
             assert memory.batch_size_problem(config, batch_size=16, seq_len=256, dtype=dtype, attention=attention,
@@ -103,14 +104,14 @@ def test_todays_defaults_and_test_settings_fit_this_machine():
 
 def test_a_call_larger_than_the_room_names_the_flag_the_estimate_the_limit_and_a_value_that_fits():
     config, gib = config_from_hf(MINILM), 2**30
-    room = memory.MemoryRoom(gib, "of the test's room")
+    room = memory_room.MemoryRoom(gib, "of the test's room")
     message = memory.batch_size_problem(config, batch_size=4096, seq_len=256, dtype="float32", attention="xla", room=room)
     assert message.startswith("--batch_size=4096: a model call of 4096 rows x 256 tokens needs about 36.0 GiB"), message
     assert "more than the 1.0 GiB of the test's room; use --batch_size=32 or less" in message, message
     fits = memory.call_estimate(config, batch_size=32, seq_len=256, dtype="float32", attention="xla").activations
     assert fits <= gib // 2 < memory.call_estimate(config, batch_size=64, seq_len=256, dtype="float32", attention="xla").activations
     # an accelerator: each of 8 devices holds an eighth of the rows, and the suggestion counts all of them
-    device = memory.MemoryRoom(gib, "free on gpu:0", per_device=True)
+    device = memory_room.MemoryRoom(gib, "free on gpu:0", per_device=True)
     assert memory.batch_size_problem(config, batch_size=128, seq_len=256, dtype="float32", attention="xla", room=device,
                                      devices=8) is None
     message = memory.batch_size_problem(config, batch_size=4096, seq_len=256, dtype="float32", attention="xla",
@@ -118,7 +119,7 @@ def test_a_call_larger_than_the_room_names_the_flag_the_estimate_the_limit_and_a
     assert "per device (8 devices share a call's rows)" in message and "use --batch_size=256 or less" in message, message
     # nothing fits: say what else to change
     message = memory.batch_size_problem(config, batch_size=8, seq_len=256, dtype="float32", attention="xla",
-                                        room=memory.MemoryRoom(2**20, "left"))
+                                        room=memory_room.MemoryRoom(2**20, "left"))
     assert "even --batch_size=1 does not fit: use a shorter --max_seq_len or --attention=flash" in message, message
     assert "--direct_num_workers" not in message  # one call at a time: fewer workers would not help
     # many worker processes, each with its call and its copy of the model: fewer workers is a fix too, and the
@@ -126,7 +127,7 @@ def test_a_call_larger_than_the_room_names_the_flag_the_estimate_the_limit_and_a
     many = memory.batch_size_problem(config, batch_size=16, seq_len=256, dtype="float32", attention="xla",
                                      room=room, concurrent_calls=1000, model_copies=1000)
     one = memory.batch_size_problem(config, batch_size=16, seq_len=256, dtype="float32", attention="xla",
-                                    room=memory.MemoryRoom(2**20, "left"))
+                                    room=memory_room.MemoryRoom(2**20, "left"))
     assert many.endswith("or fewer --direct_num_workers") and "for 1000 calls at once" in many, many
     assert many.split("float32: ")[1].split(" per row")[0] == one.split("float32: ")[1].split(" per row")[0]
 
@@ -141,13 +142,13 @@ def test_the_room_is_the_cgroup_limit_when_that_is_smaller_than_available_ram(tm
     (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{2**28}\n")
     (unlimited / "memory.max").write_text("max\n")
     (unlimited / "memory.current").write_text("12345\n")
-    assert memory.cgroup_memory_room(str(v2)).bytes == 2 * 2**30
-    assert memory.cgroup_memory_room(str(v1)).bytes == 3 * 2**28
-    assert memory.cgroup_memory_room(str(unlimited)) is None
-    assert memory.cgroup_memory_room(str(tmp_path / "none")) is None
-    room = memory.host_memory_room(str(v1))
+    assert memory_room.cgroup_memory_room(str(v2)).bytes == 2 * 2**30
+    assert memory_room.cgroup_memory_room(str(v1)).bytes == 3 * 2**28
+    assert memory_room.cgroup_memory_room(str(unlimited)) is None
+    assert memory_room.cgroup_memory_room(str(tmp_path / "none")) is None
+    room = memory_room.host_memory_room(str(v1))
     assert room.bytes == 3 * 2**28 and "cgroup memory limit" in room.source
-    assert "available RAM" in memory.host_memory_room(str(unlimited)).source
+    assert "available RAM" in memory_room.host_memory_room(str(unlimited)).source
 
 
 def test_the_device_room_comes_from_the_allocator_where_jax_reports_one():

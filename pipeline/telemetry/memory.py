@@ -10,14 +10,13 @@ samples itself (Beam aggregates them) nor act on what it sees during a run.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import threading
 from typing import Any
 
 import apache_beam as beam
 
-from models.sharding import smallest_free
+from models.memory_room import MemoryRoom, format_bytes, host_memory_room, smallest_free
 
 NAMESPACE = "docscore_memory"
 WARMUP_BATCHES = 20  # batches after which memory should be flat: compiles, caches and pools are warm
@@ -205,43 +204,6 @@ def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attentio
     return CallEstimate(parameters=parameter_count(config) * 4, activations=max(layer, head) + inputs)
 
 
-@dataclasses.dataclass(frozen=True)
-class MemoryRoom:
-    """Bytes one model call may use on the backend that runs it, and where that number comes from."""
-
-    bytes: int
-    source: str
-    per_device: bool = False  # an accelerator's: each device holds its share of a call's rows
-
-
-def host_memory_room(cgroup_root: str = "/sys/fs/cgroup") -> MemoryRoom:
-    """psutil's available RAM, or what is left under this container's cgroup memory limit when that is less
-    (psutil reports the host's memory inside a container)."""
-    import psutil
-
-    room = MemoryRoom(int(psutil.virtual_memory().available), "available RAM (psutil)")
-    cgroup = cgroup_memory_room(cgroup_root)
-    return cgroup if cgroup is not None and cgroup.bytes < room.bytes else room
-
-
-def cgroup_memory_room(root: str = "/sys/fs/cgroup") -> MemoryRoom | None:
-    """limit - usage of the cgroup this process runs in (v2 memory.max/memory.current, or v1
-    memory/memory.limit_in_bytes/memory.usage_in_bytes); None without a limit or a cgroup to read."""
-    for limit_name, usage_name in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
-        try:
-            with open(os.path.join(root, limit_name)) as f:
-                limit = f.read().strip()
-            with open(os.path.join(root, usage_name)) as f:
-                usage = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        if limit == "max" or not limit.isdigit() or int(limit) >= 2**60:  # v1 writes ~2**63 for "no limit"
-            return None
-        return MemoryRoom(max(0, int(limit) - usage), f"left under the cgroup memory limit ({os.path.join(root, limit_name)})")
-    return None
-
-
 def device_memory_room(devices) -> MemoryRoom | None:
     """The smallest bytes_limit - bytes_in_use of the devices' memory_stats() (the loaded model's parameters
     are already in use there); None when a device reports no limit (CPU, some backends)."""
@@ -291,13 +253,6 @@ def batch_size_problem(config, *, batch_size: int, seq_len: int, dtype: str, att
                + (" or --attention=flash (no [L, L] scores)" if attention not in FLASH_KERNELS + ("blockwise",) else "")
                + (" or fewer --direct_num_workers" if concurrent_calls > 1 or model_copies > 1 else ""))
     return (f"--batch_size={batch_size}: a model call of {batch_size} rows x {seq_len} tokens needs about "
-            f"{_size(needed(share))}{where}{workers} ({attention} attention, {dtype}: {_size(per_row)} per row), more "
-            f"than the {_size(room.bytes)} {room.source}; {fix}")
+            f"{format_bytes(needed(share))}{where}{workers} ({attention} attention, {dtype}: {format_bytes(per_row)} per row), more "
+            f"than the {format_bytes(room.bytes)} {room.source}; {fix}")
 
-
-def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
