@@ -11,11 +11,11 @@ import jax.numpy as jnp
 
 from kernels.interface import Implementation
 from kernels.masking import zero_padding_rows
+from kernels.tpu_layout import LENGTH_MULTIPLE, block, padded_segment_ids, round_up, to_bnth
 
 NAME = "pallas_tpu"
 BACKENDS = ("tpu",)
 DTYPES = ("float32", "bfloat16")
-LENGTH_MULTIPLE = 128  # the kernel's minimum block; lengths are padded up to it
 LIMITS = ("TPU only; float32 or bfloat16; head_dim <= 128 or a multiple of 128; any length "
           f"(padded to a multiple of {LENGTH_MULTIPLE}); kv heads are repeated for grouped-query")
 
@@ -29,14 +29,6 @@ def is_supported(*, dtype: str | None = None, head_dim: int | None = None, **_) 
     return True, ""
 
 
-def _round_up(length: int) -> int:
-    return -(-length // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
-
-
-def _block(padded_length: int) -> int:
-    return next(b for b in (512, 256, 128) if padded_length % b == 0)
-
-
 def pallas_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                          segment_ids: jax.Array | None = None, causal: bool = False,
                          scale: float | None = None) -> jax.Array:
@@ -47,27 +39,16 @@ def pallas_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     batch, q_len, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
     scale = head_dim ** -0.5 if scale is None else scale
-    q_pad, kv_pad = _round_up(q_len), _round_up(kv_len)
-
-    def to_bnth(x: jax.Array, padded: int) -> jax.Array:
-        x = jnp.pad(x, ((0, 0), (0, padded - x.shape[1]), (0, 0), (0, 0)))
-        return x.transpose(0, 2, 1, 3)
-
+    q_pad, kv_pad = round_up(q_len), round_up(kv_len)
     qt = to_bnth(q, q_pad)
     kt = to_bnth(jnp.repeat(k, heads // kv_heads, axis=2), kv_pad)
     vt = to_bnth(jnp.repeat(v, heads // kv_heads, axis=2), kv_pad)
 
     segments = None
-    if segment_ids is not None:
-        seg = segment_ids.astype(jnp.int32)
-        segments = tpu_flash.SegmentIds(q=jnp.pad(seg, ((0, 0), (0, q_pad - q_len))),
-                                        kv=jnp.pad(seg, ((0, 0), (0, kv_pad - kv_len))))
-    elif kv_pad != kv_len:  # keep real queries off the padded keys
-        segments = tpu_flash.SegmentIds(
-            q=jnp.pad(jnp.ones((batch, q_len), jnp.int32), ((0, 0), (0, q_pad - q_len))),
-            kv=jnp.pad(jnp.ones((batch, kv_len), jnp.int32), ((0, 0), (0, kv_pad - kv_len))))
+    if segment_ids is not None or kv_pad != kv_len:  # without segment ids: keep real queries off the padded keys
+        segments = tpu_flash.SegmentIds(*padded_segment_ids(segment_ids, batch, q_len, kv_len))
 
-    bq, bk = _block(q_pad), _block(kv_pad)
+    bq, bk = block(q_pad), block(kv_pad)
     blocks = tpu_flash.BlockSizes(
         block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
         block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,

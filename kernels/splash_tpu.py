@@ -18,12 +18,11 @@ import jax.numpy as jnp
 
 from kernels.interface import Implementation
 from kernels.masking import zero_padding_rows
+from kernels.tpu_layout import LENGTH_MULTIPLE, block, padded_segment_ids, round_up, to_bnth
 
 NAME = "splash_tpu"
 BACKENDS = ("tpu",)
 DTYPES = ("float32", "bfloat16")
-LENGTH_MULTIPLE = 128  # the kernel's lane width: its blocks are multiples of it; lengths are padded up to it
-BLOCKS = (512, 256, 128)  # the largest that divides the padded length is used (512: MaxText's default)
 LIMITS = ("TPU only; float32 or bfloat16; any length (padded to a multiple of "
           f"{LENGTH_MULTIPLE}); grouped-query without repeating kv heads; packed segment_ids masked "
           "inside the kernel; causal blocks above the diagonal skipped; forward only")
@@ -35,14 +34,6 @@ def is_supported(*, dtype: str | None = None, **_) -> tuple[bool, str]:
     if dtype is not None and dtype not in DTYPES:
         return False, f"dtype {dtype} is not supported (splash_tpu needs float32 or bfloat16)"
     return True, ""
-
-
-def _round_up(length: int) -> int:
-    return -(-length // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
-
-
-def _block(padded_length: int) -> int:
-    return next(b for b in BLOCKS if padded_length % b == 0)
 
 
 def _splash():
@@ -58,8 +49,8 @@ def make_kernel(heads: int, q_pad: int, kv_pad: int, causal: bool, *, block_q: i
     (top-left aligned, as the contract's) or full mask for every head, forward blocks only. Built at trace
     time from static shapes."""
     splash = _splash()
-    bq = block_q or _block(q_pad)
-    bkv = block_kv or _block(kv_pad)
+    bq = block_q or block(q_pad)
+    bkv = block_kv or block(kv_pad)
     shape = (q_pad, kv_pad)
     mask = splash.CausalMask(shape=shape) if causal else splash.FullMask(shape)
     blocks = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv)
@@ -80,25 +71,14 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
     scale = head_dim ** -0.5 if scale is None else scale
-    q_pad, kv_pad = _round_up(q_len), _round_up(kv_len)
-
-    def to_bnth(x: jax.Array, padded: int) -> jax.Array:
-        x = jnp.pad(x, ((0, 0), (0, padded - x.shape[1]), (0, 0), (0, 0)))
-        return x.transpose(0, 2, 1, 3)
-
+    q_pad, kv_pad = round_up(q_len), round_up(kv_len)
     qt = to_bnth((q.astype(jnp.float32) * scale).astype(q.dtype), q_pad)  # the kernel has no scale
     kt, vt = to_bnth(k, kv_pad), to_bnth(v, kv_pad)  # kv heads as they are: grouped-query is native
 
     splash = _splash()
     segments = None
-    if segment_ids is not None:
-        seg = segment_ids.astype(jnp.int32)
-        segments = splash.SegmentIds(q=jnp.pad(seg, ((0, 0), (0, q_pad - q_len))),
-                                     kv=jnp.pad(seg, ((0, 0), (0, kv_pad - kv_len))))
-    elif q_pad != q_len or kv_pad != kv_len:  # keep real queries off the padded keys
-        segments = splash.SegmentIds(
-            q=jnp.pad(jnp.ones((batch, q_len), jnp.int32), ((0, 0), (0, q_pad - q_len))),
-            kv=jnp.pad(jnp.ones((batch, kv_len), jnp.int32), ((0, 0), (0, kv_pad - kv_len))))
+    if segment_ids is not None or q_pad != q_len or kv_pad != kv_len:  # keep real queries off the padded keys
+        segments = splash.SegmentIds(*padded_segment_ids(segment_ids, batch, q_len, kv_len))
 
     kernel = make_kernel(heads, q_pad, kv_pad, causal, block_q=block_q, block_kv=block_kv)
     if segments is None:
