@@ -5,11 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 OUTPUT ?= out/sample
-# CPU tuning measured in benchmarks/PERF_NOTES.md and benchmarks/: glibc keeps big
-# temporaries instead of mapping/unmapping them on every XLA call.
-export MALLOC_MMAP_THRESHOLD_ ?= 4294967296
-export MALLOC_TRIM_THRESHOLD_ ?= 4294967296
-export MALLOC_TOP_PAD_ ?= 268435456
+# CPU tuning (malloc, XLA flags) is applied by docscore itself at start (pipeline/telemetry/cpu_tuning.py),
+# so nothing is exported here: MALLOC_* set in the environment would override its values.
 
 .PHONY: run test test-fast test-integration install sample bench clean browser
 

@@ -24,6 +24,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # gcsfs reads this once, at import: without it, it stalls ~60 s probing bucket types on the emulator.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+# In-process runs compute in this process: give it the heap settings `docscore run` gives itself (not its one
+# malloc arena, which would also serialise the threads of every other test's tokenizer and Beam runner).
+from pipeline.telemetry.cpu_tuning import MALLOPT_VALUES, ONE_ARENA, apply_mallopt  # noqa: E402
+
+apply_mallopt(tuple(name for name in MALLOPT_VALUES if name != ONE_ARENA))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _remove_own_jax_cache():
