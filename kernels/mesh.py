@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from kernels.interface import AttentionCall
 
-DATA_AXIS = "data"  # the axis names models/sharding.py's mesh uses: rows split on data, heads on model
+DATA_AXIS = "data"  # the mesh's axis names (models/sharding.py builds it): rows split on data, heads on model
 MODEL_AXIS = "model"
 
 log = logging.getLogger(__name__)
