@@ -56,6 +56,13 @@ SENTENCES = [
 ]
 LONG_TEXT = " ".join(SENTENCES[:5])  # 66 tokens: three 32-token windows with stride 8
 
+def shards_of(pattern: str, **kwargs) -> list[str]:
+    """The shards `--input pattern` finds (pipeline.io.sources.find_input)."""
+    from pipeline.io.sources import find_input
+
+    return find_input(pattern, **kwargs).shards
+
+
 # Every in-process test run uses these, so the compiled shapes ([8, 16] and [8, 32]) are shared.
 TEST_MAX_LEN = 32
 TEST_BATCH = 8

@@ -20,7 +20,7 @@ from make_bad_corpus import BIG_DOC_BYTES, make_corpus
 from pipeline.io import sources
 from pipeline.records import RAW_PREVIEW_CHARS, Document, ErrorRow
 from pipeline.stages import preprocess
-from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, direct_embeddings, read_summary, read_table, run_docscore
+from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, direct_embeddings, read_summary, read_table, run_docscore, shards_of
 
 RUN_ID = "bad"
 MAX_CHUNKS = 8  # docscore's default --max_chunks
@@ -241,7 +241,7 @@ def test_a_shard_name_that_is_not_utf8_is_refused_before_reading(tmp_path):
     with open(os.fsencode(tmp_path / "in") + b"/\xff.jsonl", "w") as f:
         f.write('{"text": "x"}\n')
     with pytest.raises(ValueError, match="not valid UTF-8; rename it"):
-        sources.discover_shards(str(tmp_path / "in"))
+        shards_of(str(tmp_path / "in"))
 
 
 def test_a_bom_and_a_crlf_do_not_count_toward_max_record_bytes(tmp_path):

@@ -8,6 +8,8 @@ import hashlib
 import fsspec
 import pytest
 
+from tests.conftest import shards_of
+
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
 pytest_plugins = ["gcs_support"]
@@ -149,18 +151,17 @@ def test_an_input_path_missing_from_its_bucket_is_exit_2_naming_the_path(gcs, tm
 
 
 def test_gs_inputs_that_exist_are_discovered_and_an_empty_match_is_still_named_so(gcs):
-    from pipeline.io.sources import discover_shards
 
     fs = fsspec.filesystem("gs")
     for name in ("a.jsonl", "sub/b.jsonl", "notes.yaml"):
         fs.pipe(gcs.url("in", name), b'{"id": 1, "text": "x"}\n')
-    assert discover_shards(gcs.url("in") + "/") == [gcs.url("in", "a.jsonl"), gcs.url("in", "sub/b.jsonl")]
-    assert discover_shards(gcs.url("in", "a.jsonl")) == [gcs.url("in", "a.jsonl")]
-    assert discover_shards(gcs.url("in", "*.jsonl")) == [gcs.url("in", "a.jsonl")]
+    assert shards_of(gcs.url("in") + "/") == [gcs.url("in", "a.jsonl"), gcs.url("in", "sub/b.jsonl")]
+    assert shards_of(gcs.url("in", "a.jsonl")) == [gcs.url("in", "a.jsonl")]
+    assert shards_of(gcs.url("in", "*.jsonl")) == [gcs.url("in", "a.jsonl")]
     with pytest.raises(FileNotFoundError, match="matches no readable shard"):  # a folder without a shard exists
-        discover_shards(gcs.url("in", "*.parquet"))
+        shards_of(gcs.url("in", "*.parquet"))
     with pytest.raises(ValueError, match=f"cannot read {gcs.url('in', 'notes.yaml')};"):  # named as the user wrote it
-        discover_shards(gcs.url("in", "*"))
+        shards_of(gcs.url("in", "*"))
     from pipeline.io.sources import find_input
 
     assert find_input(gcs.url("in")).skipped == [gcs.url("in", "notes.yaml")]  # a directory lists what it leaves out
@@ -169,15 +170,15 @@ def test_gs_inputs_that_exist_are_discovered_and_an_empty_match_is_still_named_s
 def test_gs_names_holding_glob_characters_and_folder_placeholders(gcs):
     """An object or folder named a[1] is that object or folder (as a local path is), not a pattern matching
     nothing; the zero-byte `sub/` keys a console makes for folders are neither shards nor files left out."""
-    from pipeline.io.sources import discover_shards, find_input
+    from pipeline.io.sources import find_input
 
     fs = fsspec.filesystem("gs")
     fs.pipe(gcs.url("br", "a[1].jsonl"), b'{"id": 1, "text": "x"}\n')
     fs.pipe(gcs.url("br", "d[1]", "b.jsonl"), b'{"id": 2, "text": "y"}\n')
     fs.pipe(gcs.url("br", "a2.jsonl"), b'{"id": 3, "text": "z"}\n')
-    assert discover_shards(gcs.url("br", "a[1].jsonl")) == [gcs.url("br", "a[1].jsonl")]
-    assert discover_shards(gcs.url("br", "d[1]") + "/") == [gcs.url("br", "d[1]", "b.jsonl")]
-    assert discover_shards(gcs.url("br", "a[2].jsonl")) == [gcs.url("br", "a2.jsonl")]  # no such object: a pattern
+    assert shards_of(gcs.url("br", "a[1].jsonl")) == [gcs.url("br", "a[1].jsonl")]
+    assert shards_of(gcs.url("br", "d[1]") + "/") == [gcs.url("br", "d[1]", "b.jsonl")]
+    assert shards_of(gcs.url("br", "a[2].jsonl")) == [gcs.url("br", "a2.jsonl")]  # no such object: a pattern
     from google.cloud import storage  # gcsfs writes "ph/" as the object "ph": the console's keys keep the /
 
     for key in ("ph/", "ph/sub/"):
@@ -193,7 +194,6 @@ def test_one_object_is_read_with_credentials_that_may_read_but_not_list_its_buck
     import gcsfs
     from gcs_support import FaultProxy, create_bucket, gcs_environment, unique_bucket_name
 
-    from pipeline.io.sources import discover_shards
 
     bucket = unique_bucket_name()
     create_bucket(gcs_emulator.url, bucket)
@@ -201,19 +201,19 @@ def test_one_object_is_read_with_credentials_that_may_read_but_not_list_its_buck
     try:
         with gcs_environment(proxy.url, tmp_path):
             gcsfs.GCSFileSystem().pipe(f"{bucket}/in/docs.jsonl", b'{"id": 1, "text": "x"}\n')
-            assert discover_shards(f"gs://{bucket}/in/docs.jsonl") == [f"gs://{bucket}/in/docs.jsonl"]
+            assert shards_of(f"gs://{bucket}/in/docs.jsonl") == [f"gs://{bucket}/in/docs.jsonl"]
             with pytest.raises(PermissionError, match=f"may not list bucket gs://{bucket}"):
-                discover_shards(f"gs://{bucket}/in/*.jsonl")
+                shards_of(f"gs://{bucket}/in/*.jsonl")
     finally:
         proxy.stop()
 
 
 def test_an_object_deleted_after_the_run_found_it_is_an_error_row_saying_so(gcs):
-    from pipeline.io.sources import ReadSpec, discover_shards, read_shard
+    from pipeline.io.sources import ReadSpec, read_shard
 
     fs = fsspec.filesystem("gs")
     fs.pipe(gcs.url("gone", "docs.jsonl"), b'{"id": 1, "text": "x"}\n')
-    (shard,) = discover_shards(gcs.url("gone") + "/")
+    (shard,) = shards_of(gcs.url("gone") + "/")
     fs.rm_file(shard)
     (row,) = read_shard(shard, ReadSpec())
     assert row.error_type == "unreadable_shard" and "shard is gone since the run found it" in row.message, row

@@ -13,14 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io.sources import find_input
-from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, read_table, write_jsonl
+from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, read_table, shards_of, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def shards_of(pattern: str) -> list[str]:
-    return find_input(pattern).shards
 
 
 def special_files(directory: Path) -> None:

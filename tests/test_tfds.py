@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import SENTENCES, common_flags, direct_embeddings, read_summary, read_table, run_docscore
+from tests.conftest import SENTENCES, common_flags, direct_embeddings, read_summary, read_table, run_docscore, shards_of
 
 N_TEST = 5
 
@@ -106,7 +106,7 @@ def test_string_tensor_features_are_text_and_invalid_utf8_is_an_invalid_utf8_row
     """Before: a scalar string Tensor was never decoded (`--text_field body`: parse/bad_field_type "is a bytes"),
     and invalid UTF-8 in a Text feature was parse/invalid_example, a type README does not list."""
     from pipeline.io import tfds_reader
-    from pipeline.io.sources import ReadSpec, discover_shards, read_shard
+    from pipeline.io.sources import ReadSpec, read_shard
     from pipeline.records import Document, ErrorRow
 
     write_odd_dataset(tmp_path, [{"id": 0, "text": b"normal text", "body": b"body zero"},
@@ -114,7 +114,7 @@ def test_string_tensor_features_are_text_and_invalid_utf8_is_an_invalid_utf8_row
                                  {"id": 2, "text": b"fine", "body": b"bad \xfe body"}])
     dataset = tfds_reader.locate_dataset("tfds:odd_docs", str(tmp_path))
     assert dataset.feature_kinds == {"text": "text", "body": "text", "id": "scalar"}
-    [shard] = discover_shards("tfds:odd_docs", tfds_data_dir=str(tmp_path))
+    [shard] = shards_of("tfds:odd_docs", tfds_data_dir=str(tmp_path))
 
     def outcomes(text_field):
         items = list(read_shard(shard, ReadSpec(text_field=text_field, id_field="id", tfds=dataset)))
