@@ -348,7 +348,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     read_spec = sources.ReadSpec(
         text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes,
         checked_fields=tuple(name for name, read in (("query", task.with_query), ("label", task.gathers == "gold_pairs"))
-                             if read),
+                             if read) + task.record_fields,
         sizes=sources.shard_sizes(shards),
     )
     check_output_outside_input(eo, shards)

@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.io.sources import ReadSpec, discover_shards, read_shard
+from pipeline.io.sources import ReadSpec, read_shard
 from pipeline.records import Document, ErrorRow
+from tests.conftest import shards_of
 
 SPEC = ReadSpec(text_field="text", id_field="id")
 
@@ -89,15 +90,15 @@ def test_discover_shards_glob_directory_and_refusals(tmp_path):
     (tmp_path / "d").mkdir()
     for name in ("b.jsonl", "a.parquet", "c.jsonl.gz", "_SUCCESS", "notes.yaml"):
         (tmp_path / "d" / name).write_text("")
-    assert discover_shards(str(tmp_path / "d")) == [str(tmp_path / "d" / n) for n in ("a.parquet", "b.jsonl", "c.jsonl.gz")]
-    assert discover_shards(str(tmp_path / "d" / "*.jsonl")) == [str(tmp_path / "d" / "b.jsonl")]
+    assert shards_of(str(tmp_path / "d")) == [str(tmp_path / "d" / n) for n in ("a.parquet", "b.jsonl", "c.jsonl.gz")]
+    assert shards_of(str(tmp_path / "d" / "*.jsonl")) == [str(tmp_path / "d" / "b.jsonl")]
     # a glob of ? or [...] alone (fsspec expands only patterns with a *)
-    assert discover_shards(str(tmp_path / "d" / "?.jsonl")) == [str(tmp_path / "d" / "b.jsonl")]
-    assert discover_shards(str(tmp_path / "d" / "[ab].parquet")) == [str(tmp_path / "d" / "a.parquet")]
+    assert shards_of(str(tmp_path / "d" / "?.jsonl")) == [str(tmp_path / "d" / "b.jsonl")]
+    assert shards_of(str(tmp_path / "d" / "[ab].parquet")) == [str(tmp_path / "d" / "a.parquet")]
     with pytest.raises(FileNotFoundError, match="matches no readable shard"):
-        discover_shards(str(tmp_path / "d" / "*.txt"))
+        shards_of(str(tmp_path / "d" / "*.txt"))
     with pytest.raises(ValueError, match="cannot read .*notes.yaml"):
-        discover_shards(str(tmp_path / "d" / "*"))
+        shards_of(str(tmp_path / "d" / "*"))
 
 
 def test_a_directory_is_read_with_its_subfolders_except_hidden_ones(tmp_path):
@@ -107,13 +108,13 @@ def test_a_directory_is_read_with_its_subfolders_except_hidden_ones(tmp_path):
         (tmp_path / "d" / folder).mkdir(parents=True, exist_ok=True)
         (tmp_path / "d" / folder / "x.jsonl").write_text("")
     expected = [str(tmp_path / "d" / f / "x.jsonl").replace("//", "/") for f in ("", "sub", "sub/deeper")]
-    assert discover_shards(str(tmp_path / "d")) == sorted(expected)
-    assert discover_shards(str(tmp_path / "d" / "_staging")) == [str(tmp_path / "d" / "_staging" / "x.jsonl")]
+    assert shards_of(str(tmp_path / "d")) == sorted(expected)
+    assert shards_of(str(tmp_path / "d" / "_staging")) == [str(tmp_path / "d" / "_staging" / "x.jsonl")]
     fs = fsspec.filesystem("memory")
     for folder in ("", "sub/", "_staging/", ".git/"):
         fs.pipe(f"/docscore-hidden/{folder}x.jsonl", b"")
     try:
-        assert discover_shards("memory://docscore-hidden") == [
+        assert shards_of("memory://docscore-hidden") == [
             "memory:///docscore-hidden/sub/x.jsonl", "memory:///docscore-hidden/x.jsonl"]
     finally:
         fs.rm("/docscore-hidden", recursive=True)
@@ -122,7 +123,7 @@ def test_a_directory_is_read_with_its_subfolders_except_hidden_ones(tmp_path):
 def test_memory_filesystem_through_fsspec():
     fs = fsspec.filesystem("memory")
     fs.pipe("/docscore-test/x/one.jsonl", b'{"id": "m1", "text": "in memory"}\n')
-    shards = discover_shards("memory://docscore-test/x/*.jsonl")
+    shards = shards_of("memory://docscore-test/x/*.jsonl")
     assert shards == ["memory:///docscore-test/x/one.jsonl"]  # fsspec's canonical memory URL
     docs, _ = split(list(read_shard(shards[0], SPEC)))
     assert [(d.doc_id, d.source) for d in docs] == [("m1", shards[0])]
@@ -422,6 +423,33 @@ def test_a_field_the_task_does_not_read_never_fails_its_record(tmp_path):
     assert isinstance(doc, Document) and doc.fields == {}
     [error] = read_shard(str(path), dataclasses.replace(SPEC, checked_fields=("query",)))  # similarity reads it
     assert isinstance(error, ErrorRow) and "'query' is a dict" in error.message
+
+
+def test_a_parquet_field_the_task_does_not_read_never_fails_its_record(tmp_path):
+    """As for JSONL: a `label` of bytes that are not UTF-8, a `label` column written twice, a `choices` cell
+    pyarrow cannot convert (a timestamp past year 9999) are left off for a task that does not read them, and
+    fail the record (or, for the ambiguous column, the shard) for one that does."""
+    import dataclasses
+    import datetime
+
+    bad_bytes = tmp_path / "bytes.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["doc a", "doc b"],
+                             "label": pa.array([b"\xff", b"ok"], pa.binary())}), bad_bytes)
+    twice = tmp_path / "twice.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["doc c", "doc d"]), pa.array(["x", "y"]), pa.array(["x", "z"])],
+                                        names=["text", "label", "label"]), twice)
+    far = tmp_path / "far.parquet"
+    pq.write_table(pa.table({"text": ["doc e"], "choices": pa.array([[2**62]], pa.list_(pa.timestamp("us")))}), far)
+    embed = dataclasses.replace(SPEC, checked_fields=())
+    for path, fields in ((bad_bytes, [{}, {"label": "ok"}]), (twice, [{}, {}]), (far, [{}])):
+        docs = list(read_shard(str(path), embed))
+        assert all(isinstance(d, Document) for d in docs), docs
+        assert [d.fields for d in docs] == fields
+    reads_label = dataclasses.replace(SPEC, checked_fields=("label",))
+    assert [getattr(d, "error_type", None) for d in read_shard(str(bad_bytes), reads_label)] == ["invalid_utf8", None]
+    assert [d.error_type for d in read_shard(str(twice), reads_label)] == ["ambiguous_column"]
+    [error] = read_shard(str(far), dataclasses.replace(SPEC, checked_fields=("choices",)))
+    assert isinstance(error, ErrorRow) and error.error_type == "bad_field_type"
 
 
 def test_a_shard_cut_after_the_run_found_it_is_a_shard_error_beside_what_it_still_holds(tmp_path):

@@ -58,9 +58,10 @@ class ReadSpec:
     id_field: str | None = "id"
     tfds: tfds_reader.TfdsDataset | None = None
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    # the KEPT_FIELDS the run's task reads: one of them that is not a scalar is an error row; another such
-    # field is left off the Document (embed never fails a record over a multi-label `label` it does not read)
-    checked_fields: tuple[str, ...] = KEPT_FIELDS
+    # the KEPT_FIELDS and KEPT_AS_IS fields the run's task reads: one of them that is not a scalar (or a cell
+    # that cannot be read, bytes that are not UTF-8) is an error row; another such field is left off the Document
+    # (embed never fails a record over a multi-label `label` or an unreadable `choices` cell it does not read)
+    checked_fields: tuple[str, ...] = KEPT_FIELDS + KEPT_AS_IS
     # local shards' sizes when the run found them: one that is smaller when read was cut or rewritten meanwhile
     sizes: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -441,7 +442,10 @@ def decoded_record(record: dict, path: str, index: int, spec: ReadSpec) -> dict 
             try:
                 decoded[name] = value.decode("utf-8")
             except UnicodeDecodeError:
-                undecodable = undecodable or name
+                if reads_field(spec, name):
+                    undecodable = undecodable or name
+                else:
+                    decoded[name] = None  # the task never reads it: left off, the record still scored
     record = {**record, **decoded} if decoded else record
     if undecodable is not None:
         return ErrorRow(path, index, "parse", "invalid_utf8",
@@ -667,8 +671,9 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
             parquet = pq.ParquetFile(f)
             names = parquet.schema_arrow.names
             # only the columns a Document carries: a bad cell in any other column must not cost its record
-            columns = [name for name in dict.fromkeys(used_fields(spec)) if name in names]
-            twice = [name for name in columns if names.count(name) > 1]
+            columns = [name for name in dict.fromkeys(used_fields(spec))
+                       if name in names and (names.count(name) == 1 or reads_field(spec, name))]
+            twice = [name for name in columns if names.count(name) > 1]  # a field the task does not read is left off
             if twice:  # pyarrow would hand over one of them: which one the run scored would be a guess
                 yield 0, ErrorRow(path, None, "read", "ambiguous_column",
                                   f"the column {twice[0]!r} appears {names.count(twice[0])} times in this Parquet file's "
@@ -715,6 +720,12 @@ def used_fields(spec: ReadSpec) -> tuple[str, ...]:
     return (spec.text_field, *((spec.id_field,) if spec.id_field else ()), *KEPT_FIELDS, *KEPT_AS_IS)
 
 
+def reads_field(spec: ReadSpec, name: str) -> bool:
+    """Whether a bad value of field `name` fails its record: the text, the id, and the fields the task reads; any
+    other field a Document may carry is left off instead."""
+    return name in (spec.text_field, spec.id_field) or name in spec.checked_fields
+
+
 @dataclasses.dataclass(frozen=True)
 class BadCell:
     """A Parquet cell that pyarrow cannot turn into a Python value (invalid UTF-8, a timestamp past year 9999)."""
@@ -749,6 +760,9 @@ def _cell_value(column, i: int) -> Any:
 def _parquet_record(record: dict, path: str, index: int, spec: ReadSpec, names: list[str]) -> dict | ErrorRow:
     """The row as a record, or an error row for a cell that cannot be read or a file without the text column
     (named with the file's columns: the row holds only the columns read)."""
+    unread = [name for name, value in record.items() if isinstance(value, BadCell) and not reads_field(spec, name)]
+    if unread:  # a cell of a field the task never reads: left off, the record still scored
+        record = {**record, **dict.fromkeys(unread)}
     bad = next(((name, value) for name, value in record.items() if isinstance(value, BadCell)), None)
     if bad is not None:
         name, cell = bad
