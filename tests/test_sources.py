@@ -298,6 +298,12 @@ def test_parquet_binary_id_and_text_columns_are_read_as_utf8_text(tmp_path):
     assert [(e.record_index, e.error_type, e.doc_id) for e in errors] == [
         (1, "invalid_utf8", f"{path}#1"), (2, "invalid_utf8", "bin-c")]
     assert "'id'" in errors[0].message and "'text'" in errors[1].message
+    views = tmp_path / "views.parquet"  # binary views and a dictionary of binary values are bytes too
+    pq.write_table(pa.table({"id": pa.array([b"v0", b"v1"], pa.binary_view()),
+                             "text": pa.array([b"view text", b"\xff"], pa.binary()).dictionary_encode()}), views)
+    docs, errors = split(list(read_shard(str(views), SPEC)))
+    assert [(d.doc_id, d.text) for d in docs] == [("v0", "view text")]
+    assert [(e.doc_id, e.error_type) for e in errors] == [("v1", "invalid_utf8")]
 
 
 def test_field_problems_name_what_is_wrong_with_the_field(tmp_path):

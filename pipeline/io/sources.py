@@ -663,7 +663,6 @@ def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
 
 
 def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     def records() -> Iterator[tuple[int, Any, None]]:
@@ -681,9 +680,7 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                                   "name"), None
                 return
             has_text = spec.text_field in names
-            holds_bytes = any(f.name in columns and (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)
-                                                     or pa.types.is_fixed_size_binary(f.type))
-                              for f in parquet.schema_arrow)
+            holds_bytes = any(f.name in columns and _bytes_type(f.type) for f in parquet.schema_arrow)
             index = 0
             for batch in parquet.iter_batches(batch_size=512, columns=columns):
                 batch = float32_as_written(batch)
@@ -700,6 +697,16 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                     index += 1
 
     yield from _timed(records(), path, spec)
+
+
+def _bytes_type(arrow_type) -> bool:
+    """A Parquet column type whose cells are bytes (text when they are UTF-8), a dictionary of them included."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    return (pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type)
+            or pa.types.is_fixed_size_binary(arrow_type) or pa.types.is_binary_view(arrow_type))
 
 
 def float32_as_written(batch):
