@@ -169,10 +169,12 @@ def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec
     among others with them is bad input, not a bad flag: its records become error rows."""
     problems = []
     for shard in shards[:PEEKED_SHARDS]:
-        fields = first_record_fields(shard, read_spec)
-        if fields is None:  # a format without fields, or a shard the reader will report
+        if sources.shard_format(shard) == "text":  # one record: the whole text, no other field
+            problem = missing_task_field(eo, f"{shard} is a plain text file (its text is one record, with no other field)")
+        elif (fields := first_record_fields(shard, read_spec)) is None:  # a shard the reader will report
             continue
-        problem = missing_field(eo, shard, fields)
+        else:
+            problem = missing_field(eo, shard, fields)
         if problem is None:
             return
         problems.append(problem)
@@ -204,10 +206,15 @@ def missing_field(eo: EvalOptions, shard: str, fields: Sequence[str]) -> str | N
     if eo.id_field and eo.id_field != DEFAULT_ID_FIELD and eo.id_field not in fields:
         return (f"--id_field={eo.id_field}: {shard} has no such field (it has: {shown}); "
                 "pass --id_field with an existing field, or leave it out to use source#record_index")
+    return missing_task_field(eo, f"{shard} has: {shown}", fields)
+
+
+def missing_task_field(eo: EvalOptions, what_shard_has: str, fields: Sequence[str] = ()) -> str | None:
+    """Why records with these fields lack one --task needs (a similarity `query`, choice's `choices`), or None."""
     task = tasks.get(eo.task)
     for field in ("query",) * task.with_query + task.record_fields:
         if field not in fields:
-            return f"--task={eo.task} needs a `{field}` field in each record; {shard} has: {shown}; add it or choose another --task"
+            return f"--task={eo.task} needs a `{field}` field in each record; {what_shard_has}; add it or choose another --task"
     return None
 
 

@@ -214,6 +214,12 @@ def test_records_without_choices_are_refused_before_reading_data(tmp_path, tiny_
     assert rc == 2, err
     assert "--task=choice needs a `choices` field in each record" in err and "choose another --task" in err, err
     assert len(no_data_read) == 1 and not (tmp_path / "out" / "scores").exists()  # only validation's schema peek
+    text = tmp_path / "text" / "a.txt"  # a plain text file is one record with no field but its text
+    text.parent.mkdir()
+    text.write_text("The capital of France is")
+    rc = run_docscore("--input", text.parent, *choice_flags("r2", tmp_path / "out", tiny_gpt2_dir))
+    err = capsys.readouterr().err
+    assert rc == 2 and "needs a `choices` field in each record" in err and "is a plain text file" in err, err
 
 
 # ---------------------------------------------------------------- the task's parts
