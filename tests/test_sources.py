@@ -369,14 +369,21 @@ def test_a_text_file_in_utf16_without_a_byte_order_mark_is_an_error_row_not_scor
 
 
 def test_bytes_that_are_gzip_or_utf16_say_so(tmp_path):
-    """A gzip file named .jsonl and a UTF-16 export are not UTF-8: the error row says what they are instead."""
+    """A gzip file named .jsonl is one shard error that says how to name it (not a row of garbage per line it
+    happens to hold); a gzip file named .txt says to decompress it (renaming it .gz would not be read); a UTF-16
+    export is not UTF-8: the error rows say what the files are instead."""
     gz = tmp_path / "packed.jsonl"
-    gz.write_bytes(gzip.compress(b'{"id": "a", "text": "x"}\n'))
+    gz.write_bytes(gzip.compress("".join(f'{{"id": "{i}", "text": "x {i}"}}\n' for i in range(300)).encode()))
+    gz_text = tmp_path / "notes.txt"
+    gz_text.write_bytes(gzip.compress(b"hello\n" * 50))
     wide = tmp_path / "wide.jsonl"
     wide.write_bytes('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n'.encode("utf-16"))
     _, gz_errors = split(list(read_shard(str(gz), SPEC)))
     _, wide_errors = split(list(read_shard(str(wide), SPEC)))
-    assert gz_errors[0].error_type == "invalid_utf8" and "gzip-compressed: name the file *.gz" in gz_errors[0].message
+    assert [(e.record_index, e.error_type) for e in gz_errors] == [(None, "corrupt_file")]
+    assert "gzip-compressed but its name does not end in .gz: rename it packed.jsonl.gz" in gz_errors[0].message
+    [text_error] = read_shard(str(gz_text), SPEC)
+    assert text_error.error_type == "invalid_utf8" and "gzip-compressed: decompress the file" in text_error.message
     assert {e.error_type for e in wide_errors} <= {"invalid_utf8", "invalid_json"}
     assert len(wide_errors) == 2  # one row per record: the NUL that UTF-16's last newline leaves is no record
     assert wide_errors[0].error_type == "invalid_utf8"  # the BOM's line; the next lines decode as UTF-8 with NULs

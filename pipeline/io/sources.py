@@ -400,10 +400,13 @@ def looks_like_utf16(data: bytes) -> bool:
     return 0 < len(data) <= 3 * control_bytes(data)
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def invalid_utf8_message(error: UnicodeDecodeError, data: bytes) -> str:
     """A not-UTF-8 error, with what the bytes are instead where that is plain (gzip, UTF-16)."""
-    if data[:2] == b"\x1f\x8b":
-        return f"{error}; these bytes are gzip-compressed: name the file *.gz"
+    if data[:2] == GZIP_MAGIC:  # a text file (JSONL shards are looked at first: gzip_named_plain)
+        return f"{error}; these bytes are gzip-compressed: decompress the file (compressed .txt and .md are not read)"
     if data[:2] in (b"\xff\xfe", b"\xfe\xff") or looks_like_utf16(data):
         return f"{error}; this looks like UTF-16 text: convert the file to UTF-8 (e.g. iconv -f UTF-16 -t UTF-8)"
     return str(error)
@@ -626,6 +629,11 @@ def jsonl_records(path: str, spec: ReadSpec) -> Iterator[tuple[int, Any, bytes |
     compression = "gzip" if path.lower().endswith(".gz") else None
     with open_shard(path, compression) as f:
         try:
+            if compression is None and gzip_named_plain(f):
+                yield 0, ErrorRow(path, None, "read", "corrupt_file",
+                                  f"shard is gzip-compressed but its name does not end in .gz: rename it "
+                                  f"{path.rsplit('/', 1)[-1]}.gz (or decompress it)"), None
+                return
             # a BOM and a CRLF's \r are not part of the record: a line may hold them on top of --max_record_bytes
             for index, (line, size) in enumerate(bounded_lines(f, spec.max_record_bytes + len(UTF8_BOM) + 1)):
                 if line.startswith(UTF8_BOM):  # a UTF-8 BOM (first line, or shards concatenated)
@@ -656,6 +664,13 @@ def jsonl_records(path: str, spec: ReadSpec) -> Iterator[tuple[int, Any, bytes |
                 raise
             what = shard_failure(e, "ends early or is corrupt")
             yield 0, ErrorRow(path, None, "read", read_error_type(e), f"shard {what} ({type(e).__name__}: {e})"), None
+
+
+def gzip_named_plain(f) -> bool:
+    """Whether a shard opened as plain bytes starts as a gzip stream (the file is left at its start)."""
+    head = f.read(2)
+    f.seek(0)
+    return head == GZIP_MAGIC
 
 
 def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
