@@ -366,10 +366,11 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
     shards = counts.get("shard_errors") or 0
     if shards and max_fraction < 1:  # a damaged file is one error row however many of its records were lost
         return (
-            f"{shards} shard{'s' if shards > 1 else ''} could not be read to the end (a corrupt or truncated file: the "
-            "errors table's rows without a record_index); its records past the damage are in neither table, so "
-            "the error fraction undercounts them; the tables and summary are published: repair or remove the "
-            "file, or pass --max_error_fraction 1 to accept the loss"
+            f"{shards} shard{'s' if shards > 1 else ''} could not be read to the end (the errors table's rows "
+            "without a record_index say which and why: a corrupt or truncated file, one that cannot be opened, "
+            "an ambiguous column); records it did not give are in neither table, so the error fraction "
+            "undercounts them; the tables and summary are published: fix or remove the file as its row says, "
+            "or pass --max_error_fraction 1 to accept the loss"
         )
     return None
 
