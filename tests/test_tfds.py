@@ -124,3 +124,20 @@ def test_string_tensor_features_are_text_and_invalid_utf8_is_an_invalid_utf8_row
     # each field's bad bytes cost only the records that use that field
     assert outcomes("body") == ([("0", "body zero"), ("1", "body one")], [(2, "parse", "invalid_utf8", "2")])
     assert outcomes("text") == ([("0", "normal text"), ("2", "fine")], [(1, "parse", "invalid_utf8", "1")])
+
+
+def test_a_truncated_array_record_shard_is_one_corrupt_file_row_that_says_so(tfds_dir, tmp_path):
+    """array_record raises a RuntimeError with no text for a cut file: the row said "(RuntimeError: )" and
+    called the shard unreadable rather than corrupt."""
+    import shutil
+
+    from pipeline.io import tfds_reader
+    from pipeline.io.sources import ReadSpec, read_shard
+
+    dataset = tfds_reader.locate_dataset("tfds:docscore_tiny_docs", str(tfds_dir))
+    cut = tmp_path / "cut.array_record-00000-of-00001"
+    shutil.copy(dataset.shard_paths("test")[0], cut)
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    [row] = read_shard(str(cut), ReadSpec(tfds=dataset))
+    assert (row.record_index, row.error_type) == (None, "corrupt_file")
+    assert "not a whole array_record file: it is truncated, or not array_record" in row.message, row.message

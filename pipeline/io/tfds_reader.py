@@ -196,12 +196,16 @@ def iter_array_record(path: str, chunk: int = 256) -> Iterator[bytes]:
         os.close(handle)
         cleanup = local
         fsspec.core.url_to_fs(path)[0].get(path, local)
-    reader = ArrayRecordReader(local, "readahead_buffer_size:0")
     try:
-        n = reader.num_records()
-        for start in range(0, n, chunk):
-            yield from reader.read(list(range(start, min(n, start + chunk))))
+        reader = ArrayRecordReader(local, "readahead_buffer_size:0")
+        try:
+            n = reader.num_records()
+            for start in range(0, n, chunk):
+                yield from reader.read(list(range(start, min(n, start + chunk))))
+        finally:
+            reader.close()
+    except RuntimeError as e:  # array_record's C++ errors, some without a word (a truncated file)
+        raise ValueError(f"not a whole array_record file: {str(e) or 'it is truncated, or not array_record'}") from None
     finally:
-        reader.close()
         if cleanup:
             os.remove(cleanup)
