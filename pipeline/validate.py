@@ -489,8 +489,9 @@ def unknown_gold_notice(shard: str, read_spec: sources.ReadSpec, label_names: Se
 
 
 def first_labels(shard: str, read_spec: sources.ReadSpec, peek: int) -> list[Any]:
-    """The `label` field of the first `peek` records of a JSONL or Parquet shard ([] for other formats, or a
-    shard that cannot be read: the reader reports that as an error row)."""
+    """The `label` field of the first `peek` records of a JSONL or Parquet shard, as the reader reads them, less
+    the labels that make their record an error row (a list, an object, a lone surrogate): no record with them is
+    scored. [] for other formats, or a shard that cannot be read (the reader reports that as an error row)."""
     fmt = sources.shard_format(shard)
     try:
         if fmt == "parquet":
@@ -508,7 +509,17 @@ def first_labels(shard: str, read_spec: sources.ReadSpec, peek: int) -> list[Any
             return []
     except Exception:  # an unreadable shard is the reader's to report as an error row
         return []
-    return [sources.plain_number(v) for v in values]  # as the reader reads them: a decimal 3.00 is 3
+    labels = []
+    for value in values:
+        if isinstance(value, bytes):  # a binary column holds text as bytes
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        value = sources.plain_number(value)  # a decimal 3.00 is 3
+        if value is None or sources.field_problem("label", value) is None:
+            labels.append(value)
+    return labels
 
 
 def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:

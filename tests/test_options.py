@@ -311,6 +311,12 @@ def test_validations_peek_reads_labels_as_the_reader_does(tmp_path):
     words = tmp_path / "words.jsonl"
     words.write_text('{"text": "x", "label": "high"}\n{"text": "y", "label": true}\n{"text": "z", "label": " "}\n')
     assert "has text labels ('high', 'true')" in text_gold_notice(str(words), ReadSpec())  # as the table spells them
+    # labels that make their record an error row are never scored, so the notices leave them out
+    unscored = tmp_path / "unscored.jsonl"
+    unscored.write_text('{"text": "x", "label": [1]}\n{"text": "y", "label": {"a": 1}}\n{"text": "z", "label": "\\udfff"}\n'
+                        '{"text": "w", "label": 0.5}\n')
+    assert text_gold_notice(str(unscored), ReadSpec()) is None
+    assert unknown_gold_notice(str(unscored), ReadSpec(), ("0.5", "1")) is None
 
 
 def test_only_a_real_switch_refuses_a_config_value_that_is_not_true_or_false():
