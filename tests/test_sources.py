@@ -415,12 +415,18 @@ def test_a_directory_input_names_the_files_it_leaves_out(tmp_path):
 
 
 def test_a_whole_number_id_is_the_same_id_stored_as_int_or_float(tmp_path):
-    """pandas writes an integer id column with a missing value as float64: its 1.0 must join a JSONL's 1."""
+    """pandas writes an integer id column with a missing value as float64: its 1.0 must join a JSONL's 1 (and a
+    decimal 7.00 too)."""
+    import decimal
+
     (tmp_path / "a.jsonl").write_text('{"id": 1, "text": "x"}\n{"id": 2.0, "text": "y"}\n{"id": 2.5, "text": "z"}\n')
     pq.write_table(pa.table({"id": pa.array([1.0, None, 3e20], pa.float64()), "text": ["x", "y", "z"]}),
                    tmp_path / "b.parquet")
-    ids = [d.doc_id for name in ("a.jsonl", "b.parquet") for d in read_shard(str(tmp_path / name), SPEC)]
-    assert ids == ["1", "2", "2.5", "1", f"{tmp_path / 'b.parquet'}#1", "300000000000000000000"]
+    pq.write_table(pa.table({"id": pa.array([decimal.Decimal("7.00"), decimal.Decimal("2.50"), None], pa.decimal128(5, 2)),
+                             "text": ["x", "y", "z"]}), tmp_path / "c.parquet")  # a SQL export's decimal ids
+    ids = [d.doc_id for name in ("a.jsonl", "b.parquet", "c.parquet") for d in read_shard(str(tmp_path / name), SPEC)]
+    assert ids == ["1", "2", "2.5", "1", f"{tmp_path / 'b.parquet'}#1", "300000000000000000000",
+                   "7", "2.5", f"{tmp_path / 'c.parquet'}#2"]
 
 
 def test_a_field_the_task_does_not_read_never_fails_its_record(tmp_path):

@@ -51,6 +51,15 @@ def test_tfds_reader_decodes_records_without_tensorflow(tfds_dir):
     assert "tensorflow" not in sys.modules
 
 
+def test_a_relative_tfds_data_dir_gives_the_same_absolute_shard_paths(tfds_dir, monkeypatch):
+    """Shard paths become the rows' `source` and fallback ids: a relative --tfds_data_dir made them depend on
+    the directory the run started in."""
+    expected = shards_of("tfds:docscore_tiny_docs", tfds_data_dir=str(tfds_dir))
+    monkeypatch.chdir(tfds_dir.parent)
+    assert shards_of("tfds:docscore_tiny_docs", tfds_data_dir=tfds_dir.name) == expected
+    assert all(shard.startswith("/") for shard in expected)
+
+
 @pytest.mark.integration
 def test_pipeline_reads_a_tfds_split(tfds_dir, tmp_path, minilm):
     out = tmp_path / "out"

@@ -461,9 +461,9 @@ def _doc_id(record: dict, source: str, index: int, id_field: str | None) -> str:
     """The record's id as text (a whole number the same however it was stored: 1, 1.0); SOURCE#INDEX when it has
     none that can tell it apart (absent, null, empty,
     NaN or infinite, a list or an object, bytes that are not UTF-8, a cell that cannot be read)."""
-    value = record.get(id_field) if id_field else None
-    if value is None or value == "" or isinstance(value, (dict, list, bytes, BadCell)):
-        return f"{source}#{index}"
+    value = plain_number(record.get(id_field)) if id_field else None  # a decimal 7.00 is the id 7
+    if value is None or value == "" or isinstance(value, (dict, list, bytes, BadCell, decimal.Decimal)):
+        return f"{source}#{index}"  # a decimal left: NaN or infinite
     if isinstance(value, float) and not math.isfinite(value):
         return f"{source}#{index}"
     if isinstance(value, bool):  # JSON's spelling, not Python's True
