@@ -88,7 +88,7 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--max_record_bytes", type=int, default=DEFAULT_MAX_RECORD_BYTES,
                             help="a record (JSONL line, text file, Parquet text cell, TFDS record) larger than this "
                                  "becomes an error row record_too_large; a JSONL line or text file is never held "
-                                 "whole, a Parquet cell or TFDS record is decoded first (default 32 MiB)")
+                                 "whole, a Parquet cell or TFDS record is decoded first (default 32 MiB, at least 1024)")
         parser.add_argument("--max_error_fraction", type=float, default=0.1,
                             help="past this share of error rows among the records, or with a shard not read to its "
                                  "end (a corrupt or truncated file) unless it is 1, the run exits 4 (tables and "
