@@ -32,8 +32,7 @@ FLASH: dict[str, tuple[str, ...]] = {
 # blockwise supports everything, so every row ends in a kernel that always runs.
 # gpu: the flash kernels first at every length (cudnn, then pallas_gpu; no length limit), xla only
 #   as the fallback for inputs both refuse (float32, head_dim > 128, causal with q_len != kv_len),
-#   then blockwise. Measured on an H200: flash beat xla at every length from 1k (see
-#   AUTO_XLA_MAX_KV_LEN below).
+#   then blockwise: flash beat xla at every length measured (benchmarks/RESULTS.md, "GPU kernels").
 AUTO: dict[str, tuple[str, ...]] = {
     "cpu": ("xla", "blockwise"),
     "gpu": ("cudnn", "pallas_gpu", "xla", "blockwise"),
@@ -43,7 +42,7 @@ AUTO: dict[str, tuple[str, ...]] = {
 # "auto" skips xla when kv_len is above this: its [L, L] scores grow quadratically. Memory guards, not speed
 # crossovers. cpu: flash is as fast as xla from 512 tokens and faster above, and inside the whole model the
 # kernels tie, so 1024 bounds memory only. gpu: flash is tried first at every length, so only inputs no flash
-# kernel takes (float32 and the like) reach xla, whose temporaries grow ~4x per doubling (4.6 GiB for one row
-# of 8k on an H200). tpu: not measured; gpu's guard. The measurements: benchmarks/README.md, "Attention
+# kernel takes (float32 and the like) reach xla, whose temporaries grow ~4x per doubling. tpu: not measured;
+# gpu's guard. The measurements: benchmarks/README.md, "Attention
 # kernels", and benchmarks/RESULTS.md, "GPU kernels" and "auto's thresholds".
 AUTO_XLA_MAX_KV_LEN: dict[str, int] = {"cpu": 1024, "gpu": 4096, "tpu": 4096}

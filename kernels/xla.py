@@ -29,8 +29,8 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.
     kv_len, kv_heads = k.shape[1], k.shape[2]
     groups = heads // kv_heads
     scale = head_dim ** -0.5 if scale is None else scale
-    # Heads-major layout before the matmuls: XLA:CPU runs these 2x faster than einsums that
-    # leave the transposes to it (2k tokens, 12 heads: 0.62 s vs 1.30 s on the shared box).
+    # Heads-major layout before the matmuls: XLA:CPU runs these faster than einsums that leave the
+    # transposes to it (benchmarks/PERF_NOTES.md).
     qt = q.reshape(batch, q_len, kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)
     kt = k.transpose(0, 2, 3, 1)  # [b, kv_heads, d, kv]
     vt = v.transpose(0, 2, 1, 3)  # [b, kv_heads, kv, d]

@@ -68,9 +68,8 @@ def share_device_memory(options: beam.options.pipeline_options.PipelineOptions) 
 def launcher_objects_frozen() -> Iterator[None]:
     """While the job runs, Python's cyclic garbage collector skips the objects that exist when it starts
     (modules, the model, the Beam graph: about 500k, nearly all alive until the launcher exits) and scans
-    only what the job creates. Otherwise each full collection during the job rescans them all: on the
-    1,891-document benchmark with the real model, collections took 0.37 s of the job, 0.08 s frozen
-    (benchmarks/pipeline_overhead.py --model real, job_gc_s). Unfrozen when the job ends, so a process
+    only what the job creates. Otherwise each full collection during the job rescans them all
+    (benchmarks/pipeline_overhead.py --model real measures it: job_gc_s). Unfrozen when the job ends, so a process
     that launches several runs (tests, notebooks) can collect what they left behind."""
     gc.freeze()
     try:

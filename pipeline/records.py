@@ -28,7 +28,7 @@ class Document:
     read_ms: float = 0.0
 
     def without_text(self) -> "Document":
-        """The document once tokenised: its text is not needed downstream (dataclasses.replace costs ~5x more)."""
+        """The document once tokenised: its text is not needed downstream (dataclasses.replace costs more)."""
         return Document(doc_id=self.doc_id, text="", source=self.source, record_index=self.record_index,
                         fields=self.fields, read_ms=self.read_ms)
 
@@ -70,7 +70,7 @@ class Batch(list):
 class BatchCoder(beam.coders.PickleCoder):
     """Beam's coder for a PCollection of Batch (graph.py declares them): Beam's pickling of the whole list,
     with a size estimate from the first record. Beam samples the size of most elements of a PCollection
-    that has few, and pickling every sampled list whole took ~20% of a job's host time
+    that has few, and pickling every sampled list whole was a large share of a job's host time
     (benchmarks/PERF_NOTES.md, "Host time per document")."""
 
     def estimate_size(self, value: Batch) -> int:

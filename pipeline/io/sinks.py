@@ -141,8 +141,8 @@ class ParquetRowsSink(fileio.FileSink):
     row group is written when the batches reach `row_group_bytes` or the file ends (the layout and the
     memory bound of beam.io.WriteToParquet's defaults). Dictionary encoding only for the string
     columns: for the embedding's floats pyarrow would build a dictionary only to drop it, which cost
-    0.5-0.7 s on 1,891 rows inside a run against 0.02-0.06 s without (benchmarks/README.md), and the
-    files are ~20% smaller. (beam.io.WriteToParquet passes no such option to pyarrow.)"""
+    most of the write (benchmarks/README.md) and made the files larger. (beam.io.WriteToParquet passes no
+    such option to pyarrow.)"""
 
     def __init__(self, schema: pa.Schema, batch_rows: int = 1000, row_group_bytes: int = 64 << 20):
         self._schema = schema

@@ -16,10 +16,8 @@ BATCH_SIZE = {"cpu": 16, "gpu": 256, "tpu": 128}
 CALLS_PER_BEAM_BATCH = {"cpu": 32, "gpu": 4, "tpu": 4}
 # Parallel bundles (threads sharing one model) of a local DirectRunner run when no --direct_* flag is given:
 # on an accelerator, a thread tokenizes and scores while the other's calls run on the device; more threads
-# only queue for the GIL (with a simulated device of MiniLM's or a BERT-base's speed, 2 threads beat 4 by
-# 1.05-1.11x and one bundle by 1.17-1.31x, on a 2-core EPYC: benchmarks/PERF_NOTES.md, "A simulated device"; the
-# GPU runs of benchmarks/gpu_peers.py measure it there); on a CPU the
-# model's own threads already use every core.
+# only queue for the GIL (benchmarks/PERF_NOTES.md, "A simulated device"; benchmarks/gpu_peers.py measures it
+# on a GPU); on a CPU the model's own threads already use every core.
 LOCAL_THREADS = {"cpu": 1, "gpu": 2, "tpu": 2}
 # Shortest packed row (None: rows of max_len only). Attention costs each token O(row length) and the dense layers
 # do not, so short rows save work, and each row length costs its own compiled programs: worth it on a CPU
@@ -28,8 +26,8 @@ LOCAL_THREADS = {"cpu": 1, "gpu": 2, "tpu": 2}
 MIN_ROW_LEN = {"cpu": 64, "gpu": None, "tpu": None}
 # A full call's rows over a tail call's (the calls that run what is left of a batch after its full calls): on a CPU
 # tail calls of 1/8 pad the end of a batch little, and their programs compile in ~1 s; an accelerator pads that end
-# to one full call instead, as the padding's compute costs it far less than compiling a second program (GPU: 10-30 s
-# each cold, ~0.4 s each from the cache; benchmarks/RESULTS.md, "GPU end to end").
+# to one full call instead, as the padding's compute costs it far less than compiling a second program
+# (benchmarks/RESULTS.md, "GPU end to end").
 TAIL_CALL_FRACTION = {"cpu": 8, "gpu": 1, "tpu": 1}
 
 

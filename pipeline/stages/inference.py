@@ -23,7 +23,7 @@ def torch_hidden() -> Iterator[None]:
     """Imports inside run as on docscore's runtime install, which has no torch: Beam 2.77 imports torch at
     the top of RunInference's optional model manager (docscore does not use it; Beam sets it to None when
     that import fails). Where torch is installed as well (a user's environment, the test venv) that import
-    cost ~1.2 s and ~200 MB of every command (benchmarks/PERF_NOTES.md). torch stays importable afterwards."""
+    cost every command seconds and memory (benchmarks/PERF_NOTES.md). torch stays importable afterwards."""
     if "torch" in sys.modules:  # imported already (or hidden by an enclosing call): nothing to save
         yield
         return

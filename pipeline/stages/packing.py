@@ -58,8 +58,8 @@ def pack_windows(lengths: Sequence[int], row_lens: Sequence[int], max_segments: 
 
 
 # A row of R tokens costs about R * (1 + R / ATTENTION_COST_TOKENS): the dense layers per token, attention per token
-# growing with the row. Fitted to MiniLM float32 on CPU, full calls of 4,096 tokens: rows of 64, 128 and 256 ran
-# 6,272, 6,120 and 5,078 tokens/s (benchmarks/README.md, "Row lengths and CPU tuning in the model loop").
+# growing with the row. Fitted to MiniLM float32 on CPU at rows of 64, 128 and 256 tokens (benchmarks/README.md,
+# "Row lengths and CPU tuning in the model loop").
 ATTENTION_COST_TOKENS = 768
 
 
@@ -163,8 +163,7 @@ def _bucket_row(by_free: dict[int, list[int]], free_values: list[int], r: int, r
 
 # Rows of twice --max_seq_len join the row lengths on CPU (several lengths) while they stay this short: two or
 # three windows just over half of max_seq_len (text chunked to 128 tokens for a 256-token model) then share one
-# (positions restart per segment, so no window is longer than max_seq_len); 1.32x on such windows
-# (benchmarks/README.md, "Packing plans"). Longer rows would make dense attention's [L, L] scores large.
+# (positions restart per segment, so no window is longer than max_seq_len; benchmarks/README.md, "Packing plans"). Longer rows would make dense attention's [L, L] scores large.
 LONG_ROWS_UP_TO = 512
 
 

@@ -29,7 +29,7 @@ MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"  # jax's own
 # and unmapping them on every call (system time, benchmarks/PERF_NOTES.md), and, where the model runs on this
 # CPU, one arena so that allocations of XLA's worker threads get the same treatment (a thread arena maps
 # anything larger than its 64 MiB heap whatever the threshold says). One arena serialises every thread's
-# malloc: the tokenizer's batch encode on its own threads ran 2.5-3.5x slower under it, so with one arena
+# malloc: the tokenizer's batch encode on its own threads ran several times slower under it, so with one arena
 # the tokenizer encodes on the calling thread (TOKENIZERS_PARALLELISM), and a host that drives an accelerator
 # keeps glibc's arenas (benchmarks/PERF_NOTES.md, "One malloc arena").
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
@@ -123,7 +123,7 @@ def accelerator_expected() -> str | None:
     """Why JAX will start on an accelerator, judged before it starts (an arena limit must come before the
     threads it is for), or None for a CPU: JAX_PLATFORMS's first entry when it is set; else a PJRT plugin
     installed where JAX looks for one (jax[cuda] installs one) or libtpu. A plugin installed on a machine
-    without its device misjudges a CPU run: it then keeps glibc's arenas, which cost its model calls ~4-8%
+    without its device misjudges a CPU run: it then keeps glibc's arenas, which slow its model calls a little
     (benchmarks/PERF_NOTES.md, "One malloc arena")."""
     platforms = os.environ.get("JAX_PLATFORMS", "").strip()
     if platforms:
