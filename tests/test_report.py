@@ -133,7 +133,7 @@ def _errors(output):
 
 def test_report_opens_in_chromium_with_every_chart(finished_run, tmp_path):
     output, summary, run_files = finished_run
-    path = Path(report.report_path(output, "r1"))
+    path = Path(run_commit.report_path(output, "r1"))
     page = path.read_text()
     # self-contained: nothing fetched from anywhere, every image inline
     assert not re.search(r"""(src|href)=['"](?!data:image/png;base64,)""", page)
@@ -226,7 +226,7 @@ def test_history_row_agrees_with_the_tables(finished_run):
 def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_run, tmp_path, capsys):
     output, *_ = finished_run
     assert report.main([output]) == 0  # the output DIR alone: the run that finished last
-    assert capsys.readouterr().out.strip() == report.report_path(output, "r1")
+    assert capsys.readouterr().out.strip() == run_commit.report_path(output, "r1")
     assert report.main([str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert "no finished run under" in err and "DIR/runs/run_id=ID" in err
@@ -237,7 +237,7 @@ def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_
     for run_path in [f"{output}/{table}/run_id=r1" for table in ("runs", "scores", "errors")] + [
             f"{output}/runs/run_id=r1/summary.json"]:
         assert report.main([run_path]) == 0, capsys.readouterr().err
-        assert capsys.readouterr().out.strip() == report.report_path(output, "r1")
+        assert capsys.readouterr().out.strip() == run_commit.report_path(output, "r1")
     assert report.main([f"{output}/runs/run_id=r1", "--run_id", "r9"]) == 2
     assert "but --run_id says 'r9'" in capsys.readouterr().err
     # a --run_id that is no partition name cannot lead the report out of DIR
@@ -257,7 +257,7 @@ def test_a_damaged_summary_of_another_run_is_skipped_and_of_the_run_asked_for_is
         (copy / "runs" / f"run_id={run_id}" / "summary.json").write_text(text)
     assert report.main([str(copy)]) == 0
     captured = capsys.readouterr()
-    assert captured.out.strip() == report.report_path(str(copy), "r1")
+    assert captured.out.strip() == run_commit.report_path(str(copy), "r1")
     assert f"skipped {copy}/runs/run_id=r2/summary.json: damaged (JSONDecodeError: " in captured.err
     assert f"skipped {copy}/runs/run_id=r3/summary.json: damaged (ValueError: a JSON list, not an object)" in captured.err
     for run_id, argv in (("r2", [str(copy), "--run_id", "r2"]), ("r3", [f"{copy}/runs/run_id=r3"])):
@@ -402,7 +402,7 @@ def test_report_of_a_jsonl_run_without_errors(tmp_path):
 
 def test_classify_report_shows_the_confusion_matrix_and_per_class_rates_before_the_label_chart(finished_run):
     output, summary, _ = finished_run
-    page = PageOutline(Path(report.report_path(output, "r1")).read_text())
+    page = PageOutline(Path(run_commit.report_path(output, "r1")).read_text())
     scores = [r for r in _scores(output) if r["gold_label"] is not None]
     labels = sorted({r["gold_label"] for r in scores} | {r["label"] for r in scores})
     matrix = page.table("confusion")
@@ -434,7 +434,7 @@ def test_classify_report_shows_the_confusion_matrix_and_per_class_rates_before_t
 
 def test_classify_report_lists_the_lowest_confidence_documents(finished_run):
     output, _, _ = finished_run
-    page = PageOutline(Path(report.report_path(output, "r1")).read_text())
+    page = PageOutline(Path(run_commit.report_path(output, "r1")).read_text())
     listed = page.table("least-confident")
     assert listed[0] == ["doc_id", "predicted label", "score (probability)", "gold label"]
     expected = sorted(_scores(output), key=lambda r: (r["score"], r["doc_id"]))[:report.LEAST_CONFIDENT_LISTED]
@@ -508,7 +508,7 @@ def test_report_header_shows_what_the_run_cost(finished_run):
     """The page's facts: the whole command beside the pipeline, compiles split cold / cached, the device's busy
     share and host time per document, the batch settings, as summary.json has them."""
     output, summary, _ = finished_run
-    page = PageOutline(Path(report.report_path(output, "r1")).read_text())
+    page = PageOutline(Path(run_commit.report_path(output, "r1")).read_text())
     facts = dict([rows for classes, rows in page.tables if "facts" in classes][0])  # the header's, first
     assert facts["wall time (s): pipeline / whole command"] == (
         f"{report._fmt(summary['wall_s'])} / {report._fmt(summary['command_wall_s'])}")

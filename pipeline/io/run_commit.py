@@ -69,9 +69,23 @@ def safe_run_id(run_id: object) -> bool:
     return isinstance(run_id, str) and bool(RUN_ID_PATTERN.fullmatch(run_id)) and ".." not in run_id
 
 
+PARTITION_PREFIX = "run_id="
+
+
+def partition_name(run_id: str) -> str:
+    """The folder name a run's files live in: run_id=ID."""
+    return f"{PARTITION_PREFIX}{run_id}"
+
+
+def partition_run_id(path: str) -> str | None:
+    """ID of a path whose last segment is run_id=ID; None for any other path."""
+    base = posixpath.basename(path.rstrip("/"))
+    return base[len(PARTITION_PREFIX):] or None if base.startswith(PARTITION_PREFIX) else None
+
+
 def partition(output: str, table: str, run_id: str) -> str:
-    """DIR/<table>/run_id=ID (table: scores, errors or runs)."""
-    return posixpath.join(output.rstrip("/"), table, f"run_id={run_id}")
+    """DIR/<table>/run_id=ID (table: scores, errors or runs; _staging for the launches' staging)."""
+    return posixpath.join(output.rstrip("/"), table, partition_name(run_id))
 
 
 def summary_path(output: str, run_id: str) -> str:
@@ -310,7 +324,7 @@ def committed_files(output: str, run_id: str, table: str, summary: dict[str, Any
 def committed_run_ids(output: str) -> list[str]:
     """run_ids under `output` that have a committed summary."""
     fs, root = fsspec.core.url_to_fs(output)
-    return sorted(posixpath.basename(posixpath.dirname(p))[len("run_id="):] for p in summary_files(fs, root))
+    return sorted(partition_run_id(posixpath.dirname(p)) for p in summary_files(fs, root))
 
 
 def summary_files(fs, root: str) -> list[str]:
@@ -321,8 +335,7 @@ def summary_files(fs, root: str) -> list[str]:
         found = fs.find(runs, maxdepth=2)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(p for p in found if posixpath.basename(p) == SUMMARY_FILE
-                  and posixpath.basename(posixpath.dirname(p)).startswith("run_id="))
+    return sorted(p for p in found if posixpath.basename(p) == SUMMARY_FILE and partition_run_id(posixpath.dirname(p)))
 
 
 def duckdb_views_sql(output: str, views: tuple[str, ...] = ("scores", "errors", "history")) -> str:

@@ -62,7 +62,7 @@ class Lease:
 
 
 def lease_path(output: str, run_id: str) -> str:
-    return posixpath.join(output.rstrip("/"), LEASE_DIR, f"run_id={run_id}.lock")
+    return posixpath.join(output.rstrip("/"), LEASE_DIR, f"{run_commit.partition_name(run_id)}.lock")
 
 
 def acquire(output: str, run_id: str, launch: str, *, ttl_s: float = TTL_S) -> Lease:
@@ -223,8 +223,8 @@ def remove_stale(output: str, *, own_launch: str) -> list[str]:
     staging_root = posixpath.join(root, "_staging")
     removed: list[str] = []
     for run_dir in _dirs(fs, staging_root):
-        run_id = posixpath.basename(run_dir)[len("run_id="):]
-        if not posixpath.basename(run_dir).startswith("run_id=") or not run_id:
+        run_id = run_commit.partition_run_id(run_dir)
+        if not run_id:
             continue
         live = holder(output, run_id).get("launch") if is_held(output, run_id) else None
         kept = False  # a launch of this run_id may still be placing files: leave its partitions alone
@@ -247,7 +247,7 @@ def remove_replaced(output: str, run_id: str, *, own_launch: str) -> list[str]:
     or more ago (run_commit.clean_after_commit), so they go at the next launch even if it never commits; only
     while no other launch's staging of the run is left (a launch nobody waits for may still be placing files)."""
     fs, root = fsspec.core.url_to_fs(output)
-    staging = posixpath.join(root, "_staging", f"run_id={run_id}")
+    staging = run_commit.partition(root, "_staging", run_id)
     if any(posixpath.basename(d) != own_launch for d in _dirs(fs, staging)):
         return []
     return run_commit.clean_after_commit(output, run_id)

@@ -41,7 +41,7 @@ class OutputSpec:
     @classmethod
     def for_run(cls, output: str, run_id: str, output_format: str, staging_root: str | None = None) -> "OutputSpec":
         root = staging_root or output
-        staging = posixpath.join(root.rstrip("/"), "_staging", f"run_id={run_id}", uuid.uuid4().hex[:12])
+        staging = posixpath.join(run_commit.partition(root, "_staging", run_id), uuid.uuid4().hex[:12])
         return cls(output=output.rstrip("/"), run_id=run_id, output_format=output_format, staging=staging)
 
     @property

@@ -52,15 +52,15 @@ class RunRef:
         if text.startswith(sinks.BQ_PREFIX):
             raise CompareError(bigquery_message(text, "compare"))
         path = text.rstrip("/")
-        base, table = posixpath.basename(path), posixpath.basename(posixpath.dirname(path))
-        if not base.startswith("run_id=") or table not in TABLES or len(base) == len("run_id="):
+        run_id, table = run_commit.partition_run_id(path), posixpath.basename(posixpath.dirname(path))
+        if run_id is None or table not in TABLES:
             raise CompareError(
                 f"{text!r} is not a run partition; pass DIR/scores/run_id=ID (or DIR/errors/..., DIR/runs/...) "
                 f"as printed by `docscore run`")
-        return cls(posixpath.dirname(posixpath.dirname(path)), base[len("run_id="):])
+        return cls(posixpath.dirname(posixpath.dirname(path)), run_id)
 
     def partition(self, table: str) -> str:
-        return posixpath.join(self.output_dir, table, f"run_id={self.run_id}")
+        return run_commit.partition(self.output_dir, table, self.run_id)
 
     def __str__(self) -> str:
         return self.partition("scores")

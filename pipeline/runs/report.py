@@ -65,10 +65,6 @@ class RunData:
 # ---- finding and loading a run ------------------------------------------------------------------
 
 
-def report_path(output_dir: str, run_id: str) -> str:
-    return run_commit.report_path(output_dir, run_id)
-
-
 def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
     """RUN_DIR argument -> (output DIR, run_id).
 
@@ -81,14 +77,14 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
         raise ReportError(bigquery_message(path, "report"))
     path = path.rstrip("/")
     folder = posixpath.dirname(path)
-    if (posixpath.basename(path) == SUMMARY_FILE and posixpath.basename(folder).startswith("run_id=")
+    if (posixpath.basename(path) == SUMMARY_FILE and run_commit.partition_run_id(folder)
             and posixpath.basename(posixpath.dirname(folder)) == "runs"):
         path = folder  # DIR/runs/run_id=ID/summary.json names run ID
-    base = posixpath.basename(path)
-    if base.startswith("run_id=") and posixpath.basename(posixpath.dirname(path)) in ("runs", "scores", "errors"):
-        if run_id and run_id != base[len("run_id=") :]:
-            raise ReportError(f"{path} is run {base[len('run_id='):]!r} but --run_id says {run_id!r}; pass one of them")
-        return posixpath.dirname(posixpath.dirname(path)), base[len("run_id=") :]
+    named = run_commit.partition_run_id(path)
+    if named and posixpath.basename(posixpath.dirname(path)) in ("runs", "scores", "errors"):
+        if run_id and run_id != named:
+            raise ReportError(f"{path} is run {named!r} but --run_id says {run_id!r}; pass one of them")
+        return posixpath.dirname(posixpath.dirname(path)), named
     if run_id:
         if not run_commit.safe_run_id(run_id):
             raise ReportError(f"--run_id={run_id!r} is not a run_id docscore writes (letters, digits, '.', '_' or '-'; "
@@ -705,7 +701,7 @@ def render_html(run: RunData) -> str:
 def write_report(output_dir: str, run_id: str) -> str:
     """Write DIR/runs/run_id=ID/report.html for a finished run and return its path."""
     run = load_run(output_dir, run_id)
-    path = report_path(output_dir, run_id)
+    path = run_commit.report_path(output_dir, run_id)
     run_commit.write_atomic(path, render_html(run).encode("utf-8"))
     return path
 

@@ -19,6 +19,7 @@ import json
 import logging
 import multiprocessing
 import os
+import posixpath
 import shutil
 import socket
 import sys
@@ -34,6 +35,8 @@ import psutil
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from pipeline.io import run_commit
 
 METRICS_NAMESPACE = "docscore.progress"
 KINDS = ("discovered", "done")
@@ -497,7 +500,7 @@ def run_with_progress(
 
 
 def samples_path(output_dir: str, run_id: str) -> str:
-    return f"{output_dir.rstrip('/')}/runs/run_id={run_id}/{SAMPLES_FILE}"
+    return posixpath.join(run_commit.partition(output_dir, "runs", run_id), SAMPLES_FILE)
 
 
 def write_samples(
