@@ -6,6 +6,8 @@ before anything is read; runners/DATAFLOW.md is the user's side of the same rule
 from __future__ import annotations
 
 import math
+import os
+import re
 
 import fsspec
 
@@ -13,10 +15,13 @@ from models.builtin import BUILTINS
 from pipeline.io import sinks, tfds_reader
 from pipeline.options import ConfigError, EvalOptions
 from pipeline.telemetry.progress import runs_locally
-from runners.presets import is_dataflow_runner
+from runners.presets import CLOUD_SETTINGS, is_dataflow_runner
 
 
 DATAFLOW_REQUIRED = ("project", "region", "temp_location")
+# Cloud Storage's bucket names: 3-63 lowercase letters, digits, -, _ and . (dotted names up to 222), starting and
+# ending with a letter or digit. Beam reads another name as no bucket and creates a default one in the project.
+BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 
 
 def is_dataflow(eo: EvalOptions) -> bool:
@@ -80,8 +85,21 @@ def check_dataflow_options(eo: EvalOptions) -> None:
     if missing:
         raise ConfigError(f"--runner={runner} needs {', '.join(missing)}; pass them, or use a preset that reads them "
                           "from the environment (--preset dataflow-cpu, runners/DATAFLOW.md)")
-    if not str(given["temp_location"]).startswith("gs://"):
-        raise ConfigError(f"--temp_location={given['temp_location']} must be a gs:// path for --runner={runner}")
+    for name in ("temp_location", "staging_location"):
+        location = given.get(name)
+        if not location:
+            continue
+        bucket = str(location).removeprefix("gs://").split("/", 1)[0]
+        if not str(location).startswith("gs://") or not BUCKET_NAME.match(bucket) or (
+                "." not in bucket and len(bucket) > 63):
+            what = "must be a gs:// path" if not str(location).startswith("gs://") else \
+                f"names the bucket {bucket!r}, which is not a Cloud Storage bucket name (Beam would create a default one instead)"
+            raise ConfigError(f"--{name}={location}{from_environment(name, location)} {what} for --runner={runner}; "
+                              "use gs://BUCKET/tmp in a bucket of the project")
+    if not (given.get("sdk_container_image") or given.get("worker_harness_container_image")):
+        raise ConfigError(f"--runner={runner} needs --sdk_container_image: Dataflow's stock worker image has no docscore, "
+                          "jax or model weights; build the worker image (runners/DATAFLOW.md, section 3) and pass it, "
+                          "or set DOCSCORE_IMAGE with a Dataflow preset")
     from apache_beam.options.pipeline_options import GoogleCloudOptions, WorkerOptions
     from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
@@ -94,11 +112,28 @@ def check_dataflow_options(eo: EvalOptions) -> None:
                           "in --config, by the preset or its environment variables: runners/DATAFLOW.md)")
 
 
+def from_environment(option: str, value: object) -> str:
+    """" (from DOCSCORE_X)" when a preset took the option's value from that environment variable."""
+    setting = CLOUD_SETTINGS.get(option)
+    names = [env for env in (setting.env if setting else ()) if os.environ.get(env) == str(value)]
+    return f" (from {names[0]})" if names else ""
+
+
 ACCELERATOR_BACKENDS = (("tpu-", "tpu"), ("nvidia-", "gpu"))  # Dataflow worker_accelerator type prefixes
 
 
 # Dataflow's TPU types and the machine types that carry their chips (the machine's -<N>t suffix: N chips, one host).
 TPU_MACHINES = {"tpu-v5-lite-podslice": "ct5lp-", "tpu-v6e-slice": "ct6e-", "tpu-v5p-slice": "ct5p-"}
+# Dataflow's GPU types and the machine types they attach to.
+GPU_MACHINES = {"nvidia-l4": "g2-", "nvidia-tesla-a100": "a2-highgpu-", "nvidia-a100-80gb": "a2-ultragpu-",
+                "nvidia-h100-80gb": "a3-highgpu-", "nvidia-h100-mega-80gb": "a3-megagpu-", "nvidia-tesla-t4": "n1-",
+                "nvidia-tesla-v100": "n1-", "nvidia-tesla-p100": "n1-", "nvidia-tesla-p4": "n1-"}
+# L4s per G2 machine (g2-standard-<vCPUs>); A2 and A3 machine types end in -<N>g.
+G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
+# GPUs older than Ampere (compute capability < 8.0): cuDNN's flash attention and Pallas' Triton kernels refuse them.
+PRE_AMPERE_GPUS = ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-p4")
+# --attention values that run XLA's own attention or the portable blockwise kernel on any GPU.
+ANY_GPU_ATTENTION = ("native", "xla", "blockwise")
 
 
 def worker_accelerator(eo: EvalOptions) -> dict[str, str]:
@@ -120,7 +155,18 @@ def check_worker_backend(eo: EvalOptions) -> str:
     """On Dataflow the kernel and batch sizes are chosen for the workers' backend, which their accelerator sets:
     --target_backend auto means it, and another value is refused (the job would run other kernels than it
     records, or fail on the workers). Returns the backend."""
+    accelerator = worker_accelerator(eo)
+    if accelerator and not accelerator.get("type"):
+        raise ConfigError("--dataflow_service_options worker_accelerator has no type: (e.g. "
+                          "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver); add it, or use a preset")
     workers = dataflow_accelerator_backend(eo)
+    machine = eo.get_all_options().get("machine_type") or ""
+    carried = next((kind for kind, prefix in {**TPU_MACHINES, **GPU_MACHINES}.items()
+                    if machine.startswith(prefix) and prefix != "n1-"), None)
+    if workers == "cpu" and carried:
+        raise ConfigError(f"--machine_type {machine} is an accelerator machine ({carried}), but the job names no "
+                          "worker_accelerator in --dataflow_service_options, so it would run on the machine's CPU; use "
+                          "the accelerator's preset (runners/presets) or a CPU machine type")
     if eo.target_backend not in ("auto", workers):
         has = f"a {workers.upper()} (worker_accelerator)" if workers != "cpu" else "no accelerator (no worker_accelerator in --dataflow_service_options)"
         raise ConfigError(f"--target_backend={eo.target_backend}, but the Dataflow workers have {has}; use a preset for "
@@ -131,19 +177,27 @@ def check_worker_backend(eo: EvalOptions) -> str:
 
 
 def check_accelerator_workers(eo: EvalOptions, backend: str) -> None:
-    """TPU worker settings Dataflow would take but the job cannot run on: several SDK processes per VM (Runner
-    v2's default; only one process may own a TPU, whereas processes may share a GPU), a TPU type on a machine
-    that does not carry it, or a topology whose chips are not the machine's (Dataflow runs single-host TPU
-    shapes, each on its own machine type). runners/DATAFLOW.md, sections 1-2."""
-    if backend != "tpu":
-        return
+    """Accelerator worker settings Dataflow would take but the job cannot run on: several SDK processes per VM
+    (Runner v2's default; only one process may own a TPU, and each JAX process would take 75% of a GPU's memory),
+    an accelerator type on a machine that does not carry it; for TPUs a topology missing or whose chips are not
+    the machine's (Dataflow runs single-host TPU shapes, each on its own machine type); for GPUs no driver, more
+    or fewer GPUs than the machine holds, or a flash kernel on a GPU older than Ampere. runners/DATAFLOW.md,
+    sections 1-2."""
     given = eo.get_all_options()
     experiments = given.get("experiments") or []
     if "no_use_multiple_sdk_containers" not in experiments or "use_multiple_sdk_containers" in experiments:
-        raise ConfigError("TPU workers need --experiments no_use_multiple_sdk_containers (and not "
+        owns = "only one process may own its TPU" if backend == "tpu" else \
+            "each process's JAX would take 75% of the GPU's memory, so the second could not start"
+        raise ConfigError(f"{backend.upper()} workers need --experiments no_use_multiple_sdk_containers (and not "
                           "use_multiple_sdk_containers): Runner v2 otherwise starts several SDK processes per worker VM, "
-                          "and only one process may own its TPU; add it (the TPU presets set it)")
+                          f"and {owns}; add it (the {backend.upper()} presets set it)")
     accelerator, machine = worker_accelerator(eo), given.get("machine_type") or ""
+    if backend == "gpu":
+        check_gpu_workers(eo, accelerator, machine)
+        return
+    if "topology" not in accelerator:
+        raise ConfigError(f"worker_accelerator type:{accelerator['type']} has no topology: Dataflow needs one for TPU "
+                          "workers; add ;topology:1x1 (one chip per worker, as the presets) or the machine's shape")
     prefix = TPU_MACHINES.get(accelerator.get("type", ""))
     if prefix is None or not machine:
         return
@@ -160,3 +214,29 @@ def check_accelerator_workers(eo: EvalOptions, backend: str) -> None:
                               f"holds {chips}; Dataflow runs each single-host TPU shape on the machine type of its chips: "
                               f"use a topology of {chips} chips{' (1x1)' if chips == '1' else ''} or a machine of "
                               f"{wanted} chips")
+
+
+def check_gpu_workers(eo: EvalOptions, accelerator: dict[str, str], machine: str) -> None:
+    """The GPU checks of check_accelerator_workers."""
+    kind = accelerator["type"]
+    if "install-nvidia-driver" not in accelerator:
+        raise ConfigError(f"worker_accelerator type:{kind} has no install-nvidia-driver: without the driver JAX "
+                          "cannot see the GPU and the job's GPU kernels fail on the workers; add ;install-nvidia-driver")
+    prefix = GPU_MACHINES.get(kind)
+    if prefix and machine and not machine.startswith(prefix):
+        raise ConfigError(f"--machine_type {machine} does not take the workers' {kind} GPUs (worker_accelerator); "
+                          f"Dataflow attaches them to {prefix}* machines: use the preset's machine type or another "
+                          f"{prefix}* one")
+    count = accelerator.get("count", "1")
+    holds = G2_GPUS.get(int(machine.rpartition("-")[2])) if machine.startswith("g2-standard-") and \
+        machine.rpartition("-")[2].isdigit() else None
+    if re.fullmatch(r"a[23]-\w+-\d+g", machine):
+        holds = int(machine.rpartition("-")[2][:-1])
+    if holds is not None and count.isdigit() and int(count) != holds:
+        raise ConfigError(f"worker_accelerator count:{count}, but --machine_type {machine} holds {holds} {kind} "
+                          f"GPU{'s' if holds > 1 else ''}; use count:{holds} or a machine with {count}")
+    if kind in PRE_AMPERE_GPUS and eo.attention not in ANY_GPU_ATTENTION:
+        raise ConfigError(f"--attention={eo.attention} runs a flash kernel (cuDNN or Pallas' Triton), which needs an "
+                          f"Ampere or newer GPU (compute capability 8.0), but the workers' {kind} is older; pass "
+                          "--attention native for these workers, or use an Ampere or newer worker_accelerator "
+                          "(nvidia-l4, nvidia-tesla-a100, nvidia-h100-80gb)")

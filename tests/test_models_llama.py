@@ -328,10 +328,11 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
     assert convert_main(["--hf", str(hf_dir), "--out", str(long_dir), "--max_seq_len", str(2 * config.sliding_window)]) == 0
     fs.put(str(model_dir), f"{gcs.bucket}/window", recursive=True)
     fs.put(str(long_dir), f"{gcs.bucket}/twice", recursive=True)
-    for accelerator, backend in (("nvidia-l4;count:1", "gpu"), ("tpu-v5-lite-podslice;topology:1x1", "tpu")):
+    for accelerator, backend in (("nvidia-l4;count:1;install-nvidia-driver", "gpu"), ("tpu-v5-lite-podslice;topology:1x1", "tpu")):
         def plan(attention, *extra, model=gcs.url("window")):
             _, eo = parse_options(["--input", gcs.url("docs.jsonl"), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
                                    "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "docscore-test",
+                                   "--sdk_container_image", "img:test",
                                    "--region", "r", "--task", "loglik", "--stride", "8", "--model", str(model), "--dtype", "bfloat16",
                                    "--attention", attention, "--runner", "DataflowRunner",
                                    "--dataflow_service_options", f"worker_accelerator=type:{accelerator}",

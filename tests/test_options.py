@@ -116,9 +116,11 @@ def not_writable(tmp_path):
 
 
 DATAFLOW = ["--runner", "DataflowRunner", "--dry_run=True", "--project", "docscore-test", "--region", "us-central1",
-            "--temp_location", "gs://b/tmp", "--input", "gs://b/in/*.jsonl", "--output", "gs://b/out"]
+            "--temp_location", "gs://docscore-test-bucket/tmp", "--sdk_container_image", "img:test",
+            "--input", "gs://b/in/*.jsonl", "--output", "gs://b/out"]
 
 TPU_V5E = ["--dataflow_service_options", "worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1"]
+L4 = ["--dataflow_service_options", "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver"]
 ONE_PROCESS = ["--experiments", "no_use_multiple_sdk_containers"]
 
 CASES = {
@@ -179,7 +181,31 @@ CASES = {
     "dataflow_zone_and_worker_region": (lambda t: [*DATAFLOW, "--worker_zone", "us-central1-a", "--worker_region", "us-east5"],
                                         "worker_region and worker_zone are mutually exclusive", False),
     "dataflow_invalid_project_id": (lambda t: [*DATAFLOW[:-4], "--project", "p1", "--region", "r", "--temp_location",
-                                               "gs://b/tmp", "--output", "gs://b/out"], "Invalid Project ID (p1)", False),
+                                               "gs://docscore-test-bucket/tmp", "--output", "gs://b/out"],
+                                    "Invalid Project ID (p1)", False),
+    "dataflow_without_a_worker_image": (lambda t: [a for a in DATAFLOW if a not in ("--sdk_container_image", "img:test")],
+                                        "needs --sdk_container_image: Dataflow's stock worker image has no docscore", False),
+    "dataflow_temp_location_not_a_bucket_name": (lambda t: [*DATAFLOW, "--temp_location", "gs://rb/tmp"],
+                                                 "--temp_location=gs://rb/tmp names the bucket 'rb', which is not", False),
+    "dataflow_accelerator_machine_without_an_accelerator": (
+        lambda t: [*DATAFLOW, "--machine_type", "a2-highgpu-1g"], "--machine_type a2-highgpu-1g is an accelerator machine", False),
+    "dataflow_accelerator_without_a_type": (lambda t: [*DATAFLOW, "--dataflow_service_options", "worker_accelerator=topology:1x1"],
+                                            "worker_accelerator has no type:", False),
+    "dataflow_tpu_without_a_topology": (lambda t: [*DATAFLOW, *ONE_PROCESS, "--dataflow_service_options",
+                                                   "worker_accelerator=type:tpu-v5-lite-podslice"], "has no topology", False),
+    "dataflow_gpu_workers_with_several_sdk_processes": (lambda t: [*DATAFLOW, *L4], "GPU workers need --experiments "
+                                                        "no_use_multiple_sdk_containers", False),
+    "dataflow_gpu_without_its_driver": (lambda t: [*DATAFLOW, *ONE_PROCESS, "--dataflow_service_options",
+                                                   "worker_accelerator=type:nvidia-l4;count:1"], "has no install-nvidia-driver", False),
+    "dataflow_gpu_on_a_machine_without_it": (lambda t: [*DATAFLOW, *L4, *ONE_PROCESS, "--machine_type", "n2-standard-8"],
+                                             "--machine_type n2-standard-8 does not take the workers' nvidia-l4", False),
+    "dataflow_more_gpus_than_the_machine_holds": (
+        lambda t: [*DATAFLOW, *ONE_PROCESS, "--machine_type", "g2-standard-4", "--dataflow_service_options",
+                   "worker_accelerator=type:nvidia-l4;count:2;install-nvidia-driver"], "count:2, but --machine_type g2-standard-4 holds 1", False),
+    "dataflow_flash_on_a_gpu_older_than_ampere": (
+        lambda t: [*DATAFLOW, *ONE_PROCESS, "--attention", "flash", "--dtype", "bfloat16", "--machine_type", "n1-standard-8",
+                   "--dataflow_service_options", "worker_accelerator=type:nvidia-tesla-t4;count:1;install-nvidia-driver"],
+        "needs an Ampere or newer GPU (compute capability 8.0), but the workers' nvidia-tesla-t4 is older", False),
     "dataflow_tpu_kernel_on_cpu_workers": (lambda t: [*DATAFLOW, "--target_backend", "tpu"],
                                            "--target_backend=tpu, but the Dataflow workers have no accelerator", False),
     "dataflow_cpu_backend_on_gpu_workers": (lambda t: [*DATAFLOW, "--target_backend", "cpu", "--dataflow_service_options",

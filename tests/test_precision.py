@@ -152,7 +152,8 @@ def test_tf32_for_gpu_workers_reaches_their_model_spec_and_the_summary(gcs_corpu
     _, eo = parse_options(["--input", gcs_corpus, "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1",
                            "--temp_location", "gs://docscore-test-bucket/tmp", "--project", "docscore-test", "--region", "r",
                            "--matmul_precision", "tf32", "--target_backend", "gpu", "--runner", "DataflowRunner",
-                           "--dataflow_service_options", "worker_accelerator=type:nvidia-l4;count:1"])
+                           "--sdk_container_image", "img:test", "--experiments", "no_use_multiple_sdk_containers",
+                           "--dataflow_service_options", "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver"])
     plan = validate(eo)
     assert plan.model_spec.matmul_precision == "tf32"
     model = launch_facts(eo, plan, 0.0)["model"]

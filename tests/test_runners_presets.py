@@ -90,6 +90,20 @@ def test_missing_cloud_settings_name_the_flag_and_the_variable(no_cloud_env):
     assert "--project" not in message  # it was found in the environment
 
 
+
+def test_a_bad_setting_from_the_environment_names_the_variable(no_cloud_env):
+    """The user never typed --temp_location: the refusal says where its value came from."""
+    from pipeline.validate import check_before_data
+
+    for name, value in CLOUD_ENV.items():
+        no_cloud_env.setenv(name, value)
+    no_cloud_env.setenv("DOCSCORE_TEMP_LOCATION", "/tmp/x")
+    _, eo = parse_options(["--preset", "dataflow-cpu", "--input", "gs://docscore-test-bucket/in/", "--output",
+                           "gs://docscore-test-bucket/out", "--no_auth"])
+    with pytest.raises(ConfigError, match=r"--temp_location=/tmp/x \(from DOCSCORE_TEMP_LOCATION\) must be a gs:// path"):
+        check_before_data(eo)
+
+
 def test_flags_on_the_command_line_stand_in_for_the_environment(no_cloud_env):
     argv = ["--project=flag-project", "--region", "europe-west4", "--temp_location=gs://b-flag/tmp",
             "--sdk_container_image=img:flag"]

@@ -43,10 +43,16 @@ def test_on_dataflow_auto_means_the_workers_backend(accelerator, backend, kernel
 
     flags = ["--input", gcs_corpus, "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1", "--runner",
              "DataflowRunner", "--project", "docscore-test", "--region", "us-central1", "--temp_location",
-             "gs://docscore-test-bucket/tmp", "--attention", "flash", "--dtype", "bfloat16",
-             "--experiments", "no_use_multiple_sdk_containers"]  # one SDK process per VM: what TPU workers need
+             "gs://docscore-test-bucket/tmp", "--sdk_container_image", "img:test", "--attention", "flash", "--dtype",
+             "bfloat16", "--experiments", "no_use_multiple_sdk_containers"]  # one SDK process per VM: what accelerators need
     _, eo = parse_options(flags + (["--dataflow_service_options", accelerator] if accelerator else []))
     plan = validate(eo)
     assert plan.target_backend == backend and plan.batch.backend == backend
     if kernel:
         assert plan.kernel == kernel
+    # what a launch that does not wait (--dry_run, --template_location) prints of the job it built
+    from pipeline.runs.publish import plan_line
+
+    line = plan_line(eo, plan)
+    assert line.startswith(f"backend {backend}, kernel {plan.kernel}, dtype bfloat16, batch_size {plan.batch.batch_size}")
+    assert "image img:test" in line and (accelerator is None or f"accelerator {accelerator.partition('=')[2]}" in line)
