@@ -304,7 +304,7 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     build_pipeline(p, eo, plan, out, counter_dir, started)
     if why_not_wait:  # nothing to wait for here; the job publishes its own tables when it runs
         p.run()
-        print(publish.submitted_message(eo.run_id, out, why_not_wait))
+        print(publish.submitted_message(eo.run_id, out, why_not_wait, publish.plan_line(eo, plan)))
         return 0
     failed = None
     try:

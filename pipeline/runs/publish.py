@@ -135,9 +135,24 @@ def submit_only(options: PipelineOptions) -> str | None:
     return None
 
 
-def submitted_message(run_id: str, spec: sinks.OutputSpec, why: str) -> str:
+def submitted_message(run_id: str, spec: sinks.OutputSpec, why: str, plan_line: str = "") -> str:
+    """What a launch that does not wait says: why, what the job will run (plan_line), where it will publish."""
     where = "\n".join(f"  {name:<8} {path}" for name, path in sinks.published_paths(spec).items())
-    return f"docscore run {run_id}: {why}; when the job runs, its Publish step writes\n{where}"
+    planned = f"\n  planned  {plan_line}" if plan_line else ""
+    return f"docscore run {run_id}: {why}; when the job runs, its Publish step writes\n{where}{planned}"
+
+
+def plan_line(eo, plan) -> str:
+    """The run as planned for its workers, in one line: backend, kernel, dtype, batch settings, and for Dataflow
+    the machine, accelerator and image the job names."""
+    given = eo.get_all_options()
+    workers = [f"{name} {given[option]}" for name, option in (("machine", "machine_type"), ("image", "sdk_container_image"))
+               if given.get(option)]
+    accelerator = next((str(o).partition("=")[2] for o in given.get("dataflow_service_options") or []
+                        if str(o).startswith("worker_accelerator=")), None)
+    return ", ".join([f"backend {plan.target_backend}", f"kernel {plan.kernel}", f"dtype {eo.dtype}",
+                      f"batch_size {plan.batch.batch_size}", f"{plan.batch.calls_per_beam_batch} calls per Beam batch",
+                      *([f"accelerator {accelerator}"] if accelerator else []), *workers])
 
 
 def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any], phase_starts: dict[str, float] | None = None,
