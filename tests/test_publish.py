@@ -332,13 +332,17 @@ def test_launches_nobody_waits_for():
     assert os.path.basename(spec.staging) not in message  # where readers look, not the staging area
 
 
-def test_the_replaced_runs_report_goes_at_the_commit(tmp_path):
+def test_the_replaced_runs_report_goes_at_the_commit(tmp_path, monkeypatch):
     """A launch stopped between its commit and its report must not leave the previous run's report.html beside
-    the new summary (it described another launch): the commit removes it, `docscore report` writes it again."""
+    the new summary (it described another launch): it is gone before the summary is written (on gs:// the two
+    are separate requests), and `docscore report` writes it again."""
     spec, written = stage_run(tmp_path)
     report = Path(run_commit.report_path(spec.output, spec.run_id))
     report.write_text("<html>the old run</html>")
+    commit, seen = run_commit.commit, []
+    monkeypatch.setattr(run_commit, "commit", lambda *a, **k: seen.append(report.exists()) or commit(*a, **k))
     publish.publish_run(spec, FACTS, STATS, written, derived=False)  # the launcher would write the report next
+    assert seen == [False]
     assert visible(spec) == NEW and not report.exists()
     report.write_text("<html>this launch's report</html>")
     publish.publish_run(spec, FACTS, STATS, written, derived=False)  # a retried publish of the same launch keeps it

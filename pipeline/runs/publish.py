@@ -57,7 +57,6 @@ def publish_run(spec: sinks.OutputSpec, facts: dict[str, Any], stats: dict[str, 
         committed = run_commit.committed_summary(spec.output, spec.run_id)
         if committed is None or committed.get(run_commit.LAUNCH_KEY) != spec.launch:
             committed = commit_launch(spec, summary, written)
-            remove_previous_report(spec)
     run_commit.clean_after_commit(spec.output, spec.run_id)
     run_commit.remove_staging(spec.staging)
     if derived:
@@ -66,8 +65,9 @@ def publish_run(spec: sinks.OutputSpec, facts: dict[str, Any], stats: dict[str, 
 
 
 def remove_previous_report(spec: sinks.OutputSpec) -> None:
-    """The replaced run's report.html no longer describes the committed run: gone at the commit, so a launch
-    stopped before it writes its own leaves no report (`docscore report` writes it) rather than the old one."""
+    """The replaced run's report.html will not describe the run about to be committed: gone just before the
+    commit, so no reader ever finds it beside the new summary, and a launch stopped before it writes its own
+    leaves no report (`docscore report` writes it) rather than the old one."""
     fs, path = fsspec.core.url_to_fs(run_commit.report_path(spec.output, spec.run_id))
     try:
         fs.rm_file(path)
@@ -86,6 +86,7 @@ def commit_launch(spec: sinks.OutputSpec, summary: dict[str, Any], written: dict
     files["history"] = [history.write_history_row(spec.output, summary, spec.launch)]
     if spec.leased:
         run_lease.check_holder(spec.output, spec.run_id, spec.launch)
+    remove_previous_report(spec)
     return run_commit.commit(spec.output, spec.run_id, summary, files, spec.launch)
 
 
