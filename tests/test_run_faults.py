@@ -198,10 +198,21 @@ def test_a_gs_lease_is_exclusive_until_released_or_expired(gcs_emulator, tmp_pat
     with gcs_target(gcs_emulator, tmp_path, fault_rate=0) as target:
         out = target.url("out")
         first = run_lease.acquire(out, "g1", "launch-one", ttl_s=60.0)  # far from expiring on a loaded machine
-        with pytest.raises(run_lease.LeaseHeld, match="launch launch-one"):
+        with pytest.raises(run_lease.LeaseHeld, match=r"launch launch-one .*wait for it to finish \(its lease, renewed "
+                                                      r"while it runs, expires at \d\d:\d\d:\d\d if it stopped\)"):
             run_lease.acquire(out, "g1", "launch-two")
         run_lease.check_holder(out, "g1", "launch-one")
         first.release()
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        killed = run_lease.acquire(out, "g1", "launch-killed", ttl_s=60.0)  # as if its process had been killed:
+        killed._stop.set()
+        with fsspec.open(run_lease.lease_path(out, "g1"), "rb") as f:
+            held = json.loads(f.read())
+        with fsspec.open(run_lease.lease_path(out, "g1"), "wb") as f:
+            f.write(json.dumps({**held, "pid": int(gone.stdout)}).encode())  # its pid on this host is no more
+        with pytest.raises(run_lease.LeaseHeld, match="a process of this machine that is gone; its lease expires at"):
+            run_lease.acquire(out, "g1", "launch-two")
+        fsspec.filesystem("gs").rm(run_lease.lease_path(out, "g1"))
         second = run_lease.acquire(out, "g1", "launch-two", ttl_s=2.0)
         second._stop.set()  # the holder stops renewing (cut off): after the expiry the lease is taken over
         time.sleep(2.5)

@@ -207,8 +207,29 @@ def _who(holder: dict[str, Any]) -> str:
 
 
 def _held_message(output: str, run_id: str, holder: dict[str, Any]) -> str:
-    return (f"--run_id {run_id} is being written to {output} by {_who(holder)}; wait for it to finish, "
-            "or pass another --run_id")
+    """Who holds the lease; on an object store also when it expires, and whether its holder is a process of
+    this machine that is gone (killed: its lease blocks the run_id until it expires, renewed by nobody)."""
+    expires = holder.get("expires")
+    if expires is None:
+        return (f"--run_id {run_id} is being written to {output} by {_who(holder)}; wait for it to finish, "
+                "or pass another --run_id")
+    until = time.strftime("%H:%M:%S", time.localtime(expires))
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) and not _alive(holder["pid"]):
+        return (f"--run_id {run_id} is held in {output} by {_who(holder)}, a process of this machine that is gone; "
+                f"its lease expires at {until} (within {TTL_S:.0f} s of its last renewal): launch again then, or pass "
+                "another --run_id")
+    return (f"--run_id {run_id} is being written to {output} by {_who(holder)}; wait for it to finish (its lease, "
+            f"renewed while it runs, expires at {until} if it stopped), or pass another --run_id")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 STALE_REMOTE_S = 24 * 3600.0  # gs:// staging without a live lease: launches nobody waits for hold none
