@@ -379,3 +379,19 @@ def test_a_launch_removes_the_replaced_runs_files_once_the_grace_period_is_over(
     other.rmdir()
     assert sorted(run_lease.remove_replaced(spec.output, spec.run_id, own_launch="next")) == sorted(retired)
     assert on_disk(tmp_path / "out") == {f for names in summary["files"].values() for f in names}
+
+
+def test_a_launch_names_only_failed_launches_leftovers_as_such(tmp_path, monkeypatch):
+    """remove_stale's list is what the launch prints as "left by a launch that did not finish": the files of a
+    replaced launch whose grace period is over go too, but are not called that."""
+    from pipeline.io import run_lease
+
+    spec, written = stage_run(tmp_path)
+    summary = publish.publish_run(spec, FACTS, STATS, written, derived=False)
+    dead = sinks.OutputSpec.for_run(spec.output, spec.run_id, "parquet")  # a launch killed after placing its files
+    left = run_commit.place_staged(spec.output, spec.run_id, dead.launch, "scores", stage(dead, {"scores": 1}, b"dead")["scores"])
+    monkeypatch.setattr(run_commit, "REPLACED_GRACE_S", 0.0)
+    removed = run_lease.remove_stale(spec.output, own_launch="next")
+    retired = {f for r in summary["retired"] for f in r["files"]}
+    assert retired and not retired & set(removed) and set(left) <= set(removed)
+    assert on_disk(tmp_path / "out") == {f for names in summary["files"].values() for f in names}

@@ -201,6 +201,12 @@ def kept_files(summary: dict[str, Any], now: float) -> set[str]:
                     for f in r["files"]}
 
 
+def replaced_files(output: str, run_id: str) -> set[str]:
+    """The files of the launches the committed run replaced that its summary still lists (`retired`)."""
+    summary = committed_summary(output, run_id) or {}
+    return {f for r in summary.get(RETIRED_KEY, []) for f in r["files"]}
+
+
 def clean_after_commit(output: str, run_id: str, now: float | None = None) -> list[str]:
     """Remove what the committed summary does not keep (kept_files) from the run's partitions: files of
     failed launches, of launches replaced REPLACED_GRACE_S or more before `now`, and the old

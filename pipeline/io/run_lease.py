@@ -239,7 +239,8 @@ def remove_stale(output: str, *, own_launch: str) -> list[str]:
     """Remove what dead launches left under `output`: their staging directories (_staging/run_id=ID/LAUNCH)
     and the files they placed in partitions without committing. A launch is dead when no live lease of its
     run names it (locally exact: flock; on gs:// also only once its staging is STALE_REMOTE_S old, since a
-    launch nobody waits for holds no lease). Never this launch's, never through a link. Returns what went."""
+    launch nobody waits for holds no lease). Never this launch's, never through a link. Returns what went of
+    launches that did not finish (the files of replaced launches whose grace period is over go too, unlisted)."""
     fs, root = fsspec.core.url_to_fs(output)
     staging_root = posixpath.join(root, "_staging")
     removed: list[str] = []
@@ -259,7 +260,8 @@ def remove_stale(output: str, *, own_launch: str) -> list[str]:
             run_commit.remove_staging(launch_dir if is_local(fs) else fs.unstrip_protocol(launch_dir))
             removed.append(launch_dir)
         if live in (None, own_launch) and not kept:  # our own run's partitions too: we hold its lease
-            removed += run_commit.clean_after_commit(output, run_id)
+            replaced = run_commit.replaced_files(output, run_id)
+            removed += [f for f in run_commit.clean_after_commit(output, run_id) if f not in replaced]
     return removed
 
 
