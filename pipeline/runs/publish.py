@@ -160,8 +160,9 @@ def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any], ph
                              finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """After a wait: the summary the job committed, with the job's Beam metrics, (given when the command and
     its phases started, summary.with_command_wall) the whole command's wall time and its phases, and `finish`'s additions (the launcher's gates); when they add
-    anything, the history row and then the summary are rewritten (each atomically; same launch, same
-    files). None for BigQuery outputs (their summary is the run's PREFIX_runs row, not read back here)."""
+    anything, the summary and then the history row are rewritten (each atomically; same launch, same
+    files: a launch stopped between them leaves the history row saying less than the summary, never more).
+    None for BigQuery outputs (their summary is the run's PREFIX_runs row, not read back here)."""
     if spec.output.startswith(sinks.BQ_PREFIX):
         return None
     summary = run_commit.committed_summary(spec.output, spec.run_id)
@@ -173,6 +174,6 @@ def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any], ph
     if finish is not None:
         enriched = finish(enriched)
     if enriched is not summary:
-        history.write_history_row(spec.output, enriched, spec.launch)
         run_commit.rewrite_summary(spec.output, enriched)
+        history.write_history_row(spec.output, enriched, spec.launch)
     return enriched
