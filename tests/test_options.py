@@ -110,6 +110,13 @@ def labels_config(tmp_path):
     return str(path)
 
 
+def placed(path):
+    """A file at `path` (its folders made): something in the way of a folder the run writes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("x")
+    return path
+
+
 def not_writable(tmp_path):
     (tmp_path / "a_file").write_text("x")
     return str(tmp_path / "a_file" / "out")  # a directory cannot be made under a file
@@ -161,6 +168,11 @@ CASES = {
                                   "`task` is a list", False),
     "output_inside_the_input_directory": (lambda t: ["--input", str(t / "in"), "--output", str(t / "in" / "out")],
                                           "is inside what --input", False),
+    "output_holds_a_file_where_a_table_folder_goes": (lambda t: ["--output", str(placed(t / "o1" / "scores").parent)],
+                                                      "scores is a file where the run writes a folder", False),
+    "output_holds_a_file_where_the_run_partition_goes": (
+        lambda t: ["--output", str(placed(t / "o2" / "runs" / "run_id=r1").parent.parent), "--run_id", "r1"],
+        "run_id=r1 is a file where the run writes a folder", False),
     "profile_dir_not_a_directory": (lambda t: ["--profile_dir", str(not_writable(t))], "--profile_dir", False),
     "cache_dir_under_a_file": (lambda t: ["--cache_dir", str(not_writable(t))], "--cache_dir", False),
     "temperature_infinite": (lambda t: ["--task", "classify", "--labels", "a=x;b=y", "--temperature", "inf"],
@@ -424,3 +436,20 @@ def test_a_config_files_labels_are_cleared_by_an_empty_labels_flag(tmp_path):
         check_options(eo)
     _, eo = parse_options(["--config", str(config), "--task", "embed", "--labels", ""])
     check_options(eo)
+
+
+def test_an_output_above_the_input_is_not_inside_what_it_reads(tmp_path):
+    """`--input data/ --output .`: the tables go to ./scores, ./errors and ./runs, which data/ never holds, so the
+    run is not refused; an input whose shards lie in those folders is."""
+    from pipeline.validate import check_output_outside_input
+
+    shard = tmp_path / "data" / "a.jsonl"
+    shard.parent.mkdir()
+    shard.write_text('{"text": "x"}\n')
+    for given in (shard.parent, shard):
+        _, eo = parse_options(["--input", str(given), "--output", str(tmp_path)])
+        check_output_outside_input(eo, [str(shard)])
+    table_shard = tmp_path / "scores" / "run_id=x" / "part-0.jsonl"  # an earlier run's --output_format jsonl table
+    _, eo = parse_options(["--input", str(tmp_path / "**" / "*.jsonl"), "--output", str(tmp_path)])
+    with pytest.raises(ConfigError, match="is inside what --input"):
+        check_output_outside_input(eo, [str(shard), str(table_shard)])
