@@ -290,8 +290,12 @@ def layered_flags(argv: list[str]) -> list[str]:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     pre.add_argument("--preset")
+    refuse_bad_values(pre)  # `--config` with no value: one line naming it, as for every other flag
     first, _ = pre.parse_known_args(argv)
     config = load_config_file(first.config) if first.config else {}
+    if "config" in config:
+        raise ConfigError(f"--config {first.config}: a config file cannot name another (config: {config['config']}); "
+                          "put its keys in this file, or pass that file with --config")
     preset_name = first.preset if first.preset is not None else config.get("preset")  # --preset "": refused, not none
     config = {k: v for k, v in config.items() if k not in ("config", "preset")}
     refuse_unknown_keys(f"--config {first.config}", config)
@@ -308,9 +312,11 @@ def layered_flags(argv: list[str]) -> list[str]:
 
 def refuse_unknown_keys(origin: str, values: dict[str, Any]) -> None:
     known = known_option_names()
-    unknown = sorted(set(values) - known)
+    unknown = sorted((key for key in values if key not in known), key=str)
     if unknown:
-        named = [f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, sorted(known), n=1))
+        named = [f"{key} (YAML reads it as {type(key).__name__ if key is not None else 'null'}, not a flag name)"
+                 if not isinstance(key, str) else
+                 f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, sorted(known), n=1))
                  else key for key in unknown]
         raise ConfigError(
             f"{origin}: unknown key(s) {', '.join(named)}; use the flag names without dashes "
@@ -372,6 +378,20 @@ def refuse_bad_values(parser: argparse.ArgumentParser) -> None:
     def error(message: str) -> None:
         raise ConfigError(f"{message.replace('argument ', '', 1)}; `docscore run --help` lists the flags and their values")
     parser.error = error  # type: ignore[method-assign]
+
+
+def single_dash_flags(flags: list[str]) -> list[str]:
+    """Arguments written as a flag with one dash (-batch_size=4), which Beam drops with a warning."""
+    _, unknown = beam_parser().parse_known_args(flags)
+    return [arg for arg in unknown if len(arg) > 1 and arg[0] == "-" and arg[1] != "-" and not _is_number(arg)]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def stray_words(flags: list[str]) -> list[str]:
@@ -505,6 +525,10 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, EvalOptions]:
     if label_specs:
         flags.append(f"--classify_labels={label_specs[-1]}")
     quiet_beam_noise()
+    single = single_dash_flags(flags)
+    if single:
+        raise ConfigError(", ".join(f"unknown option {arg} (did you mean -{arg.partition('=')[0]}?)" for arg in single[:3])
+                          + "; docscore's and Beam's flags take two dashes")
     unknown = unknown_flags(flags)
     if unknown:
         raise ConfigError(unknown_flags_message(unknown))
