@@ -377,9 +377,15 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     )
     check_output_outside_input(eo, shards)
 
-    if eo.output.startswith(sinks.BQ_PREFIX) and not eo.get_all_options().get("temp_location"):
-        raise ConfigError(f"--output {eo.output} needs --temp_location gs://BUCKET/tmp (where BigQuery loads are staged)")
+    temp_location = eo.get_all_options().get("temp_location")
+    if eo.output.startswith(sinks.BQ_PREFIX) and not str(temp_location or "").startswith("gs://"):
+        given = f" (not {temp_location})" if temp_location else ""
+        raise ConfigError(f"--output {eo.output} needs --temp_location gs://BUCKET/tmp{given}: BigQuery loads its files "
+                          "from Cloud Storage")
     if not eo.output.startswith(sinks.BQ_PREFIX):
+        if fsspec.core.split_protocol(eo.output)[0] in (None, "file") and os.path.abspath(
+                fsspec.core.split_protocol(eo.output)[1]) == "/":
+            raise ConfigError(f"--output {eo.output} is the file system's root; choose a directory for the run's tables")
         try:
             sinks.check_writable(eo.output)
         except OSError as e:

@@ -168,6 +168,10 @@ CASES = {
     "config_naming_another_config": (lambda t: ["--config", config_file(t, "config: /nonexistent.yaml\n")],
                                      "a config file cannot name another (config: /nonexistent.yaml)", False),
     "config_without_a_value": (lambda t: ["--config"], "--config: expected one argument", False),
+    "bigquery_output_with_a_local_temp_location": (
+        lambda t: ["--output", "bq:docscore-test.evals.nightly", "--temp_location", str(t / "tmp")],
+        "needs --temp_location gs://BUCKET/tmp (not ", False),
+    "output_at_the_file_system_root": (lambda t: ["--output", "/"], "--output / is the file system's root", False),
     "config_is_a_directory": (lambda t: ["--config", str(t)], "cannot be read (IsADirectoryError", False),
     "config_not_text": (lambda t: ["--config", config_file(t, b"\xff\xfe bad")], "not UTF-8 text", False),
     "config_list_for_one_value": (lambda t: ["--config", config_file(t, "task: [embed, classify]\n")],

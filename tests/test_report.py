@@ -232,6 +232,8 @@ def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_
     assert "no finished run under" in err and "DIR/runs/run_id=ID" in err
     assert report.main([output, "--run_id", "r9"]) == 2
     assert "run 'r9' did not finish" in capsys.readouterr().err
+    assert report.main([""]) == 2  # `docscore report "$OUT"` with OUT unset
+    assert "no run given (an empty argument)" in capsys.readouterr().err
     # any of the run's directories names it, as for compare, and so does the summary.json path `docscore run`
     # prints at its end; a --run_id saying otherwise is refused, not ignored
     for run_path in [f"{output}/{table}/run_id=r1" for table in ("runs", "scores", "errors")] + [

@@ -75,7 +75,9 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
     """
     if path.startswith(sinks.BQ_PREFIX):
         raise ReportError(bigquery_message(path, "report"))
-    path = path.rstrip("/")
+    if not path.strip():
+        raise ReportError("no run given (an empty argument): pass the output DIR, a run's folder or its summary.json")
+    path = path.rstrip("/") or "/"
     folder = posixpath.dirname(path)
     if (posixpath.basename(path) == SUMMARY_FILE and run_commit.partition_run_id(folder)
             and posixpath.basename(posixpath.dirname(folder)) == "runs"):
