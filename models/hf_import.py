@@ -19,7 +19,7 @@ from models.architecture import check_param_shapes
 from models.config import ModelConfig, read_config
 from models.errors import ModelLoadError
 from models.model_dir import ModelMetadata, check_new_dir, remove_unfinished, write_model_dir
-from models.tokenizer import DocTokenizer
+from models.tokenizer import MIN_SEQ_LEN, DocTokenizer
 from pipeline.interrupt import exit_on_interrupt
 
 # Tensors of task heads and buffers that carry no encoder/decoder weights.
@@ -346,12 +346,13 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     st_len = sentence_transformers_max_len(src)  # also refuses pooling and modules docscore does not compute
     texts["tokenizer.json"] = with_sentence_transformers_text_rules(src, texts["tokenizer.json"])
     seq_len = next(n for n in (max_seq_len, st_len, config.default_seq_len) if n is not None)
-    if not 0 < seq_len <= config.max_positions:
+    if not MIN_SEQ_LEN <= seq_len <= config.max_positions:
         origin = ("--max_seq_len" if max_seq_len is not None else
                   f"{os.path.join(src, 'sentence_bert_config.json')}'s max_seq_length" if st_len is not None else
                   "the config's default")
-        raise ModelLoadError(f"{src}: max_seq_len {seq_len} ({origin}) must be between 1 and the model's "
-                             f"{config.max_positions} positions; pass --max_seq_len <= {config.max_positions}")
+        raise ModelLoadError(f"{src}: max_seq_len {seq_len} ({origin}) must be between {MIN_SEQ_LEN} (what `docscore "
+                             f"run` takes) and the model's {config.max_positions} positions; pass --max_seq_len in "
+                             "that range")
     tokenizer = DocTokenizer.from_str(texts["tokenizer.json"], max_seq_len=seq_len,
                                       path=os.path.join(src, "tokenizer.json"))
     if seq_len <= tokenizer.n_special:

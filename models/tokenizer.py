@@ -24,6 +24,9 @@ class EncodedDoc:
     truncated: bool
 
 
+MIN_SEQ_LEN = 8  # the shortest window docscore runs or converts a model for: a few tokens beside the special ones
+
+
 class DocTokenizer:
     """A tokenizer.json tokenizer whose own truncation and padding are switched off: long texts are
     windowed here, never silently cut."""

@@ -18,6 +18,7 @@ from typing import Any
 import fsspec
 
 from models.builtin import BUILTINS
+from models.tokenizer import MIN_SEQ_LEN
 from pipeline import dataflow_checks, tasks
 from pipeline.io import run_commit, sinks, sources, tfds_reader
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels
@@ -300,8 +301,8 @@ def check_options(eo: EvalOptions) -> None:
             f"--max_error_fraction={eo.max_error_fraction} must be in [0, 1]: the share of error rows among the "
             "records past which the run exits 4 (1 never fails the run)"
         )
-    if eo.max_seq_len is not None and eo.max_seq_len < 8:
-        raise ConfigError(f"--max_seq_len={eo.max_seq_len} is too short; use at least 8 (default: the model's)")
+    if eo.max_seq_len is not None and eo.max_seq_len < MIN_SEQ_LEN:
+        raise ConfigError(f"--max_seq_len={eo.max_seq_len} is too short; use at least {MIN_SEQ_LEN} (default: the model's)")
     if not 0 < eo.temperature < math.inf:
         raise ConfigError(f"--temperature={eo.temperature} must be > 0 and finite (e.g. 0.05)")
     workers = eo.get_all_options().get("direct_num_workers")
