@@ -184,16 +184,25 @@ def local_data_parallel(devices: Sequence[jax.Device] | None = None) -> MeshLayo
     return layout(devices, 1, "data parallel: parameters copied to every device")
 
 
+def parses_as_bytes(text: str) -> bool:
+    """Whether BUDGET_ENV's value is a positive, finite number of bytes (16e9 or 16000000000)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return 0 < value < float("inf")
+
+
 def device_room(devices: Sequence[jax.Device]) -> tuple[int, str]:
     """(bytes each device can give the parameters, where that number comes from): BUDGET_ENV when set, else
     the smallest bytes_limit - bytes_in_use of memory_stats(), else (CPU devices, which report none) the
     host's available RAM shared by the devices."""
     budget = os.environ.get(BUDGET_ENV)
     if budget:
-        try:
-            return int(float(budget)), f"the {BUDGET_ENV} budget"
-        except ValueError:
-            raise ModelDoesNotFit(f"{BUDGET_ENV}={budget!r} is not a number of bytes per device") from None
+        if not parses_as_bytes(budget):
+            raise ModelDoesNotFit(f"{BUDGET_ENV}={budget!r} is not a number of bytes per device; set it to one (e.g. "
+                                  "16e9) or unset it")
+        return int(float(budget)), f"the {BUDGET_ENV} budget"
     free = smallest_free(devices)
     if free is not None:
         room, device = free

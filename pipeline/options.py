@@ -430,6 +430,9 @@ KNOWN_RUNNERS = tuple(path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KN
 def check_runner(runner: str | None) -> None:
     """--runner must name a runner Beam knows; otherwise ConfigError with the closest name (Beam itself
     raises a ValueError traceback only when the pipeline is built, after the model has been loaded)."""
+    if runner is not None and not runner.strip():
+        raise ConfigError("--runner is empty; name a runner (DirectRunner, DataflowRunner) or leave --runner out "
+                          "for DirectRunner")
     if not runner or "." in runner:
         return
     lowered = {name.lower(): name for name in KNOWN_RUNNERS}

@@ -17,6 +17,7 @@ from typing import Any
 
 import fsspec
 
+from models import sharding
 from models.builtin import BUILTINS
 from models.tokenizer import MIN_SEQ_LEN
 from pipeline import dataflow_checks, tasks
@@ -301,6 +302,10 @@ def check_options(eo: EvalOptions) -> None:
             f"--max_error_fraction={eo.max_error_fraction} must be in [0, 1]: the share of error rows among the "
             "records past which the run exits 4 (1 never fails the run)"
         )
+    budget = os.environ.get(sharding.BUDGET_ENV)
+    if budget and not sharding.parses_as_bytes(budget):
+        raise ConfigError(f"{sharding.BUDGET_ENV}={budget!r} is not a number of bytes per device; set it to one "
+                          "(e.g. 16e9) or unset it to use what the devices report")
     if eo.max_seq_len is not None and eo.max_seq_len < MIN_SEQ_LEN:
         raise ConfigError(f"--max_seq_len={eo.max_seq_len} is too short; use at least {MIN_SEQ_LEN} (default: the model's)")
     if not 0 < eo.temperature < math.inf:

@@ -122,14 +122,18 @@ def test_a_call_larger_than_the_room_names_the_flag_the_estimate_the_limit_and_a
                                         room=memory_room.MemoryRoom(2**20, "left"))
     assert "even --batch_size=1 does not fit: use a shorter --max_seq_len or --attention=flash" in message, message
     assert "--direct_num_workers" not in message  # one call at a time: fewer workers would not help
-    # many worker processes, each with its call and its copy of the model: fewer workers is a fix too, and the
-    # per-row figure is one call's
+    # many worker processes, each with its call and its copy of the model, where one alone fits: the message
+    # leads with the workers, not with a --batch_size nobody set
     many = memory.batch_size_problem(config, batch_size=16, seq_len=256, dtype="float32", attention="xla",
                                      room=room, concurrent_calls=1000, model_copies=1000)
-    one = memory.batch_size_problem(config, batch_size=16, seq_len=256, dtype="float32", attention="xla",
-                                    room=memory_room.MemoryRoom(2**20, "left"))
-    assert many.endswith("or fewer --direct_num_workers") and "for 1000 calls at once" in many, many
-    assert many.split("float32: ")[1].split(" per row")[0] == one.split("float32: ")[1].split(" per row")[0]
+    assert memory.batch_size_problem(config, batch_size=16, seq_len=256, dtype="float32", attention="xla",
+                                     room=room) is None
+    assert many.startswith("--direct_num_workers: 1000 model calls at once of --batch_size=16 rows"), many
+    assert "use fewer --direct_num_workers" in many, many
+    # a few threads whose calls together do not fit at this batch size: a smaller --batch_size is the fix
+    few = memory.batch_size_problem(config, batch_size=4096, seq_len=256, dtype="float32", attention="xla",
+                                    room=room, concurrent_calls=2)
+    assert few.startswith("--batch_size=4096") and "for 2 calls at once (--direct_num_workers)" in few, few
 
 
 def test_the_room_is_the_cgroup_limit_when_that_is_smaller_than_available_ram(tmp_path):

@@ -172,6 +172,7 @@ CASES = {
         lambda t: ["--output", "bq:docscore-test.evals.nightly", "--temp_location", str(t / "tmp")],
         "needs --temp_location gs://BUCKET/tmp (not ", False),
     "output_at_the_file_system_root": (lambda t: ["--output", "/"], "--output / is the file system's root", False),
+    "runner_empty": (lambda t: ["--runner", ""], "--runner is empty; name a runner", False),
     "config_is_a_directory": (lambda t: ["--config", str(t)], "cannot be read (IsADirectoryError", False),
     "config_not_text": (lambda t: ["--config", config_file(t, b"\xff\xfe bad")], "not UTF-8 text", False),
     "config_list_for_one_value": (lambda t: ["--config", config_file(t, "task: [embed, classify]\n")],
@@ -465,3 +466,17 @@ def test_an_output_above_the_input_is_not_inside_what_it_reads(tmp_path):
     _, eo = parse_options(["--input", str(tmp_path / "**" / "*.jsonl"), "--output", str(tmp_path)])
     with pytest.raises(ConfigError, match="is inside what --input"):
         check_output_outside_input(eo, [str(shard), str(table_shard)])
+
+
+def test_a_device_memory_budget_that_is_not_a_number_names_the_variable(tmp_path, corpus, monkeypatch, capsys):
+    """It was reported as a --model load error with no fix."""
+    monkeypatch.setenv("DOCSCORE_DEVICE_MEMORY_BYTES", "abc")
+    assert run_docscore("--input", str(corpus), "--output", str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert "DOCSCORE_DEVICE_MEMORY_BYTES='abc' is not a number of bytes per device; set it" in err and "--model" not in err, err
+
+
+def test_beams_test_runner_runs_locally():
+    from pipeline.telemetry.progress import runs_locally
+
+    assert runs_locally(parse_options(["--input", "x", "--output", "y", "--runner", "TestDirectRunner"])[0])

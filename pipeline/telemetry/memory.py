@@ -245,13 +245,17 @@ def batch_size_problem(config, *, batch_size: int, seq_len: int, dtype: str, att
     while needed((2 * fits or 1)) <= room.bytes // HEADROOM:  # the largest power of two with room to spare
         fits = 2 * fits or 1
     where = f" per device ({devices} devices share a call's rows)" if room.per_device and devices > 1 else ""
+    if not fits and (concurrent_calls > 1 or model_copies > 1):  # the workers, not the batch, are what does not fit
+        return (f"--direct_num_workers: {concurrent_calls} model calls at once of --batch_size={batch_size} rows x "
+                f"{seq_len} tokens (and {model_copies} more copies of the model) need about "
+                f"{format_bytes(needed(share))}{where}, more than the {format_bytes(room.bytes)} {room.source}; use fewer "
+                "--direct_num_workers (or a smaller --batch_size, a shorter --max_seq_len)")
     workers = f" for {concurrent_calls} calls at once (--direct_num_workers)" if concurrent_calls > 1 else ""
     if fits:
         fix = f"use --batch_size={fits * (devices if room.per_device else 1)} or less"
     else:
         fix = (f"even --batch_size={devices if room.per_device else 1} does not fit: use a shorter --max_seq_len"
-               + (" or --attention=flash (no [L, L] scores)" if attention not in FLASH_KERNELS + ("blockwise",) else "")
-               + (" or fewer --direct_num_workers" if concurrent_calls > 1 or model_copies > 1 else ""))
+               + (" or --attention=flash (no [L, L] scores)" if attention not in FLASH_KERNELS + ("blockwise",) else ""))
     return (f"--batch_size={batch_size}: a model call of {batch_size} rows x {seq_len} tokens needs about "
             f"{format_bytes(needed(share))}{where}{workers} ({attention} attention, {dtype}: {format_bytes(per_row)} per row), more "
             f"than the {format_bytes(room.bytes)} {room.source}; {fix}")

@@ -366,7 +366,8 @@ class ProgressReporter:
 
 # ---- wiring it to a pipeline run ----------------------------------------------------------------
 
-LOCAL_RUNNERS = (None, "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner", "PrismRunner", "FnApiRunner")
+LOCAL_RUNNERS = (None, "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner", "PrismRunner", "FnApiRunner",
+                 "TestDirectRunner")
 _LOCAL_RUNNER_NAMES = {runner.lower(): runner for runner in LOCAL_RUNNERS if runner}
 
 
