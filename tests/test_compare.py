@@ -304,6 +304,11 @@ def test_readable_report_through_the_docscore_command(tmp_path, capsys):
     assert json.loads(json_file.read_text())["label_flips"]["flipped"] == 1
     assert docscore(["compare", str(tmp_path / "scores"), b]) == 2
     assert "is not a run partition" in capsys.readouterr().err
+    # a limit that could never fail, or is no number of its kind, is refused before any run is read
+    assert docscore(["compare", a, b, "--max_label_flip_fraction", "2"]) == 2
+    assert "a share is at most 1, and a larger limit could never fail" in capsys.readouterr().err
+    assert docscore(["compare", a, b, "--max_mean_drift", "inf"]) == 2
+    assert "a limit must be a finite number >= 0" in capsys.readouterr().err
 
 
 @pytest.mark.integration

@@ -263,12 +263,26 @@ def _place(ref: RunRef) -> tuple[str, str]:
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
+    """Each limit's --help text is LIMIT_HELP's; None: not checked."""
+
     max_mean_drift: float | None = 0.01
     max_max_drift: float | None = None
     max_label_flip_fraction: float | None = 0.05
     max_embedding_drift: float | None = 0.01  # mean 1 - cosine
     max_count_change: float | None = None  # |B - A| / A of scored rows and of error rows
     max_stage_slowdown: float | None = None  # B/A of each stage's p50
+
+
+LIMIT_HELP = {
+    "max_mean_drift": "mean |score B - score A| over the paired documents",
+    "max_max_drift": "largest |score B - score A| of one paired document",
+    "max_label_flip_fraction": "share of paired documents whose label changed (0 to 1)",
+    "max_embedding_drift": "mean 1 - cosine between a paired document's embeddings",
+    "max_count_change": "|B - A| / max(A, 1) of the scored rows and of the error rows: a fraction of A's count "
+                        "(from 0 errors, a count); 0.1 allows 10%%",
+    "max_stage_slowdown": "B's p50 over A's of each stage's per-document time (1.5: 50%% slower)",
+}
+FRACTIONS = ("max_label_flip_fraction",)  # at most 1: a larger limit could never fail
 
 
 def not_comparable(result: dict[str, Any]) -> str | None:
@@ -404,11 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_a", metavar="RUN_A", help="the reference run: DIR/scores/run_id=ID")
     parser.add_argument("run_b", metavar="RUN_B", help="the run compared with it: DIR/scores/run_id=ID")
-    parser.add_argument("--key", choices=sorted(KEYS), default="source_record", help="how documents are matched")
+    parser.add_argument("--key", choices=sorted(KEYS), default="source_record",
+                        help="how documents are matched (default source_record)")
     defaults = Limits()
     for field in dataclasses.fields(Limits):
         parser.add_argument(f"--{field.name}", type=limit_value, default=getattr(defaults, field.name),
-                            help=f"limit (default {getattr(defaults, field.name)}; 'none': not checked)")
+                            help=f"{LIMIT_HELP[field.name]} (default {getattr(defaults, field.name)}; 'none': not checked)")
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the comparison as JSON ('-': stdout, instead of the report)")
     return parser
 
@@ -420,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
            if value is not None and not 0 <= value < math.inf]
     if bad:
         print(f"docscore compare: {', '.join(bad)}: a limit must be a finite number >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    over = [f"--{name}={getattr(limits, name)}" for name in FRACTIONS if (getattr(limits, name) or 0) > 1]
+    if over:
+        print(f"docscore compare: {', '.join(over)}: a share is at most 1, and a larger limit could never fail; "
+              "pass a share (0.05: 5%), or none to leave it unchecked", file=sys.stderr)
         return EXIT_USAGE
     options.quiet_beam_noise()  # among it gcsfs's traceback of a store out of retries: load_run names that store
     try:
