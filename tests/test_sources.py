@@ -99,6 +99,12 @@ def test_discover_shards_glob_directory_and_refusals(tmp_path):
         shards_of(str(tmp_path / "d" / "*.txt"))
     with pytest.raises(ValueError, match="cannot read .*notes.yaml"):
         shards_of(str(tmp_path / "d" / "*"))
+    (tmp_path / "other").mkdir()  # a directory of other formats only names them (README: skipped files are named)
+    for name in ("a.csv", "b.tsv"):
+        (tmp_path / "other" / name).write_text("")
+    with pytest.raises(FileNotFoundError, match=r"matches no readable shard .*; it holds only files of other formats: "
+                                                r".*a\.csv, .*b\.tsv"):
+        shards_of(str(tmp_path / "other"))
 
 
 def test_a_directory_is_read_with_its_subfolders_except_hidden_ones(tmp_path):

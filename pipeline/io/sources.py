@@ -150,7 +150,10 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
                 + f"; use a pattern matching only {SUPPORTED} files"
             )
     if not found:
-        raise FileNotFoundError(f"--input {pattern}: matches no readable shard ({SUPPORTED})")
+        others = [as_written(p) for p in skipped]
+        holds = (f"; it holds only files of other formats: {', '.join(others[:3])}"
+                 + (f" and {len(others) - 3} more" if len(others) > 3 else "")) if others else ""
+        raise FileNotFoundError(f"--input {pattern}: matches no readable shard ({SUPPORTED}){holds}")
     refuse_array_record(pattern, found)
     undecodable = [p for p in found if utf8_size(p) is None]
     if undecodable:  # every row would carry it as `source`, and no table can hold it
