@@ -20,7 +20,7 @@ NAME = "blockwise"
 BACKENDS = ("cpu", "gpu", "tpu")
 BLOCK_Q = 256  # 256x512 was fastest of 128..1024 x 256..1024 at 2k tokens (benchmarks/README.md)
 BLOCK_K = 512
-LIMITS = (f"any shape and dtype; scores live one block at a time ({BLOCK_Q}x{BLOCK_K} per head), "
+LIMITS = (f"any shape, any floating dtype; scores live one block at a time ({BLOCK_Q}x{BLOCK_K} per head), "
           "so memory grows linearly with length; inference only (not tuned for gradients)")
 
 

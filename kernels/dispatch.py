@@ -7,6 +7,7 @@ from __future__ import annotations
 import numbers
 
 import jax
+import jax.numpy as jnp
 
 from kernels import mesh, table
 from kernels.interface import effective_window, shape_info_of
@@ -61,6 +62,10 @@ def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arra
                          f"{q.shape}, {k.shape}, {v.shape}")
     if k.shape != v.shape:
         raise ValueError(f"attention wants k and v of the same shape; got {k.shape} and {v.shape}")
+    if 0 in q.shape or 0 in k.shape:  # no query, key, head or feature to attend with: every kernel would differ
+        raise ValueError(f"attention wants every dimension of q and k at least 1; got {q.shape} and {k.shape}")
+    if not all(jnp.issubdtype(x.dtype, jnp.floating) for x in (q, k, v)):
+        raise ValueError(f"attention wants floating-point q, k, v; got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"attention wants q and k with the same batch and head_dim; got "
                          f"{q.shape} and {k.shape}")

@@ -13,7 +13,7 @@ from kernels.masking import MASKED_SCORE, allowed
 
 NAME = "xla"
 BACKENDS = ("cpu", "gpu", "tpu")
-LIMITS = ("any shape and dtype; materialises the full [q_len, kv_len] score matrix per head, "
+LIMITS = ("any shape, any floating dtype; materialises the full [q_len, kv_len] score matrix per head, "
           "so memory grows as batch*heads*q_len*kv_len*4 bytes")
 
 

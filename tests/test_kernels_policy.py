@@ -279,9 +279,21 @@ def test_attention_refuses_an_impossible_choice_at_trace_time():
     (((1, 8, 4, 8), (1, 9, 4, 8)), (1, 8), "segment_ids need q_len == kv_len"),
     (((1, 8, 4, 8), (1, 8, 4, 8)), (1, 9), "segment_ids must be \\[batch, len\\]"),
     (((8, 4, 8), (8, 4, 8)), None, "\\[batch, len, heads, head_dim\\]"),
+    (((1, 4, 2, 8), (1, 0, 2, 8)), None, "every dimension of q and k at least 1"),  # flash divided by a 0 block
+    (((1, 4, 2, 8), (1, 4, 0, 8)), None, "every dimension of q and k at least 1"),  # kv_heads 0: a modulo by 0
+    (((1, 4, 2, 0), (1, 4, 2, 0)), None, "every dimension of q and k at least 1"),
 ])
-def test_inputs_outside_the_contract_are_refused(shapes, segments, message):
+@pytest.mark.parametrize("impl", ["native", "flash"])
+def test_inputs_outside_the_contract_are_refused(shapes, segments, message, impl):
     q, k = (jnp.ones(s) for s in shapes)
     seg = None if segments is None else jnp.ones(segments, jnp.int32)
     with pytest.raises(ValueError, match=message):
-        attention(q, k, k, segment_ids=seg, impl="native")
+        attention(q, k, k, segment_ids=seg, impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["native", "flash"])
+def test_integer_inputs_are_refused(impl):
+    """xla truncated the probabilities to 0 and blockwise did not: the two answered 0 and 1 for the same input."""
+    x = jnp.ones((1, 3, 2, 8), jnp.int32)
+    with pytest.raises(ValueError, match="floating-point q, k, v; got int32"):
+        attention(x, x, x, impl=impl)
