@@ -640,7 +640,7 @@ def rows_for_local_devices(batch: batching.BatchSettings) -> tuple[batching.Batc
     import jax
 
     devices = jax.local_device_count()
-    rows = batching.rows_per_call(batch.batch_size, devices)
+    rows = batching.rows_for_devices(batch.batch_size, devices)
     if rows == batch.batch_size:
         return batch, None
     return dataclasses.replace(batch, batch_size=rows), (

@@ -31,17 +31,6 @@ MIN_ROW_LEN = {"cpu": 64, "gpu": None, "tpu": None}
 TAIL_CALL_FRACTION = {"cpu": 8, "gpu": 1, "tpu": 1}
 
 
-def tail_fraction_for(backend: str) -> int:
-    """TAIL_CALL_FRACTION of `backend`; full-size calls only where the backend is not one of those measured."""
-    return TAIL_CALL_FRACTION.get(backend, 1)
-
-
-def shortest_row_for(backend: str, max_len: int) -> int:
-    """The shortest packed row on `backend` (MIN_ROW_LEN): rows of max_len only where it has none, or where the
-    backend is not one of those measured."""
-    return MIN_ROW_LEN.get(backend) or max_len
-
-
 @dataclasses.dataclass(frozen=True)
 class BatchSettings:
     """A run's batch settings."""
@@ -63,7 +52,7 @@ class BatchSettings:
         return {**dataclasses.asdict(self), "beam_batch_tokens": self.beam_batch_tokens(max_len)}
 
 
-def rows_per_call(batch_size: int, devices: int) -> int:
+def rows_for_devices(batch_size: int, devices: int) -> int:
     """--batch_size rounded up to a multiple of the devices each model call's rows are split over."""
     return -(-batch_size // devices) * devices
 

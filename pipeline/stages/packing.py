@@ -83,7 +83,7 @@ def plan_rows(lengths: Sequence[int], row_lens: Sequence[int]) -> list[PackedRow
         if fill < max(sizes, default=0) or fill <= min(used_lens, default=fill):
             continue  # a window would not fit, or the plan would be pack_windows' own
         filled, _, tokens = _best_fit(sizes, order, [fill])
-        cut = [_shortest_row_for(t, len(r), row_lens) for r, t in zip(filled, tokens)]
+        cut = [_shortest_row_with_slots(t, len(r), row_lens) for r, t in zip(filled, tokens)]
         cut_cost = sum(map(row_cost, cut))
         if cut_cost < cost:
             rows, used_lens, cost = filled, cut, cut_cost
@@ -136,7 +136,7 @@ def _best_fit(sizes: list[int], order: list[int], row_lens: list[int],
     return rows, lens, tokens
 
 
-def _shortest_row_for(tokens: int, windows: int, row_lens: Sequence[int]) -> int:
+def _shortest_row_with_slots(tokens: int, windows: int, row_lens: Sequence[int]) -> int:
     """The shortest of row_lens (ascending) with room for `tokens` tokens in `windows` segment slots."""
     return next(m for m in row_lens if m >= tokens and max_segments_for(m) >= windows)
 
@@ -323,16 +323,18 @@ def run_model(
     token_logprobs (a decoder's next-token log-probs per window), each call dispatched without waiting
     (LoadedModel.start). Rows per call are rounded up to a multiple of the local device count (the model
     splits each call's rows over the devices). min_row_len and tail_fraction: default the backend's
-    (batching.shortest_row_for, batching.tail_fraction_for), so an accelerator runs rows of max_len only, the
-    length its kernel was chosen for at load, in full-size calls only."""
+    (batching.settings_for), so an accelerator runs rows of max_len only, the length its kernel was chosen for
+    at load, in full-size calls only."""
     import jax
 
+    name = jax.default_backend()
+    backend = batching.settings_for(name if name in batching.BATCH_SIZE else "gpu")  # another accelerator: as a GPU
     if min_row_len is None:
-        min_row_len = batching.shortest_row_for(jax.default_backend(), max_len)
+        min_row_len = backend.shortest_row(max_len)
     if tail_fraction is None:
-        tail_fraction = batching.tail_fraction_for(jax.default_backend())
+        tail_fraction = backend.tail_call_fraction
     devices = jax.local_device_count()
-    batch_size = batching.rows_per_call(batch_size, devices)
+    batch_size = batching.rows_for_devices(batch_size, devices)
     if per_token:
 
         def call(input_ids, segment_ids):
