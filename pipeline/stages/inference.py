@@ -143,6 +143,39 @@ class ScoringModel:
     load_compiles: np.ndarray | None = None
 
 
+def document_outputs(docs: Sequence[TokenizedDoc], outputs: Sequence[np.ndarray], timings: Sequence[Any],
+                     model: ScoringModel, shadow_outputs: Sequence[np.ndarray] | None = None) -> list[InferenceOutput]:
+    """run_model's per-window outputs and costs (each document's windows, then its query windows, in order) as
+    one InferenceOutput per document, with its share of the batch's time and computed tokens, and the shadow
+    kernel's outputs of the same windows where there are some."""
+    loaded, per_doc, k = model.loaded, [], 0
+    for doc in docs:
+        n, q = len(doc.windows), len(doc.query_windows)
+        share = timings[k : k + n + q]
+        output = InferenceOutput(
+            window_outputs=outputs[k : k + n],
+            query_outputs=outputs[k + n : k + n + q],
+            infer_ms=sum(t.ms_per_row for t in share),
+            computed_tokens=sum(t.computed_tokens_per_row for t in share),
+            model_id=loaded.model_id,
+            attention_impl=loaded.attention,
+            fingerprint=loaded.fingerprint,
+            backend=model.backend,
+            label_names=model.label_names,
+            label_embeddings=model.label_embeddings,
+        )
+        if shadow_outputs is not None:
+            output.shadow = ShadowOutput(
+                window_outputs=shadow_outputs[k : k + n],
+                query_outputs=shadow_outputs[k + n : k + n + q],
+                attention_impl=model.shadow_loaded.attention,
+                label_embeddings=model.shadow_label_embeddings,
+            )
+        per_doc.append(output)
+        k += n + q
+    return per_doc
+
+
 class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, ScoringModel]):
     """Beam ModelHandler for docscore models. An example is a list of TokenizedDocs (the pipeline moves
     documents in lists); its PredictionResult's inference is the list of their InferenceOutputs."""
@@ -236,31 +269,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
                 compiles = compiles + model.shadow_loaded.compiles_by_this_thread() - shadow_before
             self._record_metrics(totals, compiles if at_load is None else compiles + at_load, batch_ms)
         model_id = f"{loaded.model_id}/{loaded.attention}"  # RunInference's model id names the kernel
-        per_doc, k = [], 0
-        for doc in docs:
-            n, q = len(doc.windows), len(doc.query_windows)
-            share = timings[k : k + n + q]
-            output = InferenceOutput(
-                window_outputs=outputs[k : k + n],
-                query_outputs=outputs[k + n : k + n + q],
-                infer_ms=sum(t.ms_per_row for t in share),
-                computed_tokens=sum(t.computed_tokens_per_row for t in share),
-                model_id=loaded.model_id,
-                attention_impl=loaded.attention,
-                fingerprint=loaded.fingerprint,
-                backend=model.backend,
-                label_names=model.label_names,
-                label_embeddings=model.label_embeddings,
-            )
-            if shadow_outputs is not None:
-                output.shadow = ShadowOutput(
-                    window_outputs=shadow_outputs[k : k + n],
-                    query_outputs=shadow_outputs[k + n : k + n + q],
-                    attention_impl=model.shadow_loaded.attention,
-                    label_embeddings=model.shadow_label_embeddings,
-                )
-            per_doc.append(output)
-            k += n + q
+        per_doc = document_outputs(docs, outputs, timings, model, shadow_outputs)
         results, k = [], 0
         for chunk in batch:
             results.append(PredictionResult(example=chunk, inference=Batch(per_doc[k : k + len(chunk)]), model_id=model_id))
