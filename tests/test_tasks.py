@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import options, tasks
+from pipeline import tasks
 from pipeline.stages import scoring
 from pipeline.tasks.base import DECODER, ENCODER, GoldTotals, Prepared, Task
 from tests.conftest import LONG_TEXT, SENTENCES, common_flags, direct_embeddings, read_summary, read_table, run_docscore, write_jsonl
@@ -27,9 +27,8 @@ def unit(v):
     return v / np.linalg.norm(v)
 
 
-def test_the_registry_lists_the_five_tasks_and_options_offer_them():
+def test_the_registry_lists_the_five_tasks():
     assert list(tasks.TASKS) == ["embed", "similarity", "classify", "loglik", "choice"]
-    assert options.TASKS == tuple(tasks.TASKS)
     assert all(task.name == name for name, task in tasks.TASKS.items())
     with pytest.raises(ValueError, match="unknown task 'summarize'; the tasks are embed, similarity, classify, loglik, choice"):
         tasks.get("summarize")
