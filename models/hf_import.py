@@ -115,7 +115,8 @@ def gpt2_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
 
 def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
     """Hugging Face LlamaModel / MistralModel / Qwen2Model names -> our LlamaDecoder tree; lm_head.weight
-    becomes the output head unless tie_word_embeddings (then transformers ignores it too)."""
+    becomes the output head unless tie_word_embeddings. A tied checkpoint whose lm_head.weight differs from the
+    embedding is refused: transformers then unties them and scores with that head."""
     def dense(name: str, bias: bool) -> dict[str, np.ndarray]:
         weights = {"kernel": src.take(f"{name}.weight").T}
         return {**weights, "bias": src.take(f"{name}.bias")} if bias else weights
@@ -143,6 +144,12 @@ def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
                                  "false; docscore scores with the causal-LM head (save the *ForCausalLM model)")
         src.taken.add("lm_head.weight")
         params["lm_head"] = {"kernel": head.T}
+    else:
+        head = src.tensors.get("lm_head.weight")
+        if head is not None and not np.array_equal(head, params["token_embedding"]["embedding"]):
+            raise ModelLoadError(f"{src.where}: lm_head.weight differs from embed_tokens.weight although config.json "
+                                 "sets tie_word_embeddings true (transformers then scores with lm_head); set "
+                                 "tie_word_embeddings false in config.json to convert the checkpoint's own head")
     return params
 
 

@@ -390,6 +390,21 @@ def test_untied_model_without_its_head_is_refused(tmp_path, capsys):
     assert code == 2 and "'lm_head.weight' is missing and tie_word_embeddings is false" in message
 
 
+def test_tied_model_with_a_head_of_its_own_is_refused(tmp_path, capsys):
+    """transformers unties such a checkpoint and scores with its lm_head; docscore silently used the embedding
+    (total log-likelihood -84 against transformers' -352). The same head as the embedding converts."""
+    src = build_hf(tmp_path / "hf", "qwen2", num_hidden_layers=1)
+    tensors = load_file(src / "model.safetensors")
+    embedding = tensors["model.embed_tokens.weight"]
+    save_file({**tensors, "lm_head.weight": embedding.copy()}, src / "model.safetensors")
+    code, message = convert(src, tmp_path / "same", capsys)
+    assert code == 0, message
+    save_file({**tensors, "lm_head.weight": np.random.default_rng(0).normal(size=embedding.shape).astype(embedding.dtype)}, src / "model.safetensors")
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and "lm_head.weight differs from embed_tokens.weight although config.json sets " \
+                         "tie_word_embeddings true" in message, message
+
+
 def test_loglik_run_through_the_cli_matches_transformers(tmp_path):
     """`docscore run --task loglik` on a converted Llama: each document's total log-likelihood and perplexity
     equal transformers' over the same tokens (BOS predicts the first text token), and the summary's corpus
