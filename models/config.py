@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Literal
 
 from models.errors import ModelLoadError
@@ -247,23 +248,36 @@ def _rope(hf: dict[str, Any]) -> Rope:
                              f"computes rotary positions of rope_type {', '.join(map(repr, ROPE_TYPES))} only")
     if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ModelLoadError("partial_rotary_factor other than 1.0 is not supported")
-    theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
+    def positive(key: str, value: Any) -> float:
+        """A rope setting as a positive, finite number, or a refusal naming it (0, a negative or NaN value makes
+        every rotary frequency, and so every score, NaN)."""
+        number = None if isinstance(value, bool) else _as_float(value)
+        if number is None or not 0 < number < math.inf:
+            raise ModelLoadError(f"{key} of rope_type {kind!r} is {_shown(value)}; it must be a positive, finite "
+                                 "number")
+        return number
+
+    theta = positive("rope_theta", params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
     try:
         if kind == "default":
-            return Rope(theta=float(theta))
+            return Rope(theta=theta)
         if kind == "linear":
-            return Rope(theta=float(theta), kind=kind, factor=float(params["factor"]))
-        return Rope(theta=float(theta), kind=kind, factor=float(params["factor"]),
-                    low_freq_factor=float(params["low_freq_factor"]),
-                    high_freq_factor=float(params["high_freq_factor"]),
-                    original_max_positions=int(hf.get("original_max_position_embeddings")
-                                               or params.get("original_max_position_embeddings",
-                                                             hf.get("max_position_embeddings"))))
+            return Rope(theta=theta, kind=kind, factor=positive(f"{field}.factor", params["factor"]))
+        original = (hf.get("original_max_position_embeddings")
+                    or params.get("original_max_position_embeddings", hf.get("max_position_embeddings")))
+        return Rope(theta=theta, kind=kind, factor=positive(f"{field}.factor", params["factor"]),
+                    low_freq_factor=positive(f"{field}.low_freq_factor", params["low_freq_factor"]),
+                    high_freq_factor=positive(f"{field}.high_freq_factor", params["high_freq_factor"]),
+                    original_max_positions=int(positive("original_max_position_embeddings", original)))
     except KeyError as missing:
         raise ModelLoadError(f"{field} of rope_type {kind!r} lacks {missing}") from None
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        return float(value)
     except (TypeError, ValueError):
-        raise ModelLoadError(f"{field} of rope_type {kind!r} holds a value that is not a number: "
-                             f"{_shown(params)}") from None
+        return None
 
 
 # transformers' config defaults where a config.json leaves the key out (MistralConfig, Qwen2Config)

@@ -283,6 +283,24 @@ def test_head_and_group_shapes_are_checked():
         config_from_hf({**LLAMA, "hidden_act": "gelu"})
 
 
+ROPE_VALUES = [({"rope_theta": -5}, 'rope_theta of rope_type \'default\' is -5'),
+               ({"rope_parameters": {"rope_type": "linear", "factor": 0}}, "rope_parameters.factor of rope_type 'linear' is 0"),
+               ({"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}}, 'rope_theta of rope_type \'default\' is "abc"'),
+               ({"rope_scaling": {"rope_type": "llama3", "factor": "x", "low_freq_factor": 1, "high_freq_factor": 4}},
+                'rope_scaling.factor of rope_type \'llama3\' is "x"'),
+               ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": float("nan"), "high_freq_factor": 4}},
+                "rope_scaling.low_freq_factor of rope_type 'llama3' is NaN")]
+
+
+@pytest.mark.parametrize("settings, named", ROPE_VALUES)
+def test_rope_values_that_make_every_score_nan_are_refused_naming_the_key(settings, named):
+    """rope_theta -5 or a linear factor 0 converted and ran to NaN scores with exit 0; a value that is not a
+    number named the whole settings object instead of its key."""
+    with pytest.raises(models.ModelLoadError) as caught:
+        config_from_hf({**LLAMA, **settings}, "/models/x/config.json")
+    assert named in str(caught.value) and "must be a positive, finite number" in str(caught.value), str(caught.value)
+
+
 @pytest.mark.parametrize("rope_type, extra", [("yarn", {"factor": 4.0, "original_max_position_embeddings": 64}),
                                               ("dynamic", {"factor": 2.0}),
                                               ("longrope", {"short_factor": [1.0], "long_factor": [1.0]})])
