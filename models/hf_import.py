@@ -189,6 +189,10 @@ def checkpoint_files(src: str) -> list[str]:
     return sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
 
 
+# safetensors dtypes whose tensors numpy holds (an FP8 tensor has no numpy dtype)
+SAFETENSORS_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL")
+
+
 def read_safetensors(src: str) -> tuple[dict[str, np.ndarray], str]:
     """Every tensor of the checkpoint's files in `src` (checkpoint_files) as float32/int numpy arrays, and a
     name for errors."""
@@ -204,8 +208,15 @@ def read_safetensors(src: str) -> tuple[dict[str, np.ndarray], str]:
         try:
             with safe_open(path, framework="flax") as f:
                 for key in f.keys():
+                    dtype = f.get_slice(key).get_dtype()
+                    if dtype not in SAFETENSORS_DTYPES:
+                        raise ModelLoadError(f"{path}: tensor {key!r} is {dtype}; docscore reads float32, float16 and "
+                                             "bfloat16 weights (and integer tensors): save the model in one of those "
+                                             "(e.g. torch_dtype=torch.bfloat16)")
                     array = np.asarray(f.get_tensor(key))
                     tensors[key] = array.astype(np.float32) if array.dtype.kind == "f" or array.dtype.name == "bfloat16" else array
+        except ModelLoadError:
+            raise
         except Exception as err:  # safetensors raises its own SafetensorError
             raise ModelLoadError(f"{path}: cannot read safetensors ({err}); the file is corrupt or incomplete") from None
     where = os.path.join(src, files[0]) if len(files) == 1 else f"{src}/*.safetensors"

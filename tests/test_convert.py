@@ -321,6 +321,19 @@ def test_a_quantized_checkpoint_is_refused_by_name(hf_bert, tmp_path, capsys):
     assert code == 2 and "quantized checkpoint (quantization_config quant_method 'fbgemm_fp8')" in message, message
 
 
+def test_fp8_weights_without_a_quantization_config_are_refused_by_dtype(hf_bert, tmp_path, capsys):
+    """They were "the file is corrupt or incomplete" (numpy has no float8 dtype)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = broken_copy(hf_bert, tmp_path)
+    tensors = load_file(src / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("query.weight"))
+    save_file({**tensors, name: tensors[name].to(torch.float8_e4m3fn)}, src / "model.safetensors", metadata={"format": "pt"})
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and f"tensor {name!r} is F8_E4M3; docscore reads float32, float16 and bfloat16" in message, message
+
+
 @pytest.mark.parametrize("max_seq_len", ["0", "3"])
 def test_a_max_seq_len_docscore_run_would_refuse_is_refused(hf_bert, tmp_path, capsys, max_seq_len):
     """A model converted for windows shorter than `docscore run` takes could never be run (its refusal would
