@@ -216,6 +216,15 @@ def check_accelerator_workers(eo: EvalOptions, backend: str) -> None:
                               f"{wanted} chips")
 
 
+def gpus_on_machine(machine: str) -> int | None:
+    """The GPUs a G2, A2 or A3 machine type comes with (g2-standard-<vCPUs>, a2-highgpu-<N>g); None for others."""
+    if match := re.fullmatch(r"g2-standard-(\d+)", machine):
+        return G2_GPUS.get(int(match[1]))
+    if match := re.fullmatch(r"a[23]-\w+-(\d+)g", machine):
+        return int(match[1])
+    return None
+
+
 def check_gpu_workers(eo: EvalOptions, accelerator: dict[str, str], machine: str) -> None:
     """The GPU checks of check_accelerator_workers."""
     kind = accelerator["type"]
@@ -227,11 +236,7 @@ def check_gpu_workers(eo: EvalOptions, accelerator: dict[str, str], machine: str
         raise ConfigError(f"--machine_type {machine} does not take the workers' {kind} GPUs (worker_accelerator); "
                           f"Dataflow attaches them to {prefix}* machines: use the preset's machine type or another "
                           f"{prefix}* one")
-    count = accelerator.get("count", "1")
-    holds = G2_GPUS.get(int(machine.rpartition("-")[2])) if machine.startswith("g2-standard-") and \
-        machine.rpartition("-")[2].isdigit() else None
-    if re.fullmatch(r"a[23]-\w+-\d+g", machine):
-        holds = int(machine.rpartition("-")[2][:-1])
+    count, holds = accelerator.get("count", "1"), gpus_on_machine(machine)
     if holds is not None and count.isdigit() and int(count) != holds:
         raise ConfigError(f"worker_accelerator count:{count}, but --machine_type {machine} holds {holds} {kind} "
                           f"GPU{'s' if holds > 1 else ''}; use count:{holds} or a machine with {count}")
