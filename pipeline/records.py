@@ -10,7 +10,6 @@ from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.coders.coder_impl import CallbackCoderImpl
 
 RAW_PREVIEW_CHARS = 1000  # errors table keeps at most this much of the raw record
 ERRORS_TAG = "errors"  # the tagged output every stage sends its ErrorRows to
@@ -67,18 +66,24 @@ class Batch(list):
         return Batch, (list(self),)
 
 
-class BatchCoder(beam.coders.PickleCoder):
+class BatchCoder(beam.coders.Coder):
     """Beam's coder for a PCollection of Batch (graph.py declares them): Beam's pickling of the whole list,
     with a size estimate from the first record. Beam samples the size of most elements of a PCollection
     that has few, and pickling every sampled list whole was a large share of a job's host time
-    (benchmarks/PERF_NOTES.md, "Host time per document")."""
+    (benchmarks/PERF_NOTES.md, "Host time per document"). Only Coder's public methods are overridden:
+    Beam builds the coder's implementation from encode, decode and estimate_size."""
+
+    def __init__(self):
+        self._whole = beam.coders.PickleCoder()
+
+    def encode(self, value: Batch) -> bytes:
+        return self._whole.encode(value)
+
+    def decode(self, encoded: bytes) -> Batch:
+        return self._whole.decode(encoded)
 
     def estimate_size(self, value: Batch) -> int:
         return len(self.encode(Batch(value[:1]))) * len(value) if value else 8
-
-    def _create_impl(self):
-        whole = super()._create_impl()
-        return CallbackCoderImpl(whole.encode, whole.decode, self.estimate_size)
 
     def to_type_hint(self):
         return Batch
