@@ -35,7 +35,8 @@ class GPT2Block(nnx.Module):
 
 
 class GPT2Decoder(nnx.Module):
-    """input ids [B, L] + segment ids [B, L] (0 = padding) -> next-token logits [B, L, V] float32."""
+    """input ids [B, L] + segment ids [B, L] (0 = padding) -> next-token logits [B, L, V] float32
+    (= logits(final_hidden(...)); the pipeline calls the two apart, models/heads.py next_token_logprobs)."""
 
     def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: str = "float32", rngs: nnx.Rngs):
         self.compute_dtype = COMPUTE_DTYPES[dtype]
@@ -46,11 +47,13 @@ class GPT2Decoder(nnx.Module):
         self.final_norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs)
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        x = self.token_embedding(input_ids) + self.position_embedding(positions_in_segments(segment_ids))
-        x = run_blocks(self.layers, x, segment_ids)
-        return self.lm_head(self.final_norm(x))
+        return self.logits(self.final_hidden(input_ids, segment_ids))
 
-    def lm_head(self, hidden: jax.Array) -> jax.Array:
+    def final_hidden(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        x = self.token_embedding(input_ids) + self.position_embedding(positions_in_segments(segment_ids))
+        return self.final_norm(run_blocks(self.layers, x, segment_ids))
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
         """Logits over the vocabulary: hidden @ token_embedding^T (tied weights), float32 out."""
         table = self.token_embedding.embedding[...].astype(self.compute_dtype)
         return jnp.einsum("bld,vd->blv", hidden.astype(self.compute_dtype), table,

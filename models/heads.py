@@ -5,6 +5,8 @@ Pure jax functions of arrays; must not know about modules, kernels or tokenizers
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -25,13 +27,41 @@ def segment_embeddings(hidden: jax.Array, segment_ids: jax.Array, max_segments: 
     return l2_normalize(total / jnp.maximum(count, 1e-9))
 
 
-def next_token_logprobs(logits: jax.Array, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
-    """[B, L, V] logits -> [B, L]: at t, log p(input_ids[t+1] | tokens <= t of the same segment);
-    0 where t+1 is padding, another segment, or past the row."""
-    logits = logits[:, :-1].astype(jnp.float32)
+# The largest [rows, positions, vocab] float32 logits block one log-softmax step holds: a decoder's logits for a
+# whole call (Qwen2's 152k vocabulary x 8k tokens is 5 GB) are computed a block of positions at a time instead.
+LOGITS_BLOCK_BYTES = 512 * 2**20
+
+
+def logits_block_positions(rows: int, positions: int, vocab: int) -> int:
+    """Positions per log-softmax block: all of them when their logits fit LOGITS_BLOCK_BYTES, else as many
+    as fit (at least one)."""
+    return max(1, min(positions, LOGITS_BLOCK_BYTES // (4 * vocab * max(rows, 1))))
+
+
+def next_token_logprobs(hidden: jax.Array, to_logits: Callable[[jax.Array], jax.Array], input_ids: jax.Array,
+                        segment_ids: jax.Array) -> jax.Array:
+    """Final hidden states [B, L, D] -> [B, L]: at t, log p(input_ids[t+1] | tokens <= t of the same segment);
+    0 where t+1 is padding, another segment, or past the row. `to_logits` maps [B, n, D] to [B, n, V] logits;
+    it runs on blocks of positions (logits_block_positions), so the whole [B, L, V] is never held at once."""
+    rows, length, _ = hidden.shape
     following = input_ids[:, 1:]
-    picked = jnp.take_along_axis(logits, following[:, :, None], axis=-1)[:, :, 0]
-    logprob = picked - jax.nn.logsumexp(logits, axis=-1)
+    positions = length - 1
+    probe = jax.eval_shape(to_logits, jax.ShapeDtypeStruct((rows, 1, hidden.shape[-1]), hidden.dtype))
+    block = logits_block_positions(rows, positions, probe.shape[-1])
+
+    def block_logprobs(hidden_block: jax.Array, following_block: jax.Array) -> jax.Array:
+        logits = to_logits(hidden_block).astype(jnp.float32)
+        picked = jnp.take_along_axis(logits, following_block[:, :, None], axis=-1)[:, :, 0]
+        return picked - jax.nn.logsumexp(logits, axis=-1)
+
+    if block >= positions:
+        logprob = block_logprobs(hidden[:, :-1], following)
+    else:
+        blocks = -(-positions // block)
+        pad = blocks * block - positions
+        h = jnp.pad(hidden[:, :-1], ((0, 0), (0, pad), (0, 0))).reshape(rows, blocks, block, -1).swapaxes(0, 1)
+        f = jnp.pad(following, ((0, 0), (0, pad))).reshape(rows, blocks, block).swapaxes(0, 1)
+        logprob = jax.lax.map(lambda hf: block_logprobs(*hf), (h, f)).swapaxes(0, 1).reshape(rows, -1)[:, :positions]
     same_segment = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0)
     logprob = jnp.where(same_segment, logprob, 0.0)
     return jnp.pad(logprob, ((0, 0), (0, 1)))

@@ -132,7 +132,8 @@ class LlamaBlock(nnx.Module):
 
 
 class LlamaDecoder(nnx.Module):
-    """input ids [B, L] + segment ids [B, L] (0 = padding) -> next-token logits [B, L, V] float32."""
+    """input ids [B, L] + segment ids [B, L] (0 = padding) -> next-token logits [B, L, V] float32
+    (= logits(final_hidden(...)); the pipeline calls the two apart, models/heads.py next_token_logprobs)."""
 
     def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: str = "float32", rngs: nnx.Rngs):
         self.compute_dtype = COMPUTE_DTYPES[dtype]
@@ -145,8 +146,10 @@ class LlamaDecoder(nnx.Module):
             config.hidden_size, config.vocab_size, bias=False, dtype=self.compute_dtype, rngs=rngs)
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        x = run_blocks(self.layers, self.token_embedding(input_ids), segment_ids)
-        return self.logits(self.final_norm(x))
+        return self.logits(self.final_hidden(input_ids, segment_ids))
+
+    def final_hidden(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        return self.final_norm(run_blocks(self.layers, self.token_embedding(input_ids), segment_ids))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Logits over the vocabulary, float32 out."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import shutil
 import threading
@@ -50,6 +51,20 @@ class CacheHits:
 PERSISTENT_CACHE_HITS = CacheHits()
 
 
+def embed_packed_program(graphdef: nnx.GraphDef, state: nnx.State, input_ids: jax.Array, segment_ids: jax.Array,
+                         max_segments: int) -> jax.Array:
+    """What LoadedModel.embed_packed runs: an encoder's segment embeddings."""
+    return segment_embeddings(nnx.merge(graphdef, state)(input_ids, segment_ids), segment_ids, max_segments)
+
+
+def token_logprobs_program(graphdef: nnx.GraphDef, state: nnx.State, input_ids: jax.Array,
+                           segment_ids: jax.Array) -> jax.Array:
+    """What LoadedModel.token_logprobs runs: a decoder's next-token log-probabilities, its logits a block of
+    positions at a time."""
+    model = nnx.merge(graphdef, state)
+    return next_token_logprobs(model.final_hidden(input_ids, segment_ids), model.logits, input_ids, segment_ids)
+
+
 @dataclasses.dataclass
 class LoadedModel:
     """A loaded model and what it runs with. `attention` is the kernel that runs (resolved once at
@@ -87,13 +102,9 @@ class LoadedModel:
         self.matmul_precision = matmul_precision(self.dtype, self.precision_choice)
         precise = lambda fn: self.parallel.traced(with_matmul_precision(fn, self.matmul_precision))
 
-        def hidden(state, input_ids, segment_ids):
-            return nnx.merge(graphdef, state)(input_ids, segment_ids)
-
         self._functions: dict[str, Callable] = {
-            "embed_packed": jax.jit(precise(lambda s, i, g, n: segment_embeddings(hidden(s, i, g), g, n)),
-                                    static_argnums=3),
-            "token_logprobs": jax.jit(precise(lambda s, i, g: next_token_logprobs(hidden(s, i, g), i, g))),
+            "embed_packed": jax.jit(precise(functools.partial(embed_packed_program, graphdef)), static_argnums=3),
+            "token_logprobs": jax.jit(precise(functools.partial(token_logprobs_program, graphdef))),
         }
 
     @property

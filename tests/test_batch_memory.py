@@ -12,7 +12,7 @@ from flax import nnx
 
 from models.architecture import abstract_model
 from models.config import config_from_hf
-from models.heads import next_token_logprobs, segment_embeddings
+from models.loader import embed_packed_program, token_logprobs_program
 from models import memory_room
 from models.layers import stacked_abstract
 from pipeline.telemetry import memory
@@ -29,9 +29,9 @@ def compiled_bytes(config, attention: str, dtype: str, rows: int, length: int) -
     the blocks stacked as LoadedModel's programs receive them."""
     graphdef, state = stacked_abstract(*abstract_model(config, attention_impl=attention, dtype=dtype))
     if config.is_encoder:
-        call = jax.jit(lambda s, i, g: segment_embeddings(nnx.merge(graphdef, s)(i, g), g, max(1, length // 8)))
+        call = jax.jit(lambda s, i, g: embed_packed_program(graphdef, s, i, g, max(1, length // 8)))
     else:
-        call = jax.jit(lambda s, i, g: next_token_logprobs(nnx.merge(graphdef, s)(i, g), i, g))
+        call = jax.jit(lambda s, i, g: token_logprobs_program(graphdef, s, i, g))
     ids = jax.ShapeDtypeStruct((rows, length), jnp.int32)
     stats = call.lower(state, ids, ids).compile().memory_analysis()
     return stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
@@ -45,7 +45,9 @@ def compiled_bytes(config, attention: str, dtype: str, rows: int, length: int) -
     (LONG_BERT, "xla", "float32", 4, 2048),   # [L, L] scores of long rows
     (LONG_BERT, "blockwise", "float32", 4, 2048),  # one block of scores at a time
     (GPT2, "xla", "float32", 4, 256),         # the [rows, L, vocab] logits dominate
-], ids=["minilm-16x256", "minilm-bf16-128x256", "minilm-256x64", "long-xla", "long-blockwise", "gpt2-4x256"])
+    (GPT2, "xla", "float32", 16, 1024),       # logits of 3.3 GB: a block of positions at a time
+], ids=["minilm-16x256", "minilm-bf16-128x256", "minilm-256x64", "long-xla", "long-blockwise", "gpt2-4x256",
+        "gpt2-blocked-16x1024"])
 def test_the_estimate_is_close_to_what_xla_compiles(hf, attention, dtype, rows, length):
     if jax.default_backend() != "cpu":
         pytest.skip("calibrated against XLA:CPU's buffer assignment")
@@ -203,3 +205,32 @@ def test_shadow_flags_out_of_range_or_without_shadow_attention_exit_2(case, corp
     if "no effect" in says:
         assert "add --shadow_attention=KERNEL" in err, err
     assert no_data_read == [] and not (tmp_path / "out" / "scores").exists()
+
+
+@pytest.mark.integration
+def test_a_decoders_logits_in_blocks_give_the_same_logprobs_in_a_fraction_of_the_memory(monkeypatch):
+    """A decoder's log-softmax runs on blocks of positions when the whole call's logits are large: the same
+    log-probabilities as one block (uneven blocks included), and XLA's compiled program holds a fraction of the
+    [rows, L, vocab] logits."""
+    from models import heads
+
+    tiny = config_from_hf({**GPT2, "vocab_size": 1000, "n_embd": 64, "n_head": 4, "n_positions": 128})
+    graphdef, shapes = abstract_model(tiny, attention_impl="xla", dtype="float32")
+    state = jax.tree.map(lambda x: jax.random.normal(jax.random.key(0), x.shape, x.dtype) * 0.2, shapes)
+    ids = jax.random.randint(jax.random.key(1), (3, 64), 0, 1000)
+    segments = jnp.array([[1] * 40 + [2] * 20 + [0] * 4, [1] * 64, [1] * 10 + [0] * 54])
+    whole = token_logprobs_program(graphdef, state, ids, segments)
+    monkeypatch.setattr(heads, "LOGITS_BLOCK_BYTES", 4 * 1000 * 3 * 10)  # 10 positions a block: 63 = 6 x 10 + 3
+    assert heads.logits_block_positions(3, 63, 1000) == 10
+    blocked = token_logprobs_program(graphdef, state, ids, segments)
+    assert float(jnp.abs(whole).max()) > 1.0
+    assert jnp.allclose(blocked, whole, atol=1e-5, rtol=1e-5)
+    assert not jnp.any(blocked[2, 9:]) and not jnp.any(blocked[0, 59:])  # padding and segment ends stay 0
+    monkeypatch.undo()
+
+    if jax.default_backend() != "cpu":
+        return
+    config, rows, length = config_from_hf(GPT2), 16, 1024
+    logits = rows * length * config.vocab_size * 4
+    assert heads.logits_block_positions(rows, length - 1, config.vocab_size) < length // 4
+    assert compiled_bytes(config, "xla", "float32", rows, length) < logits

@@ -179,10 +179,12 @@ def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attentio
     four [rows, L, hidden] float32 tensors (the stream, q/k/v, attention output), one [rows, L,
     intermediate], and the attention scores and probabilities, [rows, heads, L, L] float32 each for xla,
     one block's for blockwise, none for the flash kernels; bfloat16 adds a copy of the layer's weights.
-    Or the output head's when larger: GPT-2's [rows, L, vocab] logits twice (log-softmax), the encoder's
+    Or the output head's when larger: a decoder's logits twice (log-softmax) for one block of positions
+    (models/heads.py logits_block_positions; all of them for a small vocabulary or call), the encoder's
     segment one-hot. Within 0.9-1.3x of what XLA's compiled programs report for MiniLM and GPT-2 on CPU
     (tests/test_batch_memory.py); calls of shorter packed rows hold the same tokens and fewer scores."""
     from kernels.blockwise import BLOCK_K, BLOCK_Q
+    from models.heads import logits_block_positions
 
     rows, length = int(batch_size), int(seq_len)
     tokens = rows * length
@@ -199,7 +201,8 @@ def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attentio
     if config.is_encoder:
         head = (tokens * h + tokens * max(1, length // 8)) * ACTIVATION_BYTES
     else:
-        head = (tokens * h + 2 * tokens * config.vocab_size) * ACTIVATION_BYTES
+        block = logits_block_positions(rows, max(length - 1, 1), config.vocab_size)
+        head = (tokens * h + 2 * rows * block * config.vocab_size) * ACTIVATION_BYTES
     inputs = 2 * tokens * 4  # int32 ids and segment ids
     return CallEstimate(parameters=parameter_count(config) * 4, activations=max(layer, head) + inputs)
 
