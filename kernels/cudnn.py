@@ -75,4 +75,5 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=cudnn_attention, custom_call=True)
+                                is_supported=is_supported, call=cudnn_attention, custom_call=True,
+                                min_gpu_capability=(8, 0))

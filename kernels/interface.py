@@ -44,6 +44,9 @@ class Implementation:
     call: AttentionCall
     custom_call: bool = False
     local_window: bool = False  # takes window= (a sliding-window model's local causal attention)
+    # The oldest NVIDIA GPU it compiles for, as (major, minor) compute capability; the policy refuses it on an older
+    # local GPU before any data is read (cuDNN's fused attention and Pallas' Triton need Ampere, 8.0).
+    min_gpu_capability: tuple[int, int] | None = None
 
 
 def dtype_name(dtype: Any) -> str:

@@ -97,4 +97,5 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=pallas_gpu_attention, custom_call=True)
+                                is_supported=is_supported, call=pallas_gpu_attention, custom_call=True,
+                                min_gpu_capability=(8, 0))

@@ -111,11 +111,39 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
     if backend not in impl.backends:
         needs = _NEEDS[impl.backends[0]] if len(impl.backends) == 1 else " or ".join(impl.backends)
         return False, f"it needs {needs}"
+    if backend == "gpu" and impl.min_gpu_capability:
+        older = older_local_gpu(impl.min_gpu_capability)
+        if older:
+            need = ".".join(map(str, impl.min_gpu_capability))
+            return False, f"it needs an Ampere or newer GPU (compute capability {need}), but this machine's is {older}"
     if info.get("window") and not impl.local_window:
         rows = f" in rows of {info['q_len']} tokens (rows no longer than the window would not need it)" if info.get("q_len") else ""
         return False, (f"it has no local (sliding-window) attention, which this model's window of {info['window']} "
                        f"needs{rows}")
     return impl.is_supported(**info)
+
+
+def local_gpu_capability() -> tuple[str, tuple[int, int]] | None:
+    """(device kind, (major, minor)) of this process's first GPU, or None without a local GPU (a launch for remote
+    GPU workers: pipeline/dataflow_checks.py checks their kind) or where the device does not say."""
+    try:
+        device = jax.local_devices(backend="gpu")[0]
+    except RuntimeError:
+        return None
+    capability = getattr(device, "compute_capability", None)
+    try:
+        major, minor = (int(part) for part in str(capability).split(".")[:2])
+    except ValueError:
+        return None
+    return device.device_kind, (major, minor)
+
+
+def older_local_gpu(minimum: tuple[int, int]) -> str | None:
+    """'KIND (compute capability X.Y)' when this machine's GPU is older than `minimum`, else None."""
+    local = local_gpu_capability()
+    if local is None or local[1] >= minimum:
+        return None
+    return f"{local[0]} (compute capability {local[1][0]}.{local[1][1]})"
 
 
 def _alternatives(name: str, backend: str, info: dict, instead_of: str | None = None) -> str:

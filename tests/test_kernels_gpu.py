@@ -126,3 +126,16 @@ def test_tf32_choice_runs_tf32_on_the_gpu():
             assert "tf32" in fn.lower(q, k, v).compile().as_text().lower()
         errors[choice] = float(np.abs(np.asarray(fn(q, k, v), np.float64) - exact).max())
     assert errors["float32"] <= 2e-5 < errors["tf32"] <= 2e-2, errors
+
+
+def test_this_gpus_compute_capability_is_read_and_decides_the_flash_kernels():
+    """The capability the policy reads off the real device (kernels/policy.py local_gpu_capability)."""
+    from kernels.policy import local_gpu_capability, resolve
+
+    kind, capability = local_gpu_capability()
+    assert kind == jax.local_devices()[0].device_kind and capability >= (5, 0)
+    if capability >= (8, 0):
+        assert resolve("flash", dtype="bfloat16") == "cudnn"
+    else:
+        with pytest.raises(KernelUnsupportedError, match="needs an Ampere or newer GPU"):
+            resolve("flash", dtype="bfloat16")

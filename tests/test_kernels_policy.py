@@ -297,3 +297,43 @@ def test_integer_inputs_are_refused(impl):
     x = jnp.ones((1, 3, 2, 8), jnp.int32)
     with pytest.raises(ValueError, match="floating-point q, k, v; got int32"):
         attention(x, x, x, impl=impl)
+
+
+class _LocalGpu:
+    """What jax.local_devices(backend="gpu") holds on a machine with this NVIDIA GPU."""
+
+    platform = "gpu"
+
+    def __init__(self, kind: str, capability: str):
+        self.device_kind, self.compute_capability = kind, capability
+
+
+@pytest.mark.parametrize("kind, capability, flash", [("Tesla T4", "7.5", None), ("Tesla V100-SXM2-16GB", "7.0", None),
+                                                    ("NVIDIA A100-SXM4-40GB", "8.0", "cudnn"),
+                                                    ("NVIDIA H200", "9.0", "cudnn")])
+def test_a_local_gpu_older_than_ampere_gets_no_flash_kernel_before_any_data_is_read(monkeypatch, kind, capability, flash):
+    """cuDNN's fused attention and Pallas' Triton need compute capability 8.0: on an older local GPU (a T4, a V100)
+    flash and the kernels' names are refused naming the GPU, and auto runs xla, instead of a job that fails at its
+    first model call."""
+    real = jax.local_devices
+    monkeypatch.setattr(jax, "local_devices", lambda backend=None, **kw: [_LocalGpu(kind, capability)]
+                        if backend == "gpu" else real(backend=backend, **kw))
+    info = dict(dtype="bfloat16", head_dim=64, q_len=256, kv_len=256, has_segments=True, packed=True)
+    assert resolve("auto", backend="gpu", **info) == (flash and "pallas_gpu" or "xla")
+    if flash:
+        assert resolve("flash", backend="gpu") == flash
+        return
+    for choice in ("flash", "cudnn", "pallas_gpu"):
+        with pytest.raises(KernelUnsupportedError) as refused:
+            resolve(choice, backend="gpu", **info)
+        message = str(refused.value)
+        assert f"needs an Ampere or newer GPU (compute capability 8.0), but this machine's is {kind} " \
+               f"(compute capability {capability})" in message, message
+        assert "use --attention=native" in message, message
+
+
+def test_without_a_local_gpu_the_gpu_kernels_are_checked_by_shape_only():
+    """A launch for remote GPU workers from a CPU machine: no local GPU to read, so the capability is not checked
+    here (pipeline/dataflow_checks.py checks the workers' GPU kind)."""
+    assert kernels.policy.local_gpu_capability() is None
+    assert resolve("flash", backend="gpu", dtype="bfloat16") == "cudnn"
