@@ -436,3 +436,37 @@ def test_jsonl_tables_read_as_their_schema_not_as_inferred_types(tmp_path, capsy
     table = report.read_table(str(tmp_path / "j"), "scores", "a", ("doc_id", "label"), "jsonl")
     assert table.schema.field("label").type == pa.string() and table.column("label").to_pylist() == labels
     assert table.column("doc_id").to_pylist()[0] == "2024-01-01"
+
+
+def test_a_run_that_scored_nothing_is_past_the_count_limit_not_a_usage_error(tmp_path, capsys):
+    """Run B lost every document to error rows: no document can be paired, but its counts are the largest change
+    of all, so a gate with --max_count_change fails it (exit 1) instead of reading exit 2 as a usage error."""
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
+    a = write_run(str(tmp_path), "a", rows)
+    b = write_run(str(tmp_path), "b", [], n_errors=4, run_summary=summary("b", "embed"))
+    code = compare([a, b, "--max_count_change", "0.1"])
+    captured = capsys.readouterr()
+    assert code == 1, captured
+    assert "LIMIT EXCEEDED: scored count change 1 > --max_count_change=0.1" in captured.out
+    assert "LIMIT EXCEEDED: errors count change 4 > --max_count_change=0.1" in captured.out
+    assert "NOT COMPARED: run B has no scored documents" in captured.out
+    assert compare([a, b, "--max_count_change", "none"]) == 2  # nothing else to check: cannot compare
+    assert "run B has no scored documents" in capsys.readouterr().err
+
+
+def test_a_run_is_named_by_the_summary_json_path_docscore_run_prints(tmp_path, capsys):
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
+    a, b = write_run(str(tmp_path), "a", rows), write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows])
+    summary_b = str(tmp_path / "runs" / "run_id=b" / "summary.json")
+    assert compare([a, summary_b]) == 0, capsys.readouterr()
+    assert "within every limit" in capsys.readouterr().out
+
+
+def test_a_damaged_summary_is_named_with_its_run_and_the_fix(tmp_path, capsys):
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
+    a, b = write_run(str(tmp_path), "a", rows), write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows])
+    (tmp_path / "runs" / "run_id=b" / "summary.json").write_text('{"x')
+    assert compare([a, b]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'runs' / 'run_id=b' / 'summary.json'} is damaged" in err, err
+    assert "publish the run again (`docscore run` with --run_id b)" in err, err

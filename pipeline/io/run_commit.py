@@ -291,14 +291,23 @@ def remove_staging(staging: str) -> None:
 # ---- reading -------------------------------------------------------------------------------------
 
 
+class DamagedSummary(ValueError):
+    """A run's summary.json that is not a JSON object: the message names the file, the run and the fix."""
+
+
 def committed_summary(output: str, run_id: str) -> dict[str, Any] | None:
-    """The committed summary.json of run_id, or None when the run has none (never committed); ValueError when
-    it is damaged (read_summary)."""
-    fs, path = fsspec.core.url_to_fs(summary_path(output, run_id))
+    """The committed summary.json of run_id, or None when the run has none (never committed); DamagedSummary
+    when it is damaged (read_summary)."""
+    shown = summary_path(output, run_id)
+    fs, path = fsspec.core.url_to_fs(shown)
     try:
         return read_summary(fs, path)
     except FileNotFoundError:
         return None
+    except ValueError as e:  # json's decode error is one
+        raise DamagedSummary(f"{shown} is damaged ({type(e).__name__}: {str(e)[:200]}): it is the commit record of "
+                             f"run {run_id!r}, so the run cannot be read; restore it, or publish the run again "
+                             f"(`docscore run` with --run_id {run_id})") from None
 
 
 def read_summary(fs, path: str) -> dict[str, Any]:

@@ -27,15 +27,18 @@ from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs.history import STAGE_TIMING, STAGES, WALL_S, summary_value
 
 TABLES = ("scores", "errors", "runs")
+RUN_FILES = ("summary.json", "report.html")  # the files of DIR/runs/run_id=ID that `docscore run` prints
 SCORE_COLUMNS = ("doc_id", "source", "record_index", "task", "score", "label", "embedding")
 KEYS = {"source_record": ("source", "record_index"), "doc_id": ("doc_id",)}
 EXIT_OK, EXIT_THRESHOLD, EXIT_USAGE = 0, 1, 2
 
 USAGE = """\
 RUN_A and RUN_B name a run by one of its published partitions, DIR/<table>/run_id=ID, where <table>
-is scores, errors or runs (the paths `docscore run` prints); DIR may be local or gs://. Documents
-are matched on (source, record_index) by default (--key doc_id matches on doc_id).
-Exit status: 0 within every limit, 1 a limit exceeded (listed), 2 a run cannot be compared."""
+is scores, errors or runs, or by its summary.json or report.html (the paths `docscore run` prints); DIR
+may be local or gs://. Documents are matched on (source, record_index) by default (--key doc_id matches
+on doc_id). Exit status: 0 within every limit, 1 a limit exceeded (listed), 2 the runs cannot be
+compared (runs of one task whose documents cannot be paired, one with none scored among them, are
+still checked against --max_count_change: past it, exit 1)."""
 
 
 class CompareError(Exception):
@@ -52,11 +55,13 @@ class RunRef:
         if text.startswith(sinks.BQ_PREFIX):
             raise CompareError(bigquery_message(text, "compare"))
         path = text.rstrip("/")
+        if posixpath.basename(path) in RUN_FILES and posixpath.basename(posixpath.dirname(posixpath.dirname(path))) == "runs":
+            path = posixpath.dirname(path)  # DIR/runs/run_id=ID/summary.json (or report.html) names run ID
         run_id, table = run_commit.partition_run_id(path), posixpath.basename(posixpath.dirname(path))
         if run_id is None or table not in TABLES:
             raise CompareError(
-                f"{text!r} is not a run partition; pass DIR/scores/run_id=ID (or DIR/errors/..., DIR/runs/...) "
-                f"as printed by `docscore run`")
+                f"{text!r} is not a run partition; pass DIR/scores/run_id=ID (or DIR/errors/..., DIR/runs/..., or "
+                f"the run's summary.json) as printed by `docscore run`")
         return cls(posixpath.dirname(posixpath.dirname(path)), run_id)
 
     def partition(self, table: str) -> str:
@@ -115,7 +120,10 @@ def bigquery_message(path: str, command: str) -> str:
 
 def load_run(ref: RunRef) -> LoadedRun:
     try:
-        summary = run_commit.committed_summary(ref.output_dir or ".", ref.run_id)
+        try:
+            summary = run_commit.committed_summary(ref.output_dir or ".", ref.run_id)
+        except run_commit.DamagedSummary as e:
+            raise CompareError(str(e)) from None
         if summary is None:
             missing = missing_directory(ref)
             if missing:
@@ -323,6 +331,16 @@ def not_comparable(result: dict[str, Any]) -> str | None:
     return None
 
 
+def count_violations(result: dict[str, Any], limits: Limits) -> list[str]:
+    """The scored and error counts past --max_count_change: checked even when no document can be compared (a run
+    B that scored nothing is the largest change of all)."""
+    found = []
+    for name, change in result["count_change"].items():
+        if limits.max_count_change is not None and change is not None and change > limits.max_count_change:
+            found.append(f"{name} count change {change:.6g} > --max_count_change={limits.max_count_change:g}")
+    return found
+
+
 def violations(result: dict[str, Any], limits: Limits) -> list[str]:
     """Every limit the comparison exceeds, as a sentence naming the flag."""
     found = []
@@ -343,8 +361,7 @@ def violations(result: dict[str, Any], limits: Limits) -> list[str]:
     over(result["score_drift"]["max"], limits.max_max_drift, "max_max_drift", "max |score drift|")
     over(result["label_flips"]["fraction"], limits.max_label_flip_fraction, "max_label_flip_fraction", "label flip fraction")
     over(result["embedding_drift"]["mean"], limits.max_embedding_drift, "max_embedding_drift", "mean embedding drift (1 - cos)")
-    for name, change in result["count_change"].items():
-        over(change, limits.max_count_change, "max_count_change", f"{name} count change")
+    found += count_violations(result, limits)
     for stage, entry in result.get("timing", {}).get("stages", {}).items():
         over(entry["p50"]["ratio"], limits.max_stage_slowdown, "max_stage_slowdown", f"{stage} p50 slowdown (B/A)")
     return found
@@ -397,10 +414,11 @@ def format_report(result: dict[str, Any], problems: list[str], reason: str | Non
         wall = timing["wall_s"]
         lines.append(f"            {'wall s':<12} {_num(wall['a']) + ' -> ' + _num(wall['b']):>24} {_num(wall['ratio'], 3):>7}")
     lines += [f"note: {n}" for n in result["notes"]]
+    lines += [f"LIMIT EXCEEDED: {p}" for p in problems]
     if reason:
         lines.append(f"NOT COMPARED: {reason}")
-    else:
-        lines += [f"LIMIT EXCEEDED: {p}" for p in problems] or ["within every limit"]
+    elif not problems:
+        lines.append("within every limit")
     return "\n".join(lines)
 
 
@@ -447,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     except CompareError as e:
         print(f"docscore compare: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader went away (`docscore compare A B | head`): docscore's cli says nothing
+        raise
     except Exception as e:  # a table or summary damaged, gone or of a shape not written by docscore; --json unwritable
         # exit 1 would read as a limit exceeded to the gate that runs this
         print(f"docscore compare: cannot compare: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
@@ -493,7 +513,11 @@ def compare_and_report(args: argparse.Namespace, limits: Limits) -> int:
     a, b = load_run(RunRef.parse(args.run_a)), load_run(RunRef.parse(args.run_b))
     result = compare_runs(a, b, args.key)
     reason = not_comparable(result)
-    problems = [] if reason else violations(result, limits)
+    if reason is None:
+        problems = violations(result, limits)
+    else:  # documents that cannot be paired still have counts, unless the runs scored different tasks
+        a, b = result["tasks"]["a"], result["tasks"]["b"]
+        problems = [] if result.get("same_run") or (a and b and a != b) else count_violations(result, limits)
     result["limits"] = dataclasses.asdict(limits)
     result["violations"] = problems
     result["not_comparable"] = reason
@@ -503,10 +527,12 @@ def compare_and_report(args: argparse.Namespace, limits: Limits) -> int:
         print(format_report(result, problems, reason))
         if args.json:
             write_json(args.json, result)
+    if problems:
+        return EXIT_THRESHOLD
     if reason:
         print(f"docscore compare: cannot compare: {reason}", file=sys.stderr)
         return EXIT_USAGE
-    return EXIT_THRESHOLD if problems else EXIT_OK
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -119,10 +119,8 @@ def load_run(output_dir: str, run_id: str) -> RunData:
     shown = run_commit.summary_path(output_dir, run_id)
     try:
         summary = run_commit.committed_summary(output_dir, run_id)
-    except ValueError as e:
-        raise ReportError(f"{shown} is damaged ({type(e).__name__}: {str(e)[:200]}): it is the commit record of run "
-                          f"{run_id!r}, so the run cannot be read; restore it, or publish the run again (`docscore run` "
-                          f"with --run_id {run_id})") from None
+    except run_commit.DamagedSummary as e:
+        raise ReportError(str(e)) from None
     if summary is None:
         raise ReportError(
             f"{shown} does not exist: run {run_id!r} did not finish or is not "
