@@ -387,6 +387,12 @@ def print_report(summary: dict[str, Any], published: dict[str, str]) -> None:
           f"[{summary['model']['name']}, attention={summary['kernel']['resolved']}, task={summary['task']}]")
     for name, path in published.items():
         print(f"  {name:<8} {path}")
+    replaced = summary.get(run_commit.RETIRED_KEY) or []
+    if replaced:
+        print(f"  note: the folders above still hold the files of {len(replaced)} replaced launch"
+              f"{'es' if len(replaced) > 1 else ''} of this run_id (kept {run_commit.REPLACED_GRACE_S / 60:.0f} minutes "
+              "for readers of the old summary, removed by a later launch): read this run through its summary "
+              "(docscore report/compare, the views in docs/queries.md), not by listing a folder")
     stages = summary["timing"]["stages"]
     print("  stage ms  " + "  ".join(
         f"{s}: p50 {_shown(stages[s].get('p50'), '.1f')} p95 {_shown(stages[s].get('p95'), '.1f')}"

@@ -131,13 +131,16 @@ def test_multi_processing_mode_gives_the_same_rows(corpus, native_run, tmp_path)
     assert summary["runner"]["direct_running_mode"] == "multi_processing"
 
 
-def test_rerun_of_a_run_id_replaces_its_partition(tmp_path):
+def test_rerun_of_a_run_id_replaces_its_partition(tmp_path, capsys):
     out = tmp_path / "out"
     first = write_jsonl(tmp_path / "one" / "x.jsonl", [{"id": f"x{i}", "text": t} for i, t in enumerate(SENTENCES[:4])])
     second = write_jsonl(tmp_path / "two" / "y.jsonl", [{"id": "y0", "text": SENTENCES[5]}])
     assert run_docscore("--input", first, *common_flags("same", out), "--attention", "native") == 0
+    assert "replaced launch" not in capsys.readouterr().out
     assert run_docscore("--input", second, *common_flags("same", out), "--attention", "native",
                         "--output_format", "jsonl") == 0
+    # the printed folders hold the replaced launch's files too: the end of the run says to read through the summary
+    assert "still hold the files of 1 replaced launch of this run_id" in capsys.readouterr().out
     scores, files = read_table(out, "scores", "same")
     assert list(scores.doc_id) == ["y0"] and all(f.suffix == ".jsonl" for f in files)
     embedding = scores.embedding[0]  # written from the row's float32 array (pipeline/io/sinks.py json_value)
