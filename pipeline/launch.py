@@ -137,6 +137,9 @@ def run_gates(summary: dict[str, Any], max_error_fraction: float) -> dict[str, d
     counts = summary["counts"]
     value = counts["errors"] / counts["records"] if counts["records"] else None
     failure = error_fraction_failure(summary, max_error_fraction)
+    if value is None:
+        failure = ("no record was read (the input's files hold none), so --max_error_fraction had nothing to check and "
+                   "the tables are empty: check that --input names the data you meant")
     gates = {"error_fraction": {
         "limit": max_error_fraction, "value": value, "errors": counts["errors"], "records": counts["records"],
         "passed": None if value is None else failure is None, "message": failure,
@@ -351,26 +354,27 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
 
 def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str | None:
     """The message of a run whose error rows are more than max_fraction of its records, or that has a shard not
-    read to its end while max_fraction is under 1; None when the gate passes."""
+    read to its end while max_fraction is under 1 (both, when both hold); None when the gate passes."""
     counts = summary["counts"]
     if not counts["records"]:
         return None
-    if counts["errors"] / counts["records"] > max_fraction:
-        common = sorted(counts["errors_by_type"].items(), key=lambda kv: -kv[1])[:3]
-        return (
-            f"{counts['errors']} of {counts['records']} records ({counts['errors'] / counts['records']:.1%}) are error "
-            f"rows, more than --max_error_fraction={max_fraction:g} (most: {', '.join(f'{k} {n}' for k, n in common)}); "
-            "the tables and summary are published: read the errors table, fix the input, or raise --max_error_fraction"
-        )
-    shards = counts.get("shard_errors") or 0
-    if shards and max_fraction < 1:  # a damaged file is one error row however many of its records were lost
-        return (
-            f"{shards} shard{'s' if shards > 1 else ''} could not be read to the end (the errors table's rows "
+    shards = (counts.get("shard_errors") or 0) if max_fraction < 1 else 0
+    lost = (f"{shards} shard{'s' if shards > 1 else ''} could not be read to the end (the errors table's rows "
             "without a record_index say which and why: a corrupt or truncated file, one that cannot be opened, "
             "an ambiguous column); records it did not give are in neither table, so the error fraction "
-            "undercounts them; the tables and summary are published: fix or remove the file as its row says, "
-            "or pass --max_error_fraction 1 to accept the loss"
-        )
+            "undercounts them") if shards else ""
+    published = "the tables and summary are published"
+    if counts["errors"] / counts["records"] > max_fraction:
+        common = sorted(counts["errors_by_type"].items(), key=lambda kv: -kv[1])[:3]
+        too_many = (f"{counts['errors']} of {counts['records']} records ({counts['errors'] / counts['records']:.1%}) "
+                    f"are error rows, more than --max_error_fraction={max_fraction:g} (most: "
+                    f"{', '.join(f'{k} {n}' for k, n in common)})")
+        if lost:  # a raised fraction under 1 would still fail on the shard: say so
+            return (f"{too_many}; and {lost}; {published}: read the errors table and fix the input (the shard as its "
+                    "row says), or pass --max_error_fraction 1 to accept both")
+        return f"{too_many}; {published}: read the errors table, fix the input, or raise --max_error_fraction"
+    if lost:  # a damaged file is one error row however many of its records were lost
+        return f"{lost}; {published}: fix or remove the file as its row says, or pass --max_error_fraction 1 to accept the loss"
     return None
 
 

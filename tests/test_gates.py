@@ -121,3 +121,31 @@ def test_gates_from_a_summary():
     no_records = launch.with_gates({**base, "counts": {**base["counts"], "records": 0, "errors": 0}}, 0.1)
     assert no_records["gates"]["error_fraction"]["passed"] is None
     json.dumps(failed)  # the summary stays JSON
+
+
+def _counts(records: int, errors: int, shard_errors: int = 0) -> dict:
+    return {"counts": {"records": records, "errors": errors, "shard_errors": shard_errors,
+                       "errors_by_type": {"parse/bad_field_type": errors} if errors else {}}}
+
+
+def test_an_error_fraction_past_the_limit_and_a_lost_shard_are_both_named():
+    """Raising --max_error_fraction below 1 cannot pass a run with a shard not read to its end: when both hold, the
+    message names both and the one value that accepts both."""
+    both = launch.error_fraction_failure(_counts(20, 3, shard_errors=1), 0.1)
+    assert "3 of 20 records (15.0%) are error rows, more than --max_error_fraction=0.1" in both
+    assert "1 shard could not be read to the end" in both and "--max_error_fraction 1 to accept both" in both
+    assert "raise --max_error_fraction" not in both
+    alone = launch.error_fraction_failure(_counts(20, 3), 0.1)
+    assert "raise --max_error_fraction" in alone and "shard" not in alone
+    assert launch.error_fraction_failure(_counts(20, 3, shard_errors=1), 1) is None
+
+
+def test_a_run_of_no_records_says_its_error_gate_had_nothing_to_check(tmp_path, capsys):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "empty.jsonl").write_text("")
+    out = tmp_path / "out"
+    assert run_docscore("--input", tmp_path / "in", *common_flags("empty", out), "--attention", "native", "--no_progress") == 0
+    summary = read_summary(out, "empty")
+    gate = summary["gates"]["error_fraction"]
+    assert gate["passed"] is None and "no record was read" in gate["message"] and gate["message"] in summary["notices"]
+    assert "check that --input names the data you meant" in capsys.readouterr().err
