@@ -96,6 +96,8 @@ def test_a_perturbed_shadow_kernel_fails_the_gate(tmp_path, perturbed_kernel, ca
     gate = summary["shadow"]
     assert (gate["impl"], gate["passed"], gate["documents"], gate["documents_over_tolerance"]) == ("perturbed", False, 6, 6)
     assert summary["compile"]["count"] == compiled >= 1  # the shadow kernel's programs are the run's compiles too
+    # the shadow runs' time leaves compiling out, as infer_ms and the device's busy time (which holds it) do
+    assert 0 < summary["shadow"]["time_ms"] <= summary["device"]["busy_s"] * 1000
     assert summary["gates"]["shadow"]["passed"] is False and "shadow gate FAILED" in summary["gates"]["shadow"]["message"]
     page = (out / "runs" / "run_id=bad" / "report.html").read_text()
     assert "class='banner failed'" in page and "shadow gate FAILED" in page
