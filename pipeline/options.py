@@ -10,6 +10,7 @@ import datetime
 import difflib
 import json
 import logging
+import os
 import re
 from typing import Any
 
@@ -29,6 +30,12 @@ class ConfigError(Exception):
     """A configuration problem found before any data is read; `docscore run` exits 2 with it."""
 
 
+def user_path(value: str) -> str:
+    """A path flag's value with a leading ~ expanded: the shell leaves `--output=~/out` (and YAML `output: ~/out`)
+    as written, and of the libraries that open paths some expand ~ and some make a folder named "~"."""
+    return os.path.expanduser(value) if value.startswith("~") else value
+
+
 def default_run_id() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
@@ -38,10 +45,10 @@ class EvalOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        parser.add_argument("--input", help="a directory, a file or a glob (local, gs://, memory://), or tfds:NAME[:VERSION]")
-        parser.add_argument("--output", help="output directory (local or gs://) or bq:PROJECT.DATASET.PREFIX")
+        parser.add_argument("--input", type=user_path, help="a directory, a file or a glob (local, gs://, memory://), or tfds:NAME[:VERSION]")
+        parser.add_argument("--output", type=user_path, help="output directory (local or gs://) or bq:PROJECT.DATASET.PREFIX")
         parser.add_argument("--task", default="embed", help=" | ".join(TASKS))
-        parser.add_argument("--model", default="minilm-l6", help="built-in model name or model directory")
+        parser.add_argument("--model", type=user_path, default="minilm-l6", help="built-in model name or model directory")
         parser.add_argument("--attention", default="auto", help="auto | native | flash | an implementation name")
         parser.add_argument("--text_field", default="text", help="record field holding the document text")
         parser.add_argument("--id_field", default="id", help="record field holding the document id")
@@ -67,15 +74,15 @@ class EvalOptions(PipelineOptions):
                                  "float32 products on every backend; tf32: TensorFloat-32 inputs, GPU only); "
                                  "--dtype bfloat16 runs at the backend's native precision")
         parser.add_argument("--output_format", default="parquet", help="parquet | jsonl")
-        parser.add_argument("--tfds_data_dir", default=None, help="data_dir of a prepared TFDS dataset (tfds: input)")
+        parser.add_argument("--tfds_data_dir", type=user_path, default=None, help="data_dir of a prepared TFDS dataset (tfds: input)")
         parser.add_argument("--split", default="test", help="TFDS split to read (tfds: input)")
         parser.add_argument("--target_backend", default="auto", help="auto | cpu | gpu | tpu: where inference runs")
-        parser.add_argument("--cache_dir", default=None,
+        parser.add_argument("--cache_dir", type=user_path, default=None,
                             help="where converted models and JAX's compilation cache are kept (default "
                                  "$DOCSCORE_CACHE_DIR, else ~/.cache/docscore; $JAX_COMPILATION_CACHE_DIR, where "
                                  "set, holds the compilation cache instead); a gs:// directory holds the compilation cache only, shared "
                                  "by a job's workers (models are then cached on each machine)")
-        parser.add_argument("--profile_dir", default=None, help="write a JAX profiler trace of each worker's first batches here")
+        parser.add_argument("--profile_dir", type=user_path, default=None, help="write a JAX profiler trace of each worker's first batches here")
         parser.add_argument("--no_progress", action="store_true", help="no progress bar or progress log lines while the pipeline runs")
         parser.add_argument("--shadow_attention", default=None,
                             help="a second kernel (native | flash | IMPL) also run on --shadow_fraction of the batches; "
@@ -93,7 +100,7 @@ class EvalOptions(PipelineOptions):
                             help="past this share of error rows among the records, or with a shard not read to its "
                                  "end (a corrupt or truncated file) unless it is 1, the run exits 4 (tables and "
                                  "summary still published), so scheduled runs notice")
-        parser.add_argument("--config", default=None, help="YAML file with the same keys as the flags")
+        parser.add_argument("--config", type=user_path, default=None, help="YAML file with the same keys as the flags")
         parser.add_argument("--preset", default=None, help="runner preset name (runners/presets)")
 
 
@@ -288,7 +295,7 @@ def load_preset(name: str, argv: list[str]) -> dict[str, Any]:
 def layered_flags(argv: list[str]) -> list[str]:
     """Return argv with preset and --config values in front, so the command line wins (argparse keeps the last)."""
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
+    pre.add_argument("--config", type=user_path)
     pre.add_argument("--preset")
     refuse_bad_values(pre)  # `--config` with no value: one line naming it, as for every other flag
     first, _ = pre.parse_known_args(argv)

@@ -480,3 +480,19 @@ def test_beams_test_runner_runs_locally():
     from pipeline.telemetry.progress import runs_locally
 
     assert runs_locally(parse_options(["--input", "x", "--output", "y", "--runner", "TestDirectRunner"])[0])
+
+
+def test_a_leading_tilde_in_a_path_flag_is_the_home_directory_from_the_command_line_and_a_config(tmp_path, monkeypatch):
+    """The shell leaves `--output=~/out` as written and YAML never expands ~: docscore expands it once, so the
+    tables, the cache and the trace do not go to a folder named "~" in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    config = tmp_path / "job.yaml"
+    config.write_text("model: ~/models/mini\ntfds_data_dir: ~/tfds\n")
+    _, eo = parse_options(["--input=~/in/*.jsonl", "--output=~/out", "--cache_dir", "~/cache", "--profile_dir=~/prof",
+                           "--config", str(config)])
+    home = str(tmp_path / "home")
+    assert (eo.input, eo.output, eo.cache_dir, eo.profile_dir) == (f"{home}/in/*.jsonl", f"{home}/out", f"{home}/cache",
+                                                                   f"{home}/prof")
+    assert (eo.model, eo.tfds_data_dir) == (f"{home}/models/mini", f"{home}/tfds")
+    _, eo = parse_options(["--input", "gs://b/~x/*.jsonl", "--output", "out/~tmp"])
+    assert (eo.input, eo.output) == ("gs://b/~x/*.jsonl", "out/~tmp")  # only a leading ~ is the home directory
