@@ -520,6 +520,17 @@ def take_flag(flags: list[str], *names: str) -> tuple[list[str], list[str]]:
     return rest, values
 
 
+def dry_run_flags(value: str) -> list[str]:
+    """Beam's --dry_run as a true/false flag: Beam keeps its value as text, so --dry_run=False (any text) was a dry run."""
+    word = value.strip().lower()
+    if word in ("true", "1", "yes"):
+        return ["--dry_run=True"]
+    if word in ("false", "0", "no"):
+        return []
+    raise ConfigError(f"--dry_run={value!r} is not true or false; pass --dry_run=True to build the Dataflow job without "
+                      "submitting it, or leave the flag out")
+
+
 def given_option_names(argv: list[str]) -> set[str]:
     """Names of the options the command line, --config and --preset set, whatever their values."""
     return {flag[2:].split("=", 1)[0] for flag in layered_flags(argv) if flag.startswith("--")}
@@ -534,6 +545,8 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, EvalOptions]:
     flags, label_specs = take_flag(layered_flags(argv), "labels", "classify_labels")
     if label_specs:
         flags.append(f"--classify_labels={label_specs[-1]}")
+    flags, dry_runs = take_flag(flags, "dry_run")
+    flags += dry_run_flags(dry_runs[-1]) if dry_runs else []
     quiet_beam_noise()
     single = single_dash_flags(flags)
     if single:

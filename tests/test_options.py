@@ -496,3 +496,16 @@ def test_a_leading_tilde_in_a_path_flag_is_the_home_directory_from_the_command_l
     assert (eo.model, eo.tfds_data_dir) == (f"{home}/models/mini", f"{home}/tfds")
     _, eo = parse_options(["--input", "gs://b/~x/*.jsonl", "--output", "out/~tmp"])
     assert (eo.input, eo.output) == ("gs://b/~x/*.jsonl", "out/~tmp")  # only a leading ~ is the home directory
+
+
+@pytest.mark.parametrize("given, dry_run", [("--dry_run=False", False), ("--dry_run=false", False), ("--dry_run=0", False),
+                                            ("--dry_run=True", "True"), ("--dry_run=1", "True")])
+def test_dry_run_false_is_no_dry_run(given, dry_run):
+    """Beam keeps --dry_run's value as text, so --dry_run=False built the job without submitting it."""
+    options, _ = parse_options(["--input", "a.jsonl", "--output", "out", given])
+    assert options.get_all_options().get("dry_run") == dry_run
+
+
+def test_a_dry_run_value_that_is_neither_true_nor_false_is_refused():
+    with pytest.raises(ConfigError, match=r"--dry_run='maybe' is not true or false; pass --dry_run=True"):
+        parse_options(["--input", "a.jsonl", "--output", "out", "--dry_run", "maybe"])
