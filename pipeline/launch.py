@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
+import fsspec
 import psutil
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
@@ -282,9 +283,21 @@ def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec, lease: run_leas
         run_lease.release_if_held_by(eo.output, eo.run_id, out.launch)
     what = ("the run was published before the interrupt" if committed else
             "nothing was published: the previous run of this run_id, if any, is what readers see")
+    if committed and not report_written(eo.output, eo.run_id):  # the interrupt came between the commit and the report
+        what += (f", without its report and the launcher's additions to its summary (Beam metrics, gates): write the "
+                 f"report with `docscore report {eo.output} --run_id {eo.run_id}`")
     if not runs_locally(options):
         what += "; the job itself was not cancelled and publishes when it finishes"
     return f"docscore run {eo.run_id}: interrupted; {what}"
+
+
+def report_written(output: str, run_id: str) -> bool:
+    """Whether the run's report.html exists (a launch removes the old one before its commit)."""
+    try:
+        fs, path = fsspec.core.url_to_fs(run_commit.report_path(output, run_id))
+        return fs.exists(path)
+    except Exception:  # an unreachable store: say nothing more than before
+        return True
 
 
 def job_error_text(error: Exception) -> str:
@@ -306,7 +319,12 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     counter_dir = progress.local_counter_dir(options)
     build_pipeline(p, eo, plan, out, counter_dir, started)
     if why_not_wait:  # nothing to wait for here; the job publishes its own tables when it runs
-        p.run()
+        try:
+            p.run()
+        except Exception as e:  # Beam builds, stages and submits the job here: its refusals are one line too
+            print(f"docscore run {eo.run_id}: the job was not built or submitted ({job_error_text(e)}); nothing was "
+                  "published", file=sys.stderr)
+            return 1
         print(publish.submitted_message(eo.run_id, out, why_not_wait, publish.plan_line(eo, plan)))
         return 0
     failed = None

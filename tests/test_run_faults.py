@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io import run_commit, run_lease
-from tests.conftest import SENTENCES, common_flags, run_docscore, write_jsonl
+from tests.conftest import SENTENCES, common_flags, read_summary, run_docscore, write_jsonl
 from tests.gcs_support import gcs_emulator, gcs_target  # noqa: F401 - the session fixture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -409,3 +409,29 @@ def test_workers_of_a_killed_launcher_cannot_commit_its_run(tmp_path):
     assert run_lease.holder(out, "k1")["launch"] == "launch-dead"
     with pytest.raises(run_lease.LeaseHeld, match="the launch launch-dead that held the lease of .* has ended"):
         run_lease.check_holder(out, "k1", "launch-dead")
+
+
+@pytest.mark.integration
+def test_an_interrupt_between_the_commit_and_the_report_says_how_to_write_the_report(tmp_path):
+    """The run is published (its summary committed) but the launcher was stopped before it wrote report.html: the
+    interrupt's message says so and names the command that writes it, which then works."""
+    import dataclasses
+
+    from pipeline import launch
+    from pipeline.io import sinks
+    from pipeline.options import parse_options
+    from pipeline.runs import report
+
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES[:3])])
+    out = tmp_path / "out"
+    assert run_docscore("--input", shard, *common_flags("cut", out), "--attention", "native", "--no_progress") == 0
+    page = out / "runs" / "run_id=cut" / "report.html"
+    page.unlink()  # where the interrupt left it: the launch removes the old report before its commit
+    options, eo = parse_options(["--input", str(shard), *common_flags("cut", out)])
+    spec = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format)
+    committed = dataclasses.replace(spec, staging=spec.staging.rsplit("/", 1)[0] + "/" + read_summary(out, "cut")["launch_id"])
+    message = launch.interrupted(options, eo, committed)
+    assert "the run was published before the interrupt, without its report" in message, message
+    assert f"`docscore report {out} --run_id cut`" in message, message
+    assert report.main([str(out), "--run_id", "cut"]) == 0 and page.exists()
+    assert "without its report" not in launch.interrupted(options, eo, committed)
