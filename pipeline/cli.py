@@ -13,6 +13,7 @@ import sys
 
 from pipeline.interrupt import exit_on_interrupt, exit_with_on_signal, reader_gone
 
+OWN_PACKAGES = ("pipeline", "models", "kernels", "runners")
 # subcommand -> (module with main(argv) -> int, one-line help)
 SUBCOMMANDS = {
     "run": ("pipeline.launch", "run the evaluation pipeline (Beam) over document shards"),
@@ -70,7 +71,15 @@ def _dispatch(argv: list[str]) -> int:
         hint = f" (did you mean {close[0]}?)" if close else ""
         print(f"docscore: unknown command {name!r}{hint}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+    except ModuleNotFoundError as e:  # `python -m pipeline` with a Python that docscore is not installed in
+        if (e.name or "").split(".")[0] in OWN_PACKAGES:
+            raise
+        print(f"docscore: {e.name} is not installed in this Python ({sys.executable}): use the one `make install` "
+              "set up (.venv/bin/docscore, or .venv/bin/python -m pipeline), or `pip install -e .` here",
+              file=sys.stderr)
+        return 2
     return int(module.main(rest) or 0)
 
 

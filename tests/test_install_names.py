@@ -149,3 +149,14 @@ def test_built_sdist_and_wheel_hold_every_module_and_install_importable(tmp_path
     files = json.loads(proc.stdout.splitlines()[-1])
     outside = {m: f for m, f in files.items() if not Path(f).resolve().is_relative_to(site.resolve())}
     assert not outside, f"imported from outside the installed sdist: {outside}"
+
+
+def test_python_m_pipeline_in_a_python_without_docscores_dependencies_says_which_python_to_use(tmp_path):
+    """`python -m pipeline` from the repository with a Python docscore is not installed in (here: site-packages
+    left out with -S) names the missing package and the Python to use, in one line, instead of a traceback."""
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-S", "-m", "pipeline", "run", "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 2, done.stderr
+    assert "is not installed in this Python" in done.stderr and ".venv/bin/docscore" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
