@@ -88,7 +88,8 @@ def write_sample(out: str) -> dict[str, object]:
         "labels": LABELS,
     }
     with open(os.path.join(out, "classify.yaml"), "w", encoding="utf-8") as f:
-        f.write("# docscore run --config this file --output DIR; keys are the flags without dashes.\n")
+        f.write("# docscore run --config this file --output DIR, from the folder the input path is relative to (the\n"
+                "# repository root for make sample's); keys are the flags without dashes.\n")
         f.write("# Gold `label` fields come from each help page's section title (pipeline/sample_data.py).\n")
         yaml.safe_dump(config, f, sort_keys=False, allow_unicode=True)
     labelled = sum("label" in r for r in records)

@@ -370,6 +370,10 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         shards, skipped = sources.find_input(eo.input, tfds_data_dir=eo.tfds_data_dir, split=eo.split)
     except (FileNotFoundError, PermissionError, ValueError, KeyError) as e:
         message = str(e).strip("'\"")
+        if isinstance(e, FileNotFoundError) and eo.config and not fsspec.core.split_protocol(eo.input)[0] \
+                and not os.path.isabs(eo.input):
+            message += (f" (with --config {eo.config}, a relative path is still taken from the working directory "
+                        f"{os.getcwd()}: run from the folder it is relative to, or write it absolute)")
         raise ConfigError(message if "--" in message else f"--input {eo.input}: {message}") from None
     except Exception as e:  # a store that cannot be reached (no network, DNS, refused): not a traceback
         if not (isinstance(e, OSError) or sources.is_transient(e)):

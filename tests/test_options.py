@@ -509,3 +509,18 @@ def test_dry_run_false_is_no_dry_run(given, dry_run):
 def test_a_dry_run_value_that_is_neither_true_nor_false_is_refused():
     with pytest.raises(ConfigError, match=r"--dry_run='maybe' is not true or false; pass --dry_run=True"):
         parse_options(["--input", "a.jsonl", "--output", "out", "--dry_run", "maybe"])
+
+
+def test_a_relative_input_from_a_config_run_elsewhere_says_it_is_taken_from_the_working_directory(tmp_path, monkeypatch,
+                                                                                                capsys):
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "a.jsonl").write_text('{"id": "a", "text": "a document"}\n')
+    (project / "job.yaml").write_text("input: data/*.jsonl\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert run_docscore("--config", str(project / "job.yaml"), "--output", str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert "--input data/*.jsonl: matches no readable shard" in err, err
+    assert f"a relative path is still taken from the working directory {elsewhere}" in err, err
