@@ -120,7 +120,7 @@ def truncated_gzip(c: Corpus, n: int = 300) -> None:
         f.write(cut)
     for i in range(complete):
         c.expect("truncated.jsonl.gz", i, "scored", None, f"gz-{i}")
-    c.expect("truncated.jsonl.gz", None, "error", "EOFError")
+    c.expect("truncated.jsonl.gz", None, "error", "corrupt_file")
 
 
 def parquet(c: Corpus) -> None:
@@ -134,13 +134,13 @@ def parquet(c: Corpus) -> None:
     whole = buffer.getvalue()
     with open(c.path("corrupt.parquet"), "wb") as f:
         f.write(whole[: len(whole) // 2])  # footer gone: not a Parquet file any more
-    c.expect("corrupt.parquet", None, "error", None)
+    c.expect("corrupt.parquet", None, "error", "corrupt_file")
 
 
 def zero_byte(c: Corpus) -> None:
     open(c.path("zero.jsonl"), "wb").close()  # no records: nothing to expect
     open(c.path("zero.parquet"), "wb").close()  # not a Parquet file: one shard error
-    c.expect("zero.parquet", None, "error", None)
+    c.expect("zero.parquet", None, "error", "corrupt_file")
 
 
 def text_file(c: Corpus) -> None:

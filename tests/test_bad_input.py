@@ -65,15 +65,12 @@ def test_every_record_ends_as_exactly_one_row_of_the_expected_kind(bad_run):
         doc_id = e["doc_id"]
         if e["outcome"] == "scored" and doc_id is None:
             doc_id = f"{root}/{e['shard']}#{e['record_index']}"  # documented: no id -> source#record_index
-        # a whole-shard error's type is checked in test_error_rows_carry_stage_type_message_and_a_truncated_raw_record
-        error_type = e["error_type"] if e["record_index"] is not None else None
-        expected.append(outcome_key(e["shard"], e["record_index"], e["outcome"], error_type, doc_id))
+        expected.append(outcome_key(e["shard"], e["record_index"], e["outcome"], e["error_type"], doc_id))
     got = [outcome_key(os.path.basename(r.source), r.record_index, "scored", None, r.doc_id)
            for r in bad_run["scores"].itertuples()]
     for r in bad_run["errors"].itertuples():
         index = None if r.record_index is None or np.isnan(r.record_index) else r.record_index
-        shown_type = r.error_type if index is not None else None
-        got.append(outcome_key(os.path.basename(r.source), index, "error", shown_type, r.doc_id))
+        got.append(outcome_key(os.path.basename(r.source), index, "error", r.error_type, r.doc_id))
     assert sorted(got, key=repr) == sorted(expected, key=repr)
     assert all(r.source.startswith(root) for r in bad_run["scores"].itertuples())
 
