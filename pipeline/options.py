@@ -223,8 +223,19 @@ def dict_to_flags(values: dict[str, Any], origin: str = "--config") -> list[str]
         elif isinstance(value, dict):
             raise ConfigError(f"{origin}: `{key}` is a mapping but takes one value; give one")
         else:
-            flags.append(f"--{key}={value}")
+            flags.append(checked_value_flag(key, value, origin))
     return flags
+
+
+def checked_value_flag(key: str, value: Any, origin: str) -> str:
+    """`--key=value` of a config key, its value checked against the flag's type here, so a wrong one names the
+    file it is in rather than reading as a command-line mistake."""
+    flag = f"--{key}={value}"
+    try:
+        beam_parser().parse_known_args([flag])
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: `{key}: {value}`: {e}") from None
+    return flag
 
 
 def takes_value(name: str) -> bool:

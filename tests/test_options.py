@@ -524,3 +524,13 @@ def test_a_relative_input_from_a_config_run_elsewhere_says_it_is_taken_from_the_
     err = capsys.readouterr().err
     assert "--input data/*.jsonl: matches no readable shard" in err, err
     assert f"a relative path is still taken from the working directory {elsewhere}" in err, err
+
+
+@pytest.mark.parametrize("line, message", [("batch_size: sixteen", "`batch_size: sixteen`: --batch_size: invalid int value"),
+                                           ("stride: 3.5", "`stride: 3.5`: --stride: invalid int value"),
+                                           ("temperature: warm", "`temperature: warm`: --temperature: invalid float value")])
+def test_a_config_value_of_the_wrong_type_names_the_file(tmp_path, line, message):
+    path = config_file(tmp_path, line + "\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_options(["--config", path, "--input", "a.jsonl", "--output", "out"])
+    assert str(refused.value).startswith(f"--config {path}: {message}"), refused.value
