@@ -64,8 +64,8 @@ def check_run_id(run_id: str) -> None:
     """run_id names directories (TABLE/run_id=ID) under --output: it must stay one plain path segment."""
     if not run_commit.safe_run_id(run_id):
         raise ConfigError(
-            f"--run_id={run_id!r} is not a safe partition name; use letters, digits, '.', '_' or '-' "
-            "(at most 128, no '/', no '..')"
+            f"--run_id={run_id!r} is not a safe partition name; use letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit (at most 128, no '/', no '..')"
         )
 
 
@@ -317,9 +317,10 @@ def check_options(eo: EvalOptions) -> None:
     task = tasks.get(eo.task)
     labels = parse_labels(eo.classify_labels)
     if task.takes_labels and len(labels) < 2:
+        read = f" (read {len(labels)}: {'; '.join(f'{k!r}={v!r}' for k, v in labels.items())})" if labels else ""
         raise ConfigError(
-            f"--task={eo.task} needs at least two labels: --labels \"name=description;name=description\" "
-            "or a `labels:` mapping (label: description) in --config"
+            f"--task={eo.task} needs at least two labels{read}: --labels \"name=description;name=description\", "
+            "separated by ';', or a `labels:` mapping (label: description) in --config"
         )
     label_tasks = " or ".join(f"--task={t.name}" for t in tasks.TASKS.values() if t.takes_labels)
     if labels and not task.takes_labels:

@@ -534,3 +534,18 @@ def test_a_config_value_of_the_wrong_type_names_the_file(tmp_path, line, message
     with pytest.raises(ConfigError) as refused:
         parse_options(["--config", path, "--input", "a.jsonl", "--output", "out"])
     assert str(refused.value).startswith(f"--config {path}: {message}"), refused.value
+
+
+def test_labels_separated_by_commas_say_what_was_read(tmp_path, capsys):
+    shard = tmp_path / "a.jsonl"
+    shard.write_text('{"id": "a", "text": "a document"}\n')
+    assert run_docscore("--input", shard, "--output", tmp_path / "out", "--task", "classify", "--labels", "a=x,b=y") == 2
+    err = capsys.readouterr().err
+    assert "needs at least two labels (read 1: 'a'='x,b=y')" in err and "separated by ';'" in err, err
+
+
+def test_a_run_id_starting_with_a_dot_is_told_the_rule_it_breaks(tmp_path, capsys):
+    shard = tmp_path / "a.jsonl"
+    shard.write_text('{"id": "a", "text": "a document"}\n')
+    assert run_docscore("--input", shard, "--output", tmp_path / "out", "--run_id", ".hidden") == 2
+    assert "starting with a letter or digit" in capsys.readouterr().err

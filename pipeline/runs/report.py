@@ -89,7 +89,7 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
         return posixpath.dirname(posixpath.dirname(path)), named
     if run_id:
         if not run_commit.safe_run_id(run_id):
-            raise ReportError(f"--run_id={run_id!r} is not a run_id docscore writes (letters, digits, '.', '_' or '-'; "
+            raise ReportError(f"--run_id={run_id!r} is not a run_id docscore writes (letters, digits, '.', '_' or '-', starting with a letter or digit; "
                               "no '/', no '..'); pass the run's id")
         return path, run_id
     fs, fs_path = fsspec.core.url_to_fs(path)
