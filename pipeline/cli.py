@@ -5,10 +5,12 @@ Must not parse the subcommands' own flags (their modules do).
 """
 from __future__ import annotations
 
+import argparse
 import difflib
 import gc
 import importlib
 import os
+import re
 import sys
 
 from pipeline.interrupt import exit_on_interrupt, exit_with_on_signal, reader_gone
@@ -21,6 +23,26 @@ SUBCOMMANDS = {
     "compare": ("pipeline.runs.compare", "compare two runs: score drift, label flips, timing change"),
     "report": ("pipeline.runs.report", "write the HTML report of a finished run"),
 }
+
+
+class SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's flags as `docscore run` takes its own: no abbreviations (argparse would accept --max_mean_drif
+    for --max_mean_drift, which run refuses), and an unknown flag answered with the closest known one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            known = sorted(set(re.findall(r"--[a-z][a-z0-9_-]*", self.format_help())))
+            flags = [arg for arg in unknown if arg.startswith("-")] or unknown  # an unknown flag's value is no news
+            parts = []
+            for arg in flags:
+                close = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.6)
+                parts.append(f"{arg} (did you mean {close[0]}?)" if close and arg.startswith("--") else arg)
+            self.error(f"unknown argument{'s' if len(parts) > 1 else ''} {', '.join(parts)}")
+        return parsed
 
 
 def usage() -> str:

@@ -470,3 +470,18 @@ def test_a_damaged_summary_is_named_with_its_run_and_the_fix(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{tmp_path / 'runs' / 'run_id=b' / 'summary.json'} is damaged" in err, err
     assert "publish the run again (`docscore run` with --run_id b)" in err, err
+
+
+def test_a_mistyped_or_abbreviated_flag_is_refused_with_the_likely_one(tmp_path, capsys):
+    """As `docscore run` does: argparse alone would take --max_mean_drif for --max_mean_drift and answer a typo with
+    a bare 'unrecognized arguments'."""
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
+    a, b = write_run(str(tmp_path), "a", rows), write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows])
+    for flag, likely in (("--max_mean_drif", "--max_mean_drift"), ("--max_count_chang", "--max_count_change")):
+        with pytest.raises(SystemExit) as stopped:
+            compare([a, b, flag, "0.1"])
+        assert stopped.value.code == 2
+        assert f"unknown argument {flag} (did you mean {likely}?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path), "--runid", "a"])
+    assert "unknown argument --runid (did you mean --run_id?)" in capsys.readouterr().err

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import options
+from pipeline.cli import SubcommandParser
 from pipeline.io import run_commit, sinks, sources
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs.history import STAGE_TIMING, STAGES, WALL_S, summary_value
@@ -432,7 +433,7 @@ def limit_value(text: str) -> float | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="docscore compare", description=__doc__.split("\n")[0], epilog=USAGE,
+    parser = SubcommandParser(prog="docscore compare", description=__doc__.split("\n")[0], epilog=USAGE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_a", metavar="RUN_A", help="the reference run: DIR/scores/run_id=ID")
     parser.add_argument("run_b", metavar="RUN_B", help="the run compared with it: DIR/scores/run_id=ID")

@@ -6,7 +6,6 @@ Must not compute run statistics the pipeline already recorded, nor write anywher
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import dataclasses
 import html
@@ -26,6 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pipeline import options, tasks
+from pipeline.cli import SubcommandParser
 from pipeline.io import run_commit, sinks, sources
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs import history
@@ -707,7 +707,7 @@ def write_report(output_dir: str, run_id: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = SubcommandParser(
         prog="docscore report",
         description="Write the HTML report of a finished run to DIR/runs/run_id=ID/report.html.",
     )
