@@ -102,7 +102,7 @@ def _resolve_auto(backend: str, info: dict) -> str:
             _log_once(backend, name, info, skipped)
             return name
         skipped.append(f"{name}: {reason}")
-    raise KernelUnsupportedError(  # unreachable while xla closes every AUTO row
+    raise KernelUnsupportedError(  # unreachable while blockwise, which takes every input, ends every AUTO row
         f"--attention=auto found no kernel for these inputs on {backend} ({'; '.join(skipped)})")
 
 
