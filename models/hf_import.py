@@ -275,7 +275,34 @@ def sentence_transformers_modules(src: str) -> dict[str, str]:
     return found
 
 
-def sentence_transformers_max_len(src: str) -> int | None:
+def transformer_folder(src: str) -> str:
+    """The folder of `src` that holds the model's own files (config.json, tokenizer, weights): the Transformer
+    module's path in modules.json (an older sentence-transformers layout keeps them in 0_Transformer/), else src."""
+    path = sentence_transformers_modules(src).get("Transformer", "")
+    return os.path.join(src, path) if path else src
+
+
+def refuse_a_module_folder(src: str) -> None:
+    """`--hf MODEL/0_Transformer`: the folder converts, but without the pooling and settings its parent's
+    sentence-transformers modules apply (a CLS pooling would be silently computed as mean pooling)."""
+    folder = os.path.abspath(src)
+    parent = os.path.dirname(folder)
+    if not os.path.isfile(os.path.join(parent, "modules.json")):
+        return
+    path = sentence_transformers_modules(parent).get("Transformer", "")
+    if path and os.path.normpath(os.path.join(parent, path)) == os.path.normpath(folder):
+        raise ModelLoadError(f"{src} is the Transformer module of the sentence-transformers model {parent} (its "
+                             f"modules.json): pass --hf {parent}, so that its pooling and settings are applied too")
+
+
+def sentence_bert_config(src: str, model_folder: str) -> str:
+    """sentence_bert_config.json: beside modules.json, or (an older layout) in the Transformer module's folder."""
+    return next((path for path in (os.path.join(src, "sentence_bert_config.json"),
+                                   os.path.join(model_folder, "sentence_bert_config.json")) if os.path.exists(path)),
+                os.path.join(src, "sentence_bert_config.json"))
+
+
+def sentence_transformers_max_len(src: str, model_folder: str | None = None) -> int | None:
     """max_seq_length of a sentence-transformers directory; refuse pooling other than mean tokens and
     modules after pooling that docscore does not compute."""
     pooling = os.path.join(src, sentence_transformers_modules(src).get("Pooling", "1_Pooling"), "config.json")
@@ -284,7 +311,7 @@ def sentence_transformers_max_len(src: str) -> int | None:
         if set(modes) != {"pooling_mode_mean_tokens"}:
             raise ModelLoadError(f"{pooling}: pooling {sorted(modes)} is not supported; docscore embeddings "
                                  "are mean pooling over tokens")
-    sbert = os.path.join(src, "sentence_bert_config.json")
+    sbert = sentence_bert_config(src, model_folder or src)
     if not os.path.exists(sbert):
         return None
     length = json_object(sbert).get("max_seq_length")
@@ -294,7 +321,7 @@ def sentence_transformers_max_len(src: str) -> int | None:
     return length
 
 
-def with_sentence_transformers_text_rules(src: str, tokenizer_text: str) -> str:
+def with_sentence_transformers_text_rules(src: str, tokenizer_text: str, model_folder: str | None = None) -> str:
     """tokenizer.json with what sentence-transformers does to a text before its tokenizer: do_lower_case
     (sentence_bert_config.json) becomes a Lowercase normalizer ahead of the tokenizer's own. A default prompt
     (config_sentence_transformers.json default_prompt_name), which it puts before every text, is refused:
@@ -306,7 +333,7 @@ def with_sentence_transformers_text_rules(src: str, tokenizer_text: str) -> str:
             raise ModelLoadError(f"{settings}: default_prompt_name {name!r} puts a prompt before every text, which "
                                  "docscore does not; remove default_prompt_name and write the prompt into the "
                                  "documents' text if you want it")
-    sbert = os.path.join(src, "sentence_bert_config.json")
+    sbert = sentence_bert_config(src, model_folder or src)
     if not os.path.exists(sbert) or not json_object(sbert).get("do_lower_case"):
         return tokenizer_text
     from tokenizers import Tokenizer, normalizers
@@ -346,6 +373,8 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
                              "(config.json, tokenizer.json, *.safetensors)")
     if not exist_ok:  # before reading gigabytes of weights
         check_new_dir(dst)
+    refuse_a_module_folder(src)
+    root, src = src, transformer_folder(src)  # the model's files; the sentence-transformers settings stay at root
     texts = {}
     for name in ("config.json", "tokenizer.json"):
         path = os.path.join(src, name)
@@ -361,12 +390,12 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
         except (OSError, UnicodeDecodeError) as err:
             raise ModelLoadError(f"{path}: cannot be read as UTF-8 text ({type(err).__name__}: {err})") from None
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
-    st_len = sentence_transformers_max_len(src)  # also refuses pooling and modules docscore does not compute
-    texts["tokenizer.json"] = with_sentence_transformers_text_rules(src, texts["tokenizer.json"])
+    st_len = sentence_transformers_max_len(root, src)  # also refuses pooling and modules docscore does not compute
+    texts["tokenizer.json"] = with_sentence_transformers_text_rules(root, texts["tokenizer.json"], src)
     seq_len = next(n for n in (max_seq_len, st_len, config.default_seq_len) if n is not None)
     if not MIN_SEQ_LEN <= seq_len <= config.max_positions:
         origin = ("--max_seq_len" if max_seq_len is not None else
-                  f"{os.path.join(src, 'sentence_bert_config.json')}'s max_seq_length" if st_len is not None else
+                  f"{sentence_bert_config(root, src)}'s max_seq_length" if st_len is not None else
                   "the config's default")
         raise ModelLoadError(f"{src}: max_seq_len {seq_len} ({origin}) must be between {MIN_SEQ_LEN} (what `docscore "
                              f"run` takes) and the model's {config.max_positions} positions; pass --max_seq_len in "
@@ -388,7 +417,7 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
         raise ModelLoadError(str(err)) from None
     return write_model_dir(dst, params=params, config_text=texts["config.json"],
                            tokenizer_text=texts["tokenizer.json"], family=config.family, max_seq_len=seq_len,
-                           source=source or os.path.abspath(src), exist_ok=exist_ok)
+                           source=source or os.path.abspath(root), exist_ok=exist_ok)
 
 
 def main(argv: list[str]) -> int:
@@ -416,7 +445,7 @@ def main(argv: list[str]) -> int:
     except ModelLoadError as err:
         print(f"docscore convert: {err}", file=sys.stderr)
         return 2
-    head = dropped_head(args.hf)
+    head = dropped_head(transformer_folder(args.hf))
     if head:
         print(f"docscore convert: note: {head}", file=sys.stderr)
     print(f"wrote {args.out}: {metadata.family}, max_seq_len {metadata.max_seq_len}, "

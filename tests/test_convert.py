@@ -389,3 +389,38 @@ def test_sentence_transformers_lower_casing_is_kept_and_a_default_prompt_is_refu
         {"prompts": {"query": "query: ", "document": "passage: "}, "default_prompt_name": "document"}))
     code, message = convert(src, tmp_path / "prompted", capsys)
     assert code == 2 and "default_prompt_name 'document'" in message, message
+
+
+@pytest.mark.integration
+def test_an_older_sentence_transformers_layout_converts_from_its_root_and_its_transformer_folder_is_refused(tmp_path, capsys):
+    """modules.json may put the Transformer module in 0_Transformer/ (older sentence-transformers): the root converts
+    (the model's files from that folder, the pooling from the root's 1_Pooling), a CLS pooling there is refused, and
+    the folder alone, which would drop the root's pooling, is refused naming the root."""
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    flat = sentence_transformers_dir(tmp_path / "flat")
+    old = tmp_path / "old"
+    (old / "0_Transformer").mkdir(parents=True)
+    for item in flat.iterdir():
+        if item.name in ("1_Pooling", "modules.json"):
+            shutil.move(str(item), old / item.name)
+        else:
+            shutil.move(str(item), old / "0_Transformer" / item.name)  # sentence_bert_config.json sits here too
+    modules = [dict(ST_MODULES[0], path="0_Transformer")] + ST_MODULES[1:2]
+    (old / "modules.json").write_text(json.dumps(modules))
+    code, message = convert(old, tmp_path / "out", capsys)
+    assert code == 0, message
+    loaded = models.load(str(tmp_path / "out"), attention="native")
+    assert loaded.tokenizer.max_seq_len == 128  # the folder's sentence_bert_config.json
+    text = "an older sentence-transformers model"
+    want = SentenceTransformer(str(old), device="cpu").encode([text], normalize_embeddings=True)[0]
+    window = loaded.tokenizer.encode_windows([text], max_len=128, stride=0)[0].windows[0]
+    assert float(loaded.embed_packed(window[None], np.ones_like(window)[None], 1)[0, 0] @ want) > 0.999999
+
+    code, message = convert(old / "0_Transformer", tmp_path / "alone", capsys)
+    assert code == 2 and f"is the Transformer module of the sentence-transformers model {old}" in message, message
+    (old / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, "pooling_mode_cls_token": True}))
+    code, message = convert(old, tmp_path / "cls", capsys)
+    assert code == 2 and "pooling ['pooling_mode_cls_token'] is not supported" in message, message
