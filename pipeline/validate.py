@@ -293,8 +293,11 @@ def check_options(eo: EvalOptions) -> None:
     check_choice("dtype", eo.dtype, DTYPES)
     check_choice("target_backend", eo.target_backend, TARGET_BACKENDS)
     check_run_id(eo.run_id)
+    own_windows = tasks.get(eo.task).tokenize is not None  # such a task (choice) takes no --stride or --max_chunks
     for flag, value, low in (("max_chunks", eo.max_chunks, 1), ("stride", eo.stride, 0),
                              ("max_record_bytes", eo.max_record_bytes, 1024)):
+        if own_windows and flag != "max_record_bytes":
+            continue
         if value < low:
             raise ConfigError(f"--{flag}={value} must be >= {low}")
     if not 0.0 <= eo.max_error_fraction <= 1.0:
@@ -438,7 +441,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max} (the max_seq_len it was converted "
                           f"with); use <= {model_max}{again}")
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
-    if eo.stride >= content:
+    if eo.stride >= content and task.tokenize is None:  # a task making its own windows (choice) takes no --stride
         raise ConfigError(f"--stride={eo.stride} (tokens shared by consecutive windows) must be < {content}, the text "
                           f"tokens of a --max_seq_len={max_len} window; lower --stride or raise --max_seq_len")
     if task.per_token and task.tokenize is None and eo.stride == 0 and not len(getattr(loaded.tokenizer, "prefix", ())):

@@ -385,3 +385,15 @@ def test_a_gold_under_another_name_gets_a_notice_not_silence(tmp_path, tiny_gpt2
     summary = read_summary(tmp_path / "out", "g")
     assert any(n.startswith(notice) and "has `gold`" in n for n in summary["notices"])
     assert summary["task_metrics"]["n_gold"] == 0 and summary["task_metrics"]["accuracy"] is None
+
+
+def test_stride_and_max_chunks_which_choice_does_not_take_are_not_checked_against_it(tmp_path, tiny_gpt2_dir):
+    """README: --stride and --max_chunks do not apply to choice (each candidate is one window): a stride as long as a
+    short window, or max_chunks 0, must not refuse the run (a model converted at a short window could not run choice
+    at all without passing a --stride that does nothing)."""
+    shard = write_jsonl(tmp_path / "in" / "mc.jsonl", make_records()[:3])
+    flags = choice_flags("short", tmp_path / "out", tiny_gpt2_dir)
+    assert run_docscore("--input", shard, *flags, "--max_seq_len", "32", "--stride", "32", "--max_chunks", "0") == 0
+    assert run_docscore("--input", shard, *choice_flags("plain", tmp_path / "out", tiny_gpt2_dir), "--max_seq_len", "32") == 0
+    short, plain = (read_table(tmp_path / "out", "scores", run)[0] for run in ("short", "plain"))
+    assert len(short) >= 2 and list(short.score) == list(plain.score)  # the flags change nothing
