@@ -56,6 +56,7 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
         tail_fraction=plan.batch.tail_call_fraction,
         progress_dir=counter_dir,
         labels=plan.labels,
+        label_windows=(plan.window_spec.stride, plan.window_spec.max_chunks),
         shadow_spec=plan.shadow,
         profile_dir=eo.profile_dir,
     )

@@ -139,3 +139,25 @@ def test_loglik_matches_the_transformers_reference(tmp_path, tiny_gpt2_dir, tiny
     metrics = read_summary(tmp_path / "out", "ll")["task_metrics"]
     assert metrics["loglik_tokens"] == sum(counts)
     assert metrics["corpus_perplexity"] == pytest.approx(math.exp(-sum(totals) / sum(counts)), rel=1e-4)
+
+
+@pytest.mark.integration
+def test_a_long_label_description_is_split_into_windows_as_a_document_is(tmp_path):
+    """A document whose text is a label's description has cosine 1 to that label however long it is: labels are
+    embedded with the documents' --stride and --max_chunks (they were cut with stride 0), so the classify scores
+    equal the softmax of the embed run's cosines."""
+    long_text = " ".join(SENTENCES * 3)  # several windows at the test's --max_seq_len
+    other = SENTENCES[0]
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": "long", "text": long_text}, {"id": "other", "text": other}])
+    out = tmp_path / "out"
+    assert run_docscore("--input", shard, *common_flags("emb", out), "--task", "embed", "--attention", "native") == 0
+    assert run_docscore("--input", shard, *common_flags("cls", out), "--task", "classify", "--attention", "native",
+                        "--temperature", "1", "--labels", f"long={long_text};other={other}") == 0
+    embedded = read_table(out, "scores", "emb")[0].set_index("doc_id")
+    vectors = {d: np.asarray(embedded.loc[d, "embedding"], np.float64) for d in ("long", "other")}
+    assert embedded.loc["long", "n_chunks"] > 2  # the long text is several windows
+    for row in read_table(out, "scores", "cls")[0].itertuples():
+        cosines = np.array([vectors[row.doc_id] @ vectors[label] for label in ("long", "other")])
+        expected = np.exp(cosines) / np.exp(cosines).sum()
+        got = {s["label"]: s["score"] for s in row.scores}
+        assert np.allclose([got["long"], got["other"]], expected, atol=1e-5), (row.doc_id, got, expected)

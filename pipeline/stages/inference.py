@@ -112,12 +112,12 @@ class InferenceOutput:
 
 
 def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, min_row_len: int | None = None,
-                tail_fraction: int | None = None) -> np.ndarray:
+                tail_fraction: int | None = None, stride: int = 0, max_windows: int = 8) -> np.ndarray:
     """[len(texts), D] normalised embeddings (mean of windows) through the same fixed shapes (min_row_len and
-    tail_fraction: run_model's)."""
+    tail_fraction: run_model's); a long text is split into windows as documents are (stride, max_windows)."""
     from pipeline.stages.scoring import pool_windows
 
-    encoded = loaded.tokenizer.encode_windows(list(texts), max_len=max_len, stride=0, max_windows=8)
+    encoded = loaded.tokenizer.encode_windows(list(texts), max_len=max_len, stride=stride, max_windows=max_windows)
     rows = [w for doc in encoded for w in doc.windows]
     outputs, _, _ = run_model(loaded, rows, max_len=max_len, batch_size=batch_size, min_row_len=min_row_len,
                               tail_fraction=tail_fraction)
@@ -192,6 +192,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         min_row_len: int | None = None,  # run_model's default: the backend's
         tail_fraction: int | None = None,  # run_model's default: the backend's
         labels: dict[str, str] | None = None,
+        label_windows: tuple[int, int] = (0, 8),  # (stride, max windows) of a label description: the documents'
         shadow_spec: shadow.ShadowSpec | None = None,
         profile_dir: str | None = None,
         progress_dir: str | None = None,
@@ -208,6 +209,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
                              "tail_fraction": tail_fraction}
         self._kernel = kernel
         self._labels = dict(labels or {})
+        self._label_windows = label_windows
         self._shadow = shadow_spec
         self._profile_dir = profile_dir
         self._progress_dir = progress_dir
@@ -234,7 +236,8 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
 
     def _embed_with(self, loaded: Any) -> Callable[[list[str]], np.ndarray]:
         """texts -> their embeddings through `loaded`: what a task prepares at load (classify: its labels)."""
-        return lambda texts: embed_texts(loaded, texts, **self._call_shapes)
+        stride, max_windows = self._label_windows
+        return lambda texts: embed_texts(loaded, texts, stride=stride, max_windows=max_windows, **self._call_shapes)
 
     def get_metrics_namespace(self) -> str:
         return f"docscore_inference_{self._kernel}"
