@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 OUTPUT ?= out/sample
-# CPU tuning (malloc, XLA flags) is applied by docscore itself at start (pipeline/telemetry/cpu_tuning.py),
+# CPU tuning (malloc, XLA flags) is applied by docscore itself at start (pipeline/process_setup.py),
 # so nothing is exported here: MALLOC_* set in the environment would override its values.
 
 .PHONY: run test test-fast test-integration install sample bench clean browser

@@ -1,5 +1,5 @@
 """Dots in or out of YNNPACK on this CPU, float32 and bfloat16: the measurement behind docscore's XLA flags
-(pipeline/telemetry/cpu_tuning.py, ynn_dots_pay_off). Not a test.
+(pipeline/process_setup.py, ynn_dots_pay_off). Not a test.
 
 XLA flags act only in a fresh process, so each variant runs in its own subprocess, and the variants take
 turns for --rounds rounds (the machine is shared). Variants, each in float32 and bfloat16:
@@ -7,7 +7,7 @@ turns for --rounds rounds (the machine is shared). Variants, each in float32 and
   individual_dot   --xla_cpu_experimental_ynn_fusion_type=individual_dot (docscore's choice where YNNPACK pays
                    off: float32 on AVX-512, bfloat16 with bfloat16 instructions, CPUs not measured)
   ynn_off          --xla_cpu_experimental_ynn_fusion_type= (no YNN fusion: docscore's choice on x86 elsewhere;
-                   pipeline/telemetry/cpu_tuning.py ynn_dots_pay_off)
+                   pipeline/process_setup.py ynn_dots_pay_off)
 Each process times one [4096, 384] x [384, 1536] dot (a full call's FFN up-projection, float32 accumulation)
 and MiniLM's whole forward on packed [16, 256] and [32, 128] rows (docscore's malloc tuning on in all).
 Prints best-of-rounds milliseconds and each variant's time relative to float32 individual_dot.
@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from micro_costs import best_and_median  # noqa: E402
 
-from pipeline.telemetry.cpu_tuning import YNN_INDIVIDUAL_DOT, YNN_OFF  # noqa: E402
+from pipeline.process_setup import YNN_INDIVIDUAL_DOT, YNN_OFF  # noqa: E402
 
 VARIANTS = {"default": None, "individual_dot": YNN_INDIVIDUAL_DOT, "ynn_off": YNN_OFF}
 SHAPES = ((16, 256), (32, 128))
@@ -38,7 +38,7 @@ def best_ms(fn, repeats: int) -> float:
 
 
 def child(dtype: str, repeats: int) -> dict[str, float]:
-    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 
     apply_cpu_tuning(CpuTuning(attention="native", dtype=dtype, xla_flags=False))  # the parent set XLA_FLAGS
     import jax
@@ -71,7 +71,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]))))
         return
-    from pipeline.telemetry.cpu_tuning import cpu_features, describe_cpu_choice
+    from pipeline.process_setup import cpu_features, describe_cpu_choice
 
     best: dict[tuple[str, str], dict[str, float]] = {}
     for _ in range(args.rounds):

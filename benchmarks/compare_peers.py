@@ -294,7 +294,7 @@ def child(system: str, dtype: str, attention: str, work: str) -> dict:
     with open(os.path.join(work, "docs.jsonl")) as f:
         docs = [json.loads(line) for line in f]
     if system[0] in "cdwp":  # docscore's own process-start tuning, as `docscore run` applies it
-        from pipeline.telemetry.cpu_tuning import ENV_SWITCH, CpuTuning, apply_cpu_tuning
+        from pipeline.process_setup import ENV_SWITCH, CpuTuning, apply_cpu_tuning
 
         if system.endswith("-off"):  # the same system with malloc and XLA-flag tuning off
             os.environ[ENV_SWITCH] = "0"
@@ -355,7 +355,7 @@ def environment() -> dict[str, str]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
-    from pipeline.telemetry.cpu_tuning import cpu_features, describe_cpu_choice
+    from pipeline.process_setup import cpu_features, describe_cpu_choice
 
     return {"cpu": f"{cpu}, {os.cpu_count()} cores, {describe_cpu_choice(cpu_features())}", "python": platform.python_version(),
             "versions": ", ".join(f"{k} {v}" for k, v in versions.items())}

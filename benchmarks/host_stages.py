@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--host", choices=("cpu", "accelerator"), default="cpu")
     args = parser.parse_args()
-    from pipeline.telemetry.cpu_tuning import CpuTuning, accelerator_host_env, apply_cpu_tuning
+    from pipeline.process_setup import CpuTuning, accelerator_host_env, apply_cpu_tuning
 
     if args.host == "accelerator":
         os.environ.update(accelerator_host_env())

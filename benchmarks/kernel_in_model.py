@@ -55,9 +55,9 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="*", help="BATCHxLENGTH; default: the pipeline's shapes at batch 16")
     args = parser.parse_args()
 
-    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 
-    apply_cpu_tuning(CpuTuning(attention="flash"))  # the same flags as native (cpu_tuning.CPU_XLA_FLAGS)
+    apply_cpu_tuning(CpuTuning(attention="flash"))  # the same flags as native (process_setup.CPU_XLA_FLAGS)
     import numpy as np
 
     import models

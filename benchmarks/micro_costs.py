@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=1891)
     args = parser.parse_args()
 
-    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 
     apply_cpu_tuning(CpuTuning(attention="native", dtype=args.dtype))
     activation_alone(args.rounds)

@@ -160,7 +160,7 @@ def stand_in_in_workers(args) -> None:
 
 
 def child(args) -> dict[str, float]:
-    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 
     apply_cpu_tuning(CpuTuning(attention=args.attention, dtype=args.dtype))
     import numpy as np
@@ -273,7 +273,7 @@ def main() -> None:
     write_jsonl(docs, path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "TOKENIZERS_PARALLELISM"}
     if args.host == "accelerator":
-        from pipeline.telemetry.cpu_tuning import accelerator_host_env
+        from pipeline.process_setup import accelerator_host_env
 
         env.update(accelerator_host_env())
     best: dict[str, float] = {}

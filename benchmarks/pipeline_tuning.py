@@ -27,12 +27,12 @@ SETTINGS = {  # name -> (mallopt parameters, XLA flags on)
 
 
 def child(setting: str, attention: str, dtype: str, calls: int, rounds: int, batch: int, row_len: int) -> dict:
-    from pipeline.telemetry import cpu_tuning
+    from pipeline import process_setup
 
     names, flags = SETTINGS[setting]
-    cpu_tuning.apply_mallopt(names)
+    process_setup.apply_mallopt(names)
     if flags:
-        cpu_tuning.add_xla_flags(cpu_tuning.xla_flags_for(attention))
+        process_setup.add_xla_flags(process_setup.xla_flags_for(attention))
     import numpy as np
 
     import models

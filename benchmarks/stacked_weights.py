@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
 
-    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 
     apply_cpu_tuning(CpuTuning(attention="native", dtype=args.dtype, compilation_cache=False))
     import jax

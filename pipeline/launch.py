@@ -28,7 +28,7 @@ from pipeline.options import ConfigError, EvalOptions, given_option_names, parse
 from pipeline.runs import publish
 from pipeline.telemetry import progress
 from pipeline.telemetry.progress import direct_workers, runner_name, runs_locally
-from pipeline.telemetry.cpu_tuning import (CpuTuning, apply_cpu_tuning, check_compilation_cache, compilation_cache_dir,
+from pipeline.process_setup import (CpuTuning, apply_cpu_tuning, check_compilation_cache, compilation_cache_dir,
                                            compilation_cache_setting)
 from pipeline.telemetry.timing import STAGES
 from pipeline.validate import validate

@@ -563,7 +563,7 @@ def first_labels(shard: str, read_spec: sources.ReadSpec, peek: int) -> list[Any
 def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:
     """--dtype bfloat16 on a local CPU run whose CPU has no bfloat16 instructions: emulated, it is no faster
     than float32 and less precise (a notice, not an error: bfloat16 still matches what a TPU or GPU run computes)."""
-    from pipeline.telemetry.cpu_tuning import NATIVE_BFLOAT16_FLAGS, cpu_features, has_native_bfloat16
+    from pipeline.process_setup import NATIVE_BFLOAT16_FLAGS, cpu_features, has_native_bfloat16
 
     if eo.dtype != "bfloat16" or backend != "cpu" or not runs_locally(eo) or has_native_bfloat16(cpu_features()) is not False:
         return None

@@ -26,7 +26,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 # In-process runs compute in this process: give it the heap settings `docscore run` gives itself (not its one
 # malloc arena, which would also serialise the threads of every other test's tokenizer and Beam runner).
-from pipeline.telemetry.cpu_tuning import MALLOPT_VALUES, ONE_ARENA, apply_mallopt  # noqa: E402
+from pipeline.process_setup import MALLOPT_VALUES, ONE_ARENA, apply_mallopt  # noqa: E402
 
 apply_mallopt(tuple(name for name in MALLOPT_VALUES if name != ONE_ARENA))
 

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a fresh process: docscore's tuning with a gs:// --cache_dir, one program compiled, the cache hits counted
 CHILD = r"""
 import json, sys
-from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 report = apply_cpu_tuning(CpuTuning(attention="native", cache_dir=sys.argv[1]))
 import jax, jax.numpy as jnp
 from models.loader import PERSISTENT_CACHE_HITS

@@ -107,7 +107,7 @@ def test_the_graph_sees_function_level_type_only_and_from_package_imports():
     assert "pipeline.io.sinks" in graph["pipeline.runs.publish"]  # from pipeline.io import sinks (module level)
     assert "pipeline.runs.report" in graph["pipeline.runs.publish"]  # from pipeline.runs import history, report (in a function)
     assert "pipeline.options" in graph["pipeline.runs.summary"]  # under `if TYPE_CHECKING:`
-    assert "pipeline.telemetry.cpu_tuning" in graph["pipeline.validate"]  # from pipeline.telemetry.cpu_tuning import ... (in a function)
+    assert "pipeline.process_setup" in graph["pipeline.validate"]  # from pipeline.process_setup import ... (in a function)
 
 
 def test_find_cycle_names_the_cycle_and_where_each_import_is():

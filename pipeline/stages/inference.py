@@ -43,7 +43,7 @@ from pipeline.stages import shadow
 from pipeline.stages.packing import run_model
 from pipeline.stages.preprocess import TokenizedDoc, tokens_of
 from pipeline.telemetry import device_time, memory, progress
-from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 from pipeline.telemetry.profiling import profile_batch
 
 # What RunInference turns into dead letters (one infer error row per document of the batch): the model

@@ -42,7 +42,7 @@ MALLOPT_VALUES = {
 
 # XLA CPU flags per attention implementation (the kernel the run resolves to on CPU), for a CPU where
 # YNNPACK's dots pay off (ynn_dots_pay_off): at the pipeline's <= 256-token rows the dense layers dominate, so
-# both kernels get the flag (benchmarks/PERF_NOTES.md, "cpu_tuning.py"; on and off end to end: RESULTS.md).
+# both kernels get the flag (benchmarks/PERF_NOTES.md, "process_setup.py"; on and off end to end: RESULTS.md).
 YNN_INDIVIDUAL_DOT = "--xla_cpu_experimental_ynn_fusion_type=individual_dot"
 CPU_XLA_FLAGS = {
     "xla": (YNN_INDIVIDUAL_DOT,),
@@ -290,7 +290,7 @@ def enable_compilation_cache(cache_dir: str | None) -> str:
     """Turn JAX's persistent compilation cache on (a second run loads its programs instead of
     compiling them) for every program, however fast it compiled: JAX by default skips programs that
     compile in under a second, as several of a run's small packed-row programs do, and loading beats
-    compiling even for those (benchmarks/PERF_NOTES.md, "cpu_tuning.py"). A
+    compiling even for those (benchmarks/PERF_NOTES.md, "process_setup.py"). A
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS the user exported wins. Exported to the environment too, so
     worker processes share it."""
     import jax

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from pipeline.telemetry import cpu_tuning
+from pipeline import process_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,26 +26,26 @@ def run_python(code: str, env: dict[str, str]) -> dict:
 
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("MALLOC_") and k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", cpu_tuning.ENV_SWITCH,
-                                                         cpu_tuning.MIN_COMPILE_TIME_ENV, cpu_tuning.TOKENIZERS_PARALLELISM)}
+           if not k.startswith("MALLOC_") and k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", process_setup.ENV_SWITCH,
+                                                         process_setup.MIN_COMPILE_TIME_ENV, process_setup.TOKENIZERS_PARALLELISM)}
     env["JAX_PLATFORMS"] = "cpu"
     env.update(extra)
     return env
 
 
 def test_xla_flags_are_chosen_per_kernel_and_the_users_value_wins(monkeypatch):
-    assert cpu_tuning.xla_flags_for("native") == cpu_tuning.CPU_XLA_FLAGS["xla"]
-    assert cpu_tuning.xla_flags_for("flash") == cpu_tuning.CPU_XLA_FLAGS["blockwise"]
-    assert cpu_tuning.xla_flags_for("pallas_tpu") == ()
+    assert process_setup.xla_flags_for("native") == process_setup.CPU_XLA_FLAGS["xla"]
+    assert process_setup.xla_flags_for("flash") == process_setup.CPU_XLA_FLAGS["blockwise"]
+    assert process_setup.xla_flags_for("pallas_tpu") == ()
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=default --xla_cpu_enable_fast_math=false")
-    assert cpu_tuning.add_xla_flags([cpu_tuning.YNN_INDIVIDUAL_DOT]) == []
+    assert process_setup.add_xla_flags([process_setup.YNN_INDIVIDUAL_DOT]) == []
     assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_experimental_ynn_fusion_type=default",
                                                "--xla_cpu_enable_fast_math=false"]
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
-    assert cpu_tuning.add_xla_flags([cpu_tuning.YNN_INDIVIDUAL_DOT]) == [cpu_tuning.YNN_INDIVIDUAL_DOT]
-    assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_enable_fast_math=false", cpu_tuning.YNN_INDIVIDUAL_DOT]
-    monkeypatch.setenv(cpu_tuning.ENV_SWITCH, "0")
-    report = cpu_tuning.apply_cpu_tuning(cpu_tuning.CpuTuning(compilation_cache=False))
+    assert process_setup.add_xla_flags([process_setup.YNN_INDIVIDUAL_DOT]) == [process_setup.YNN_INDIVIDUAL_DOT]
+    assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_enable_fast_math=false", process_setup.YNN_INDIVIDUAL_DOT]
+    monkeypatch.setenv(process_setup.ENV_SWITCH, "0")
+    report = process_setup.apply_cpu_tuning(process_setup.CpuTuning(compilation_cache=False))
     assert report.mallopt == {} and report.xla_flags_added == [] and report.skipped
 
 
@@ -59,7 +59,7 @@ MALLOC_PROBE = """
     libc.malloc.restype = ctypes.c_void_p
     report = {}
     if sys.argv[-1] == "tuned":
-        from pipeline.telemetry.cpu_tuning import apply_mallopt
+        from pipeline.process_setup import apply_mallopt
         report["applied"], report["skipped"] = apply_mallopt()
     before = libc.mallinfo2()
     block = libc.malloc(96 << 20)  # a big XLA temporary
@@ -81,7 +81,7 @@ def test_mallopt_keeps_big_temporaries_in_the_heap():
 
     default, tuned = probe("default"), probe("tuned")
     assert default["mmapped"] >= 96 << 20  # glibc maps it, and unmaps it again on free
-    assert set(tuned["applied"]) == set(cpu_tuning.MALLOPT_VALUES)
+    assert set(tuned["applied"]) == set(process_setup.MALLOPT_VALUES)
     assert tuned["mmapped"] == 0 and tuned["heap_after_free"] >= 96 << 20  # kept for the next call
     users = probe("tuned", MALLOC_MMAP_THRESHOLD_="65536")
     assert "M_MMAP_THRESHOLD" not in users["applied"] and users["mmapped"] >= 96 << 20
@@ -89,7 +89,7 @@ def test_mallopt_keeps_big_temporaries_in_the_heap():
 
 ARENA_PROBE = """
     import ctypes, json, os, re, threading
-    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.process_setup import CpuTuning, apply_cpu_tuning
     report = apply_cpu_tuning(CpuTuning(compilation_cache=False, xla_flags=False))
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
@@ -143,7 +143,7 @@ def test_one_malloc_arena_only_where_the_model_runs_on_this_cpu(tmp_path):
 
 CACHE_PROBE = """
     import json, os
-    from pipeline.telemetry.cpu_tuning import CpuTuning, apply_cpu_tuning
+    from pipeline.process_setup import CpuTuning, apply_cpu_tuning
     report = apply_cpu_tuning(CpuTuning(attention="native"))
     import jax, jax.numpy as jnp
     hits = []
@@ -159,11 +159,11 @@ CACHE_PROBE = """
 def test_compilation_cache_under_the_docscore_cache_dir_serves_a_second_process(tmp_path):
     env = clean_env(DOCSCORE_CACHE_DIR=str(tmp_path))  # the probe's program compiles in milliseconds: cached anyway
     first = run_python(CACHE_PROBE, env)
-    cache = tmp_path / cpu_tuning.COMPILATION_CACHE_SUBDIR
+    cache = tmp_path / process_setup.COMPILATION_CACHE_SUBDIR
     assert first["cache_dir"] == str(cache) and any(cache.iterdir())
     assert first["hits"] == 0
     # the XLA flag chosen for this CPU reached XLA (an unknown flag would abort the process) and was the one added
-    chosen = list(cpu_tuning.xla_flags_for("native", "float32", cpu_tuning.cpu_features()))
+    chosen = list(process_setup.xla_flags_for("native", "float32", process_setup.cpu_features()))
     assert first["added"] == chosen and chosen[0] in first["flags"].split()
     second = run_python(CACHE_PROBE, env)
     assert second["hits"] >= 1 and second["value"] == first["value"]
@@ -177,7 +177,7 @@ GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
 OLD_ARM = "processor\t: 0\nFeatures\t: fp asimd crc32\n"
 
 
-READ_FEATURES = cpu_tuning.cpu_features  # the real reader, whatever a test patches in
+READ_FEATURES = process_setup.cpu_features  # the real reader, whatever a test patches in
 
 
 def features_of(tmp_path, text: str) -> frozenset[str] | None:
@@ -190,26 +190,26 @@ def test_native_bfloat16_is_read_from_the_cpu_feature_flags(tmp_path):
     cases = {ZEN3: False, ZEN4: True, ICE_LAKE: False, SAPPHIRE_RAPIDS: True, GRAVITON3: True, OLD_ARM: False,
              "processor\t: 0\nmodel name\t: something\n": None}  # no feature list: unknown
     for text, expected in cases.items():
-        assert cpu_tuning.has_native_bfloat16(features_of(tmp_path, text)) is expected, text
-    assert cpu_tuning.cpu_features(str(tmp_path / "missing")) is None
+        assert process_setup.has_native_bfloat16(features_of(tmp_path, text)) is expected, text
+    assert process_setup.cpu_features(str(tmp_path / "missing")) is None
 
 
 def test_dots_leave_ynnpack_where_it_was_measured_slower(tmp_path):
     """individual_dot where YNNPACK paid off (AVX-512; bfloat16 instructions for bfloat16), YNN_OFF on x86
     without them, jaxlib's own choice (individual_dot) on CPUs not measured."""
     def flags(text: str | None, dtype: str) -> tuple[str, ...]:
-        return cpu_tuning.xla_flags_for("native", dtype, None if text is None else features_of(tmp_path, text))
+        return process_setup.xla_flags_for("native", dtype, None if text is None else features_of(tmp_path, text))
 
-    on, off = (cpu_tuning.YNN_INDIVIDUAL_DOT,), (cpu_tuning.YNN_OFF,)
+    on, off = (process_setup.YNN_INDIVIDUAL_DOT,), (process_setup.YNN_OFF,)
     assert flags(ZEN3, "float32") == off and flags(ZEN3, "bfloat16") == off
     assert flags(ZEN4, "float32") == on and flags(ZEN4, "bfloat16") == on
     assert flags(ICE_LAKE, "float32") == on and flags(ICE_LAKE, "bfloat16") == off
     assert flags(GRAVITON3, "bfloat16") == on and flags(OLD_ARM, "bfloat16") == on and flags(None, "bfloat16") == on
-    assert cpu_tuning.xla_flags_for("pallas_tpu", "bfloat16", features_of(tmp_path, ZEN3)) == ()
+    assert process_setup.xla_flags_for("pallas_tpu", "bfloat16", features_of(tmp_path, ZEN3)) == ()
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("flag", [cpu_tuning.YNN_INDIVIDUAL_DOT, cpu_tuning.YNN_OFF])
+@pytest.mark.parametrize("flag", [process_setup.YNN_INDIVIDUAL_DOT, process_setup.YNN_OFF])
 def test_this_jaxlib_accepts_both_ynn_settings(flag):
     """An XLA flag jaxlib does not know, or a value it rejects, aborts the process at backend start."""
     done = run_python("""
@@ -225,7 +225,7 @@ def test_bfloat16_on_a_cpu_without_it_is_noted_for_local_cpu_runs(monkeypatch, t
 
     def notice(*flags: str, cpu: str | None = ZEN3, backend: str = "cpu") -> str | None:
         features = None if cpu is None else features_of(tmp_path, cpu)
-        monkeypatch.setattr(cpu_tuning, "cpu_features", lambda: features)
+        monkeypatch.setattr(process_setup, "cpu_features", lambda: features)
         _, eo = parse_options(["--input", "x.jsonl", "--output", str(tmp_path / "out"), *flags])
         return bfloat16_notice(eo, backend)
 
