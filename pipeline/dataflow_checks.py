@@ -15,7 +15,7 @@ from models.builtin import BUILTINS
 from pipeline.io import sinks, tfds_reader
 from pipeline.options import ConfigError, EvalOptions
 from pipeline.telemetry.progress import runs_locally
-from runners.presets import CLOUD_SETTINGS, is_dataflow_runner
+from runners.presets import CLOUD_SETTINGS, is_dataflow_runner, read_preset_file
 
 
 DATAFLOW_REQUIRED = ("project", "region", "temp_location")
@@ -119,15 +119,31 @@ def from_environment(option: str, value: object) -> str:
     return f" (from {names[0]})" if names else ""
 
 
+def from_preset(eo: EvalOptions, option: str) -> str:
+    """" (set by --preset NAME)" when the option holds the value the --preset flag's preset sets, so a refusal does
+    not tell the user to drop a flag they never typed."""
+    if not eo.preset:
+        return ""
+    preset = read_preset_file(eo.preset)["options"]
+    value = eo.get_all_options().get(option)
+    return f" (set by --preset {eo.preset})" if option in preset and preset[option] == value else ""
+
+
 ACCELERATOR_BACKENDS = (("tpu-", "tpu"), ("nvidia-", "gpu"))  # Dataflow worker_accelerator type prefixes
 
 
 # Dataflow's TPU types and the machine types that carry their chips (the machine's -<N>t suffix: N chips, one host).
 TPU_MACHINES = {"tpu-v5-lite-podslice": "ct5lp-", "tpu-v6e-slice": "ct6e-", "tpu-v5p-slice": "ct5p-"}
-# Dataflow's GPU types and the machine types they attach to.
-GPU_MACHINES = {"nvidia-l4": "g2-", "nvidia-tesla-a100": "a2-highgpu-", "nvidia-a100-80gb": "a2-ultragpu-",
-                "nvidia-h100-80gb": "a3-highgpu-", "nvidia-h100-mega-80gb": "a3-megagpu-", "nvidia-tesla-t4": "n1-",
-                "nvidia-tesla-v100": "n1-", "nvidia-tesla-p100": "n1-", "nvidia-tesla-p4": "n1-"}
+# The single-host shape of each TPU machine's chips (runners/DATAFLOW.md, section 1): Dataflow takes no other.
+V5E_V6E_SHAPES = {1: "1x1", 4: "2x2", 8: "2x4"}
+TPU_SHAPES = {"tpu-v5-lite-podslice": V5E_V6E_SHAPES, "tpu-v6e-slice": V5E_V6E_SHAPES, "tpu-v5p-slice": {4: "2x2x1"}}
+TOPOLOGY = re.compile(r"[1-9][0-9]*(x[1-9][0-9]*){1,2}")  # chips along each of two or three axes
+# Dataflow's GPU types and the machine types they attach to (an A2 mega machine carries 16 A100 40GB).
+GPU_MACHINES = {"nvidia-l4": ("g2-",), "nvidia-tesla-a100": ("a2-highgpu-", "a2-megagpu-"),
+                "nvidia-a100-80gb": ("a2-ultragpu-",), "nvidia-h100-80gb": ("a3-highgpu-",),
+                "nvidia-h100-mega-80gb": ("a3-megagpu-",), "nvidia-tesla-t4": ("n1-",), "nvidia-tesla-v100": ("n1-",),
+                "nvidia-tesla-p100": ("n1-",), "nvidia-tesla-p4": ("n1-",)}
+ACCELERATOR_TYPES = (*TPU_MACHINES, *GPU_MACHINES)
 # L4s per G2 machine (g2-standard-<vCPUs>); A2 and A3 machine types end in -<N>g.
 G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
 # GPUs older than Ampere (compute capability < 8.0): cuDNN's flash attention and Pallas' Triton kernels refuse them.
@@ -155,25 +171,55 @@ def check_worker_backend(eo: EvalOptions) -> str:
     """On Dataflow the kernel and batch sizes are chosen for the workers' backend, which their accelerator sets:
     --target_backend auto means it, and another value is refused (the job would run other kernels than it
     records, or fail on the workers). Returns the backend."""
-    accelerator = worker_accelerator(eo)
-    if accelerator and not accelerator.get("type"):
-        raise ConfigError("--dataflow_service_options worker_accelerator has no type: (e.g. "
-                          "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver); add it, or use a preset")
+    check_accelerator_type(worker_accelerator(eo))
     workers = dataflow_accelerator_backend(eo)
     machine = eo.get_all_options().get("machine_type") or ""
-    carried = next((kind for kind, prefix in {**TPU_MACHINES, **GPU_MACHINES}.items()
-                    if machine.startswith(prefix) and prefix != "n1-"), None)
+    carried = carried_accelerator(machine)
     if workers == "cpu" and carried:
-        raise ConfigError(f"--machine_type {machine} is an accelerator machine ({carried}), but the job names no "
-                          "worker_accelerator in --dataflow_service_options, so it would run on the machine's CPU; use "
-                          "the accelerator's preset (runners/presets) or a CPU machine type")
+        raise ConfigError(f"--machine_type {machine}{from_preset(eo, 'machine_type')} is an accelerator machine "
+                          f"({carried}), but the job names no worker_accelerator in --dataflow_service_options, so it "
+                          "would run on the machine's CPU; use the accelerator's preset (runners/presets) or a CPU "
+                          "machine type")
     if eo.target_backend not in ("auto", workers):
-        has = f"a {workers.upper()} (worker_accelerator)" if workers != "cpu" else "no accelerator (no worker_accelerator in --dataflow_service_options)"
-        raise ConfigError(f"--target_backend={eo.target_backend}, but the Dataflow workers have {has}; use a preset for "
-                          f"{eo.target_backend} workers (--preset dataflow-..., runners/presets) or --target_backend={workers}")
+        raise ConfigError(backend_refusal(eo, workers))
     if workers != "cpu":
         check_accelerator_workers(eo, workers)
     return workers
+
+
+def check_accelerator_type(accelerator: dict[str, str]) -> None:
+    """A worker_accelerator names one of Dataflow's accelerator types: a misspelt one would skip every check of the
+    workers here and fail the job at Dataflow."""
+    if not accelerator:
+        return
+    kind = accelerator.get("type")
+    if not kind:
+        raise ConfigError("--dataflow_service_options worker_accelerator has no type: (e.g. "
+                          "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver); add it, or use a preset")
+    if kind not in ACCELERATOR_TYPES:
+        raise ConfigError(f"--dataflow_service_options worker_accelerator type:{kind} is not a Dataflow accelerator "
+                          f"type; use a TPU type ({', '.join(TPU_MACHINES)}) or a GPU type ({', '.join(GPU_MACHINES)})")
+
+
+def carried_accelerator(machine: str) -> str | None:
+    """The accelerator type a machine type comes with (ct5lp-*, g2-*, a2-*, a3-*, ...); None for others, n1-*
+    included (it takes GPUs but runs without)."""
+    machines = {**{kind: (prefix,) for kind, prefix in TPU_MACHINES.items()}, **GPU_MACHINES}
+    return next((kind for kind, prefixes in machines.items()
+                 if machine.startswith(prefixes) and prefixes != ("n1-",)), None)
+
+
+def backend_refusal(eo: EvalOptions, workers: str) -> str:
+    """Why --target_backend cannot plan for the Dataflow workers' backend, and the fix: a value the preset set is
+    mended by --target_backend (the preset is what the user chose), one the user typed by a preset for it."""
+    has = f"a {workers.upper()} (worker_accelerator)" if workers != "cpu" else "no accelerator (no worker_accelerator in --dataflow_service_options)"
+    preset = from_preset(eo, "target_backend")
+    if preset:
+        return (f"--target_backend={eo.target_backend}{preset}, but the Dataflow workers have {has}; pass "
+                f"--target_backend auto (or {workers}) to plan for these workers, or use a preset for {workers} workers "
+                "(--preset dataflow-..., runners/presets) and leave the accelerator to it")
+    return (f"--target_backend={eo.target_backend}, but the Dataflow workers have {has}; use a preset for "
+            f"{eo.target_backend} workers (--preset dataflow-..., runners/presets) or --target_backend={workers}")
 
 
 def check_accelerator_workers(eo: EvalOptions, backend: str) -> None:
@@ -183,6 +229,7 @@ def check_accelerator_workers(eo: EvalOptions, backend: str) -> None:
     the machine's (Dataflow runs single-host TPU shapes, each on its own machine type); for GPUs no driver, more
     or fewer GPUs than the machine holds, or a flash kernel on a GPU older than Ampere. runners/DATAFLOW.md,
     sections 1-2."""
+    check_accelerator_type(worker_accelerator(eo))  # the checks below look the type up
     given = eo.get_all_options()
     experiments = given.get("experiments") or []
     if "no_use_multiple_sdk_containers" not in experiments or "use_multiple_sdk_containers" in experiments:
@@ -195,25 +242,38 @@ def check_accelerator_workers(eo: EvalOptions, backend: str) -> None:
     if backend == "gpu":
         check_gpu_workers(eo, accelerator, machine)
         return
-    if "topology" not in accelerator:
-        raise ConfigError(f"worker_accelerator type:{accelerator['type']} has no topology: Dataflow needs one for TPU "
+    kind, topology = accelerator["type"], accelerator.get("topology")
+    if topology is None:
+        raise ConfigError(f"worker_accelerator type:{kind} has no topology: Dataflow needs one for TPU "
                           "workers; add ;topology:1x1 (one chip per worker, as the presets) or the machine's shape")
-    prefix = TPU_MACHINES.get(accelerator.get("type", ""))
-    if prefix is None or not machine:
+    if not TOPOLOGY.fullmatch(topology):
+        raise ConfigError(f"worker_accelerator topology:{topology} is not a TPU shape: write the chips along each axis, "
+                          "e.g. topology:1x1 (one chip per worker, as the presets) or topology:2x2")
+    prefix = TPU_MACHINES[kind]
+    if not machine:
         return
     if not machine.startswith(prefix):
-        raise ConfigError(f"--machine_type {machine} does not carry the workers' {accelerator['type']} chips (worker_accelerator); "
-                          f"Dataflow runs that TPU on {prefix}* machines: use the preset's machine type or another "
-                          f"{prefix}* one")
+        raise ConfigError(f"--machine_type {machine}{from_preset(eo, 'machine_type')} does not carry the workers' {kind} "
+                          f"chips (worker_accelerator); Dataflow runs that TPU on {prefix}* machines: pass one as --machine_type "
+                          "(the TPU presets do)")
     chips = machine.rpartition("-")[2].removesuffix("t")
-    topology = accelerator.get("topology", "")
-    if chips.isdigit() and topology and all(d.isdigit() for d in topology.split("x")):
-        wanted = math.prod(int(d) for d in topology.split("x"))
-        if wanted != int(chips):
-            raise ConfigError(f"worker_accelerator topology:{topology} is {wanted} TPU chips, but --machine_type {machine} "
-                              f"holds {chips}; Dataflow runs each single-host TPU shape on the machine type of its chips: "
-                              f"use a topology of {chips} chips{' (1x1)' if chips == '1' else ''} or a machine of "
-                              f"{wanted} chips")
+    if chips.isdigit():
+        check_tpu_shape(kind, topology, machine, int(chips))
+
+
+def check_tpu_shape(kind: str, topology: str, machine: str, chips: int) -> None:
+    """A TPU topology is the machine's chips in the one single-host shape Dataflow runs them as (1x1 on -1t, 2x2 on
+    -4t, ...; TPU_SHAPES); for a chip count with no documented shape, the chips alone."""
+    wanted = math.prod(int(d) for d in topology.split("x"))
+    shape = TPU_SHAPES[kind].get(chips)
+    if wanted != chips:
+        use = f"topology:{shape}" if shape else f"a topology of {chips} chips"
+        raise ConfigError(f"worker_accelerator topology:{topology} is {wanted} TPU chips, but --machine_type {machine} "
+                          f"holds {chips}; Dataflow runs each single-host TPU shape on the machine type of its chips: "
+                          f"use {use} or a machine of {wanted} chips")
+    if shape and topology != shape:
+        raise ConfigError(f"worker_accelerator topology:{topology} is not the shape of --machine_type {machine}'s "
+                          f"{chips} {kind} chips, which Dataflow runs as {shape}; use topology:{shape}")
 
 
 def gpus_on_machine(machine: str) -> int | None:
@@ -231,11 +291,12 @@ def check_gpu_workers(eo: EvalOptions, accelerator: dict[str, str], machine: str
     if "install-nvidia-driver" not in accelerator:
         raise ConfigError(f"worker_accelerator type:{kind} has no install-nvidia-driver: without the driver JAX "
                           "cannot see the GPU and the job's GPU kernels fail on the workers; add ;install-nvidia-driver")
-    prefix = GPU_MACHINES.get(kind)
-    if prefix and machine and not machine.startswith(prefix):
-        raise ConfigError(f"--machine_type {machine} does not take the workers' {kind} GPUs (worker_accelerator); "
-                          f"Dataflow attaches them to {prefix}* machines: use the preset's machine type or another "
-                          f"{prefix}* one")
+    prefixes = GPU_MACHINES[kind]
+    if machine and not machine.startswith(prefixes):
+        machines = " or ".join(f"{prefix}*" for prefix in prefixes)
+        raise ConfigError(f"--machine_type {machine}{from_preset(eo, 'machine_type')} does not take the workers' {kind} "
+                          f"GPUs (worker_accelerator); Dataflow attaches them to {machines} machines: pass one as "
+                          "--machine_type (the GPU preset does)")
     count, holds = accelerator.get("count", "1"), gpus_on_machine(machine)
     if holds is not None and count.isdigit() and int(count) != holds:
         raise ConfigError(f"worker_accelerator count:{count}, but --machine_type {machine} holds {holds} {kind} "

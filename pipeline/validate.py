@@ -86,10 +86,39 @@ def check_reachable_backend(eo: EvalOptions, backend: str) -> None:
 
     here = jax.default_backend()
     if backend != here:
-        raise ConfigError(
-            f"--target_backend={backend} cannot run with the local runner: inference runs on this machine, whose "
-            f"backend is {here}; drop --target_backend (or set it to {here}), or run on {backend} workers with a "
-            f"Dataflow preset (--preset dataflow-..., runners/presets)")
+        preset = dataflow_checks.from_preset(eo, "target_backend")
+        fix = (f"pass --target_backend auto (or {here}) to run the preset here, or drop --runner to run it on its "
+               "Dataflow workers") if preset else (
+               f"drop --target_backend (or set it to {here}), or run on {backend} workers with a Dataflow preset "
+               "(--preset dataflow-..., runners/presets)")
+        raise ConfigError(f"--target_backend={backend}{preset} cannot run with the local runner: inference runs on "
+                          f"this machine, whose backend is {here}; {fix}")
+
+
+def check_task_and_windows(eo: EvalOptions, loaded) -> int:
+    """The task's model family, --max_seq_len against the model's and --stride against a window's text tokens, for a
+    loaded model (no data needed: runners/scheduling.py checks a schedule's run with them too); the window length."""
+    task = tasks.get(eo.task)
+    family = loaded.config.family
+    if not task.model.accepts(family):
+        raise ConfigError(task.model.refuse(eo.task, eo.model, family))
+    model_max = loaded.tokenizer.max_seq_len
+    max_len = eo.max_seq_len or model_max
+    if max_len > model_max:
+        positions = loaded.config.max_positions
+        again = (f", or convert the model again with `docscore convert --max_seq_len` up to its {positions} positions"
+                 if positions > model_max and eo.model not in BUILTINS else "")
+        raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max} (the max_seq_len it was converted "
+                          f"with); use <= {model_max}{again}")
+    content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
+    if eo.stride >= content and task.tokenize is None:  # a task making its own windows (choice) takes no --stride
+        raise ConfigError(f"--stride={eo.stride} (tokens shared by consecutive windows) must be < {content}, the text "
+                          f"tokens of a --max_seq_len={max_len} window; lower --stride or raise --max_seq_len")
+    if task.per_token and task.tokenize is None and eo.stride == 0 and not len(getattr(loaded.tokenizer, "prefix", ())):
+        raise ConfigError(f"--stride=0 with --task={eo.task}: {eo.model}'s tokenizer starts a window with no special "
+                          "token, so the first token of every window after the first could not be predicted from "
+                          "anything and would go unscored; use --stride >= 1 (default 32)")
+    return max_len
 
 
 def check_matmul_precision(eo: EvalOptions, backend: str) -> None:
@@ -430,24 +459,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     kernel = loaded.attention if same_backend else resolve_kernel(eo.attention, backend, dtype=eo.dtype,
                                                                   loaded=loaded, where=where)
     family = loaded.config.family
-    if not task.model.accepts(family):
-        raise ConfigError(task.model.refuse(eo.task, eo.model, family))
-    model_max = loaded.tokenizer.max_seq_len
-    max_len = eo.max_seq_len or model_max
-    if max_len > model_max:
-        positions = loaded.config.max_positions
-        again = (f", or convert the model again with `docscore convert --max_seq_len` up to its {positions} positions"
-                 if positions > model_max and eo.model not in BUILTINS else "")
-        raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max} (the max_seq_len it was converted "
-                          f"with); use <= {model_max}{again}")
-    content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
-    if eo.stride >= content and task.tokenize is None:  # a task making its own windows (choice) takes no --stride
-        raise ConfigError(f"--stride={eo.stride} (tokens shared by consecutive windows) must be < {content}, the text "
-                          f"tokens of a --max_seq_len={max_len} window; lower --stride or raise --max_seq_len")
-    if task.per_token and task.tokenize is None and eo.stride == 0 and not len(getattr(loaded.tokenizer, "prefix", ())):
-        raise ConfigError(f"--stride=0 with --task={eo.task}: {eo.model}'s tokenizer starts a window with no special "
-                          "token, so the first token of every window after the first could not be predicted from "
-                          "anything and would go unscored; use --stride >= 1 (default 32)")
+    max_len = check_task_and_windows(eo, loaded)
     rows_notice = None
     if same_backend and runs_locally(eo):  # the run's calls are this machine's: rows split over its devices
         batch, rows_notice = rows_for_local_devices(batch)

@@ -86,7 +86,8 @@ def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] 
 
     Cloud settings the preset needs (project, region, temp_location, image, ...) are filled from
     the environment unless a flag in `argv` (the rest of the command line, config values included)
-    sets them; a required one found in neither raises ValueError naming the flag and variables. When the
+    sets them (Beam's deprecated --zone counts as --worker_zone); a required one found in neither raises ValueError
+    naming the flag and variables. When the
     command line chooses another runner than Dataflow (it wins over the preset), none is asked for or filled in:
     a local run must not stage its files through the environment's gs:// temp_location.
     """
@@ -100,8 +101,8 @@ def load_preset(name: str, argv: Sequence[str] = (), environ: Mapping[str, str] 
     missing = []
     for option in list(environment.get("required", [])) + list(environment.get("optional", [])):
         setting = CLOUD_SETTINGS[option]
-        if option in given:
-            continue
+        if option in given or (option == "worker_zone" and given.get("zone")):
+            continue  # Beam refuses the deprecated --zone beside a worker_zone, so a given --zone is the zone given
         value = environment_value(setting, environ)
         region = given.get("worker_region") or given.get("region") or options.get("region")
         if option == "worker_zone" and value and (given.get("worker_region") or region and not value.startswith(f"{region}-")):

@@ -10,18 +10,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import itertools
 import json
 import re
 import sys
 import zoneinfo
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterator
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pipeline.interrupt import exit_on_interrupt, reader_gone
-from pipeline.options import ConfigLoader
+from pipeline.options import ConfigError, ConfigLoader, EvalOptions
 
 LAUNCHERS = ("cloud-scheduler", "composer")
 TEMPLATE_METADATA = Path(__file__).with_name("flex_template_metadata.json")
@@ -29,10 +31,11 @@ COMPARE_KEYS = ("baseline", "candidate", "limits")
 TEXT_KEYS = ("name", "cron", "time_zone", "launcher", "template", "region")
 
 # The Airflow template values a composer schedule may use (Airflow 2.2+ and 3 have them all): strings as
-# {{ name }}, datetimes through a date filter as {{ name | ds_nodash }} (a bare datetime has spaces and colons).
-AIRFLOW_STRINGS = ("ds", "ds_nodash")
+# {{ name }}, datetimes through a date filter as {{ name | ds_nodash }} (a bare datetime has spaces and colons);
+# ts_nodash (20260102T023000) names the runs of a cron that fires more than once a day.
+AIRFLOW_STRINGS = ("ds", "ds_nodash", "ts_nodash")
 AIRFLOW_DATES = ("data_interval_start", "data_interval_end", "prev_data_interval_start_success")
-AIRFLOW_FILTERS = {"ds": "%Y-%m-%d", "ds_nodash": "%Y%m%d"}
+AIRFLOW_FILTERS = {"ds": "%Y-%m-%d", "ds_nodash": "%Y%m%d", "ts_nodash": "%Y%m%dT%H%M%S"}
 # Deprecated since Airflow 2.2 and gone in 3; on a manually triggered run prev_ds* is the run's own date.
 AIRFLOW_REMOVED = {
     "prev_ds": "{{ prev_data_interval_start_success | ds }}",
@@ -69,6 +72,9 @@ ScheduleLoader.yaml_implicit_resolvers = {
 # Dataflow job names; Flex Template specs are JSON files on GCS (gcloud dataflow flex-template build writes one).
 JOB_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 TEMPLATE_PATH = re.compile(r"gs://[^/\s]+/\S*\.json")
+# Compute Engine region names (us-central1, europe-west4, northamerica-northeast1); a zone adds -a, -b, ...
+REGION = re.compile(r"[a-z]+-[a-z]+[0-9]+")
+ZONE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-[a-z]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +105,15 @@ def check_cron(cron: str) -> None:
     """Five unix-cron fields: numbers in range or names (JAN, MON), *, a-b ranges, lists, /steps (after *, a
     range, or a start: 5/15 is minute 5 and every 15 after it); and a day of the month that some chosen month
     has (30 2 fires never), unless a day of the week is chosen too (cron fires on either)."""
+    fields, values = cron_values(cron)
+    days, months = values[2], values[3]
+    if fields[4] == "*" and not any(day <= DAYS_IN_MONTH[month - 1] for day in days for month in months):
+        raise ValueError(f"cron {cron!r}: no chosen month has day {min(days)}, so it would never run; choose days "
+                         "the months have")
+
+
+def cron_values(cron: str) -> tuple[list[str], list[set[int]]]:
+    """The cron's five fields as written and the values each chooses (minutes, hours, days, months, weekdays)."""
     fields = cron.split()
     if len(fields) != 5:
         raise ValueError(f"cron {cron!r}: write five fields (minute hour day month weekday), e.g. '0 3 * * MON-FRI'")
@@ -126,10 +141,72 @@ def check_cron(cron: str) -> None:
             except ValueError as e:
                 raise ValueError(f"cron {cron!r}: {e}") from None
         values.append(chosen)
-    days, months = values[2], values[3]
-    if fields[4] == "*" and not any(day <= DAYS_IN_MONTH[month - 1] for day in days for month in months):
-        raise ValueError(f"cron {cron!r}: no chosen month has day {min(days)}, so it would never run; choose days "
-                         "the months have")
+    return fields, values
+
+
+@dataclasses.dataclass(frozen=True)
+class CronTimes:
+    """When a checked cron fires in its time zone, as cron (Cloud Scheduler, Airflow's croniter) reads it."""
+
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    days: frozenset[int]
+    months: frozenset[int]
+    weekdays: frozenset[int]  # 0 is Sunday (a written 7 too)
+    either_day: bool  # both day fields chosen (neither is *): cron fires on a day that matches either
+    zone: zoneinfo.ZoneInfo
+
+    def runs_on(self, day: date) -> bool:
+        if day.month not in self.months:
+            return False
+        by_date, by_weekday = day.day in self.days, day.isoweekday() % 7 in self.weekdays
+        return (by_date or by_weekday) if self.either_day else (by_date and by_weekday)
+
+    def fires_on(self, day: date) -> list[datetime]:
+        """The day's fire times in UTC (Airflow's dates are UTC), in order; a local time the clocks skip is left out."""
+        if not self.runs_on(day):
+            return []
+        fires = []
+        for hour, minute in itertools.product(self.hours, self.minutes):
+            local = datetime(day.year, day.month, day.day, hour, minute, tzinfo=self.zone)
+            fire = local.astimezone(timezone.utc)
+            if fire.astimezone(self.zone).replace(tzinfo=None) == local.replace(tzinfo=None):  # not in a DST gap
+                fires.append(fire)
+        return fires
+
+
+def cron_times(cron: str, time_zone: str) -> CronTimes:
+    """The fire times of a cron check_cron accepted, in an IANA time zone check_time_zone accepted."""
+    fields, (minutes, hours, days, months, weekdays) = cron_values(cron)
+    return CronTimes(tuple(sorted(minutes)), tuple(sorted(hours)), frozenset(days), frozenset(months),
+                     frozenset(d % 7 for d in weekdays), fields[2] != "*" and fields[4] != "*", zoneinfo.ZoneInfo(time_zone))
+
+
+# A cron of 29 February fires once in four years: the three fires after a day lie within twelve years of it.
+# check_cron has refused a cron that never fires.
+SEARCH_DAYS = 366 * 13
+
+
+def fires_after(times: CronTimes, start: datetime) -> Iterator[datetime]:
+    """The cron's fire times from `start` on, in order (UTC), for SEARCH_DAYS days."""
+    day, last = start.astimezone(times.zone).date(), None
+    for _ in range(SEARCH_DAYS):
+        for fire in times.fires_on(day):
+            if fire >= start and (last is None or fire > last):  # a time the clocks repeat fires once
+                last = fire
+                yield fire
+        day += timedelta(days=1)
+
+
+def fire_before(times: CronTimes, start: datetime) -> datetime:
+    """The cron's last fire time before `start` (UTC)."""
+    day = start.astimezone(times.zone).date()
+    for _ in range(SEARCH_DAYS):
+        earlier = [fire for fire in times.fires_on(day) if fire < start]
+        if earlier:
+            return earlier[-1]
+        day -= timedelta(days=1)
+    raise ValueError(f"the cron fires nowhere in the {SEARCH_DAYS} days before {start:%Y-%m-%d}")
 
 
 def check_time_zone(time_zone: str) -> None:
@@ -142,6 +219,17 @@ def check_time_zone(time_zone: str) -> None:
         known = False
     if not known:
         raise ValueError(f"time_zone {time_zone!r} is not an IANA time zone; write e.g. Etc/UTC or Europe/Berlin")
+
+
+def check_region(region: str) -> None:
+    """A Compute Engine region name, as the launch URI and Dataflow's --region take it: not a zone, nor a display
+    name such as "US Central"."""
+    if REGION.fullmatch(region):
+        return
+    zone = ZONE.fullmatch(region)
+    hint = f"; {region} is a zone of {zone[1]}" if zone else ""
+    raise ValueError(f"region {region!r} is not a Compute Engine region name{hint}; write the region the job runs in, "
+                     f"e.g. region: {zone[1] if zone else 'us-central1'}")
 
 
 def template_parameters() -> dict[str, dict[str, Any]]:
@@ -223,13 +311,15 @@ CLOUD_STAND_INS = {"project": "docscore-schedule-check", "region": "us-central1"
 def run_refusal(run: dict[str, Any], region: str | None = None) -> str | None:
     """Why `docscore run` refuses these template parameters before reading data, in the pipeline's own words
     (parse_options with the preset, then validate.check_before_data: the options, the workers' backend, the
-    kernel, the precision, the batch flags), or None. The preset's cloud settings come from the launch's
+    kernel, the precision, the batch flags; and for the built-in model, which needs no data nor cloud,
+    check_model), or None. The preset's cloud settings come from the launch's
     environment: stand-ins here, and the schedule's region when given. What only the launch knows is not judged: a run
     naming a config (a file on GCS that may set any option) is left to it, and so are values holding an Airflow
     {{ placeholder }}, except input and output, which the pipeline requires: those are rendered for the
-    scheduled run (a date changes nothing its checks of them look at)."""
+    scheduled run (a date changes nothing its checks of them look at); a gs:// model is not read here either."""
+    from models.builtin import BUILTINS
     from pipeline import validate
-    from pipeline.options import ConfigError, parse_options
+    from pipeline.options import parse_options
 
     if "config" in run:
         return None
@@ -241,33 +331,99 @@ def run_refusal(run: dict[str, Any], region: str | None = None) -> str | None:
                 continue
             text = render(text, SCHEDULED_RUN)
         checked[key] = text
+    model_known = "model" in checked or "model" not in run  # a model holding a {{ placeholder }} is the launch's
     try:
         _, eo = parse_options(run_flags({**CLOUD_STAND_INS, "region": region or CLOUD_STAND_INS["region"], **checked}))
-        validate.check_before_data(eo)
+        backend, _, _ = validate.check_before_data(eo)
+        if model_known and eo.model in BUILTINS:  # a gs:// model cannot be read offline
+            check_model(eo, backend)
     except (ConfigError, ValueError) as e:
         return str(e)
     return None
 
 
-def airflow_context(logical_date: datetime, interval_start: datetime, prev_success_start: datetime) -> dict[str, Any]:
-    """The Airflow values render() fills, for a daily DAG run (data interval of one day)."""
-    return {"ds": logical_date.strftime("%Y-%m-%d"), "ds_nodash": logical_date.strftime("%Y%m%d"),
-            "data_interval_start": interval_start, "data_interval_end": interval_start + timedelta(days=1),
+def check_model(eo: EvalOptions, backend: str) -> None:
+    """What `docscore run` checks of the loaded model before reading data (pipeline/validate.py validate_plan): the
+    kernel --attention resolves to for it on the workers' backend, the task's model family, --max_seq_len and
+    --stride against the model's length, and a --shadow_attention that must run another kernel."""
+    from pipeline import validate
+    from pipeline.stages.inference import ModelSpec
+
+    spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir,
+                     matmul_precision=eo.matmul_precision)
+    loaded, same_backend = validate.load_for_checks(spec, backend)
+    where = validate.backend_origin(eo, backend)
+    kernel = loaded.attention if same_backend else validate.resolve_kernel(eo.attention, backend, dtype=eo.dtype,
+                                                                           loaded=loaded, where=where)
+    validate.check_task_and_windows(eo, loaded)
+    validate.check_shadow(eo, spec, loaded, backend, kernel, where)
+
+
+def airflow_context(logical_date: datetime, interval_start: datetime, interval_end: datetime,
+                    prev_success_start: datetime) -> dict[str, Any]:
+    """The Airflow values render() fills for a DAG run (datetimes in UTC, as Airflow's)."""
+    return {"ds": logical_date.strftime(AIRFLOW_FILTERS["ds"]), "ds_nodash": logical_date.strftime(AIRFLOW_FILTERS["ds_nodash"]),
+            "ts_nodash": logical_date.strftime(AIRFLOW_FILTERS["ts_nodash"]),
+            "data_interval_start": interval_start, "data_interval_end": interval_end,
             "prev_data_interval_start_success": prev_success_start}
 
 
-# The night run of 2026-01-02 (its logical date is its interval's start), and a run triggered by hand the next
-# morning: Airflow gives it the trigger time as logical date and the last complete interval, which is the one
-# the previous (successful) scheduled run covered. That is CronDataIntervalTimetable (Airflow 2's cron default);
-# under CronTriggerTimetable (Airflow 3's) a manual run on the day of a scheduled one gets that run's date, which
-# no date-named run id can tell apart: `docscore compare X X` then exits 2 and fails the DAG run.
-_NIGHT = datetime(2026, 1, 2, 2, 30, tzinfo=timezone.utc)
-SCHEDULED_RUN = airflow_context(_NIGHT, _NIGHT, _NIGHT - timedelta(days=1))
-MANUAL_RUN = airflow_context(_NIGHT + timedelta(days=1, hours=8), _NIGHT, _NIGHT)
+# The day the sample DAG runs fall on, in the schedule's time zone.
+SAMPLE_DAY = datetime(2026, 1, 2)
+
+
+def sample_runs(cron: str, time_zone: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A scheduled DAG run and one triggered by hand after it, for the cron's real interval. The scheduled run is
+    the cron's first fire of SAMPLE_DAY (its logical date is its interval's start; the interval ends at the next fire)
+    and its previous successful run the fire before. The manual run is triggered a third of the way between the next
+    two fires: Airflow gives it the trigger time as logical date and the last complete interval, which is the one the
+    scheduled run covered. That is CronDataIntervalTimetable (Airflow 2's cron default); under CronTriggerTimetable
+    (Airflow 3's) a manual run on the day of a scheduled one gets that run's date, which no date-named run id can tell
+    apart: `docscore compare X X` then exits 2 and fails the DAG run."""
+    times = cron_times(cron, time_zone)
+    start = SAMPLE_DAY.replace(tzinfo=times.zone)
+    first, second, third = itertools.islice(fires_after(times, start), 3)
+    scheduled = airflow_context(first, first, second, fire_before(times, start))
+    triggered = second + (third - second) / 3
+    return scheduled, airflow_context(triggered, first, second, first)
+
+
+# The night run of 2026-01-02 of a daily 02:30 UTC cron, and a run triggered by hand the next morning.
+SCHEDULED_RUN, MANUAL_RUN = sample_runs("30 2 * * *", "Etc/UTC")
+
+# A year of an hourly cron's fires. A cron that fires more often repeats a run id on its first day if it ever
+# does: the placeholders are per day or per second, and only a cron firing at most daily meets a DST change first.
+FIRES_CHECKED = 10_000
+
+
+def check_run_ids(schedule: Schedule) -> None:
+    """Consecutive DAG runs get different run ids. A run id with placeholders names each run; one that renders the
+    same on two fires (a per-day {{ ds_nodash }} with a cron that fires every 6 hours, or across a DST change) has
+    the later run replace the earlier and a gate compare a run with itself. A run id without placeholders is one
+    run, replaced on purpose each time (nightly-classify.yaml)."""
+    run_id = schedule.run.get("run_id")
+    if not isinstance(run_id, str) or not _PLACEHOLDER.search(run_id):
+        return
+    times = cron_times(schedule.cron, schedule.time_zone)
+    start = SAMPLE_DAY.replace(tzinfo=times.zone)
+    fires = fires_after(times, start)
+    previous, fire = fire_before(times, start), next(fires)
+    last_fire, last_id = None, None
+    for following in itertools.islice(fires, FIRES_CHECKED):
+        rendered = render(run_id, airflow_context(fire, fire, following, previous))
+        if rendered == last_id:
+            raise ValueError(
+                f"cron {schedule.cron!r} fires at {last_fire:%Y-%m-%d %H:%M} and {fire:%Y-%m-%d %H:%M} UTC, and run.run_id "
+                f"{run_id!r} renders as {rendered} for both: the later run would replace the earlier (and a gate "
+                "compare a run with itself); name each run after its date and time, e.g. {{ ts_nodash }} (and the "
+                "gate's baseline {{ prev_data_interval_start_success | ts_nodash }}), or a cron whose consecutive fires "
+                "fall on different UTC days")
+        last_fire, last_id = fire, rendered
+        previous, fire = fire, following
 
 
 def check_compare(schedule: Schedule) -> None:
-    """The gate compares two different runs, on a scheduled and on a manually triggered DAG run."""
+    """The gate compares two different runs, on a scheduled and on a manually triggered DAG run of the cron."""
     compare = schedule.compare
     if not isinstance(compare, dict) or set(compare) - set(COMPARE_KEYS) or not {"baseline", "candidate"} <= set(compare):
         raise ValueError(f"compare: write baseline, candidate and optionally limits (got {compare!r})")
@@ -278,19 +434,21 @@ def check_compare(schedule: Schedule) -> None:
     if not isinstance(limits, dict):
         raise ValueError(f"compare.limits: write a mapping of limit: value (e.g. max_mean_drift: 0.001), not {limits!r}")
     check_limits(schedule)
+    scheduled, manual = sample_runs(schedule.cron, schedule.time_zone)
     output, run_id = schedule.run.get("output"), schedule.run.get("run_id")
     if "config" not in schedule.run and isinstance(output, str) and isinstance(run_id, str):
-        candidate, run = render([compare["candidate"], f"{output.rstrip('/')}/scores/run_id={run_id}"], SCHEDULED_RUN)
+        candidate, run = render([compare["candidate"], f"{output.rstrip('/')}/scores/run_id={run_id}"], scheduled)
         if str(candidate).rstrip("/") != run:
             raise ValueError(f"compare.candidate renders as {candidate}, which is not the run this schedule launches "
                              f"({run}); the gate would find no such run every night")
-    for kind, context in (("scheduled", SCHEDULED_RUN), ("manually triggered", MANUAL_RUN)):
+    for kind, context in (("scheduled", scheduled), ("manually triggered", manual)):
         baseline, candidate = render([compare["baseline"], compare["candidate"]], context)
         if baseline == candidate:
             raise ValueError(f"compare: baseline and candidate are both {baseline} on a {kind} run, so the gate "
                              f"would compare a run with itself; name the baseline after the previous successful "
                              f"run ({{{{ prev_data_interval_start_success | ds_nodash }}}}) and the candidate after "
-                             f"this one ({{{{ ds_nodash }}}})")
+                             f"this one ({{{{ ds_nodash }}}}); with | ts_nodash and {{{{ ts_nodash }}}} for a cron that "
+                             f"fires more than once a day")
 
 
 def check_limits(schedule: Schedule) -> None:
@@ -350,8 +508,10 @@ def load_schedule(path: str | Path) -> Schedule:
     try:
         check_cron(schedule.cron)
         check_time_zone(schedule.time_zone)
+        check_region(schedule.region)
         check_templates(schedule)
-        check_run(schedule, SCHEDULED_RUN)
+        check_run(schedule, sample_runs(schedule.cron, schedule.time_zone)[0])
+        check_run_ids(schedule)
         check_run_options(schedule)
         if schedule.compare is not None:
             check_compare(schedule)

@@ -2,6 +2,7 @@
 take cloud settings from flags or the environment, and fail clearly when one is missing."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,92 @@ def test_keyed_list_entries_are_replaced_whatever_the_spelling_or_joining(no_clo
                                 "--experiments=no_use_multiple_sdk_containers,shuffle_mode=service"])
     assert sorted(options.get_all_options()["experiments"]) == [
         "no_use_multiple_sdk_containers", "shuffle_mode=service", "use_runner_v2"]
+
+
+def test_beams_deprecated_zone_flag_stands_in_for_the_environments_zone(no_cloud_env):
+    """`--zone us-central1-a` with DOCSCORE_ZONE set made the preset add worker_zone, and Beam refused the job: "Cannot
+    use deprecated flag --zone along with worker_region or worker_zone"."""
+    from pipeline.validate import check_before_data
+
+    for var, value in CLOUD_ENV.items():
+        no_cloud_env.setenv(var, value)
+    no_cloud_env.setenv("DOCSCORE_ZONE", "us-central1-b")
+    assert "worker_zone" not in load_preset("dataflow-cpu", ["--zone", "us-central1-a"])
+    _, eo = parse_options(["--preset", "dataflow-cpu", "--zone", "us-central1-a", "--input", "gs://docscore-test-bucket/in/",
+                           "--output", "gs://docscore-test-bucket/out", "--no_auth"])
+    assert check_before_data(eo)[0] == "cpu"  # Beam's own option checks pass
+    assert load_preset("dataflow-cpu")["worker_zone"] == "us-central1-b"  # without --zone the environment's is taken
+
+
+def dataflow_run(env, *flags: str):
+    """check_before_data of a Dataflow run on gs:// paths, with the preset's cloud settings from the environment."""
+    from pipeline.validate import check_before_data
+
+    for var, value in CLOUD_ENV.items():
+        env.setenv(var, value)
+    _, eo = parse_options([*flags, "--input", "gs://docscore-test-bucket/in/", "--output", "gs://docscore-test-bucket/out"])
+    return check_before_data(eo)
+
+
+def test_a_backend_the_preset_set_is_blamed_on_the_preset(no_cloud_env):
+    """A CPU preset with a TPU accelerator on the command line: the user typed no --target_backend and used a preset,
+    so "use a preset for cpu workers" was no help."""
+    accelerator = ["--dataflow_service_options", "worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1"]
+    with pytest.raises(ConfigError) as e:
+        dataflow_run(no_cloud_env, "--preset", "dataflow-cpu", *accelerator)
+    message = str(e.value)
+    assert message.startswith("--target_backend=cpu (set by --preset dataflow-cpu), but the Dataflow workers have a TPU")
+    assert "pass --target_backend auto (or tpu)" in message and "use a preset for cpu workers" not in message
+    # a value the user typed is theirs: the message names no preset
+    with pytest.raises(ConfigError, match=r"^--target_backend=gpu, but the Dataflow workers have a TPU"):
+        dataflow_run(no_cloud_env, "--preset", "dataflow-tpu-v5e", "--target_backend", "gpu")
+
+
+def test_from_preset_says_which_values_the_preset_set(no_cloud_env):
+    """What a refusal of a local run (pipeline/validate.py check_reachable_backend) can say of --target_backend."""
+    from pipeline.dataflow_checks import from_preset
+
+    _, eo = parse_options(["--preset", "dataflow-tpu-v5e", "--runner", "DirectRunner", "--input", "x.jsonl", "--output", "o"])
+    assert from_preset(eo, "target_backend") == " (set by --preset dataflow-tpu-v5e)"
+    _, eo = parse_options(["--preset", "dataflow-tpu-v5e", "--runner", "DirectRunner", "--target_backend", "gpu",
+                           "--input", "x.jsonl", "--output", "o"])
+    assert from_preset(eo, "target_backend") == ""
+    _, eo = parse_options(["--target_backend", "tpu", "--input", "x.jsonl", "--output", "o"])
+    assert from_preset(eo, "target_backend") == ""
+
+
+TPU_FLAGS = ["--preset", "dataflow-tpu-v5e"]
+
+
+@pytest.mark.parametrize("machine, accelerator, message", [
+    ("ct5lp-hightpu-1t", "type:tpu-v5e-lite;topology:1x1",
+     "worker_accelerator type:tpu-v5e-lite is not a Dataflow accelerator type; use a TPU type (tpu-v5-lite-podslice, "),
+    ("ct5lp-hightpu-1t", "type:tpu-v5-lite-podslice;topology:one", "topology:one is not a TPU shape"),
+    ("ct5lp-hightpu-1t", "type:tpu-v5-lite-podslice;topology:1x", "topology:1x is not a TPU shape"),
+    ("ct5lp-hightpu-4t", "type:tpu-v5-lite-podslice;topology:1x4",
+     "topology:1x4 is not the shape of --machine_type ct5lp-hightpu-4t's 4 tpu-v5-lite-podslice chips, which Dataflow "
+     "runs as 2x2; use topology:2x2"),
+    ("ct6e-standard-8t", "type:tpu-v6e-slice;topology:4x2", "which Dataflow runs as 2x4; use topology:2x4"),
+    ("ct5lp-hightpu-4t", "type:tpu-v5-lite-podslice;topology:2x4",
+     "topology:2x4 is 8 TPU chips, but --machine_type ct5lp-hightpu-4t holds 4; Dataflow runs each single-host TPU "
+     "shape on the machine type of its chips: use topology:2x2 or a machine of 8 chips"),
+    ("a2-megagpu-16g", "type:nvidia-tesla-a100;count:8;install-nvidia-driver", "count:8, but --machine_type "
+                                                                              "a2-megagpu-16g holds 16"),
+], ids=["unknown type", "topology word", "topology half", "v5e 4 chips in a row", "v6e 8 chips turned", "more chips",
+        "a2 mega count"])
+def test_worker_accelerators_dataflow_cannot_run_are_refused(no_cloud_env, machine, accelerator, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        dataflow_run(no_cloud_env, *TPU_FLAGS, "--target_backend", "auto", "--machine_type", machine,
+                     "--dataflow_service_options", f"worker_accelerator={accelerator}")
+
+
+@pytest.mark.parametrize("machine, accelerator, backend", [
+    ("ct5lp-hightpu-4t", "type:tpu-v5-lite-podslice;topology:2x2", "tpu"),
+    ("ct6e-standard-8t", "type:tpu-v6e-slice;topology:2x4", "tpu"),
+    ("ct5p-hightpu-4t", "type:tpu-v5p-slice;topology:2x2x1", "tpu"),
+    ("a2-megagpu-16g", "type:nvidia-tesla-a100;count:16;install-nvidia-driver", "gpu"),  # 16 A100 40GB on Compute Engine
+    ("a2-highgpu-2g", "type:nvidia-tesla-a100;count:2;install-nvidia-driver", "gpu"),
+])
+def test_worker_accelerators_of_compute_engines_machines_are_accepted(no_cloud_env, machine, accelerator, backend):
+    assert dataflow_run(no_cloud_env, *TPU_FLAGS, "--target_backend", "auto", "--machine_type", machine,
+                        "--dataflow_service_options", f"worker_accelerator={accelerator}")[0] == backend

@@ -25,6 +25,7 @@ from runners.scheduling import (
     placeholders,
     render,
     run_flags,
+    sample_runs,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -361,3 +362,103 @@ def test_a_run_with_a_config_file_leaves_the_pipeline_checks_to_the_launch(tmp_p
     """The config file on GCS may hold the labels: only the launch can read it."""
     text = "\n".join(line for line in CLASSIFY.splitlines() if not line.startswith("  classify_labels:")) + "\n"
     accepts(tmp_path, text.replace("  task: classify\n", "  task: classify\n  config: gs://YOUR_BUCKET/labels.yaml\n"))
+
+
+SIX_HOURLY = CANARY.replace('cron: "30 2 * * *"', 'cron: "0 */6 * * *"')
+
+
+def test_a_per_day_run_id_on_a_cron_that_fires_more_than_once_a_day_is_refused(tmp_path, capsys):
+    """Every fire after the first of the day rendered nightly-YYYYMMDD again: it replaced the earlier run and its gate
+    compared the run with itself (docscore compare exits 2 every time)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(SIX_HOURLY)
+    assert main([str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert ("cron '0 */6 * * *' fires at 2026-01-02 00:00 and 2026-01-02 06:00 UTC, and run.run_id "
+            "'nightly-{{ ds_nodash }}' renders as nightly-20260102 for both") in err
+    assert "{{ ts_nodash }}" in err
+    # the fix the message names: run ids of the date and time, the baseline the previous fire's
+    schedule_text = SIX_HOURLY.replace("ds_nodash", "ts_nodash")
+    accepts(tmp_path, schedule_text)
+    schedule = load_schedule(tmp_path / "s.yaml")
+    scheduled, manual = sample_runs(schedule.cron, schedule.time_zone)
+    args = compare_parser().parse_args(render(compare_argv(schedule), scheduled))
+    assert args.run_b.endswith("run_id=nightly-20260102T000000") and args.run_a.endswith("run_id=nightly-20260101T180000")
+    manual_args = compare_parser().parse_args(render(compare_argv(schedule), manual))
+    assert manual_args.run_a != manual_args.run_b
+
+
+def test_a_run_id_a_dst_change_repeats_is_refused(tmp_path):
+    """01:30 in Berlin is 00:30 UTC in winter and 23:30 UTC the day before in summer: on 29 March 2026 two nightly
+    runs fall on the same UTC date, which Airflow's ds is."""
+    text = CANARY.replace('cron: "30 2 * * *"', 'cron: "30 1 * * *"').replace("time_zone: Etc/UTC",
+                                                                          "time_zone: Europe/Berlin")
+    assert ("fires at 2026-03-29 00:30 and 2026-03-29 23:30 UTC, and run.run_id 'nightly-{{ ds_nodash }}' renders as "
+            "nightly-20260329 for both") in refusal(tmp_path, text)
+    accepts(tmp_path, text.replace("time_zone: Europe/Berlin", "time_zone: Etc/UTC"))
+
+
+def test_a_run_id_without_placeholders_may_repeat_on_purpose(tmp_path):
+    """A fixed run id is one run replaced at each fire (nightly-classify.yaml), whatever the cron."""
+    accepts(tmp_path, CLASSIFY.replace('cron: "0 3 * * *"', 'cron: "0 */6 * * *"'))
+
+
+def test_sample_runs_follow_the_crons_interval():
+    scheduled, manual = sample_runs("0 */6 * * *", "Etc/UTC")
+    assert render("{{ data_interval_end | ts_nodash }}/{{ prev_data_interval_start_success | ts_nodash }}",
+                  scheduled) == "20260102T060000/20260101T180000"
+    # triggered by hand between the next two fires: the interval the scheduled run covered, its own logical date
+    assert manual["ts_nodash"] == "20260102T080000" and render("{{ prev_data_interval_start_success | ts_nodash }}",
+                                                               manual) == "20260102T000000"
+    assert (SCHEDULED_RUN, MANUAL_RUN) == sample_runs("30 2 * * *", "Etc/UTC")
+
+
+@pytest.mark.parametrize("region, message", [
+    ("us-central1-a", "region 'us-central1-a' is not a Compute Engine region name; us-central1-a is a zone of "
+                      "us-central1; write the region the job runs in, e.g. region: us-central1"),
+    ("US Central", "region 'US Central' is not a Compute Engine region name; write the region the job runs in, e.g. "
+                   "region: us-central1"),
+    ("us-central", "region 'us-central' is not a Compute Engine region name"),
+])
+def test_region_must_be_a_region_name(tmp_path, region, message):
+    assert message in refusal(tmp_path, CLASSIFY.replace("region: us-central1", f"region: {region}"))
+
+
+@pytest.mark.parametrize("region", ["europe-west4", "northamerica-northeast1", "us-east5"])
+def test_region_names_are_accepted(tmp_path, region):
+    accepts(tmp_path, CLASSIFY.replace("region: us-central1", f"region: {region}"))
+
+
+def test_the_documented_cloud_scheduler_command_uses_the_files_cron_time_zone_and_region():
+    """The command once used $DOCSCORE_REGION, so the region the launch API was called in was not the one checked."""
+    schedule = load_schedule(ROOT / "runners" / "schedules" / "nightly-classify.yaml")
+    command = (ROOT / "runners" / "DATAFLOW.md").read_text().split("gcloud scheduler jobs create http", 1)[1]
+    command = command.split("```", 1)[0]
+    assert f"--location {schedule.region} " in command
+    assert f"/locations/{schedule.region}/flexTemplates:launch" in command
+    assert f'--schedule "{schedule.cron}" --time-zone {schedule.time_zone} ' in command
+    assert "DOCSCORE_REGION" not in command
+
+
+@pytest.mark.parametrize("line, message", [
+    ("  task: loglik", "--task=loglik needs a decoder (GPT-2 or Llama-family) model but --model minilm-l6 is bert"),
+    ("  task: loglik\n  model: minilm-l6", "--task=loglik needs a decoder"),
+    # the TPU preset's attention auto runs splash_tpu on its workers, and flash means the same kernel there
+    ("  task: embed\n  shadow_attention: flash", "--shadow_attention=flash resolves to splash_tpu, the kernel "
+                                                 "--attention=auto already runs"),
+    ("  task: embed\n  stride: \"300\"", "--stride=300 (tokens shared by consecutive windows) must be < 254"),
+    ("  task: embed\n  max_seq_len: \"100000\"", "--max_seq_len=100000 exceeds the model's 256"),
+], ids=["loglik default model", "loglik minilm", "shadow same kernel", "stride", "max_seq_len"])
+def test_the_built_in_models_checks_are_made(tmp_path, line, message):
+    """The built-in model needs no data and no cloud: `docscore run` refuses these at launch, so the schedule check does."""
+    text = "\n".join(line for line in CLASSIFY.splitlines() if not line.startswith("  classify_labels:")) + "\n"
+    text = text.replace("  task: classify\n", f"{line}\n")
+    assert f"run: `docscore run` would refuse it at launch: {message}" in refusal(tmp_path, text)
+
+
+@pytest.mark.parametrize("model", ["gs://YOUR_BUCKET/models/gpt2", "gs://YOUR_BUCKET/models/{{ ds_nodash }}"])
+def test_a_model_that_is_not_read_offline_is_left_to_the_launch(tmp_path, model):
+    """A gs:// model (or one the launcher renders) cannot be loaded here: its family is the launch's to judge."""
+    text = "\n".join(line for line in CANARY.splitlines() if not line.startswith("  classify_labels:")) + "\n"
+    accepts(tmp_path, text.split("compare:")[0].replace("  task: classify\n", f"  task: loglik\n  model: \"{model}\"\n"))

@@ -56,3 +56,14 @@ def test_on_dataflow_auto_means_the_workers_backend(accelerator, backend, kernel
     line = plan_line(eo, plan)
     assert line.startswith(f"backend {backend}, kernel {plan.kernel}, dtype bfloat16, batch_size {plan.batch.batch_size}")
     assert "image img:test" in line and (accelerator is None or f"accelerator {accelerator.partition('=')[2]}" in line)
+
+
+def test_a_backend_the_preset_set_is_not_blamed_on_the_user(corpus, tmp_path, no_data_read, capsys):
+    """A Dataflow preset run with the local runner: its --target_backend came from the preset, so the fix is
+    --target_backend auto (or dropping --runner), not dropping a flag the user never typed."""
+    preset = "dataflow-tpu-v5e" if jax.default_backend() != "tpu" else "dataflow-gpu-l4"
+    assert run_docscore("--preset", preset, "--runner", "DirectRunner", "--input", corpus,
+                        *common_flags("preset", tmp_path / "out")) == 2
+    message = capsys.readouterr().err
+    assert f"(set by --preset {preset}) cannot run with the local runner" in message, message
+    assert "pass --target_backend auto" in message and "drop --target_backend" not in message, message
