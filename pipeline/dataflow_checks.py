@@ -100,6 +100,7 @@ def check_dataflow_options(eo: EvalOptions) -> None:
         raise ConfigError(f"--runner={runner} needs --sdk_container_image: Dataflow's stock worker image has no docscore, "
                           "jax or model weights; build the worker image (runners/DATAFLOW.md, section 3) and pass it, "
                           "or set DOCSCORE_IMAGE with a Dataflow preset")
+    check_staged_files(given)
     from apache_beam.options.pipeline_options import GoogleCloudOptions, WorkerOptions
     from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
@@ -110,6 +111,19 @@ def check_dataflow_options(eo: EvalOptions) -> None:
     if problems:
         raise ConfigError(f"--runner={runner}: {problems[0].rstrip('.')}; fix the options (set on the command line, "
                           "in --config, by the preset or its environment variables: runners/DATAFLOW.md)")
+
+
+def check_staged_files(given: dict) -> None:
+    """Files Beam stages for the workers, and Runner v2, which this Beam cannot turn off: Beam refuses either only
+    while it builds the job, after the model has loaded, with a traceback."""
+    for name in ("requirements_file", "setup_file"):
+        path = given.get(name)
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"--{name}={path} is not a file; pass the file Beam should stage for the workers, or "
+                              "drop the flag (the worker image already holds docscore: runners/DATAFLOW.md, section 3)")
+    if "disable_runner_v2" in (given.get("experiments") or []):
+        raise ConfigError("--experiments disable_runner_v2: this Beam cannot run Dataflow jobs without Runner v2 "
+                          "(and the accelerator workers need it); drop the experiment")
 
 
 def from_environment(option: str, value: object) -> str:

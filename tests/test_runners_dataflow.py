@@ -184,3 +184,32 @@ def test_template_launch_of_docscore_run_exits_zero(cloud_env, gcs, tmp_path, ca
     names = {t.unique_name for t in staged_pipeline(json.loads(job_file.read_text())).components.transforms.values()}
     assert "Publish/Publish" in names, "the job has no Publish step"
     assert not gcs.fs().exists(f"{gcs.bucket}/out/runs"), "nothing may be published before the job runs"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flags, message", [
+    (["--requirements_file", "/nonexistent/requirements.txt"], "--requirements_file=/nonexistent/requirements.txt is not a file"),
+    (["--setup_file", "/nonexistent/setup.py"], "--setup_file=/nonexistent/setup.py is not a file"),
+    (["--experiments", "disable_runner_v2"], "--experiments disable_runner_v2: this Beam cannot run Dataflow jobs"),
+])
+def test_what_beam_refuses_only_while_building_the_job_is_refused_first(cloud_env, gcs, tmp_path, capsys, flags, message):
+    from pipeline.launch import main
+
+    code = main(template_flags(gcs, tmp_path, "dataflow-cpu") + ["--input", gcs.url("in", "*.jsonl"),
+                                                                 "--output", gcs.url("out"), *flags])
+    assert code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_template_launch_beam_cannot_build_ends_in_one_line(cloud_env, gcs, tmp_path, capsys):
+    """Beam builds and stages the job in p.run(): a refusal there (here a missing --sdk_location) is one line and
+    exit 1, as a waiting launch's failure is, not a traceback."""
+    from pipeline.launch import main
+
+    gcs.fs().pipe(f"{gcs.bucket}/in/a.jsonl", b'{"id": "a", "text": "a document"}\n')
+    code = main(template_flags(gcs, tmp_path, "dataflow-cpu") + [
+        "--input", gcs.url("in", "*.jsonl"), "--output", gcs.url("out"), "--run_id", "unbuilt",
+        "--sdk_location", str(tmp_path / "missing-sdk.tar.gz")])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "docscore run unbuilt: the job was not built or submitted (" in err and "nothing was published" in err, err
