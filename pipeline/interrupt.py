@@ -61,7 +61,7 @@ def exit_on_interrupt(say: Callable[[], str], lock: Any = None) -> Iterator[None
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         stop_child_processes()
         with lock if lock is not None else contextlib.nullcontext():
-            message = say()
+            message = said_within(say, SAY_WITHIN_S)
         os.write(stderr, f"\n{message}\n".encode())
         os._exit(EXIT_CODES[signum])
 
@@ -71,6 +71,31 @@ def exit_on_interrupt(say: Callable[[], str], lock: Any = None) -> Iterator[None
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+# How long an interrupt waits for `say()` (which may ask a store what was published): an unreachable gs:// store
+# retries for minutes, and Ctrl-C must end the command now.
+SAY_WITHIN_S = 15.0
+
+
+def said_within(say: Callable[[], str], seconds: float) -> str:
+    """say() if it answers within `seconds` without raising, else a line saying what could not be checked."""
+    said: dict[str, str] = {}
+
+    def run() -> None:
+        try:
+            said["message"] = say()
+        except Exception as e:  # a store that cannot be reached, among others
+            said["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+
+    worker = threading.Thread(target=run, name="docscore-interrupted", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if "message" in said:
+        return said["message"]
+    why = said.get("error") or f"no answer within {seconds:g} s"
+    return (f"docscore: interrupted; what it left could not be checked ({why}): readers see the previous run of the "
+            "run_id or this one, whole, never a mix; a gs:// lease this launch held expires by itself")
 
 
 def stop_child_processes() -> None:

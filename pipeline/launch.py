@@ -338,10 +338,15 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     except Exception as e:
         failed = f"the pipeline failed ({job_error_text(e)})"
     if failed:  # the job did not commit: the previous run stays what readers see
+        left = ""
         if not eo.output.startswith(sinks.BQ_PREFIX) and runs_locally(options):
-            run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)
+            try:
+                run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)
+            except Exception as e:  # the store the job lost: what it placed goes at the run_id's next launch
+                left = (f"; its files could not be removed ({type(e).__name__}: {str(e)[:200]}): the next launch of "
+                        "this run_id removes them")
         print(f"docscore run {eo.run_id}: {failed}; nothing was published (the previous run of this run_id, "
-              "if any, is what readers see)", file=sys.stderr)
+              f"if any, is what readers see){left}", file=sys.stderr)
         return 1
     # the job committed the run; add what only the launcher knows, the gates' outcomes included, before
     # the report is derived from it

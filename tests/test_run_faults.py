@@ -435,3 +435,42 @@ def test_an_interrupt_between_the_commit_and_the_report_says_how_to_write_the_re
     assert f"`docscore report {out} --run_id cut`" in message, message
     assert report.main([str(out), "--run_id", "cut"]) == 0 and page.exists()
     assert "without its report" not in launch.interrupted(options, eo, committed)
+
+
+def test_an_interrupts_line_comes_at_once_even_when_what_it_asks_cannot_answer():
+    """The interrupt's line asks the store what was published; a gs:// store that is gone retries for minutes or
+    raises: Ctrl-C still ends the command now, with a line saying what could not be checked."""
+    from pipeline.interrupt import said_within
+
+    assert said_within(lambda: "docscore run r: interrupted; nothing was published", 5) == \
+        "docscore run r: interrupted; nothing was published"
+
+    def unreachable() -> str:
+        raise OSError("Server disconnected")
+
+    assert "could not be checked (OSError: Server disconnected)" in said_within(unreachable, 5)
+    started = time.monotonic()
+    late = said_within(lambda: time.sleep(30) or "too late", 0.5)
+    assert time.monotonic() - started < 5
+    assert "could not be checked (no answer within 0.5 s)" in late and "whole, never a mix" in late
+
+
+def test_a_failed_job_whose_store_is_gone_still_ends_in_its_one_line(tmp_path, capsys, monkeypatch):
+    """The job failed and removing what it placed fails too (the store went away): the command still says that
+    nothing was published, and that the next launch removes its files, instead of a traceback."""
+    from pipeline import launch
+
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": "a", "text": SENTENCES[0]}])
+
+    def job_fails(*_args, **_kwargs):
+        raise RuntimeError("worker lost")
+
+    def store_gone(*_args, **_kwargs):
+        raise OSError("Server disconnected")
+
+    monkeypatch.setattr(launch.progress, "run_with_progress", job_fails)
+    monkeypatch.setattr(launch.run_commit, "discard_launch", store_gone)
+    assert run_docscore("--input", shard, *common_flags("gone", tmp_path / "out"), "--attention", "native") == 1
+    err = capsys.readouterr().err
+    assert "the pipeline failed (RuntimeError: worker lost); nothing was published" in err, err
+    assert "could not be removed (OSError: Server disconnected): the next launch of this run_id removes them" in err, err
