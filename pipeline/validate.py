@@ -439,6 +439,10 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         except ValueError as e:
             raise ConfigError(f"--output {eo.output}: {e}; use a local directory, gs://BUCKET/PATH or "
                               "bq:PROJECT.DATASET.PREFIX") from None
+        except Exception as e:  # a store that answers 503 or drops the connection, after gcsfs's retries
+            if not sources.is_transient(e):
+                raise
+            raise ConfigError(sources.unreachable_message(f"--output {eo.output}", e)) from None
         check_output_layout(eo)
         if eo.profile_dir:
             try:

@@ -432,6 +432,43 @@ def unreachable_gcs(tmp_path, monkeypatch):
         yield port
 
 
+@pytest.fixture
+def unavailable_gcs(tmp_path, monkeypatch):
+    """gs:// pointed at a server that answers every request 503 (a store that is up but unavailable), with gcsfs's
+    back-off between its retries taken out. Yields the server's port."""
+    import http.server
+    import threading
+    import types
+
+    import gcsfs.retry
+
+    async def no_wait(_seconds):
+        return None
+
+    class Unavailable(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            body = b'{"error": {"code": 503, "message": "backend unavailable"}}'
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = answer
+
+        def log_message(self, *_args):
+            pass
+
+    monkeypatch.setattr(gcsfs.retry, "asyncio", types.SimpleNamespace(sleep=no_wait))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with gcs_environment(f"http://127.0.0.1:{server.server_port}", tmp_path):
+            yield server.server_port
+    finally:
+        server.shutdown()
+
+
 FAULT_RATE = 0.125  # one request in 8 fails
 
 

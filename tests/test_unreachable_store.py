@@ -23,3 +23,14 @@ def test_an_unreachable_gcs_input_is_exit_2_with_a_message(path, unreachable_gcs
     assert "matches no readable shard" not in stderr and "does not exist" not in stderr
     assert "Traceback" not in stderr and "out of retries" not in caplog.text
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.integration
+def test_an_unavailable_gcs_output_is_exit_2_with_a_message(unavailable_gcs, tmp_path, capsys):
+    """A store that answers 503 to everything (not a refused port): the --output check names it, exit 2."""
+    shard = tmp_path / "docs.jsonl"
+    shard.write_text('{"id": "a", "text": "a document"}\n')
+    assert run_docscore("--input", str(shard), "--output", "gs://docscore-out/run", "--run_id", "unavailable") == 2
+    stderr = capsys.readouterr().err
+    assert "--output gs://docscore-out/run: cannot be reached (HttpError" in stderr, stderr
+    assert "Traceback" not in stderr
