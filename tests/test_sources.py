@@ -497,3 +497,24 @@ def test_a_shard_cut_after_the_run_found_it_is_a_shard_error_beside_what_it_stil
     assert "when the run found it: it was cut or rewritten while the run read its input" in errors[0].message
     docs, errors = split(list(read_shard(str(grown), spec)))
     assert len(docs) == 11 and errors == []
+
+
+def test_a_shard_cut_while_it_is_being_read_is_a_shard_error_at_the_end(tmp_path):
+    """The cut comes after the read began (the size matched when the reader opened it): the records past the cut
+    were never seen, so the reader checks the size again when it is done."""
+    import dataclasses
+
+    from pipeline.io.sources import shard_sizes
+
+    shard = tmp_path / "midway.jsonl"
+    shard.write_text("".join(json.dumps({"id": f"m{i}", "text": "x" * 200}) + "\n" for i in range(2000)))
+    spec = dataclasses.replace(SPEC, sizes=shard_sizes([str(shard)]))
+    items = read_shard(str(shard), spec)
+    first = next(items)
+    with shard.open("r+b") as f:  # cut to a tenth while the reader is inside the file
+        f.truncate(shard.stat().st_size // 10)
+    docs, errors = split([first, *items])
+    assert len(docs) < 2000 and errors, errors
+    # the line the cut went through may be an invalid_json row before it; the shard error comes last
+    assert (errors[-1].record_index, errors[-1].error_type) == (None, "shard_changed"), errors
+    assert [e.error_type for e in errors[:-1]] in ([], ["invalid_json"]), errors

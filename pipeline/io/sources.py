@@ -491,11 +491,9 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     if fmt is None:
         yield ErrorRow(path, None, "read", "unknown_format", f"cannot read {path}; supported: {SUPPORTED}")
         return
-    found, now = spec.sizes.get(path), local_size(path)
-    if found is not None and now is not None and now < found:
-        yield ErrorRow(path, None, "read", "shard_changed",
-                       f"the file is {now} bytes, {found} when the run found it: it was cut or rewritten while the "
-                       "run read its input, so records may be missing from the tables; rerun once the input is whole")
+    changed = shard_changed(path, spec.sizes.get(path))
+    if changed:
+        yield changed
     try:
         for item in readers[fmt](path, spec):
             yield _printable_error(item) if isinstance(item, ErrorRow) else item
@@ -504,6 +502,22 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
             raise
         what = shard_failure(e, "could not be read")
         yield _printable_error(ErrorRow(path, None, "read", read_error_type(e), f"{fmt} shard {what} ({type(e).__name__}: {e})"))
+        return
+    if not changed:  # cut while it was read: the records past the cut were never seen
+        changed = shard_changed(path, spec.sizes.get(path))
+        if changed:
+            yield changed
+
+
+def shard_changed(path: str, found: int | None) -> ErrorRow | None:
+    """A read/shard_changed row when a local shard is now smaller than when the run found it (cut or rewritten
+    while the run read its input), else None."""
+    now = local_size(path)
+    if found is None or now is None or now >= found:
+        return None
+    return ErrorRow(path, None, "read", "shard_changed",
+                    f"the file is {now} bytes, {found} when the run found it: it was cut or rewritten while the "
+                    "run read its input, so records may be missing from the tables; rerun once the input is whole")
 
 
 def local_size(path: str) -> int | None:
