@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.io.sources import ReadSpec, read_shard
+from pipeline.io.sources import ReadSpec, find_input, read_shard
 from pipeline.records import Document, ErrorRow
 from tests.conftest import shards_of
 
@@ -518,3 +518,28 @@ def test_a_shard_cut_while_it_is_being_read_is_a_shard_error_at_the_end(tmp_path
     # the line the cut went through may be an invalid_json row before it; the shard error comes last
     assert (errors[-1].record_index, errors[-1].error_type) == (None, "shard_changed"), errors
     assert [e.error_type for e in errors[:-1]] in ([], ["invalid_json"]), errors
+
+
+def test_a_folder_under_input_that_cannot_be_listed_is_refused_not_silently_left_out(tmp_path, monkeypatch):
+    """Its files would be missing from the run with no row saying so (an unreadable file is an error row): the input
+    is refused naming the folder. A hidden folder (_tmp/, .git/) is skipped as before. Tests run as root, for whom
+    chmod 000 hides nothing, so the listing is refused as it is for another user."""
+    import os
+
+    for folder in ("in/sub", "in/_tmp"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "docs.jsonl").write_text('{"id": "a", "text": "x"}\n')
+    (tmp_path / "in" / "top.jsonl").write_text('{"id": "b", "text": "y"}\n')
+    real_scandir = os.scandir
+    locked = {str(tmp_path / "in" / "sub"), str(tmp_path / "in" / "_tmp")}
+
+    def scandir(path="."):
+        if str(path).rstrip("/") in locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(PermissionError, match=r"the folder .*/in/sub cannot be listed, so its files would be missing"):
+        find_input(str(tmp_path / "in"))
+    locked.discard(str(tmp_path / "in" / "sub"))
+    assert [p.rsplit("/", 1)[-1] for p in find_input(str(tmp_path / "in")).shards] == ["docs.jsonl", "top.jsonl"]

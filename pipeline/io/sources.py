@@ -124,10 +124,17 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
     glob_root = _fixed_prefix(existing or fsspec.core.url_to_fs(pattern)[1])
     one_path = existing is not None or (not fsspec.core.has_magic(pattern) and len(paths) == 1)
     if one_path and (os.path.isdir(paths[0]) if local else remote_kind(fs, pattern, paths[0]) == "directory"):
-        files = (local_regular_files(paths[0]) if local  # a key ending in / is a console's folder placeholder
+        unlisted: list[str] = []
+        files = (local_regular_files(paths[0], unlisted) if local  # a key ending in / is a console's folder placeholder
                  else [p for p, info in fs.find(paths[0], detail=True).items() if info.get("type") == "file"
                        and not p.endswith("/")])
         root = paths[0].rstrip("/") + "/"
+        lost = [d for d in unlisted if not _hidden_below(root, d.rstrip("/") + "/x")]
+        if lost:  # its files would be missing from the run without a row saying so
+            raise PermissionError(f"--input {pattern}: the folder {_printable(lost[0])}"
+                                  + (f" (and {len(lost) - 1} more)" if len(lost) > 1 else "")
+                                  + " cannot be listed, so its files would be missing from the run; make it readable, "
+                                  "or pass a glob that leaves it out")
         # a file under a `_`/`.` folder is hidden too (_staging/, _temporary/, .git/): only the part below the root counts
         found = [p for p in files if not _hidden_below(root, p) and shard_format(p)]
         skipped = sorted(p for p in files if not _hidden_below(root, p) and not shard_format(p))
@@ -250,9 +257,10 @@ def _hidden_below(root: str, path: str, written: tuple[str, ...] = ()) -> bool:
                for part in below.split("/"))
 
 
-def local_regular_files(root: str) -> list[str]:
+def local_regular_files(root: str, unlisted: list[str] | None = None) -> list[str]:
     """Every regular file under the local directory `root` (symlinks to regular files included), as
-    root/relative/path. Named pipes, sockets, devices, broken links and unreadable directories are skipped.
+    root/relative/path. Named pipes, sockets, devices and broken links are skipped; a directory that cannot be
+    listed is added to `unlisted` (when given) and skipped.
     Symlinked directories are followed after the real tree, each real directory once (so a link to a
     directory already listed adds nothing), and never one that holds the link itself (a loop such as
     `a -> ..` or `a -> /`): the listing always ends."""
@@ -268,7 +276,9 @@ def local_regular_files(root: str) -> list[str]:
         try:
             with os.scandir(directory) as listing:
                 entries = sorted(listing, key=lambda e: e.name)
-        except OSError:  # unreadable or vanished: nothing to read there
+        except OSError:  # unreadable or vanished: the caller decides whether that loses input
+            if unlisted is not None and os.path.lexists(directory):
+                unlisted.append(directory)
             continue
         for entry in entries:
             path = f"{directory.rstrip('/')}/{entry.name}"
