@@ -149,3 +149,24 @@ def test_a_run_of_no_records_says_its_error_gate_had_nothing_to_check(tmp_path, 
     gate = summary["gates"]["error_fraction"]
     assert gate["passed"] is None and "no record was read" in gate["message"] and gate["message"] in summary["notices"]
     assert "check that --input names the data you meant" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_failed_gate_keeps_its_exit_code_when_the_summary_cannot_be_given_the_gates(tmp_path, capsys, monkeypatch):
+    """The disk fills after the commit, before the launcher writes the gates into the summary: the run is published
+    and the command says so, and the error gate still fails it (exit 4), as the committed summary's counts show."""
+    from pipeline.runs import publish
+
+    records = [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:3])] + ['{"broken', '{"also broken']
+    shard = write_jsonl(tmp_path / "docs.jsonl", records)
+
+    def disk_full(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(publish.run_commit, "rewrite_summary", disk_full)
+    code = run_docscore("--input", shard, *common_flags("full", tmp_path / "out"), "--attention", "native",
+                        "--no_progress", "--max_error_fraction", "0.1")
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert "the run is published, but the launcher's additions to its summary" in err
+    assert "2 of 5 records (40.0%) are error rows, more than --max_error_fraction=0.1" in err
