@@ -262,6 +262,9 @@ def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
                 for left in run_lease.remove_stale(eo.output, own_launch=out.launch):
                     print(f"docscore run: note: removed {left}, left by a launch that did not finish", file=sys.stderr)
                 run_lease.remove_replaced(eo.output, eo.run_id, own_launch=out.launch)
+                damaged = damaged_summary(eo.output, eo.run_id)
+                if damaged:
+                    print(f"docscore run: note: {damaged}; this launch replaces it", file=sys.stderr)
             return run_and_report(options, eo, plan, out, why_not_wait, phase_starts)
     finally:
         if lease is not None:
@@ -274,7 +277,7 @@ def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec, lease: run_leas
     until it expired); a remote job is not cancelled (it publishes its own tables)."""
     if eo.output.startswith(sinks.BQ_PREFIX):
         return f"docscore run {eo.run_id}: interrupted; BigQuery publishes in one transaction: check {eo.output}"
-    committed = (run_commit.committed_summary(eo.output, eo.run_id) or {}).get(run_commit.LAUNCH_KEY) == out.launch
+    committed = (run_commit.summary_to_replace(eo.output, eo.run_id) or {}).get(run_commit.LAUNCH_KEY) == out.launch
     if runs_locally(options) and not committed:
         run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)
     if lease is not None:
@@ -289,6 +292,15 @@ def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec, lease: run_leas
     if not runs_locally(options):
         what += "; the job itself was not cancelled and publishes when it finishes"
     return f"docscore run {eo.run_id}: interrupted; {what}"
+
+
+def damaged_summary(output: str, run_id: str) -> str | None:
+    """Why the run's committed summary.json is damaged (run_commit.DamagedSummary), or None."""
+    try:
+        run_commit.committed_summary(output, run_id)
+    except run_commit.DamagedSummary as e:
+        return str(e)
+    return None
 
 
 def report_written(output: str, run_id: str) -> bool:

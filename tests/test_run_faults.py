@@ -474,3 +474,20 @@ def test_a_failed_job_whose_store_is_gone_still_ends_in_its_one_line(tmp_path, c
     err = capsys.readouterr().err
     assert "the pipeline failed (RuntimeError: worker lost); nothing was published" in err, err
     assert "could not be removed (OSError: Server disconnected): the next launch of this run_id removes them" in err, err
+
+
+def test_a_run_whose_summary_is_damaged_is_published_again_as_its_message_advises(tmp_path, capsys):
+    """report and compare refuse a damaged summary.json and advise publishing the run again: that launch works (it
+    said so before it started), replaces the damaged commit record, and the damaged run's files go after its commit."""
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES[:3])])
+    out = tmp_path / "out"
+    assert run_docscore("--input", shard, *common_flags("r", out), "--attention", "native", "--no_progress") == 0
+    old_files = sorted((out / "scores" / "run_id=r").iterdir())
+    summary = out / "runs" / "run_id=r" / "summary.json"
+    summary.write_bytes(summary.read_bytes()[:100])
+    capsys.readouterr()
+    assert run_docscore("--input", shard, *common_flags("r", out), "--attention", "native", "--no_progress") == 0
+    err = capsys.readouterr().err
+    assert f"note: {summary} is damaged" in err and "this launch replaces it" in err, err
+    assert read_summary(out, "r")["counts"]["scored"] == 3
+    assert not set(old_files) & set((out / "scores" / "run_id=r").iterdir())

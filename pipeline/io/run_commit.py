@@ -167,7 +167,7 @@ def commit(output: str, run_id: str, summary: dict[str, Any], files: dict[str, l
         raise CommitError(f"cannot commit run {run_id}: {missing[:3]} are missing; nothing was published")
     now = time.time()
     committed = {**summary, LAUNCH_KEY: launch, FILES_KEY: {k: sorted(v) for k, v in files.items()},
-                 RETIRED_KEY: retired_after(committed_summary(output, run_id), launch, now), "committed_at": now}
+                 RETIRED_KEY: retired_after(summary_to_replace(output, run_id), launch, now), "committed_at": now}
     write_atomic(summary_path(output, run_id), _json(committed))
     return committed
 
@@ -203,7 +203,7 @@ def kept_files(summary: dict[str, Any], now: float) -> set[str]:
 
 def replaced_files(output: str, run_id: str) -> set[str]:
     """The files of the launches the committed run replaced that its summary still lists (`retired`)."""
-    summary = committed_summary(output, run_id) or {}
+    summary = summary_to_replace(output, run_id) or {}
     return {f for r in summary.get(RETIRED_KEY, []) for f in r["files"]}
 
 
@@ -214,8 +214,13 @@ def clean_after_commit(output: str, run_id: str, now: float | None = None) -> li
     Only names docscore writes (OWNED_NAME) are removed, links as links (never their targets), never
     directories; a run published before the run-level commit is left as it is. Call it only while no
     other launch of the run is writing (after this launch's commit, or holding the run's lease). Errors
-    are logged, not raised. Returns what was removed (relative paths)."""
-    summary = committed_summary(output, run_id)
+    are logged, not raised. Returns what was removed (relative paths). A damaged summary keeps everything: which
+    files were the run's is unknown until a launch commits over it."""
+    try:
+        summary = committed_summary(output, run_id)
+    except DamagedSummary as e:
+        log.warning("%s; its partitions are cleaned after the next commit", e)
+        return []
     fs, root = fsspec.core.url_to_fs(output)
     if summary is not None and FILES_KEY not in summary:
         return []
@@ -243,7 +248,7 @@ def clean_after_commit(output: str, run_id: str, now: float | None = None) -> li
 def discard_launch(output: str, run_id: str, launch: str, staging: str) -> None:
     """After a launch failed: remove its staging and the files it placed, unless it committed. The
     committed run (another launch's, or none) is untouched."""
-    summary = committed_summary(output, run_id)
+    summary = summary_to_replace(output, run_id)
     if summary is not None and summary.get(LAUNCH_KEY) == launch:
         return
     fs, _ = fsspec.core.url_to_fs(output)
@@ -308,6 +313,15 @@ def committed_summary(output: str, run_id: str) -> dict[str, Any] | None:
         raise DamagedSummary(f"{shown} is damaged ({type(e).__name__}: {str(e)[:200]}): it is the commit record of "
                              f"run {run_id!r}, so the run cannot be read; restore it, or publish the run again "
                              f"(`docscore run` with --run_id {run_id})") from None
+
+
+def summary_to_replace(output: str, run_id: str) -> dict[str, Any] | None:
+    """committed_summary for a launch that is replacing the run: a damaged summary names no file a reader can use
+    (readers refuse it), so it counts as none and the next commit replaces it."""
+    try:
+        return committed_summary(output, run_id)
+    except DamagedSummary:
+        return None
 
 
 def read_summary(fs, path: str) -> dict[str, Any]:

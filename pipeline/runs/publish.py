@@ -54,7 +54,7 @@ def publish_run(spec: sinks.OutputSpec, facts: dict[str, Any], stats: dict[str, 
         bigquery.publish(spec, summary)  # the summary becomes the run's PREFIX_runs row
         return summary
     with run_commit.COMMIT_LOCK:
-        committed = run_commit.committed_summary(spec.output, spec.run_id)
+        committed = run_commit.summary_to_replace(spec.output, spec.run_id)
         if committed is None or committed.get(run_commit.LAUNCH_KEY) != spec.launch:
             committed = commit_launch(spec, summary, written)
     run_commit.clean_after_commit(spec.output, spec.run_id)
