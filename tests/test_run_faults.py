@@ -426,7 +426,7 @@ def test_an_interrupt_between_the_commit_and_the_report_says_how_to_write_the_re
     out = tmp_path / "out"
     assert run_docscore("--input", shard, *common_flags("cut", out), "--attention", "native", "--no_progress") == 0
     page = out / "runs" / "run_id=cut" / "report.html"
-    page.unlink()  # where the interrupt left it: the launch removes the old report before its commit
+    page.unlink()  # where the interrupt left it: the launch moves the old report aside before its commit
     options, eo = parse_options(["--input", str(shard), *common_flags("cut", out)])
     spec = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format)
     committed = dataclasses.replace(spec, staging=spec.staging.rsplit("/", 1)[0] + "/" + read_summary(out, "cut")["launch_id"])
@@ -491,3 +491,24 @@ def test_a_run_whose_summary_is_damaged_is_published_again_as_its_message_advise
     assert f"note: {summary} is damaged" in err and "this launch replaces it" in err, err
     assert read_summary(out, "r")["counts"]["scored"] == 3
     assert not set(old_files) & set((out / "scores" / "run_id=r").iterdir())
+
+
+def test_a_commit_that_fails_leaves_the_published_run_its_report(tmp_path, capsys, monkeypatch):
+    """The replaced run's report is moved aside just before the commit: when the commit fails (a full disk while
+    summary.json is written), the previous run is still the published one, and its report comes back."""
+    from pipeline.runs import publish
+
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES[:3])])
+    out = tmp_path / "out"
+    assert run_docscore("--input", shard, *common_flags("r", out), "--attention", "native", "--no_progress") == 0
+    page = out / "runs" / "run_id=r" / "report.html"
+    before = page.read_text()
+
+    def disk_full(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(publish.run_commit, "commit", disk_full)
+    assert run_docscore("--input", shard, *common_flags("r", out), "--attention", "native", "--no_progress") == 1
+    assert "nothing was published" in capsys.readouterr().err
+    assert page.read_text() == before
+    assert not [p for p in page.parent.iterdir() if p.name.endswith(".docscore-tmp")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,18 +65,35 @@ def publish_run(spec: sinks.OutputSpec, facts: dict[str, Any], stats: dict[str, 
     return committed
 
 
-def remove_previous_report(spec: sinks.OutputSpec) -> None:
-    """The replaced run's report.html will not describe the run about to be committed: gone just before the
-    commit, so no reader ever finds it beside the new summary, and a launch stopped before it writes its own
-    leaves no report (`docscore report` writes it) rather than the old one."""
+def set_aside_previous_report(spec: sinks.OutputSpec) -> str | None:
+    """The replaced run's report.html will not describe the run about to be committed: moved aside just before
+    the commit (a hidden name in the same folder, which no reader opens), so no reader ever finds it beside the
+    new summary. Returns where it went (put_back_report restores it if the commit fails), or None."""
+    fs, path = fsspec.core.url_to_fs(run_commit.report_path(spec.output, spec.run_id))
+    aside = posixpath.join(posixpath.dirname(path), f".{run_commit.REPORT_FILE}.{spec.launch}.docscore-tmp")
+    try:
+        fs.mv(path, aside)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # a report left behind must not fail the commit
+        _LOG.warning("docscore run %s: could not move the replaced run's report %s aside (%s: %s)", spec.run_id, path,
+                     type(e).__name__, e)
+        return None
+    return aside
+
+
+def settle_report(spec: sinks.OutputSpec, aside: str | None, committed: bool) -> None:
+    """After the commit: the set-aside report goes; after a failed commit it comes back, since the previous run is
+    still the published one (and a launch stopped before it writes its own leaves no report, which `docscore
+    report` writes, rather than the old one)."""
+    if aside is None:
+        return
     fs, path = fsspec.core.url_to_fs(run_commit.report_path(spec.output, spec.run_id))
     try:
-        fs.rm_file(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:  # the run is committed: a report left behind must not fail it
-        _LOG.warning("docscore run %s: could not remove the replaced run's report %s (%s: %s)", spec.run_id, path,
-                     type(e).__name__, e)
+        fs.rm_file(aside) if committed else fs.mv(aside, path)
+    except OSError as e:
+        _LOG.warning("docscore run %s: could not %s the replaced run's report %s (%s: %s)", spec.run_id,
+                     "remove" if committed else "restore", aside, type(e).__name__, e)
 
 
 def commit_launch(spec: sinks.OutputSpec, summary: dict[str, Any], written: dict[str, list[str]] | None) -> dict[str, Any]:
@@ -86,8 +104,14 @@ def commit_launch(spec: sinks.OutputSpec, summary: dict[str, Any], written: dict
     files["history"] = [history.write_history_row(spec.output, summary, spec.launch)]
     if spec.leased:
         run_lease.check_holder(spec.output, spec.run_id, spec.launch)
-    remove_previous_report(spec)
-    return run_commit.commit(spec.output, spec.run_id, summary, files, spec.launch)
+    aside = set_aside_previous_report(spec)
+    try:
+        committed = run_commit.commit(spec.output, spec.run_id, summary, files, spec.launch)
+    except BaseException:
+        settle_report(spec, aside, committed=False)
+        raise
+    settle_report(spec, aside, committed=True)
+    return committed
 
 
 class _PublishFn(beam.DoFn):
