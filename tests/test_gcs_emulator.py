@@ -217,3 +217,32 @@ def test_an_object_deleted_after_the_run_found_it_is_an_error_row_saying_so(gcs)
     fs.rm_file(shard)
     (row,) = read_shard(shard, ReadSpec())
     assert row.error_type == "unreadable_shard" and "shard is gone since the run found it" in row.message, row
+
+
+@pytest.mark.integration
+def test_reading_a_runs_parquet_tables_from_gs_closes_every_file_it_opens(gcs, tmp_path):
+    """report and compare read a run's Parquet parts on gs://: a file left open for the garbage collector outlives
+    gcsfs's event loop, and every such command ended with asyncio's "Task was destroyed but it is pending!"."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 2000  # a part of a few MB: gcsfs reads it with its background prefetcher
+    table = pa.table({"doc_id": [f"d{i}" for i in range(rows)],
+                      "embedding": list(np.random.default_rng(0).random((rows, 384), dtype=np.float32))})
+    local = tmp_path / "part.parquet"
+    pq.write_table(table, local)
+    gcs.fs().put(str(local), gcs.url("out", "scores", "part.parquet"))
+    script = ("import sys, gcsfs, pyarrow as pa; from pipeline.io import sinks; from pipeline.records import SCORES_SCHEMA; "
+              "from pipeline.runs import report; "
+              "fs = gcsfs.GCSFileSystem(); path = sys.argv[1]; "
+              "print(sinks.read_parts(fs, [path], ('doc_id', 'embedding'), SCORES_SCHEMA).num_rows); "
+              "print(sum(b.num_rows for b in report._record_batches(fs, [path], 'parquet', "
+              "pa.schema([SCORES_SCHEMA.field('doc_id'), SCORES_SCHEMA.field('embedding')]))))")
+    done = subprocess.run([sys.executable, "-c", script, gcs.url("out", "scores", "part.parquet")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == [str(rows), str(rows)], done.stderr[-2000:]
+    assert "Task was destroyed but it is pending" not in done.stderr, done.stderr[-2000:]

@@ -113,13 +113,12 @@ def read_parts(fs, paths: list[str], columns: tuple[str, ...], schema: pa.Schema
     """A table's committed part files (Parquet or JSONL, by suffix) -> one table of the named columns the files
     have (older runs lack newer ones, e.g. shadow_*), typed as `schema`; zero rows of those columns when the
     parts hold no rows (none, or empty JSONL parts: a run without errors)."""
-    import pyarrow.dataset as ds
-
     tables = []
     for path in paths:
         if path.endswith(".parquet"):
-            dataset = ds.dataset(path, format="parquet", filesystem=fs)
-            tables.append(dataset.to_table(columns=[c for c in columns if c in dataset.schema.names]))
+            with fs.open(path, "rb") as f:  # closed here: a gs:// file left to the garbage collector outlives its loop
+                parquet = pq.ParquetFile(f)
+                tables.append(parquet.read(columns=[c for c in columns if c in parquet.schema_arrow.names]))
         elif path.endswith(".jsonl"):
             table = read_jsonl_part(fs, path, schema)  # None: a shard that got no rows
             if table is not None:

@@ -18,7 +18,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pyarrow.json as pa_json
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -186,9 +186,10 @@ def _record_batches(fs, parts: list[str], output_format: str, schema: pa.Schema)
     typed as `schema`, other fields skipped)."""
     for part in parts:
         if output_format == "parquet":
-            dataset = ds.dataset(part, format="parquet", filesystem=fs)
-            present = [c for c in schema.names if c in dataset.schema.names]
-            yield from dataset.to_batches(columns=present, batch_size=READ_BATCH_ROWS)
+            with fs.open(part, "rb") as f:  # closed here: a gs:// file left to the garbage collector outlives its loop
+                parquet = pq.ParquetFile(f)
+                present = [c for c in schema.names if c in parquet.schema_arrow.names]
+                yield from parquet.iter_batches(columns=present, batch_size=READ_BATCH_ROWS)
         elif fs.size(part) > 0:
             parse = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
             with fs.open(part, "rb") as f:
