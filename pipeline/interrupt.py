@@ -21,6 +21,14 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the signal
 ENDING = threading.Event()  # set by the first SIGINT/SIGTERM the handler takes: the process is ending
+_EXIT_INSTEAD: list[int] = []  # end_command's exit code, which the handler then ends with
+
+
+def end_command(code: int) -> None:
+    """End the command from any thread as an interrupt does (the same one line saying what it left, the same
+    clean-up), but with exit status `code`: for a job that cannot finish (pipeline/worker_watch.py)."""
+    _EXIT_INSTEAD.append(code)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def exit_with_on_signal(code: int) -> None:
@@ -63,7 +71,7 @@ def exit_on_interrupt(say: Callable[[], str], lock: Any = None) -> Iterator[None
         with lock if lock is not None else contextlib.nullcontext():
             message = said_within(say, SAY_WITHIN_S)
         os.write(stderr, f"\n{message}\n".encode())
-        os._exit(EXIT_CODES[signum])
+        os._exit(_EXIT_INSTEAD[0] if _EXIT_INSTEAD else EXIT_CODES[signum])
 
     previous = {signum: signal.signal(signum, on_signal) for signum in EXIT_CODES}
     try:

@@ -24,6 +24,7 @@ from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 from pipeline.graph import build_pipeline
 from pipeline.interrupt import exit_on_interrupt
 from pipeline.io import run_commit, run_lease, sinks
+from pipeline.worker_watch import ending_a_job_that_lost_a_worker
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.runs import publish
 from pipeline.telemetry import progress
@@ -342,7 +343,7 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     failed = None
     try:
         phase_starts["job"] = time.time()
-        with launcher_objects_frozen():
+        with launcher_objects_frozen(), ending_a_job_that_lost_a_worker(eo.run_id):
             result, reporter = progress.run_with_progress(p, counter_dir, display=not eo.no_progress)
         phase_starts["launcher"] = time.time()
         if result.state not in (None, "DONE"):

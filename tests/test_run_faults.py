@@ -6,6 +6,7 @@ reconcile (scored + errors = records, no record twice)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -512,3 +513,22 @@ def test_a_commit_that_fails_leaves_the_published_run_its_report(tmp_path, capsy
     assert "nothing was published" in capsys.readouterr().err
     assert page.read_text() == before
     assert not [p for p in page.parent.iterdir() if p.name.endswith(".docscore-tmp")]
+
+
+@pytest.mark.integration
+def test_a_worker_process_killed_in_the_publish_step_ends_the_command_as_a_failed_job(tmp_path):
+    """Beam's multi-process runner waits forever for the bundles of a worker killed while it publishes the run
+    (it reports the lost worker only in a thread): the command ends anyway, exit 1, saying why and that nothing
+    was published, and the previous run stays what readers see."""
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES)])
+    out = tmp_path / "out"
+    flags = [*common_flags(RUN_ID, out), *FLAGS, "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent / "worker_faults"),
+           "DOCSCORE_TEST_KILL_WORKER_AT": "place_staged"}
+    run = subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(shard), *flags], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "a worker process died (exit status" in run.stderr and "ending it as a failed job" in run.stderr, run.stderr[-3000:]
+    assert "nothing was published" in run.stderr.strip().splitlines()[-1], run.stderr[-3000:]
+    assert not (out / "runs" / f"run_id={RUN_ID}" / "summary.json").exists()
+    assert not (out / "_staging").exists() or not any((out / "_staging").rglob("part-*"))
