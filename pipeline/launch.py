@@ -24,15 +24,15 @@ from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 from pipeline.graph import build_pipeline
 from pipeline.interrupt import exit_on_interrupt
 from pipeline.io import run_commit, run_lease, sinks
-from pipeline.worker_watch import ending_a_job_that_lost_a_worker
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.runs import publish
 from pipeline.telemetry import progress
 from pipeline.telemetry.progress import direct_workers, runner_name, runs_locally
 from pipeline.process_setup import (CpuTuning, apply_cpu_tuning, check_compilation_cache, compilation_cache_dir,
-                                           compilation_cache_setting)
+                                    compilation_cache_setting)
 from pipeline.telemetry.timing import STAGES
 from pipeline.validate import validate
+from pipeline.worker_watch import ending_a_job_that_lost_a_worker
 
 DIRECT_FLAGS = {"direct_running_mode", "direct_num_workers"}
 
@@ -305,7 +305,7 @@ def damaged_summary(output: str, run_id: str) -> str | None:
 
 
 def report_written(output: str, run_id: str) -> bool:
-    """Whether the run's report.html exists (a launch removes the old one before its commit)."""
+    """Whether the run's report.html exists (a launch sets the old one aside before its commit)."""
     try:
         fs, path = fsspec.core.url_to_fs(run_commit.report_path(output, run_id))
         return fs.exists(path)
