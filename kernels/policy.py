@@ -29,6 +29,7 @@ _NEEDS = {"tpu": "a TPU", "gpu": "a GPU", "cpu": "a CPU"}
 
 log = logging.getLogger(__name__)
 _logged_choices: set[str] = set()
+LOCAL_GPU = "local_gpu"  # info's (device kind, (major, minor)) of this process's GPU, when the kernel runs here
 
 
 def available() -> dict[str, dict]:
@@ -44,8 +45,8 @@ def resolve(impl: str = "auto", backend: str | None = None, *, instead_of: str |
     the given shape info (keys: interface.SHAPE_KEYS; all optional). Raises KernelUnsupportedError
     for an impossible explicit choice, whose suggestions leave out `instead_of` (a kernel the caller
     already runs, such as a shadow kernel's primary)."""
-    backend = _normal_backend(backend)
     info = _normal_shape_info(shape_info)
+    backend = _with_local_gpu(backend, info)
     if impl == "auto":
         return _resolve_auto(backend, info)
     if impl == "native":
@@ -111,11 +112,11 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
     if backend not in impl.backends:
         needs = _NEEDS[impl.backends[0]] if len(impl.backends) == 1 else " or ".join(impl.backends)
         return False, f"it needs {needs}"
-    if backend == "gpu" and impl.min_gpu_capability:
-        older = older_local_gpu(impl.min_gpu_capability)
-        if older:
-            need = ".".join(map(str, impl.min_gpu_capability))
-            return False, f"it needs an Ampere or newer GPU (compute capability {need}), but this machine's is {older}"
+    local = info.get(LOCAL_GPU)
+    if backend == "gpu" and impl.min_gpu_capability and local and local[1] < impl.min_gpu_capability:
+        need = ".".join(map(str, impl.min_gpu_capability))
+        return False, (f"it needs an Ampere or newer GPU (compute capability {need}), but this machine's is {local[0]} "
+                       f"(compute capability {local[1][0]}.{local[1][1]})")
     if info.get("window") and not impl.local_window:
         rows = f" in rows of {info['q_len']} tokens (rows no longer than the window would not need it)" if info.get("q_len") else ""
         return False, (f"it has no local (sliding-window) attention, which this model's window of {info['window']} "
@@ -138,12 +139,17 @@ def local_gpu_capability() -> tuple[str, tuple[int, int]] | None:
     return device.device_kind, (major, minor)
 
 
-def older_local_gpu(minimum: tuple[int, int]) -> str | None:
-    """'KIND (compute capability X.Y)' when this machine's GPU is older than `minimum`, else None."""
-    local = local_gpu_capability()
-    if local is None or local[1] >= minimum:
-        return None
-    return f"{local[0]} (compute capability {local[1][0]}.{local[1][1]})"
+def _with_local_gpu(backend: str | None, info: dict) -> str:
+    """The normalised backend; when it is this process's own (backend left out: the kernel runs here, as at load and
+    at trace time) and a GPU, the GPU's kind and capability go into info under LOCAL_GPU. A named backend may be
+    another machine's (a Dataflow worker's, whose GPU kind pipeline/dataflow_checks.py judges), so it adds nothing."""
+    here = backend is None
+    backend = _normal_backend(backend)
+    if here and backend == "gpu":
+        local = local_gpu_capability()
+        if local is not None:
+            info[LOCAL_GPU] = local
+    return backend
 
 
 def _alternatives(name: str, backend: str, info: dict, instead_of: str | None = None) -> str:
@@ -164,8 +170,8 @@ def other_choice(kernel: str, backend: str | None = None, **shape_info) -> str:
     """A choice of --attention (native, flash or an implementation's name) that runs these inputs on `backend` with
     another kernel than `kernel` (what a shadow of `kernel` could use): native, else flash, else the first
     implementation that supports them (xla supports everything, so only xla itself falls through to native)."""
-    backend = _normal_backend(backend)
     info = _normal_shape_info(shape_info)
+    backend = _with_local_gpu(backend, info)
     if kernel != "xla":
         return "native"
     if _flash_for(backend, info) not in (None, kernel):

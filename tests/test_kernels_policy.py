@@ -314,18 +314,22 @@ class _LocalGpu:
 def test_a_local_gpu_older_than_ampere_gets_no_flash_kernel_before_any_data_is_read(monkeypatch, kind, capability, flash):
     """cuDNN's fused attention and Pallas' Triton need compute capability 8.0: on an older local GPU (a T4, a V100)
     flash and the kernels' names are refused naming the GPU, and auto runs xla, instead of a job that fails at its
-    first model call."""
+    first model call; resolving for a named backend (remote workers) leaves this machine's GPU out."""
     real = jax.local_devices
     monkeypatch.setattr(jax, "local_devices", lambda backend=None, **kw: [_LocalGpu(kind, capability)]
                         if backend == "gpu" else real(backend=backend, **kw))
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # this process runs on that GPU
     info = dict(dtype="bfloat16", head_dim=64, q_len=256, kv_len=256, has_segments=True, packed=True)
-    assert resolve("auto", backend="gpu", **info) == (flash and "pallas_gpu" or "xla")
+    assert resolve("auto", **info) == (flash and "pallas_gpu" or "xla")
+    # a named backend may be another machine's (Dataflow workers' L4s, launched from here): this GPU does not count
+    assert resolve("auto", backend="gpu", **info) == "pallas_gpu"
+    assert resolve("flash", backend="gpu", dtype="bfloat16") == "cudnn"
     if flash:
-        assert resolve("flash", backend="gpu") == flash
+        assert resolve("flash") == flash
         return
     for choice in ("flash", "cudnn", "pallas_gpu"):
         with pytest.raises(KernelUnsupportedError) as refused:
-            resolve(choice, backend="gpu", **info)
+            resolve(choice, **info)
         message = str(refused.value)
         assert f"needs an Ampere or newer GPU (compute capability 8.0), but this machine's is {kind} " \
                f"(compute capability {capability})" in message, message
