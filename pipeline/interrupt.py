@@ -21,14 +21,22 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the signal
 ENDING = threading.Event()  # set by the first SIGINT/SIGTERM the handler takes: the process is ending
-_EXIT_INSTEAD: list[int] = []  # end_command's exit code, which the handler then ends with
+_ENDED_BY: list[tuple[int, str]] = []  # end_command's (exit code, word), which the handler then ends with
 
 
-def end_command(code: int) -> None:
+def end_command(code: int, word: str) -> None:
     """End the command from any thread as an interrupt does (the same one line saying what it left, the same
-    clean-up), but with exit status `code`: for a job that cannot finish (pipeline/worker_watch.py)."""
-    _EXIT_INSTEAD.append(code)
+    clean-up), but with exit status `code` and `word` in place of "interrupted": for a job that cannot finish
+    (pipeline/worker_watch.py). Nothing when a signal is already ending the command: its own code stands."""
+    if ENDING.is_set():
+        return
+    _ENDED_BY.append((code, word))
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def how_ended() -> str:
+    """What the line of a command ended by the handler calls its ending: "interrupted", or end_command's word."""
+    return _ENDED_BY[0][1] if _ENDED_BY else "interrupted"
 
 
 def exit_with_on_signal(code: int) -> None:
@@ -61,6 +69,7 @@ def exit_on_interrupt(say: Callable[[], str], lock: Any = None) -> Iterator[None
         if ENDING.is_set():  # a second Ctrl-C while the first stops the workers: the first says the one line
             return
         ENDING.set()
+        code = _ENDED_BY[0][0] if _ENDED_BY else EXIT_CODES[signum]  # fixed now: a later end_command changes nothing
         # the process is ending: what its other threads and child processes say about the ending (Beam's
         # workers and their connections breaking) is noise, so stderr is closed to them and the one line
         # goes to a copy of it
@@ -71,7 +80,7 @@ def exit_on_interrupt(say: Callable[[], str], lock: Any = None) -> Iterator[None
         with lock if lock is not None else contextlib.nullcontext():
             message = said_within(say, SAY_WITHIN_S)
         os.write(stderr, f"\n{message}\n".encode())
-        os._exit(_EXIT_INSTEAD[0] if _EXIT_INSTEAD else EXIT_CODES[signum])
+        os._exit(code)
 
     previous = {signum: signal.signal(signum, on_signal) for signum in EXIT_CODES}
     try:

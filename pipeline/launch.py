@@ -22,7 +22,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 from pipeline.graph import build_pipeline
-from pipeline.interrupt import exit_on_interrupt
+from pipeline.interrupt import exit_on_interrupt, how_ended
 from pipeline.io import run_commit, run_lease, sinks
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.runs import publish
@@ -276,8 +276,9 @@ def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec, lease: run_leas
     """What an interrupt leaves: a local launch that had not committed removes its files and releases its
     lease (the process ends with os._exit, past launch()'s own release: a gs:// lease would hold the run_id
     until it expired); a remote job is not cancelled (it publishes its own tables)."""
+    ended = how_ended()  # "interrupted", unless worker_watch ended a job that could not finish
     if eo.output.startswith(sinks.BQ_PREFIX):
-        return f"docscore run {eo.run_id}: interrupted; BigQuery publishes in one transaction: check {eo.output}"
+        return f"docscore run {eo.run_id}: {ended}; BigQuery publishes in one transaction: check {eo.output}"
     committed = (run_commit.summary_to_replace(eo.output, eo.run_id) or {}).get(run_commit.LAUNCH_KEY) == out.launch
     if runs_locally(options) and not committed:
         run_commit.discard_launch(eo.output, eo.run_id, out.launch, out.staging)
@@ -285,14 +286,15 @@ def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec, lease: run_leas
         lease.release()
     else:  # the interrupt may have come inside run_lease.acquire, after its write
         run_lease.release_if_held_by(eo.output, eo.run_id, out.launch)
-    what = ("the run was published before the interrupt" if committed else
+    what = (("the run was published before the interrupt" if ended == "interrupted" else "the run was published before it ended")
+            if committed else
             "nothing was published: the previous run of this run_id, if any, is what readers see")
     if committed and not report_written(eo.output, eo.run_id):  # the interrupt came between the commit and the report
         what += (f", without its report and the launcher's additions to its summary (Beam metrics, gates): write the "
                  f"report with `docscore report {eo.output} --run_id {eo.run_id}`")
     if not runs_locally(options):
         what += "; the job itself was not cancelled and publishes when it finishes"
-    return f"docscore run {eo.run_id}: interrupted; {what}"
+    return f"docscore run {eo.run_id}: {ended}; {what}"
 
 
 def damaged_summary(output: str, run_id: str) -> str | None:

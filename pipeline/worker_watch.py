@@ -31,7 +31,7 @@ def ending_a_job_that_lost_a_worker(run_id: str, grace_s: float = GRACE_S) -> It
             return
         print(f"docscore run {run_id}: a worker process died (exit status {code}) and Beam's runner did not end the "
               f"job within {grace_s:g} s: ending it as a failed job", file=sys.stderr)
-        interrupt.end_command(EXIT_FAILED)
+        interrupt.end_command(EXIT_FAILED, "ended as a failed job")
 
     def hook(args: threading.ExceptHookArgs) -> None:
         previous(args)

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import secrets
 from pathlib import Path
@@ -529,6 +530,29 @@ def test_a_worker_process_killed_in_the_publish_step_ends_the_command_as_a_faile
                          capture_output=True, text=True, timeout=240)
     assert run.returncode == 1, run.stderr[-3000:]
     assert "a worker process died (exit status" in run.stderr and "ending it as a failed job" in run.stderr, run.stderr[-3000:]
-    assert "nothing was published" in run.stderr.strip().splitlines()[-1], run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"docscore run {RUN_ID}: ended as a failed job; nothing was published"), run.stderr[-3000:]
+    assert "interrupted" not in run.stderr, run.stderr[-3000:]
     assert not (out / "runs" / f"run_id={RUN_ID}" / "summary.json").exists()
     assert not (out / "_staging").exists() or not any((out / "_staging").rglob("part-*"))
+
+
+def test_a_job_ended_for_a_lost_worker_during_an_interrupt_keeps_the_interrupts_exit_code():
+    """Ctrl-C of a multi-process run kills its workers, which Beam reports as lost workers: the watch that ends a
+    stuck job must not turn the interrupt's 130 into its own exit 1 while the interrupt's line is being said."""
+    script = textwrap.dedent("""
+        import os, signal, threading, time
+        from pipeline import interrupt
+
+        def slow_line():
+            threading.Thread(target=lambda: interrupt.end_command(1, "ended as a failed job")).start()
+            time.sleep(1)
+            return f"docscore run r: {interrupt.how_ended()}; nothing was published"
+
+        with interrupt.exit_on_interrupt(slow_line):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "docscore run r: interrupted; nothing was published", done.stderr
