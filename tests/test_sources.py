@@ -526,12 +526,12 @@ def test_a_folder_under_input_that_cannot_be_listed_is_refused_not_silently_left
     chmod 000 hides nothing, so the listing is refused as it is for another user."""
     import os
 
-    for folder in ("in/sub", "in/_tmp"):
+    for folder in ("in/sub", "in/_tmp", "in/lost+found"):
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / "docs.jsonl").write_text('{"id": "a", "text": "x"}\n')
     (tmp_path / "in" / "top.jsonl").write_text('{"id": "b", "text": "y"}\n')
     real_scandir = os.scandir
-    locked = {str(tmp_path / "in" / "sub"), str(tmp_path / "in" / "_tmp")}
+    locked = {str(tmp_path / "in" / folder) for folder in ("sub", "_tmp", "lost+found")}  # lost+found: a mount point's
 
     def scandir(path="."):
         if str(path).rstrip("/") in locked:

@@ -218,8 +218,7 @@ def clean_after_commit(output: str, run_id: str, now: float | None = None) -> li
     files were the run's is unknown until a launch commits over it."""
     try:
         summary = committed_summary(output, run_id)
-    except DamagedSummary as e:
-        log.warning("%s; its partitions are cleaned after the next commit", e)
+    except DamagedSummary:  # the launch about to replace it says so; its own commit cleans the partitions
         return []
     fs, root = fsspec.core.url_to_fs(output)
     if summary is not None and FILES_KEY not in summary:

@@ -13,6 +13,7 @@ import gzip
 import json
 import math
 import os
+import posixpath
 import stat
 import sys
 import time
@@ -129,7 +130,8 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
                  else [p for p, info in fs.find(paths[0], detail=True).items() if info.get("type") == "file"
                        and not p.endswith("/")])
         root = paths[0].rstrip("/") + "/"
-        lost = [d for d in unlisted if not _hidden_below(root, d.rstrip("/") + "/x")]
+        lost = [d for d in unlisted if not _hidden_below(root, d.rstrip("/") + "/x")
+                and posixpath.basename(d.rstrip("/")) != SYSTEM_FOLDER]
         if lost:  # its files would be missing from the run without a row saying so
             raise PermissionError(f"--input {pattern}: the folder {_printable(lost[0])}"
                                   + (f" (and {len(lost) - 1} more)" if len(lost) > 1 else "")
@@ -255,6 +257,9 @@ def _hidden_below(root: str, path: str, written: tuple[str, ...] = ()) -> bool:
     below = path[len(root):] if path.startswith(root) else path.rsplit("/", 1)[-1]
     return any(part.startswith(("_", ".")) and not any(w[:1] == part[:1] and fnmatch.fnmatchcase(part, w) for w in written)
                for part in below.split("/"))
+
+
+SYSTEM_FOLDER = "lost+found"  # on every ext4 mount point, readable by root only, never holding shards
 
 
 def local_regular_files(root: str, unlisted: list[str] | None = None) -> list[str]:
