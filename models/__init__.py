@@ -1,4 +1,5 @@
-"""docscore models: Flax NNX BERT encoder, GPT-2 decoder and Llama-family decoder (Llama, Mistral, Qwen2)
+"""docscore models: Flax NNX BERT-family encoder (BERT, RoBERTa, XLM-RoBERTa), GPT-2 decoder and Llama-family decoder
+(Llama, Mistral, Qwen2, Qwen3)
 with injected attention, their model directories (Orbax params), Hugging Face import, tokenizer windows,
 the device mesh (sharding.py) and float32 matmul precision.
 

@@ -1,4 +1,5 @@
-"""BERT-family encoder (Flax NNX), laid out like the paper's diagram: embeddings, post-norm
+"""BERT-family encoder (Flax NNX) for BERT, RoBERTa and XLM-RoBERTa checkpoints, laid out like the paper's
+diagram: embeddings, post-norm
 blocks (attention -> add & norm -> feed-forward -> add & norm), final hidden states.
 
 Must not pool, tokenize or pick a kernel: the attention name comes in through the constructor.
@@ -18,13 +19,15 @@ class BertEmbeddings(nnx.Module):
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         self.word = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
-        self.position = nnx.Embed(config.max_positions, config.hidden_size, rngs=rngs)
+        self.position = nnx.Embed(config.position_table, config.hidden_size, rngs=rngs)
+        self.position_offset = config.position_offset  # RoBERTa: positions start after the padding id
         self.token_type = nnx.Embed(config.type_vocab_size, config.hidden_size, rngs=rngs)
         self.norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs)
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
         # one text per segment, so every token has token type 0
-        x = self.word(input_ids) + self.position(positions_in_segments(segment_ids)) + self.token_type.embedding[0]
+        positions = positions_in_segments(segment_ids) + self.position_offset
+        x = self.word(input_ids) + self.position(positions) + self.token_type.embedding[0]
         return self.norm(x)
 
 

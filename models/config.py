@@ -1,6 +1,7 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
-Holds the supported families (BERT encoder, GPT-2 decoder, Llama-family decoder: Llama, Mistral, Qwen2),
+Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa; GPT-2 decoder; Llama-family decoder:
+Llama, Mistral, Qwen2, Qwen3),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
 from __future__ import annotations
@@ -22,8 +23,12 @@ ACTIVATIONS = {
     "gelu_fast": "gelu_tanh",
     "relu": "relu",
 }
-# HF model_type -> family: Mistral and Qwen2 are Llama's architecture with a few config switches.
-FAMILIES = {"bert": "bert", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama"}
+# HF model_type -> family: RoBERTa and XLM-RoBERTa are BERT with positions counted past the padding id; Mistral,
+# Qwen2 and Qwen3 are Llama's architecture with a few config switches.
+FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "gpt2": "gpt2",
+            "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama"}
+# model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
+POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta")
 
 # ModelConfig size field -> its key in each family's config.json (errors name the key the file holds).
 HF_KEYS = {
@@ -70,15 +75,17 @@ class ModelConfig:
     num_layers: int
     num_heads: int
     intermediate_size: int
-    max_positions: int
+    max_positions: int                             # positions a segment can use (the table holds position_offset more)
     layer_norm_eps: float
     activation: str
     type_vocab_size: int = 0                       # bert only
+    position_offset: int = 0                       # bert: RoBERTa's first position id (pad_token_id + 1)
     scale_attn_by_inverse_layer_idx: bool = False  # gpt2 only
     num_kv_heads: int = 0                          # llama: grouped-query key/value heads (0: num_heads)
     head_size: int = 0                             # llama: config.json's head_dim (0: hidden_size // num_heads)
     rope: Rope = Rope()                            # llama
     qkv_bias: bool = False                         # llama: Qwen2's q/k/v biases, or attention_bias
+    qk_norm: bool = False                          # llama: Qwen3's RMSNorm of each head's q and k before rotary
     output_bias: bool = False                      # llama: attention_bias also biases o_proj
     mlp_bias: bool = False                         # llama
     tie_word_embeddings: bool = False              # llama (GPT-2 is always tied)
@@ -88,6 +95,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.head_size or self.hidden_size // self.num_heads
+
+    @property
+    def position_table(self) -> int:
+        """Rows of an encoder's or GPT-2's position table (RoBERTa's first position_offset rows are never read)."""
+        return self.max_positions + self.position_offset
 
     @property
     def kv_heads(self) -> int:
@@ -115,8 +127,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     if family is None:
         raise ModelLoadError(
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
-            f"family (model_type 'bert', encoder), the GPT-2 family (model_type 'gpt2', decoder) and the "
-            f"Llama family (model_type 'llama', 'mistral' or 'qwen2', decoder)")
+            f"family (model_type 'bert', 'roberta' or 'xlm-roberta', encoder), the GPT-2 family (model_type 'gpt2', "
+            f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2' or 'qwen3', decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
@@ -131,7 +143,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     if config.family == "llama" and config.num_heads % config.kv_heads:
         raise ModelLoadError(f"{path}: num_attention_heads {config.num_heads} is not a multiple of "
                              f"num_key_value_heads {config.kv_heads}")
-    if (config.family != "llama" or hf.get("head_dim") is None) and config.hidden_size % config.num_heads:
+    head_dim_given = config.family == "llama" and (hf.get("head_dim") is not None or model_type == "qwen3")
+    if not head_dim_given and config.hidden_size % config.num_heads:
         raise ModelLoadError(f"{path}: hidden size {config.hidden_size} is not a multiple of "
                              f"{config.num_heads} attention heads")
     return config
@@ -142,6 +155,8 @@ def check_bounds(config: ModelConfig, path: str = "config.json") -> None:
     MAX_SIZES bound], or layer_norm_eps is not a small positive number."""
     for field, key in HF_KEYS[config.family].items():
         value, limit = getattr(config, field), MAX_SIZES[field]
+        if field == "max_positions" and config.position_offset and type(value) is int:
+            value += config.position_offset  # config.json's max_position_embeddings, as the message names it
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
             raise ModelLoadError(
                 f"{path}: {key} is {_shown(value)}; it must be a whole number from 1 to {limit:,} (docscore's bound "
@@ -179,10 +194,24 @@ def _bert(hf: dict[str, Any]) -> ModelConfig:
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise ModelLoadError(f"position_embedding_type {hf['position_embedding_type']!r} is not "
                              "supported; only 'absolute' BERT position embeddings are")
+    positions, offset = hf["max_position_embeddings"], 0
+    if hf["model_type"] in POSITIONS_AFTER_PADDING:
+        # RoBERTa numbers a text's tokens from pad_token_id + 1 (transformers' default pad_token_id is 1), so the
+        # table's first rows are never read and a segment has that many fewer positions
+        pad = hf.get("pad_token_id", 1)
+        if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+            raise ModelLoadError(f"pad_token_id is {_shown(pad)}; {hf['model_type']} numbers positions from "
+                                 "pad_token_id + 1, so it must be a whole number >= 0 (RoBERTa's is 1)")
+        offset = pad + 1
+        if type(positions) is int and positions <= offset:
+            raise ModelLoadError(f"max_position_embeddings {positions} leaves no position past pad_token_id {pad} "
+                                 f"(a {hf['model_type']} text's first position is {offset}); set it to the model's "
+                                 "real value")
+        positions = positions - offset if type(positions) is int else positions
     return ModelConfig(
         family="bert", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
-        intermediate_size=hf["intermediate_size"], max_positions=hf["max_position_embeddings"],
+        intermediate_size=hf["intermediate_size"], max_positions=positions, position_offset=offset,
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=_activation(hf.get("hidden_act", "gelu")),
         type_vocab_size=hf.get("type_vocab_size", 2))
 
@@ -204,7 +233,8 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
 
 
 def _llama(hf: dict[str, Any]) -> ModelConfig:
-    """LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM configs (transformers 4.x and 5.x layouts)."""
+    """LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM configs (transformers 4.x and
+    5.x layouts)."""
     model_type, hidden, heads = hf["model_type"], hf["hidden_size"], hf["num_attention_heads"]
     activation = hf.get("hidden_act", "silu")
     if activation not in LLAMA_ACTIVATIONS:
@@ -212,13 +242,13 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
                              f"of docscore's Llama decoder uses one of {list(LLAMA_ACTIVATIONS)}")
     if hf.get("pretraining_tp", 1) not in (1, None):
         raise ModelLoadError(f"pretraining_tp {hf['pretraining_tp']!r} is not supported (only 1)")
-    head_size = hf.get("head_dim")
+    head_size = hf.get("head_dim", QWEN3_HEAD_DIM if model_type == "qwen3" else None)
     if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
         head_size = max(1, hidden // heads) if type(hidden) is int and type(heads) is int and heads > 0 else 1
     kv_heads = hf.get("num_key_value_heads")
     # the biases as transformers builds each model, whatever else its config says: Llama reads attention_bias and
-    # mlp_bias; Qwen2 always has q/k/v biases and no others; Mistral has none
-    attention_bias = model_type == "llama" and bool(hf.get("attention_bias", False))
+    # mlp_bias; Qwen3 attention_bias (q/k/v and o_proj); Qwen2 always has q/k/v biases and no others; Mistral none
+    attention_bias = model_type in ("llama", "qwen3") and bool(hf.get("attention_bias", False))
     mlp_bias = model_type == "llama" and bool(hf.get("mlp_bias", False))
     return ModelConfig(
         family="llama", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=hf["num_hidden_layers"],
@@ -226,6 +256,7 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
         max_positions=hf["max_position_embeddings"], layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
         activation="silu", num_kv_heads=heads if kv_heads is None else kv_heads, head_size=head_size,
         rope=_rope(hf), qkv_bias=model_type == "qwen2" or attention_bias, output_bias=attention_bias,
+        qk_norm=model_type == "qwen3",
         mlp_bias=mlp_bias, tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         **_sliding_window(hf))
 
@@ -280,14 +311,15 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
-# transformers' config defaults where a config.json leaves the key out (MistralConfig, Qwen2Config)
+# transformers' config defaults where a config.json leaves the key out (MistralConfig, Qwen2Config, Qwen3Config)
 DEFAULT_SLIDING_WINDOW = 4096
 QWEN2_MAX_WINDOW_LAYERS = 28
+QWEN3_HEAD_DIM = 128  # Qwen3Config's head_dim, not hidden_size // num_attention_heads
 
 
 def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     """sliding_window and sliding_layers, as transformers applies them: Mistral's window (4096 when the key
-    is absent) on every layer; Qwen2's only when use_sliding_window, on the layers layer_types says are
+    is absent) on every layer; Qwen2's and Qwen3's only when use_sliding_window, on the layers layer_types says are
     sliding_attention, else on those from max_window_layers (28 when absent) on. A config transformers
     itself cannot run (a sliding layer without a window) or would run otherwise than it reads is refused."""
     model_type, layer_types = hf["model_type"], hf.get("layer_types")
@@ -307,7 +339,7 @@ def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
                                  "transformers' MistralForCausalLM ignores (its window applies to every layer); "
                                  "remove layer_types or set sliding_window to null")
         sliding = tuple(range(layers)) if window is not None else ()
-    else:  # qwen2
+    else:  # qwen2, qwen3
         window = hf.get("sliding_window", DEFAULT_SLIDING_WINDOW) if hf.get("use_sliding_window") else None
         if marked is not None:
             if marked and window is None:

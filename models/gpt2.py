@@ -41,7 +41,7 @@ class GPT2Decoder(nnx.Module):
     def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: str = "float32", rngs: nnx.Rngs):
         self.compute_dtype = COMPUTE_DTYPES[dtype]
         self.token_embedding = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
-        self.position_embedding = nnx.Embed(config.max_positions, config.hidden_size, rngs=rngs)
+        self.position_embedding = nnx.Embed(config.position_table, config.hidden_size, rngs=rngs)
         self.layers = nnx.List([GPT2Block(config, i, attention_impl=attention_impl, dtype=self.compute_dtype,
                                           rngs=rngs) for i in range(config.num_layers)])
         self.final_norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs)

@@ -1,5 +1,6 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
-*.safetensors) -> a docscore model directory, for the BERT, GPT-2 and Llama (Llama, Mistral, Qwen2) families.
+*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa), GPT-2 and Llama (Llama,
+Mistral, Qwen2, Qwen3) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree and the CLI adapter.
 Reads safetensors only (never pickle); must not run models.
@@ -64,7 +65,7 @@ class TensorSource:
 
 
 def bert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
-    """Hugging Face BertModel names -> our BertEncoder tree."""
+    """Hugging Face BertModel (and RobertaModel, XLMRobertaModel: the same names) -> our BertEncoder tree."""
     def layer(i: int) -> dict[str, Any]:
         p = f"encoder.layer.{i}."
         return {
@@ -114,7 +115,7 @@ def gpt2_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
 
 
 def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
-    """Hugging Face LlamaModel / MistralModel / Qwen2Model names -> our LlamaDecoder tree; lm_head.weight
+    """Hugging Face LlamaModel / MistralModel / Qwen2Model / Qwen3Model names -> our LlamaDecoder tree; lm_head.weight
     becomes the output head unless tie_word_embeddings. A tied checkpoint whose lm_head.weight differs from the
     embedding is refused: transformers then unties them and scores with that head."""
     def dense(name: str, bias: bool) -> dict[str, np.ndarray]:
@@ -123,12 +124,16 @@ def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
 
     def layer(i: int) -> dict[str, Any]:
         p = f"layers.{i}."
+        attention = {"query": dense(p + "self_attn.q_proj", config.qkv_bias),
+                     "key": dense(p + "self_attn.k_proj", config.qkv_bias),
+                     "value": dense(p + "self_attn.v_proj", config.qkv_bias),
+                     "output": dense(p + "self_attn.o_proj", config.output_bias)}
+        if config.qk_norm:
+            attention["query_norm"] = {"scale": src.take(p + "self_attn.q_norm.weight")}
+            attention["key_norm"] = {"scale": src.take(p + "self_attn.k_norm.weight")}
         return {
             "attention_norm": {"scale": src.take(p + "input_layernorm.weight")},
-            "attention": {"query": dense(p + "self_attn.q_proj", config.qkv_bias),
-                          "key": dense(p + "self_attn.k_proj", config.qkv_bias),
-                          "value": dense(p + "self_attn.v_proj", config.qkv_bias),
-                          "output": dense(p + "self_attn.o_proj", config.output_bias)},
+            "attention": attention,
             "feed_forward_norm": {"scale": src.take(p + "post_attention_layernorm.weight")},
             "feed_forward": {name: dense(p + f"mlp.{name}_proj", config.mlp_bias) for name in ("gate", "up", "down")},
         }
@@ -154,7 +159,8 @@ def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
 
 
 FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelConfig], dict[str, Any]]]] = {
-    "bert": (("bert.", ""), bert_params),          # BertForX saves under "bert.", BertModel at the root
+    "bert": (("bert.", "roberta.", ""), bert_params),  # BertForX under "bert.", RobertaForX under "roberta.",
+                                                      # the bare model at the root
     "gpt2": (("transformer.", ""), gpt2_params),   # GPT2LMHeadModel under "transformer.", GPT2Model at the root
     "llama": (("model.", ""), llama_params),        # *ForCausalLM under "model.", the bare model at the root
 }

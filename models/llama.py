@@ -1,6 +1,6 @@
-"""Llama-family decoder (Flax NNX) for LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM checkpoints:
-token embedding, pre-norm blocks (RMSNorm, grouped-query causal attention with rotary positions, gated SiLU
-MLP), final RMSNorm, and an output head tied to the embedding or its own.
+"""Llama-family decoder (Flax NNX) for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM
+checkpoints: token embedding, pre-norm blocks (RMSNorm, grouped-query causal attention with rotary positions and
+Qwen3's per-head q/k norms, gated SiLU MLP), final RMSNorm, and an output head tied to the embedding or its own.
 
 Must not tokenize, score or pick a kernel: the attention name comes in through the constructor, and the
 kernel sees only the contract's q/k/v, segment ids and causal flag. Rotary positions restart in every packed
@@ -77,8 +77,8 @@ class RMSNorm(nnx.Module):
 
 
 class GroupedQueryAttention(nnx.Module):
-    """q/k/v projections (kv_heads <= heads), rotary positions on q and k, the injected causal kernel,
-    output projection."""
+    """q/k/v projections (kv_heads <= heads), Qwen3's RMSNorm over each head of q and k, rotary positions on q
+    and k, the injected causal kernel, output projection."""
 
     def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs, window: int = 0):
         hidden, heads, kv_heads, head_dim = config.hidden_size, config.num_heads, config.kv_heads, config.head_dim
@@ -86,6 +86,8 @@ class GroupedQueryAttention(nnx.Module):
         self.key = dense(hidden, kv_heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
         self.value = dense(hidden, kv_heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
         self.output = dense(heads * head_dim, hidden, bias=config.output_bias, dtype=dtype, rngs=rngs)
+        self.query_norm = RMSNorm(head_dim, config.layer_norm_eps) if config.qk_norm else None
+        self.key_norm = RMSNorm(head_dim, config.layer_norm_eps) if config.qk_norm else None
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.rope, self.dtype, self.attention_impl = config.rope, dtype, attention_impl
         self.window = window  # 0: the whole segment; else Mistral/Qwen2's sliding window
@@ -94,8 +96,11 @@ class GroupedQueryAttention(nnx.Module):
         batch, length, _ = x.shape
         # per block, so blocks keep run_blocks' (x, segment_ids) call; elementwise work beside the projections
         cos, sin = rotary_tables(segment_ids, self.rope, self.head_dim)
-        q = apply_rotary(self.query(x).reshape(batch, length, self.heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.key(x).reshape(batch, length, self.kv_heads, self.head_dim), cos, sin)
+        q = self.query(x).reshape(batch, length, self.heads, self.head_dim)
+        k = self.key(x).reshape(batch, length, self.kv_heads, self.head_dim)
+        if self.query_norm is not None:
+            q, k = self.query_norm(q), self.key_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = self.value(x).reshape(batch, length, self.kv_heads, self.head_dim)
         context = attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
                             segment_ids=segment_ids, causal=True, scale=self.head_dim ** -0.5,

@@ -66,10 +66,11 @@ def test_parameter_count_is_the_loaded_minilms(minilm):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("family", ["llama", "llama3", "mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "llama3", "mistral", "qwen2", "qwen3"])
 def test_parameter_count_is_a_converted_llamas_and_transformers(family, tmp_path):
     """No position table, three MLP matrices, k/v over the kv heads, head_dim apart from hidden/heads (llama3),
-    q/k/v biases (qwen2) or attention biases (llama3), tied (qwen2) or own LM head: the count of the config
+    q/k/v biases (qwen2) or attention biases (llama3, qwen3), q/k norms (qwen3), tied (qwen2) or own LM head: the
+    count of the config
     equals the converted model's parameters and transformers' own count of the same model."""
     import transformers
 

@@ -1,4 +1,5 @@
-"""Llama family end to end: small random LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM models built
+"""Llama family end to end: small random LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM
+models built
 in transformers (no download) with a BPE tokenizer that adds a BOS token as Llama's does, converted with
 `docscore convert`, scored against transformers (padding, packing, both CPU kernels, lengths across the
 blockwise kernel's blocks and past llama3's original context); the configs refused (unsupported rotary
@@ -52,6 +53,9 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",  # q/k/v biases, tied head, linear rope scaling
               dict(num_hidden_layers=4, max_position_embeddings=640, tie_word_embeddings=True,
                    rope_parameters={"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 2.0})),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",  # q/k RMSNorm per head, head_dim apart from hidden/heads, all biases
+              dict(num_hidden_layers=2, max_position_embeddings=640, head_dim=24, attention_bias=True,
+                   rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})),
 }
 
 
@@ -80,7 +84,12 @@ def build_hf(out: Path, family: str, **overrides) -> Path:
     vocab = build_tokenizer(out)
     torch.manual_seed(0)
     config = getattr(transformers, config_class)(vocab_size=vocab, **{**COMMON, **keywords, **overrides})
-    getattr(transformers, model_class)(config).eval().save_pretrained(out)
+    model = getattr(transformers, model_class)(config).eval()
+    with torch.no_grad():  # norms start at ones; scales of their own catch a norm read into the wrong place
+        for name, weight in model.named_parameters():
+            if "norm" in name:
+                weight.mul_(1 + 0.2 * torch.randn_like(weight))
+    model.save_pretrained(out)
     assert (out / "model.safetensors").exists() and not list(out.glob("*.bin"))
     return out
 
@@ -150,7 +159,10 @@ def test_config_reads_each_family(converted):
         "qwen2-window": dict(sliding_window=24, sliding_layers=(1, 2), qkv_bias=True),
         "qwen2": dict(qkv_bias=True, output_bias=False, tie_word_embeddings=True, sliding_window=0,
                       rope=Rope(1_000_000.0, "linear", 2.0)),
+        "qwen3": dict(head_dim=24, qk_norm=True, qkv_bias=True, output_bias=True, mlp_bias=False, sliding_window=0,
+                      layer_norm_eps=1e-5, rope=Rope(1_000_000.0)),
     }[family]
+    assert config.qk_norm == (family == "qwen3")
     assert {key: getattr(config, key) for key in want} == want
     metadata = json.loads((model_dir / "metadata.json").read_text())
     assert metadata["family"] == "llama"
@@ -224,6 +236,11 @@ WINDOW_CASES = {  # config.json keys that decide local attention, as saved (abse
     "qwen2-off-window": {"model_type": "qwen2", "use_sliding_window": False, "sliding_window": 16, "max_window_layers": 0},
     "qwen2-types": {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16,
                     "layer_types": ["full_attention", "sliding_attention"] * 15},
+    "qwen3-absent": {"model_type": "qwen3"},
+    "qwen3-on-defaults": {"model_type": "qwen3", "use_sliding_window": True},
+    "qwen3-on-from-layer-3": {"model_type": "qwen3", "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 3},
+    "qwen3-types": {"model_type": "qwen3", "use_sliding_window": True, "sliding_window": 16,
+                    "layer_types": ["sliding_attention", "full_attention"] * 15},
 }
 
 

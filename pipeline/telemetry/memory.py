@@ -160,15 +160,16 @@ def parameter_count(config) -> int:
     position tables (and BERT's token types), per layer q/k/v/output and the feed-forward pair with biases and
     two layer norms, plus BERT's embedding norm or GPT-2's final norm. Llama family: the token table, per layer
     q/output over all heads and k/v over the kv heads (head_dim each), the gate/up/down MLP, two RMSNorm scales
-    and the checkpoint's optional biases, the final norm, and an own LM head unless tied."""
+    (and Qwen3's q/k norms) and the checkpoint's optional biases, the final norm, and an own LM head unless tied."""
     h, i = config.hidden_size, config.intermediate_size
     if config.family == "llama":
         q, kv = config.num_heads * config.head_dim, config.kv_heads * config.head_dim
         attention = h * q + 2 * h * kv + q * h + (q + 2 * kv) * config.qkv_bias + h * config.output_bias
         mlp = 3 * h * i + (2 * i + h) * config.mlp_bias
         head = 0 if config.tie_word_embeddings else h * config.vocab_size
-        return config.vocab_size * h + config.num_layers * (attention + mlp + 2 * h) + h + head
-    tables = (config.vocab_size + config.max_positions + config.type_vocab_size) * h
+        norms = 2 * h + 2 * config.head_dim * config.qk_norm
+        return config.vocab_size * h + config.num_layers * (attention + mlp + norms) + h + head
+    tables = (config.vocab_size + config.position_table + config.type_vocab_size) * h
     layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h
     return tables + config.num_layers * layer + 2 * h  # + GPT-2's final norm or BERT's embedding norm
 
