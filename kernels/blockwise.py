@@ -134,4 +134,5 @@ def _update(carry, q_blk, k_blk, v_blk, mask, scale):
 
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=blockwise_attention, local_window=True)
+                                is_supported=is_supported, call=blockwise_attention, local_window=True,
+                                score_block=(BLOCK_Q, BLOCK_K))

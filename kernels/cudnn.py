@@ -76,4 +76,4 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
                                 is_supported=is_supported, call=cudnn_attention, custom_call=True,
-                                min_gpu_capability=(8, 0))
+                                min_gpu_capability=(8, 0), score_block=(0, 0))

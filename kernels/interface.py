@@ -47,6 +47,10 @@ class Implementation:
     # The oldest NVIDIA GPU it compiles for, as (major, minor) compute capability; the policy refuses it on an older
     # local GPU before any data is read (cuDNN's fused attention and Pallas' Triton need Ampere, 8.0).
     min_gpu_capability: tuple[int, int] | None = None
+    # The attention scores it holds in device memory at once, per row and head, for the --batch_size memory check:
+    # None, all [L, L] of them (scores and probabilities, as XLA's attention); (q, k), one block of at most q x k;
+    # (0, 0), none (a flash kernel keeps its tiles on chip).
+    score_block: tuple[int, int] | None = None
 
 
 def dtype_name(dtype: Any) -> str:

@@ -61,4 +61,5 @@ def pallas_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=pallas_tpu_attention, custom_call=True)
+                                is_supported=is_supported, call=pallas_tpu_attention, custom_call=True,
+                                score_block=(0, 0))

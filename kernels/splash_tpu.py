@@ -94,4 +94,5 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=splash_tpu_attention, custom_call=True)
+                                is_supported=is_supported, call=splash_tpu_attention, custom_call=True,
+                                score_block=(0, 0))

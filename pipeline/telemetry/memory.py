@@ -10,6 +10,7 @@ samples itself (Beam aggregates them) nor act on what it sees during a run.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import threading
 from typing import Any
@@ -101,7 +102,7 @@ class MemoryWatch:
 
 
 def summarize(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The summary's memory section from run.metric_values(result, "docscore") (keys NAMESPACE/name):
+    """The summary's memory section from pipeline.telemetry.progress.metric_values(result, "docscore") (keys NAMESPACE/name):
     start (first batch), warm (batch WARMUP_BATCHES; None in shorter runs), peak, end (the latest sample),
     growth after warm-up in percent, and device memory where the backend reports it. peak is the process's
     high-water mark at its last sample (a call's peak between samples included), or the largest sample where
@@ -136,9 +137,6 @@ def summarize(metrics: dict[str, Any]) -> dict[str, Any]:
 # ---- before the run: does one model call of --batch_size rows fit? ------------------------------------
 
 ACTIVATION_BYTES = 4  # the layers compute and return float32 whatever --dtype (bfloat16 only casts matmul inputs)
-# Kernels that never hold a [rows, heads, L, L] score tensor in device memory (tiles live on chip); any other
-# name is estimated like xla, whose scores and probabilities are both materialised.
-FLASH_KERNELS = ("cudnn", "pallas_gpu", "pallas_tpu", "splash_tpu")
 HEADROOM = 2  # a suggested --batch_size leaves half the room to everything else (Beam, tokenizer, outputs)
 
 
@@ -156,46 +154,41 @@ class CallEstimate:
 
 
 def parameter_count(config) -> int:
-    """Parameters of a models.ModelConfig, as its family's module holds them. BERT and GPT-2: token and
-    position tables (and BERT's token types), per layer q/k/v/output and the feed-forward pair with biases and
-    two layer norms, plus BERT's embedding norm or GPT-2's final norm. Llama family: the token table, per layer
-    q/output over all heads and k/v over the kv heads (head_dim each), the gate/up/down MLP, two RMSNorm scales
-    (and Qwen3's q/k norms) and the checkpoint's optional biases, the final norm, and an own LM head unless tied."""
-    h, i = config.hidden_size, config.intermediate_size
-    if config.family == "llama":
-        q, kv = config.num_heads * config.head_dim, config.kv_heads * config.head_dim
-        attention = h * q + 2 * h * kv + q * h + (q + 2 * kv) * config.qkv_bias + h * config.output_bias
-        mlp = 3 * h * i + (2 * i + h) * config.mlp_bias
-        head = 0 if config.tie_word_embeddings else h * config.vocab_size
-        norms = 2 * h + 2 * config.head_dim * config.qk_norm
-        return config.vocab_size * h + config.num_layers * (attention + mlp + norms) + h + head
-    tables = (config.vocab_size + config.position_table + config.type_vocab_size) * h
-    layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h
-    return tables + config.num_layers * layer + 2 * h  # + GPT-2's final norm or BERT's embedding norm
+    """Parameters of a models.ModelConfig, counted from the shapes its family's module holds
+    (models/architecture.py param_shapes, no weights made): one layer is traced and counted num_layers times, so
+    a config of hundreds of layers costs what one does."""
+    from models.architecture import flat_params, param_shapes
+
+    one = flat_params(param_shapes(dataclasses.replace(config, num_layers=1)))
+    layer = sum(math.prod(leaf.shape) for name, leaf in one.items() if name.startswith("layers/"))
+    return sum(math.prod(leaf.shape) for leaf in one.values()) + (config.num_layers - 1) * layer
+
+
+def score_block(attention: str) -> tuple[int, int] | None:
+    """The kernel's `score_block` (kernels/interface.py); a name the table does not hold is taken as XLA's."""
+    from kernels import table
+
+    impl = table.IMPLEMENTATIONS.get(attention)
+    return impl.score_block if impl is not None else None
 
 
 def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attention: str) -> CallEstimate:
     """The memory one model call of batch_size rows x seq_len tokens needs (a models.ModelConfig; the
     resolved kernel name). Activations are one layer's at a time, since inference keeps none across layers:
     four [rows, L, hidden] float32 tensors (the stream, q/k/v, attention output), one [rows, L,
-    intermediate], and the attention scores and probabilities, [rows, heads, L, L] float32 each for xla,
-    one block's for blockwise, none for the flash kernels; bfloat16 adds a copy of the layer's weights.
+    intermediate], and the attention scores and probabilities, [rows, heads, L, L] float32 each, or one block's,
+    or none, as the kernel's `score_block` says; bfloat16 adds a copy of the layer's weights.
     Or the output head's when larger: a decoder's logits twice (log-softmax) for one block of positions
     (models/heads.py logits_block_positions; all of them for a small vocabulary or call), the encoder's
     segment one-hot. Within 0.9-1.3x of what XLA's compiled programs report for MiniLM and GPT-2 on CPU
     (tests/test_batch_memory.py); calls of shorter packed rows hold the same tokens and fewer scores."""
-    from kernels.blockwise import BLOCK_K, BLOCK_Q
     from models.heads import logits_block_positions
 
     rows, length = int(batch_size), int(seq_len)
     tokens = rows * length
     h, i = config.hidden_size, config.intermediate_size
-    if attention == "blockwise":
-        scores = 2 * rows * config.num_heads * min(length, BLOCK_Q) * min(length, BLOCK_K)
-    elif attention in FLASH_KERNELS:
-        scores = 0
-    else:
-        scores = 2 * rows * config.num_heads * length * length
+    block_q, block_k = score_block(attention) or (length, length)
+    scores = 2 * rows * config.num_heads * min(length, block_q) * min(length, block_k)
     layer = (4 * tokens * h + tokens * i + scores) * ACTIVATION_BYTES
     if dtype == "bfloat16":
         layer += 2 * (4 * h * h + 2 * h * i)
@@ -259,7 +252,7 @@ def batch_size_problem(config, *, batch_size: int, seq_len: int, dtype: str, att
         fix = f"use --batch_size={fits * (devices if room.per_device else 1)} or less"
     else:
         fix = (f"even --batch_size={devices if room.per_device else 1} does not fit: use a shorter --max_seq_len"
-               + (" or --attention=flash (no [L, L] scores)" if attention not in FLASH_KERNELS + ("blockwise",) else ""))
+               + (" or --attention=flash (no [L, L] scores)" if score_block(attention) is None else ""))
     return (f"--batch_size={batch_size}: a model call of {batch_size} rows x {seq_len} tokens needs about "
             f"{format_bytes(needed(share))}{where}{workers} ({attention} attention, {dtype}: {format_bytes(per_row)} per row), more "
             f"than the {format_bytes(room.bytes)} {room.source}; {fix}")
