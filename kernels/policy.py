@@ -29,7 +29,7 @@ _NEEDS = {"tpu": "a TPU", "gpu": "a GPU", "cpu": "a CPU"}
 
 log = logging.getLogger(__name__)
 _logged_choices: set[str] = set()
-LOCAL_GPU = "local_gpu"  # info's (device kind, (major, minor)) of this process's GPU, when the kernel runs here
+GPU_INFO = "gpu"  # info's (device kind, (major, minor)) of the GPU the kernel will run on, where known
 
 
 def available() -> dict[str, dict]:
@@ -40,13 +40,16 @@ def available() -> dict[str, dict]:
             for name, impl in table.IMPLEMENTATIONS.items()}
 
 
-def resolve(impl: str = "auto", backend: str | None = None, *, instead_of: str | None = None, **shape_info) -> str:
+def resolve(impl: str = "auto", backend: str | None = None, *, instead_of: str | None = None,
+            gpu: tuple[str, tuple[int, int]] | None = None, **shape_info) -> str:
     """The implementation name `impl` means on `backend` (default: jax.default_backend()) for
     the given shape info (keys: interface.SHAPE_KEYS; all optional). Raises KernelUnsupportedError
     for an impossible explicit choice, whose suggestions leave out `instead_of` (a kernel the caller
-    already runs, such as a shadow kernel's primary)."""
+    already runs, such as a shadow kernel's primary). `gpu`: (kind, (major, minor) compute capability) of the GPU the
+    kernel will run on when that is another machine's (Dataflow workers'); with `backend` left out, this process's GPU
+    is read instead; kernels whose min_gpu_capability it lacks are refused, and auto passes them by."""
     info = _normal_shape_info(shape_info)
-    backend = _with_local_gpu(backend, info)
+    backend = _with_gpu(backend, info, gpu)
     if impl == "auto":
         return _resolve_auto(backend, info)
     if impl == "native":
@@ -112,11 +115,11 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
     if backend not in impl.backends:
         needs = _NEEDS[impl.backends[0]] if len(impl.backends) == 1 else " or ".join(impl.backends)
         return False, f"it needs {needs}"
-    local = info.get(LOCAL_GPU)
-    if backend == "gpu" and impl.min_gpu_capability and local and local[1] < impl.min_gpu_capability:
+    gpu = info.get(GPU_INFO)
+    if backend == "gpu" and impl.min_gpu_capability and gpu and gpu[1] < impl.min_gpu_capability:
         need = ".".join(map(str, impl.min_gpu_capability))
-        return False, (f"it needs an Ampere or newer GPU (compute capability {need}), but this machine's is {local[0]} "
-                       f"(compute capability {local[1][0]}.{local[1][1]})")
+        return False, (f"it needs an Ampere or newer GPU (compute capability {need}), but the GPU it would run on is "
+                       f"{gpu[0]} (compute capability {gpu[1][0]}.{gpu[1][1]})")
     if info.get("window") and not impl.local_window:
         rows = f" in rows of {info['q_len']} tokens (rows no longer than the window would not need it)" if info.get("q_len") else ""
         return False, (f"it has no local (sliding-window) attention, which this model's window of {info['window']} "
@@ -139,16 +142,17 @@ def local_gpu_capability() -> tuple[str, tuple[int, int]] | None:
     return device.device_kind, (major, minor)
 
 
-def _with_local_gpu(backend: str | None, info: dict) -> str:
-    """The normalised backend; when it is this process's own (backend left out: the kernel runs here, as at load and
-    at trace time) and a GPU, the GPU's kind and capability go into info under LOCAL_GPU. A named backend may be
-    another machine's (a Dataflow worker's, whose GPU kind pipeline/dataflow_checks.py judges), so it adds nothing."""
+def _with_gpu(backend: str | None, info: dict, gpu: tuple[str, tuple[int, int]] | None) -> str:
+    """The normalised backend; on a GPU backend, the kind and capability of the GPU the kernel runs on go into info
+    under GPU_INFO: `gpu` when the caller names it (remote workers'), else this process's own when the backend is
+    left out (the kernel runs here, as at load and at trace time). A named backend without `gpu` may be another
+    machine's whose GPU is not known, so nothing is added."""
     here = backend is None
     backend = _normal_backend(backend)
-    if here and backend == "gpu":
-        local = local_gpu_capability()
-        if local is not None:
-            info[LOCAL_GPU] = local
+    if backend == "gpu":
+        gpu = gpu or (local_gpu_capability() if here else None)
+        if gpu is not None:
+            info[GPU_INFO] = gpu
     return backend
 
 
@@ -166,12 +170,14 @@ def _alternatives(name: str, backend: str, info: dict, instead_of: str | None = 
     return " or ".join(options or [f"--attention={instead_of}"])
 
 
-def other_choice(kernel: str, backend: str | None = None, **shape_info) -> str:
+def other_choice(kernel: str, backend: str | None = None, *, gpu: tuple[str, tuple[int, int]] | None = None,
+                 **shape_info) -> str:
     """A choice of --attention (native, flash or an implementation's name) that runs these inputs on `backend` with
     another kernel than `kernel` (what a shadow of `kernel` could use): native, else flash, else the first
-    implementation that supports them (xla supports everything, so only xla itself falls through to native)."""
+    implementation that supports them (xla supports everything, so only xla itself falls through to native); `gpu`
+    as resolve's."""
     info = _normal_shape_info(shape_info)
-    backend = _with_local_gpu(backend, info)
+    backend = _with_gpu(backend, info, gpu)
     if kernel != "xla":
         return "native"
     if _flash_for(backend, info) not in (None, kernel):

@@ -251,11 +251,12 @@ def load_tokenizer(name_or_path: str, *, cache_dir: str | None = None) -> DocTok
 
 
 def model_kernel(attention: str, config: ModelConfig, max_seq_len: int, dtype: str, backend: str | None = None,
-                 instead_of: str | None = None) -> str:
+                 instead_of: str | None = None, gpu: tuple[str, tuple[int, int]] | None = None) -> str:
     """The kernel `attention` means for this model's attention (heads, head_dim, causal, sliding window; packed
-    rows of up to max_seq_len tokens) on `backend` (default: this process's). Raises KernelUnsupportedError (whose
-    suggestions leave out `instead_of`)."""
-    return kernels.resolve(attention, backend, instead_of=instead_of, **model_shape_info(config, max_seq_len, dtype))
+    rows of up to max_seq_len tokens) on `backend` (default: this process's) and `gpu` (kernels.resolve). Raises
+    KernelUnsupportedError (whose suggestions leave out `instead_of`)."""
+    return kernels.resolve(attention, backend, instead_of=instead_of, gpu=gpu,
+                           **model_shape_info(config, max_seq_len, dtype))
 
 
 def model_shape_info(config: ModelConfig, max_seq_len: int, dtype: str) -> dict:

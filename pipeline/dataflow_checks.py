@@ -160,10 +160,17 @@ GPU_MACHINES = {"nvidia-l4": ("g2-",), "nvidia-tesla-a100": ("a2-highgpu-", "a2-
 ACCELERATOR_TYPES = (*TPU_MACHINES, *GPU_MACHINES)
 # L4s per G2 machine (g2-standard-<vCPUs>); A2 and A3 machine types end in -<N>g.
 G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
-# GPUs older than Ampere (compute capability < 8.0): cuDNN's flash attention and Pallas' Triton kernels refuse them.
-PRE_AMPERE_GPUS = ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-p4")
-# --attention values that run XLA's own attention or the portable blockwise kernel on any GPU.
-ANY_GPU_ATTENTION = ("native", "xla", "blockwise")
+# The compute capability of each Dataflow GPU type (NVIDIA's tables): the kernel policy refuses a kernel whose
+# min_gpu_capability the workers' GPU lacks (cuDNN's fused attention and Pallas' Triton need Ampere, 8.0).
+GPU_CAPABILITY = {"nvidia-l4": (8, 9), "nvidia-tesla-a100": (8, 0), "nvidia-a100-80gb": (8, 0),
+                  "nvidia-h100-80gb": (9, 0), "nvidia-h100-mega-80gb": (9, 0), "nvidia-tesla-t4": (7, 5),
+                  "nvidia-tesla-v100": (7, 0), "nvidia-tesla-p100": (6, 0), "nvidia-tesla-p4": (6, 1)}
+
+
+def worker_gpu(eo: EvalOptions) -> tuple[str, tuple[int, int]] | None:
+    """(type, compute capability) of a Dataflow job's GPU workers, for kernels.resolve's `gpu`; None otherwise."""
+    kind = worker_accelerator(eo).get("type") if is_dataflow(eo) else None
+    return (kind, GPU_CAPABILITY[kind]) if kind in GPU_CAPABILITY else None
 
 
 def worker_accelerator(eo: EvalOptions) -> dict[str, str]:
@@ -315,8 +322,3 @@ def check_gpu_workers(eo: EvalOptions, accelerator: dict[str, str], machine: str
     if holds is not None and count.isdigit() and int(count) != holds:
         raise ConfigError(f"worker_accelerator count:{count}, but --machine_type {machine} holds {holds} {kind} "
                           f"GPU{'s' if holds > 1 else ''}; use count:{holds} or a machine with {count}")
-    if kind in PRE_AMPERE_GPUS and eo.attention not in ANY_GPU_ATTENTION:
-        raise ConfigError(f"--attention={eo.attention} runs a flash kernel (cuDNN or Pallas' Triton), which needs an "
-                          f"Ampere or newer GPU (compute capability 8.0), but the workers' {kind} is older; pass "
-                          "--attention native for these workers, or use an Ampere or newer worker_accelerator "
-                          "(nvidia-l4, nvidia-tesla-a100, nvidia-h100-80gb)")

@@ -95,6 +95,22 @@ def check_reachable_backend(eo: EvalOptions, backend: str) -> None:
                           f"this machine, whose backend is {here}; {fix}")
 
 
+def check_loaded_model(eo: EvalOptions, backend: str, where: str):
+    """What needs the model but no data (runners/scheduling.py checks a schedule's run with it too): the kernel
+    --attention resolves to for the model's own attention (auto may depend on length; a sliding window or head_dim
+    may rule a kernel out), loaded here or for the workers' backend and GPU as their loader will; the task's family
+    and windows; a --shadow_attention. (model spec, loaded model, loaded with the run's spec, kernel, window
+    length, shadow spec)."""
+    model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir,
+                           matmul_precision=eo.matmul_precision)
+    loaded, same_backend = load_for_checks(model_spec, backend)
+    kernel = loaded.attention if same_backend else resolve_kernel(
+        eo.attention, backend, dtype=eo.dtype, loaded=loaded, where=where, gpu=dataflow_checks.worker_gpu(eo))
+    max_len = check_task_and_windows(eo, loaded)
+    shadow_spec = check_shadow(eo, model_spec, loaded, backend, kernel, where)
+    return model_spec, loaded, same_backend, kernel, max_len, shadow_spec
+
+
 def check_task_and_windows(eo: EvalOptions, loaded) -> int:
     """The task's model family, --max_seq_len against the model's and --stride against a window's text tokens, for a
     loaded model (no data needed: runners/scheduling.py checks a schedule's run with them too); the window length."""
@@ -132,17 +148,19 @@ def check_matmul_precision(eo: EvalOptions, backend: str) -> None:
 
 
 def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtype: str | None = None,
-                   loaded=None, where: str = "", instead_of: str | None = None) -> str:
+                   loaded=None, where: str = "", instead_of: str | None = None, gpu=None) -> str:
     """The kernel `attention` means on `backend` for the pipeline's rows (packed segment ids, `dtype`) and, given
     the loaded model, for its attention (heads, head_dim, causal, sliding window), as the workers' loader resolves
-    it. `where` says where the backend comes from, for the message; a refusal does not suggest `instead_of`."""
+    it. `where` says where the backend comes from, for the message; a refusal does not suggest `instead_of`; `gpu`
+    is the workers' GPU (dataflow_checks.worker_gpu) when known."""
     from kernels import KernelUnsupportedError, resolve
     from models.loader import model_kernel
 
     try:
         if loaded is None:
-            return resolve(attention, backend=backend, has_segments=True, dtype=dtype, instead_of=instead_of)
-        return model_kernel(attention, loaded.config, loaded.tokenizer.max_seq_len, dtype, backend, instead_of=instead_of)
+            return resolve(attention, backend=backend, has_segments=True, dtype=dtype, instead_of=instead_of, gpu=gpu)
+        return model_kernel(attention, loaded.config, loaded.tokenizer.max_seq_len, dtype, backend,
+                            instead_of=instead_of, gpu=gpu)
     except KernelUnsupportedError as e:
         raise ConfigError(f"{kernel_refusal(e, flag, attention)} ({where or f'target backend {backend}'})") from None
 
@@ -381,7 +399,7 @@ def check_before_data(eo: EvalOptions) -> tuple[str, str, batching.BatchSettings
     check_reachable_backend(eo, backend)
     check_matmul_precision(eo, backend)
     where = backend_origin(eo, backend)
-    kernel = resolve_kernel(eo.attention, backend, dtype=eo.dtype, where=where)
+    kernel = resolve_kernel(eo.attention, backend, dtype=eo.dtype, where=where, gpu=dataflow_checks.worker_gpu(eo))
     try:
         batch = batching.settings_for(backend, batch_size=eo.batch_size, calls_per_beam_batch=eo.calls_per_beam_batch)
     except ValueError as e:
@@ -455,21 +473,13 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
             raise ConfigError(f"--output {eo.output}: {linked[0]} is a symlink; docscore does not write or delete through "
                               "links in its output: remove the link (its target is left as it is) or choose another --output")
 
-    model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir,
-                           matmul_precision=eo.matmul_precision)
-    loaded, same_backend = load_for_checks(model_spec, backend)
-    # what the model resolves for its own attention (auto may depend on length; a sliding window or head_dim
-    # may rule a kernel out): loaded here, or for the workers' backend as their loader will
-    kernel = loaded.attention if same_backend else resolve_kernel(eo.attention, backend, dtype=eo.dtype,
-                                                                  loaded=loaded, where=where)
+    model_spec, loaded, same_backend, kernel, max_len, shadow_spec = check_loaded_model(eo, backend, where)
     family = loaded.config.family
-    max_len = check_task_and_windows(eo, loaded)
     rows_notice = None
     if same_backend and runs_locally(eo):  # the run's calls are this machine's: rows split over its devices
         batch, rows_notice = rows_for_local_devices(batch)
     if same_backend:
         check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend, loaded.parallel.data_size)
-    shadow_spec = check_shadow(eo, model_spec, loaded, backend, kernel, where)
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     gold_notice = text_gold_notice(shards[0], read_spec) if task.numeric_gold else None
@@ -602,25 +612,26 @@ def check_shadow(eo: EvalOptions, model_spec: ModelSpec, primary, backend: str, 
         tolerance = shadow.tolerance_for(eo.dtype, eo.shadow_tolerance)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    gpu = dataflow_checks.worker_gpu(eo)
     shadow_kernel = resolve_kernel(eo.shadow_attention, backend, flag="--shadow_attention", dtype=eo.dtype,
-                                   loaded=primary, where=where, instead_of=kernel)
+                                   loaded=primary, where=where, instead_of=kernel, gpu=gpu)
     if shadow_kernel == kernel:
         raise ConfigError(
             f"--shadow_attention={eo.shadow_attention} resolves to {shadow_kernel}, the kernel --attention={eo.attention} "
             f"already runs, so there is nothing to compare; shadow with another kernel, e.g. "
-            f"--shadow_attention={other_kernel(kernel, backend, eo.dtype, primary)}"
+            f"--shadow_attention={other_kernel(kernel, backend, eo.dtype, primary, gpu)}"
         )
     load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend, flag="--shadow_attention")
     return shadow.ShadowSpec(eo.shadow_attention, shadow_kernel, eo.shadow_fraction, tolerance, eo.dtype)
 
 
-def other_kernel(kernel: str, backend: str, dtype: str, loaded) -> str:
-    """A choice of --shadow_attention that runs this model on `backend` with another kernel than `kernel`
-    (kernels.other_choice for the model's attention)."""
+def other_kernel(kernel: str, backend: str, dtype: str, loaded, gpu=None) -> str:
+    """A choice of --shadow_attention that runs this model on `backend` (and `gpu`) with another kernel than
+    `kernel` (kernels.other_choice for the model's attention)."""
     from kernels import other_choice
     from models.loader import model_shape_info
 
-    return other_choice(kernel, backend, **model_shape_info(loaded.config, loaded.tokenizer.max_seq_len, dtype))
+    return other_choice(kernel, backend, gpu=gpu, **model_shape_info(loaded.config, loaded.tokenizer.max_seq_len, dtype))
 
 
 def check_shadow_flags(eo: EvalOptions) -> None:

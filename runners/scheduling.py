@@ -347,16 +347,8 @@ def check_model(eo: EvalOptions, backend: str) -> None:
     kernel --attention resolves to for it on the workers' backend, the task's model family, --max_seq_len and
     --stride against the model's length, and a --shadow_attention that must run another kernel."""
     from pipeline import validate
-    from pipeline.stages.inference import ModelSpec
 
-    spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir,
-                     matmul_precision=eo.matmul_precision)
-    loaded, same_backend = validate.load_for_checks(spec, backend)
-    where = validate.backend_origin(eo, backend)
-    kernel = loaded.attention if same_backend else validate.resolve_kernel(eo.attention, backend, dtype=eo.dtype,
-                                                                           loaded=loaded, where=where)
-    validate.check_task_and_windows(eo, loaded)
-    validate.check_shadow(eo, spec, loaded, backend, kernel, where)
+    validate.check_loaded_model(eo, backend, validate.backend_origin(eo, backend))
 
 
 def airflow_context(logical_date: datetime, interval_start: datetime, interval_end: datetime,

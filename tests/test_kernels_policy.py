@@ -321,8 +321,12 @@ def test_a_local_gpu_older_than_ampere_gets_no_flash_kernel_before_any_data_is_r
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # this process runs on that GPU
     info = dict(dtype="bfloat16", head_dim=64, q_len=256, kv_len=256, has_segments=True, packed=True)
     assert resolve("auto", **info) == (flash and "pallas_gpu" or "xla")
-    # a named backend may be another machine's (Dataflow workers' L4s, launched from here): this GPU does not count
+    # a named backend may be another machine's (Dataflow workers' L4s, launched from here): this GPU does not count,
+    # the workers' GPU when the caller names it does
     assert resolve("auto", backend="gpu", **info) == "pallas_gpu"
+    workers = (kind, tuple(int(part) for part in capability.split(".")))
+    assert resolve("auto", backend="gpu", gpu=workers, **info) == (flash and "pallas_gpu" or "xla")
+    assert resolve("auto", backend="gpu", gpu=("nvidia-l4", (8, 9)), **info) == "pallas_gpu"
     assert resolve("flash", backend="gpu", dtype="bfloat16") == "cudnn"
     if flash:
         assert resolve("flash") == flash
@@ -331,7 +335,7 @@ def test_a_local_gpu_older_than_ampere_gets_no_flash_kernel_before_any_data_is_r
         with pytest.raises(KernelUnsupportedError) as refused:
             resolve(choice, **info)
         message = str(refused.value)
-        assert f"needs an Ampere or newer GPU (compute capability 8.0), but this machine's is {kind} " \
+        assert f"needs an Ampere or newer GPU (compute capability 8.0), but the GPU it would run on is {kind} " \
                f"(compute capability {capability})" in message, message
         assert "use --attention=native" in message, message
 

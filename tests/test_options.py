@@ -230,7 +230,8 @@ CASES = {
     "dataflow_flash_on_a_gpu_older_than_ampere": (
         lambda t: [*DATAFLOW, *ONE_PROCESS, "--attention", "flash", "--dtype", "bfloat16", "--machine_type", "n1-standard-8",
                    "--dataflow_service_options", "worker_accelerator=type:nvidia-tesla-t4;count:1;install-nvidia-driver"],
-        "needs an Ampere or newer GPU (compute capability 8.0), but the workers' nvidia-tesla-t4 is older", False),
+        "needs an Ampere or newer GPU (compute capability 8.0), but the GPU it would run on is nvidia-tesla-t4 "
+        "(compute capability 7.5); use --attention=native or auto", False),
     "dataflow_tpu_kernel_on_cpu_workers": (lambda t: [*DATAFLOW, "--target_backend", "tpu"],
                                            "--target_backend=tpu, but the Dataflow workers have no accelerator", False),
     "dataflow_cpu_backend_on_gpu_workers": (lambda t: [*DATAFLOW, "--target_backend", "cpu", "--dataflow_service_options",
@@ -549,3 +550,18 @@ def test_a_run_id_starting_with_a_dot_is_told_the_rule_it_breaks(tmp_path, capsy
     shard.write_text('{"id": "a", "text": "a document"}\n')
     assert run_docscore("--input", shard, "--output", tmp_path / "out", "--run_id", ".hidden") == 2
     assert "starting with a letter or digit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpu, machine, kernel", [("nvidia-tesla-t4", "n1-standard-8", "xla"),
+                                                  ("nvidia-l4", "g2-standard-8", "pallas_gpu")])
+def test_auto_plans_the_kernel_the_dataflow_workers_gpu_can_run(gpu, machine, kernel):
+    """The workers' GPU type sets what the kernel policy may choose: a T4 (compute capability 7.5) has no flash
+    kernel, so auto plans xla instead of refusing the run; an L4 gets its flash kernel. Every Dataflow GPU type has a
+    capability in the table."""
+    from pipeline import dataflow_checks
+    from pipeline.validate import check_before_data
+
+    _, eo = parse_options([*DATAFLOW, *ONE_PROCESS, "--run_id", "r1", "--dtype", "bfloat16", "--machine_type", machine,
+                           "--dataflow_service_options", f"worker_accelerator=type:{gpu};count:1;install-nvidia-driver"])
+    assert check_before_data(eo)[:2] == ("gpu", kernel)
+    assert set(dataflow_checks.GPU_CAPABILITY) == set(dataflow_checks.GPU_MACHINES)
