@@ -245,7 +245,7 @@ def test_a_llama_split_over_two_devices_per_row_shard_equals_one_device(tmp_path
     assert params["layers/stacked/attention/key/kernel"]["shards"] == [[layers, 64, 16]] * 4  # 2 kv heads x 16: one head each
     assert params["layers/stacked/feed_forward/gate/kernel"]["shards"] == [[layers, 64, 56]] * 4
     assert params["lm_head/kernel"]["spec"] == "P(None, 'model')"
-    np.testing.assert_allclose(four, loaded.token_logprobs(ids, seg), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(four, loaded.token_logprobs(ids, seg), atol=1e-5, rtol=1e-5)  # sums in another order
 
     assert report["rc"] == 0
     summary = read_summary(out, "l4")
