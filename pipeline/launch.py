@@ -18,7 +18,6 @@ from typing import Any
 import apache_beam as beam
 import fsspec
 import psutil
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 from pipeline.graph import build_pipeline
@@ -27,7 +26,8 @@ from pipeline.io import run_commit, run_lease, sinks
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.runs import publish
 from pipeline.telemetry import progress
-from pipeline.telemetry.progress import direct_workers, runner_name, runs_locally
+from pipeline.telemetry.progress import direct_workers, metric_values, runner_name, runs_locally
+from pipeline.telemetry.stats import error_fraction
 from pipeline.process_setup import (CpuTuning, apply_cpu_tuning, check_compilation_cache, compilation_cache_dir,
                                     compilation_cache_setting)
 from pipeline.telemetry.timing import STAGES
@@ -80,28 +80,6 @@ def launcher_objects_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def metric_values(result, namespace_prefix: str) -> dict[str, Any]:
-    """Counters (value) and distributions (sum/count/min/max) of namespaces starting with the prefix."""
-    found: dict[str, Any] = {}
-    try:
-        query = result.metrics().query(MetricsFilter())
-    except Exception:  # a runner without metrics support
-        return found
-    for kind in ("counters", "distributions", "gauges"):
-        for item in query.get(kind, []):
-            if not item.key.metric.namespace.startswith(namespace_prefix):
-                continue
-            value = item.committed if item.committed is not None else item.attempted
-            name = f"{item.key.metric.namespace}/{item.key.metric.name}"
-            if kind == "counters":
-                found[name] = found.get(name, 0) + value
-            elif kind == "gauges":  # the latest value (pipeline/telemetry/memory.py: rss_mb_end)
-                found[name] = value.value
-            else:
-                found[name] = {"sum": value.sum, "count": value.count, "min": value.min, "max": value.max}
-    return found
-
-
 def shadow_gate_failure(summary: dict[str, Any]) -> str | None:
     """The message of a failed shadow gate, or None (no shadow kernel, within tolerance, or nothing shadowed)."""
     gate = summary.get("shadow")
@@ -137,7 +115,7 @@ def run_gates(summary: dict[str, Any], max_error_fraction: float) -> dict[str, d
     """The summary's "gates" section, from fields the summary already has: each gate's limit, its value, whether
     it passed (True, False, or None when it did not run) and, unless it passed, the message saying what to do."""
     counts = summary["counts"]
-    value = counts["errors"] / counts["records"] if counts["records"] else None
+    value = error_fraction(counts["records"], counts["errors"])
     failure = error_fraction_failure(summary, max_error_fraction)
     if value is None:
         failure = ("no record was read (the input's files hold none), so --max_error_fraction had nothing to check and "
@@ -417,9 +395,10 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
             "an ambiguous column); records it did not give are in neither table, so the error fraction "
             "undercounts them") if shards else ""
     published = "the tables and summary are published"
-    if counts["errors"] / counts["records"] > max_fraction:
+    fraction = error_fraction(counts["records"], counts["errors"])
+    if fraction > max_fraction:
         common = sorted(counts["errors_by_type"].items(), key=lambda kv: -kv[1])[:3]
-        too_many = (f"{counts['errors']} of {counts['records']} records ({counts['errors'] / counts['records']:.1%}) "
+        too_many = (f"{counts['errors']} of {counts['records']} records ({fraction:.1%}) "
                     f"are error rows, more than --max_error_fraction={max_fraction:g} (most: "
                     f"{', '.join(f'{k} {n}' for k, n in common)})")
         if lost:  # a raised fraction under 1 would still fail on the shard: say so

@@ -433,7 +433,7 @@ def test_jsonl_tables_read_as_their_schema_not_as_inferred_types(tmp_path, capsy
     b = write_run(str(tmp_path / "p"), "b", [dict(r, run_id="b") for r in rows])
     code, result = run_compare(capsys, a, b)
     assert code == 0 and result["label_flips"]["flipped"] == 0 and result["documents"]["matched"] == 6
-    table = report.read_table(str(tmp_path / "j"), "scores", "a", ("doc_id", "label"), "jsonl")
+    table = report.read_table(str(tmp_path / "j"), "scores", "a", ("doc_id", "label"))
     assert table.schema.field("label").type == pa.string() and table.column("label").to_pylist() == labels
     assert table.column("doc_id").to_pylist()[0] == "2024-01-01"
 

@@ -237,10 +237,9 @@ def test_reading_a_runs_parquet_tables_from_gs_closes_every_file_it_opens(gcs, t
     pq.write_table(table, local)
     gcs.fs().put(str(local), gcs.url("out", "scores", "part.parquet"))
     script = ("import sys, gcsfs, pyarrow as pa; from pipeline.io import sinks; from pipeline.records import SCORES_SCHEMA; "
-              "from pipeline.runs import report; "
               "fs = gcsfs.GCSFileSystem(); path = sys.argv[1]; "
               "print(sinks.read_parts(fs, [path], ('doc_id', 'embedding'), SCORES_SCHEMA).num_rows); "
-              "print(sum(b.num_rows for b in report._record_batches(fs, [path], 'parquet', "
+              "print(sum(b.num_rows for b in sinks.iter_parts(fs, [path], "
               "pa.schema([SCORES_SCHEMA.field('doc_id'), SCORES_SCHEMA.field('embedding')]))))")
     done = subprocess.run([sys.executable, "-c", script, gcs.url("out", "scores", "part.parquet")],
                           capture_output=True, text=True, timeout=300)

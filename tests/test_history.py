@@ -8,6 +8,7 @@ import json
 import duckdb
 import fsspec
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -38,6 +39,13 @@ def summary_in_layout(run_id: str, *, scored: int, errors: int, docs_per_s: floa
     }
 
 
+def read_history(output_dir: str) -> pa.Table:
+    """Every committed run's history row under output_dir, read through each run's summary."""
+    files = [f for run_id in run_commit.committed_run_ids(output_dir)
+             for f in run_commit.committed_files(output_dir, run_id, "history")]
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
 def test_history_row_flattens_the_summary():
     row = history.history_row(summary_in_layout("r1", scored=90, errors=10, docs_per_s=1.5, accuracy=0.75))
     assert row["started_at"] == datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
@@ -65,7 +73,7 @@ def test_each_launch_writes_its_own_file_and_only_committed_rows_are_read(tmp_pa
     for run_id, launch, path in (("r1", "cccc", r1_again), ("r2", "bbbb", r2)):  # what the commit writes
         (tmp_path / "runs" / f"run_id={run_id}" / "summary.json").write_text(
             json.dumps({"run_id": run_id, "launch_id": launch, "files": {"history": [path]}}))
-    rows = history.read_history(out).select(["run_id", "docs_per_s"]).to_pylist()
+    rows = read_history(out).select(["run_id", "docs_per_s"]).to_pylist()
     assert sorted((r["run_id"], r["docs_per_s"]) for r in rows) == [("r1", 3.0), ("r2", 2.0)]  # not r1's replaced row
     con = duckdb.connect()
     con.execute(run_commit.duckdb_views_sql(out, views=("history",)))

@@ -226,7 +226,7 @@ def test_the_memory_watch_records_start_warm_peak_and_end():
 
     with beam.Pipeline() as p:
         _ = p | beam.Create(range(memory.WARMUP_BATCHES + 5)) | beam.ParDo(Batches())
-    from pipeline.launch import metric_values
+    from pipeline.telemetry.progress import metric_values
 
     found = memory.summarize(metric_values(p.result, "docscore"))
     assert found["batches"] == memory.WARMUP_BATCHES + 5
@@ -258,7 +258,7 @@ def test_the_peak_rss_counts_a_spike_between_samples():
 
     with beam.Pipeline() as p:
         _ = p | beam.Create([0]) | beam.ParDo(Spike())
-    from pipeline.launch import metric_values
+    from pipeline.telemetry.progress import metric_values
 
     values = metric_values(p.result, "docscore")
     during = metric_values(p.result, "test")["test/during_mb"]["max"]

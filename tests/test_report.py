@@ -17,7 +17,7 @@ import pytest
 
 from conftest import common_flags
 from pipeline import launch
-from pipeline.io import run_commit
+from pipeline.io import run_commit, sinks
 from pipeline.runs import history, report
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -185,7 +185,6 @@ def _chromium(tmp_path):
 
 def test_history_row_agrees_with_the_tables(finished_run):
     output, summary, run_files = finished_run
-    assert history.read_history(output).num_rows == 1
     row = history.history_row(summary)
     scores, errors = _scores(output), _errors(output)
     assert (row["run_id"], row["task"], row["attention_impl"]) == ("r1", "classify", "xla")
@@ -211,7 +210,7 @@ def test_history_row_agrees_with_the_tables(finished_run):
     # what was written is exactly that row
     (history_file,) = run_commit.committed_files(output, "r1", "history")
     written = pq.read_table(history_file)
-    assert written.schema == history.HISTORY_SCHEMA
+    assert written.schema == history.HISTORY_SCHEMA and written.num_rows == 1
     assert written.to_pylist()[0]["scored"] == row["scored"]
     # what the run cost besides throughput: the written row holds the summary's values
     written_row = written.to_pylist()[0]
@@ -448,7 +447,7 @@ def test_classify_report_lists_the_lowest_confidence_documents(finished_run):
 def test_lowest_scores_scans_the_table_in_batches(tmp_path, monkeypatch, output_format):
     """Many parts and many record batches each: the k lowest of the whole table, though no more than one
     batch (plus k rows) is held at a time; nulls and missing columns are skipped / read as null."""
-    monkeypatch.setattr(report, "READ_BATCH_ROWS", 7)
+    monkeypatch.setattr(sinks, "READ_BATCH_ROWS", 7)
     import random
 
     rng = random.Random(0)
@@ -470,7 +469,7 @@ def test_lowest_scores_scans_the_table_in_batches(tmp_path, monkeypatch, output_
         files.append(f"scores/run_id=x/part-{n:05d}.{output_format}")
     (tmp_path / "runs" / "run_id=x").mkdir(parents=True)
     (tmp_path / "runs" / "run_id=x" / "summary.json").write_text(json.dumps({"run_id": "x", "files": {"scores": files}}))
-    lowest = report.lowest_scores(str(tmp_path), "x", output_format, 10)
+    lowest = report.lowest_scores(str(tmp_path), "x", 10)
     expected = sorted((r for r in rows if r["score"] is not None), key=lambda r: (r["score"], r["doc_id"]))[:10]
     assert lowest.to_pylist() == [{k: r[k] for k in report.LEAST_CONFIDENT_COLUMNS} for r in expected]
     assert len(held) > 300 // 40 and max(held) <= 10 + 40  # never more than k rows + one batch (jsonl: <= a part)

@@ -434,6 +434,16 @@ def _is_dir(fs, path: str) -> bool:
     return fs.isdir(path)
 
 
+def move(fs, src: str, dest: str) -> None:
+    """A rename locally; a copy and a delete on an object store, where a rename is a request of its own that some
+    stores (the emulator among them) do not answer."""
+    if is_local(fs):
+        _move_local(src, dest)
+    else:
+        fs.copy(src, dest)
+        fs.rm_file(src)
+
+
 def _move_local(src: str, dest: str) -> None:
     try:
         os.replace(src, dest)

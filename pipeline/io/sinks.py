@@ -9,12 +9,14 @@ import dataclasses
 import json
 import posixpath
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from apache_beam.io import fileio
 
@@ -24,6 +26,7 @@ from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 TABLES = {"scores": SCORES_SCHEMA, "errors": ERRORS_SCHEMA}
 PART_PREFIX = "part"
 BQ_PREFIX = "bq:"
+READ_BATCH_ROWS = 65_536  # rows per record batch read from a Parquet part (bounded memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,36 +96,41 @@ def json_lines(rows: list[dict[str, Any]]) -> list[str]:
     return ["\n".join(json.dumps(row, ensure_ascii=False, default=json_value) for row in rows)] if rows else []
 
 
-def read_jsonl_part(fs, path: str, schema: pa.Schema) -> pa.Table | None:
-    """A JSONL part docscore wrote, as the columns of `schema` its rows hold, typed as `schema`: not inferred, so
-    a label or id such as "2024-03-31" stays text (pyarrow would read a timestamp). None for an empty part."""
-    import pyarrow.json as pa_json
-
-    with fs.open(path, "rb") as f:
-        data = f.read()
-    first = next((line for line in data.splitlines() if line.strip()), None)
-    if first is None:
-        return None
-    keys = json.loads(first)  # every row of a part has the table's columns
-    typed = pa.schema([schema.field(name).with_nullable(True) for name in schema.names if name in keys])
-    parse = pa_json.ParseOptions(explicit_schema=typed, unexpected_field_behavior="ignore")
-    return pa_json.read_json(pa.BufferReader(data), parse_options=parse)
-
-
-def read_parts(fs, paths: list[str], columns: tuple[str, ...], schema: pa.Schema) -> pa.Table:
-    """A table's committed part files (Parquet or JSONL, by suffix) -> one table of the named columns the files
-    have (older runs lack newer ones, e.g. shadow_*), typed as `schema`; zero rows of those columns when the
-    parts hold no rows (none, or empty JSONL parts: a run without errors)."""
-    tables = []
+def iter_parts(fs, paths: list[str], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """A table's committed part files (Parquet or JSONL, by suffix), one record batch at a time: the columns of
+    `schema` each part has (older runs lack newer ones, e.g. shadow_*), JSONL typed as `schema`. The ONE reader of
+    committed parts: memory holds one batch (a JSONL block), whatever the table's size."""
     for path in paths:
         if path.endswith(".parquet"):
             with fs.open(path, "rb") as f:  # closed here: a gs:// file left to the garbage collector outlives its loop
                 parquet = pq.ParquetFile(f)
-                tables.append(parquet.read(columns=[c for c in columns if c in parquet.schema_arrow.names]))
+                present = pa.schema([parquet.schema_arrow.field(c) for c in schema.names if c in parquet.schema_arrow.names])
+                if parquet.metadata.num_rows == 0:  # no batch to read; an empty one still says which columns it has
+                    yield pa.RecordBatch.from_pylist([], schema=present)
+                yield from parquet.iter_batches(columns=present.names, batch_size=READ_BATCH_ROWS)
         elif path.endswith(".jsonl"):
-            table = read_jsonl_part(fs, path, schema)  # None: a shard that got no rows
-            if table is not None:
-                tables.append(table)
+            yield from _jsonl_batches(fs, path, schema)
+
+
+def _jsonl_batches(fs, path: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """A JSONL part docscore wrote, as the columns of `schema` its rows hold, typed as `schema`: not inferred, so
+    a label or id such as "2024-03-31" stays text (pyarrow would read a timestamp). Nothing for an empty part."""
+    with fs.open(path, "rb") as f:
+        first = next((line for line in f if line.strip()), None)
+        if first is None:
+            return
+        keys = json.loads(first)  # every row of a part has the table's columns
+        typed = pa.schema([schema.field(name).with_nullable(True) for name in schema.names if name in keys])
+        f.seek(0)
+        parse = pa_json.ParseOptions(explicit_schema=typed, unexpected_field_behavior="ignore")
+        yield from pa_json.open_json(f, parse_options=parse)
+
+
+def read_parts(fs, paths: list[str], columns: tuple[str, ...], schema: pa.Schema) -> pa.Table:
+    """A table's committed part files (iter_parts) -> one table of the named columns the files have, typed as
+    `schema`; zero rows of those columns when the parts hold no rows (none, or empty JSONL parts: a run without
+    errors)."""
+    tables = [pa.Table.from_batches([batch]) for batch in iter_parts(fs, paths, pa.schema([schema.field(c) for c in columns]))]
     present = [c for c in columns if any(c in t.schema.names for t in tables)] if tables else list(columns)
     typed = pa.schema([schema.field(c).with_nullable(True) for c in present])
     return pa.concat_tables([conform(t, typed) for t in tables]) if tables else typed.empty_table()

@@ -12,12 +12,11 @@ import datetime
 import posixpath
 from typing import Any
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.io import run_commit
-from pipeline.records import TIMING_COLUMNS
+from pipeline.telemetry.timing import STAGES
 
 
 # Where each value lives in summary.json (dotted paths, as pipeline/runs/summary.py writes
@@ -75,8 +74,6 @@ RUN_COST_COLUMNS = {  # what the run cost besides its throughput (#24): null whe
     "compile_cached_count": ("compile.cached_count", pa.int64()),  # read from the persistent compilation cache
     "batch_size": ("batching.batch_size", pa.int64()),  # rows a model call
 }
-
-STAGES = tuple(column[: -len("_ms")] for column in TIMING_COLUMNS)  # read, tokenize, infer, postprocess
 
 HISTORY_SCHEMA = pa.schema(
     [
@@ -183,15 +180,6 @@ def write_history_row(output_dir: str, summary: dict[str, Any], launch: str) -> 
     pq.write_table(table, buffer)
     run_commit.write_atomic(path, buffer.getvalue().to_pybytes())
     return run_commit.relative(output_dir, path)
-
-
-def read_history(output_dir: str) -> pa.Table:
-    """Every committed run's history row under output_dir."""
-    files = [f for run_id in run_commit.committed_run_ids(output_dir)
-             for f in run_commit.committed_files(output_dir, run_id, "history")]
-    fs, _ = fsspec.core.url_to_fs(output_dir)
-    tables = [pq.read_table(f, filesystem=None if run_commit.is_local(fs) else fs) for f in files]
-    return pa.concat_tables(tables, promote_options="permissive") if tables else HISTORY_SCHEMA.empty_table()
 
 
 def _timestamp(value: Any) -> datetime.datetime | None:

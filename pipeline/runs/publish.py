@@ -72,7 +72,7 @@ def set_aside_previous_report(spec: sinks.OutputSpec) -> str | None:
     fs, path = fsspec.core.url_to_fs(run_commit.report_path(spec.output, spec.run_id))
     aside = posixpath.join(posixpath.dirname(path), f".{run_commit.REPORT_FILE}.{spec.launch}.docscore-tmp")
     try:
-        _move(fs, path, aside)
+        run_commit.move(fs, path, aside)
     except FileNotFoundError:
         return None
     except OSError as e:  # a report left behind must not fail the commit
@@ -90,20 +90,10 @@ def settle_report(spec: sinks.OutputSpec, aside: str | None, committed: bool) ->
         return
     fs, path = fsspec.core.url_to_fs(run_commit.report_path(spec.output, spec.run_id))
     try:
-        fs.rm_file(aside) if committed else _move(fs, aside, path)
+        fs.rm_file(aside) if committed else run_commit.move(fs, aside, path)
     except OSError as e:
         _LOG.warning("docscore run %s: could not %s the replaced run's report %s (%s: %s)", spec.run_id,
                      "remove" if committed else "restore", aside, type(e).__name__, e)
-
-
-def _move(fs, src: str, dest: str) -> None:
-    """A rename locally; a copy and a delete on an object store, where a rename is a request of its own that some
-    stores (the emulator among them) do not answer."""
-    if run_commit.is_local(fs):
-        fs.mv(src, dest)
-    else:
-        fs.copy(src, dest)
-        fs.rm_file(src)
 
 
 def commit_launch(spec: sinks.OutputSpec, summary: dict[str, Any], written: dict[str, list[str]] | None) -> dict[str, Any]:

@@ -18,8 +18,6 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-import pyarrow.json as pa_json
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -27,21 +25,19 @@ from matplotlib.ticker import MaxNLocator
 from pipeline import options, tasks
 from pipeline.cli import SubcommandParser
 from pipeline.io import run_commit, sinks, sources
-from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
+from pipeline.records import SCORES_SCHEMA
 from pipeline.runs import history
 from pipeline.runs.compare import bigquery_message
-from pipeline.runs.history import STAGES, summary_value
+from pipeline.runs.history import summary_value
 from pipeline.telemetry import progress
+from pipeline.telemetry.timing import STAGES
 
-SUMMARY_FILE = "summary.json"
 SHADOW_SCORE_COLUMNS = ("shadow_output_max_abs_diff", "shadow_score_abs_diff")  # null on documents not shadowed
 SCORE_COLUMNS = ("task", "score", "label", "gold_label", "perplexity", "n_tokens") + tuple(f"{s}_ms" for s in STAGES) + SHADOW_SCORE_COLUMNS
 ERROR_COLUMNS = ("source", "record_index", "stage", "error_type", "message")
-TABLE_SCHEMAS = {"scores": SCORES_SCHEMA, "errors": ERRORS_SCHEMA}
 ERRORS_LISTED = 20  # the report lists this many error rows; the table has them all
 LEAST_CONFIDENT_LISTED = 10  # classify: the report lists this many documents with the lowest top probability
 LEAST_CONFIDENT_COLUMNS = ("doc_id", "label", "score", "gold_label")
-READ_BATCH_ROWS = 65_536  # rows per record batch when a table is scanned rather than loaded (bounded memory)
 STAGE_COLORS = {"read": "#4c72b0", "tokenize": "#55a868", "infer": "#c44e52", "postprocess": "#8172b2"}
 
 
@@ -79,7 +75,7 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
         raise ReportError("no run given (an empty argument): pass the output DIR, a run's folder or its summary.json")
     path = path.rstrip("/") or "/"
     folder = posixpath.dirname(path)
-    if (posixpath.basename(path) == SUMMARY_FILE and run_commit.partition_run_id(folder)
+    if (posixpath.basename(path) == run_commit.SUMMARY_FILE and run_commit.partition_run_id(folder)
             and posixpath.basename(posixpath.dirname(folder)) == "runs"):
         path = folder  # DIR/runs/run_id=ID/summary.json names run ID
     named = run_commit.partition_run_id(path)
@@ -96,7 +92,7 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
     summaries = run_commit.summary_files(fs, fs_path)
     if not summaries:
         raise ReportError(
-            f"no finished run under {path}: expected {path}/runs/run_id=ID/{SUMMARY_FILE}; pass the --output "
+            f"no finished run under {path}: expected {path}/runs/run_id=ID/{run_commit.SUMMARY_FILE}; pass the --output "
             f"directory of a `docscore run` that finished, or the run's directory DIR/runs/run_id=ID"
         )
     finished = []
@@ -126,17 +122,16 @@ def load_run(output_dir: str, run_id: str) -> RunData:
             f"{shown} does not exist: run {run_id!r} did not finish or is not "
             f"under {output_dir}; check --run_id and the output directory (`ls {output_dir}/runs`)"
         )
-    output_format = summary_value(summary, "config.output_format") or "parquet"
     classify = chart_of(summary_value(summary, history.DESCRIPTION["task"])) == "labels"
     try:
         return RunData(
             output_dir=output_dir,
             run_id=run_id,
             summary=summary,
-            scores=read_table(output_dir, "scores", run_id, SCORE_COLUMNS, output_format),
-            errors=read_table(output_dir, "errors", run_id, ERROR_COLUMNS, output_format),
+            scores=read_table(output_dir, "scores", run_id, SCORE_COLUMNS),
+            errors=read_table(output_dir, "errors", run_id, ERROR_COLUMNS),
             samples=progress.read_samples(progress.samples_path(output_dir, run_id), summary.get(run_commit.LAUNCH_KEY)),
-            least_confident=lowest_scores(output_dir, run_id, output_format, LEAST_CONFIDENT_LISTED) if classify else None,
+            least_confident=lowest_scores(output_dir, run_id, LEAST_CONFIDENT_LISTED) if classify else None,
         )
     except (OSError, ValueError, pa.ArrowException) as e:  # a file the summary names, gone or damaged since
         if sources.is_transient(e):
@@ -146,54 +141,39 @@ def load_run(output_dir: str, run_id: str) -> RunData:
                           f"published; restore it, or publish the run again (`docscore run` with --run_id {run_id})") from None
 
 
-def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...], output_format: str) -> pa.Table | None:
+def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...]) -> pa.Table | None:
     """The named columns of DIR/<table>/run_id=ID (parquet or jsonl parts), typed as the table's schema
     (pipeline/records.py); a table without rows (no parts, or empty parts: a jsonl run without errors)
     reads as zero rows of those columns. None for tables kept elsewhere (bq:)."""
-    if output_dir.startswith("bq:"):
+    if output_dir.startswith(sinks.BQ_PREFIX):
         return None
-    fs, parts = _table_parts(output_dir, table, run_id, output_format)
-    return sinks.read_parts(fs, parts, columns, TABLE_SCHEMAS[table])
+    fs, parts = _table_parts(output_dir, table, run_id)
+    return sinks.read_parts(fs, parts, columns, sinks.TABLES[table])
 
 
-def _table_parts(output_dir: str, table: str, run_id: str, output_format: str) -> tuple[Any, list[str]]:
+def _table_parts(output_dir: str, table: str, run_id: str) -> tuple[Any, list[str]]:
     """The filesystem and the committed files of the run's `table` (pipeline/io/run_commit.py), in name order."""
     fs, _ = fsspec.core.url_to_fs(output_dir)
     return fs, [run_commit.fs_path(f) for f in run_commit.committed_files(output_dir, run_id, table)]
 
 
-def lowest_scores(output_dir: str, run_id: str, output_format: str, k: int) -> pa.Table | None:
+def lowest_scores(output_dir: str, run_id: str, k: int) -> pa.Table | None:
     """The k scored rows with the lowest score (classify: the predicted label's probability; ties by doc_id),
     LEAST_CONFIDENT_COLUMNS only, lowest first. The scores table is scanned a record batch at a time keeping
     only the k lowest so far, so memory stays bounded by one batch whatever the table's size. None for
     tables kept elsewhere (bq:)."""
-    if output_dir.startswith("bq:"):
+    if output_dir.startswith(sinks.BQ_PREFIX):
         return None
     typed = pa.schema([SCORES_SCHEMA.field(c).with_nullable(True) for c in LEAST_CONFIDENT_COLUMNS])
-    fs, parts = _table_parts(output_dir, "scores", run_id, output_format)
+    fs, parts = _table_parts(output_dir, "scores", run_id)
     order = [("score", "ascending"), ("doc_id", "ascending")]
     kept = typed.empty_table()
-    for batch in _record_batches(fs, parts, output_format, typed):
+    for batch in sinks.iter_parts(fs, parts, typed):
         rows = sinks.conform(pa.Table.from_batches([batch]), typed)
         rows = rows.filter(pc.is_valid(rows["score"]))
         candidates = pa.concat_tables([kept, rows])
         kept = candidates.take(pc.sort_indices(candidates, sort_keys=order)[:k])
     return kept
-
-
-def _record_batches(fs, parts: list[str], output_format: str, schema: pa.Schema):
-    """The parts' rows, one record batch at a time: the columns of `schema` each part has (jsonl: all of them,
-    typed as `schema`, other fields skipped)."""
-    for part in parts:
-        if output_format == "parquet":
-            with fs.open(part, "rb") as f:  # closed here: a gs:// file left to the garbage collector outlives its loop
-                parquet = pq.ParquetFile(f)
-                present = [c for c in schema.names if c in parquet.schema_arrow.names]
-                yield from parquet.iter_batches(columns=present, batch_size=READ_BATCH_ROWS)
-        elif fs.size(part) > 0:
-            parse = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-            with fs.open(part, "rb") as f:
-                yield from pa_json.open_json(f, parse_options=parse)
 
 
 # ---- charts: each returns PNG bytes, or None when the run recorded nothing to draw -------------

@@ -116,7 +116,7 @@ def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: f
 
 
 def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-    """A new summary with the Beam metrics a waiting launcher read from the job (pipeline.launch.metric_values):
+    """A new summary with the Beam metrics a waiting launcher read from the job (pipeline.telemetry.progress.metric_values):
     compiles, model calls, worker memory, shadow cost, and every docscore metric under "metrics"."""
     if not metrics:
         return summary

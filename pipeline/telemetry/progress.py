@@ -1,7 +1,8 @@
 """Progress of a running pipeline: records discovered and done, rate and ETA, while it runs.
 
 Holds CountProgress (a Beam transform that counts elements into a Beam counter and a small
-per-worker counter file), the readers of those counts, and ProgressReporter (a thread that polls
+per-worker counter file), the readers of those counts (metric_values: a job's Beam metrics by namespace,
+which the launcher also adds to the summary), and ProgressReporter (a thread that polls
 the counts, draws a bar on a terminal or prints log lines otherwise, and keeps the time series the
 report charts). Must not touch the elements it counts nor decide anything about the run.
 
@@ -202,16 +203,32 @@ class CountProgress(beam.PTransform):
         return pcoll | beam.ParDo(_CountDoFn(self.directory, self.kind))
 
 
+def metric_values(result, namespace_prefix: str) -> dict[str, Any]:
+    """Counters (value) and distributions (sum/count/min/max) of namespaces starting with the prefix."""
+    found: dict[str, Any] = {}
+    try:
+        query = result.metrics().query(MetricsFilter())
+    except Exception:  # a runner without metrics support
+        return found
+    for kind in ("counters", "distributions", "gauges"):
+        for item in query.get(kind, []):
+            if not item.key.metric.namespace.startswith(namespace_prefix):
+                continue
+            value = item.committed if item.committed is not None else item.attempted
+            name = f"{item.key.metric.namespace}/{item.key.metric.name}"
+            if kind == "counters":
+                found[name] = found.get(name, 0) + value
+            elif kind == "gauges":  # the latest value (pipeline/telemetry/memory.py: rss_mb_end)
+                found[name] = value.value
+            else:
+                found[name] = {"sum": value.sum, "count": value.count, "min": value.min, "max": value.max}
+    return found
+
+
 def counts_from_metrics(result: Any) -> ProgressCounts:
     """Counts from a PipelineResult's Beam metrics (attempted: they move while a remote job runs)."""
-    totals = {kind: 0 for kind in KINDS}
-    query = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
-    for counter in query["counters"]:
-        name = counter.key.metric.name
-        if name in totals:
-            value = counter.committed if counter.committed is not None else counter.attempted
-            totals[name] += int(value or 0)
-    return ProgressCounts(**totals)
+    values = metric_values(result, METRICS_NAMESPACE)
+    return ProgressCounts(**{kind: int(values.get(f"{METRICS_NAMESPACE}/{kind}") or 0) for kind in KINDS})
 
 
 # ---- showing it -------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ def assemble(totals: dict, quantiles: dict, error_counts: dict, shard_errors: in
             "shard_errors": shard_errors,
             "errors_by_stage": dict(sorted(by_stage.items())),
             "errors_by_type": dict(sorted(error_counts.items())),
-            "error_fraction": error_fraction(totals["scored"], errors),  # --max_error_fraction gates on it
+            "error_fraction": error_fraction(totals["scored"] + errors, errors),  # --max_error_fraction gates on it
             **record_accounting(totals["scored"], errors, by_stage, read_documents),
             "duplicate_doc_ids": duplicates[0],  # doc_ids scored more than once (each row is kept)
             "duplicate_rows": duplicates[1],  # scored rows beyond the first of their doc_id
@@ -138,8 +138,9 @@ def record_accounting(scored: int, errors: int, errors_by_stage: Counter, read_d
     return {"records_read": records_read, "accounted": records_read == scored + errors}
 
 
-def error_fraction(scored: int, errors: int) -> float | None:
-    return errors / (scored + errors) if scored + errors else None
+def error_fraction(records: int, errors: int) -> float | None:
+    """errors / records; None when there are no records (summary.json counts.error_fraction, the gate's value)."""
+    return errors / records if records else None
 
 
 class RunStatsFn(beam.CombineFn):
