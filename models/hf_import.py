@@ -2,15 +2,13 @@
 *.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa), GPT-2 and Llama (Llama,
 Mistral, Qwen2, Qwen3) families.
 
-Holds the name mapping from Hugging Face tensors to our parameter tree and the CLI adapter.
+Holds the name mapping from Hugging Face tensors to our parameter tree (the command's flags: pipeline/convert.py).
 Reads safetensors only (never pickle); must not run models.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -19,9 +17,8 @@ from safetensors import safe_open
 from models.architecture import check_param_shapes
 from models.config import ModelConfig, read_config
 from models.errors import ModelLoadError
-from models.model_dir import ModelMetadata, check_new_dir, remove_unfinished, write_model_dir
+from models.model_dir import ModelMetadata, check_new_dir, write_model_dir
 from models.tokenizer import MIN_SEQ_LEN, DocTokenizer
-from pipeline.interrupt import exit_on_interrupt
 
 # Tensors of task heads and buffers that carry no encoder/decoder weights.
 IGNORED_PREFIXES = ("pooler.", "cls.", "classifier.", "qa_outputs.", "lm_head.")
@@ -425,35 +422,3 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
                            tokenizer_text=texts["tokenizer.json"], family=config.family, max_seq_len=seq_len,
                            source=source or os.path.abspath(root), exist_ok=exist_ok)
 
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="docscore convert",
-        description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
-                    "BERT, GPT-2 or Llama/Mistral/Qwen2 family) into a docscore model directory (Orbax params).")
-    parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
-    parser.add_argument("--out", required=True, help="docscore model directory to write: a local path that does not "
-                                                     "exist yet, or an empty directory")
-    parser.add_argument("--max_seq_len", type=int, default=None,
-                        help="longest model input in tokens (default: sentence_bert_config.json's "
-                             "max_seq_length, else the model's position count, or its sliding window when it "
-                             "has one and the window is shorter)")
-    args = parser.parse_args(argv)
-
-    def interrupted() -> str:
-        removed = remove_unfinished()
-        return (f"docscore convert: interrupted; nothing was written to {args.out}"
-                + (f" (its partial copy {', '.join(removed)} was removed)" if removed else ""))
-
-    try:
-        with exit_on_interrupt(interrupted):
-            metadata = convert_hf_dir(args.hf, args.out, max_seq_len=args.max_seq_len)
-    except ModelLoadError as err:
-        print(f"docscore convert: {err}", file=sys.stderr)
-        return 2
-    head = dropped_head(transformer_folder(args.hf))
-    if head:
-        print(f"docscore convert: note: {head}", file=sys.stderr)
-    print(f"wrote {args.out}: {metadata.family}, max_seq_len {metadata.max_seq_len}, "
-          f"fingerprint {metadata.fingerprint[:12]}")
-    return 0

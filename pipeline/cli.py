@@ -19,7 +19,7 @@ OWN_PACKAGES = ("pipeline", "models", "kernels", "runners")
 # subcommand -> (module with main(argv) -> int, one-line help)
 SUBCOMMANDS = {
     "run": ("pipeline.launch", "run the evaluation pipeline (Beam) over document shards"),
-    "convert": ("models.hf_import", "convert a Hugging Face model directory to a docscore model directory"),
+    "convert": ("pipeline.convert", "convert a Hugging Face model directory to a docscore model directory"),
     "compare": ("pipeline.runs.compare", "compare two runs: score drift, label flips, timing change"),
     "report": ("pipeline.runs.report", "write the HTML report of a finished run"),
 }
@@ -33,16 +33,24 @@ class SubcommandParser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def parse_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        flags = {option for action in self._actions for option in action.option_strings}
+        # unknown flags first: a misspelt required flag (--ou for --out) is then named, not reported as missing
+        self._refuse_unknown([arg for arg in args if arg.startswith("--") and arg.split("=", 1)[0] not in flags])
         parsed, unknown = self.parse_known_args(args, namespace)
-        if unknown:
-            known = sorted(set(re.findall(r"--[a-z][a-z0-9_-]*", self.format_help())))
-            flags = [arg for arg in unknown if arg.startswith("-")] or unknown  # an unknown flag's value is no news
-            parts = []
-            for arg in flags:
-                close = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.6)
-                parts.append(f"{arg} (did you mean {close[0]}?)" if close and arg.startswith("--") else arg)
-            self.error(f"unknown argument{'s' if len(parts) > 1 else ''} {', '.join(parts)}")
+        self._refuse_unknown(unknown)
         return parsed
+
+    def _refuse_unknown(self, unknown: list[str]) -> None:
+        if not unknown:
+            return
+        known = sorted(set(re.findall(r"--[a-z][a-z0-9_-]*", self.format_help())))
+        flags = [arg for arg in unknown if arg.startswith("-")] or unknown  # an unknown flag's value is no news
+        parts = []
+        for arg in flags:
+            close = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.6)
+            parts.append(f"{arg} (did you mean {close[0]}?)" if close and arg.startswith("--") else arg)
+        self.error(f"unknown argument{'s' if len(parts) > 1 else ''} {', '.join(parts)}")
 
 
 def usage() -> str:

@@ -1,4 +1,4 @@
-"""`docscore convert` (models.hf_import.main): a small random BERT with a task head, built in
+"""`docscore convert` (pipeline.convert.main over models.hf_import): a small random BERT with a task head, built in
 transformers, converted and compared with transformers; and each bad input exits 2 with a message
 naming the path and the problem."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import models
-from models.hf_import import main
+from pipeline.convert import main
 
 CORPUS = ["alpha beta gamma delta", "the encoder reads documents", "windows overlap by stride",
           "café naïve 東京"] * 5
@@ -91,6 +91,17 @@ def test_no_arguments_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([])
     assert exit_info.value.code == 2 and "--hf" in capsys.readouterr().err
+
+
+def test_abbreviated_flags_are_refused_naming_the_flag_meant(hf_bert, tmp_path, capsys):
+    """As `docscore run`, `compare` and `report`: --ou is not taken for --out (argparse would), and a misspelt
+    required flag is named as unknown rather than reported missing."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--hf", str(hf_bert), "--ou", str(tmp_path / "out"), "--max_seq", "16"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "unknown arguments --ou (did you mean --out?), --max_seq (did you mean " \
+                                         "--max_seq_len?)" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_source_directory(tmp_path, capsys):

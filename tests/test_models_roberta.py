@@ -14,7 +14,7 @@ from flax import nnx
 
 import models
 from models.config import config_from_hf
-from models.hf_import import main as convert_main
+from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
 from tests.conftest import SENTENCES, read_table, run_docscore, write_jsonl
 

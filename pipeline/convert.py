@@ -1,0 +1,45 @@
+"""`docscore convert --hf SRC --out DST`: the command's flags and messages over models/hf_import.py's
+convert_hf_dir (which holds the conversion itself). Must not map tensors or read weights."""
+from __future__ import annotations
+
+import sys
+
+from models.errors import ModelLoadError
+from models.hf_import import convert_hf_dir, dropped_head, transformer_folder
+from models.model_dir import remove_unfinished
+from pipeline.cli import SubcommandParser
+from pipeline.interrupt import exit_on_interrupt
+
+
+def main(argv: list[str]) -> int:
+    parser = SubcommandParser(
+        prog="docscore convert",
+        description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
+                    "BERT/RoBERTa/XLM-RoBERTa, GPT-2 or Llama/Mistral/Qwen2/Qwen3 family) into a docscore "
+                    "model directory (Orbax params).")
+    parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
+    parser.add_argument("--out", required=True, help="docscore model directory to write: a local path that does not "
+                                                     "exist yet, or an empty directory")
+    parser.add_argument("--max_seq_len", type=int, default=None,
+                        help="longest model input in tokens (default: sentence_bert_config.json's "
+                             "max_seq_length, else the model's position count, or its sliding window when it "
+                             "has one and the window is shorter)")
+    args = parser.parse_args(argv)
+
+    def interrupted() -> str:
+        removed = remove_unfinished()
+        return (f"docscore convert: interrupted; nothing was written to {args.out}"
+                + (f" (its partial copy {', '.join(removed)} was removed)" if removed else ""))
+
+    try:
+        with exit_on_interrupt(interrupted):
+            metadata = convert_hf_dir(args.hf, args.out, max_seq_len=args.max_seq_len)
+    except ModelLoadError as err:
+        print(f"docscore convert: {err}", file=sys.stderr)
+        return 2
+    head = dropped_head(transformer_folder(args.hf))
+    if head:
+        print(f"docscore convert: note: {head}", file=sys.stderr)
+    print(f"wrote {args.out}: {metadata.family}, max_seq_len {metadata.max_seq_len}, "
+          f"fingerprint {metadata.fingerprint[:12]}")
+    return 0
