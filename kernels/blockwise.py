@@ -4,7 +4,7 @@ Online softmax over key/value blocks inside a loop over query blocks: never mate
 [q_len, kv_len] scores (memory grows linearly with length). Pads to block multiples and slices
 back; skips blocks with nothing to attend to (causal upper triangle, padding, other segments);
 grouped-query by reshaping q, never repeating K/V. A length that fits one block runs that block
-without a loop (compiles 10-15% faster here), and keys that fit one block take one plain softmax
+without a loop (it compiles faster), and keys that fit one block take one plain softmax
 step instead of the online update. Must not branch in Python on traced values.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kernels.masking import MASKED_SCORE, causal_mask, segment_mask
 
 NAME = "blockwise"
 BACKENDS = ("cpu", "gpu", "tpu")
-BLOCK_Q = 256  # 256x512 was fastest of 128..1024 x 256..1024 at 2k tokens (benchmarks/README.md)
+BLOCK_Q = 256  # the fastest block shape measured at 2k tokens (benchmarks/README.md, "Attention kernels")
 BLOCK_K = 512
 LIMITS = (f"any shape, any floating dtype; scores live one block at a time ({BLOCK_Q}x{BLOCK_K} per head), "
           "so memory grows linearly with length; inference only (not tuned for gradients)")
@@ -107,8 +107,8 @@ def _block_scores(q_blk, k_blk, mask, scale, fill):
 def _single_block(q_blk, k_blk, v_blk, mask, scale):
     """All keys in one block: the online softmax's first step without its rescaling, normalised after the
     weighted sum (as every block is). A finite fill keeps one fused pass over the scores; rows with nothing
-    to attend to (padding) are zeroed at the end. Whole-model bfloat16 MiniLM, flash/native went from 0.97
-    to 1.00 on average over the pipeline's row shapes (benchmarks/kernel_in_model.py, benchmarks/README.md)."""
+    to attend to (padding) are zeroed at the end. It makes flash as fast as native inside the whole model at the
+    pipeline's row shapes (benchmarks/kernel_in_model.py)."""
     mask = mask[:, None, None]  # [B, 1, 1, bq, bk]
     scores = _block_scores(q_blk, k_blk, mask, scale, MASKED_SCORE)
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))

@@ -44,7 +44,7 @@ HF_KEYS = {
 }
 # Upper bounds of each size: far above any BERT or GPT-2 model (BERT-large: 24 layers, hidden 1024; GPT-2 XL:
 # 48 layers, hidden 1600, vocabulary 50,257), far below values that would take minutes or all memory just to
-# build the model's shape (num_hidden_layers: 10**7 spun for 300+ s before any other check).
+# build the model's shape, before any other check could refuse them.
 MAX_SIZES = {"num_layers": 512, "hidden_size": 65_536, "num_heads": 1_024, "num_kv_heads": 1_024,
              "head_size": 65_536, "intermediate_size": 262_144,
              "vocab_size": 4_194_304, "max_positions": 1_048_576, "type_vocab_size": 1_024}

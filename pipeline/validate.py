@@ -595,8 +595,8 @@ def bfloat16_notice(eo: EvalOptions, backend: str) -> str | None:
         return None
     return (
         f"--dtype=bfloat16: this CPU has no bfloat16 instructions (none of {', '.join(sorted(NATIVE_BFLOAT16_FLAGS))} in "
-        "/proc/cpuinfo), so bfloat16 matmuls are emulated: about as fast as float32 here (MiniLM: 0.94-1.01x float32's "
-        "time, benchmarks/bfloat16_cpu.py) and less precise; use --dtype=float32 unless you need the bfloat16 numbers "
+        "/proc/cpuinfo), so bfloat16 matmuls are emulated: no faster than float32 on such CPUs (benchmarks/bfloat16_cpu.py) "
+        "and less precise; use --dtype=float32 unless you need the bfloat16 numbers "
         "of a TPU or GPU run"
     )
 
@@ -687,7 +687,7 @@ def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, m
                        backend: str, devices: int) -> None:
     """One model call of the run's batch size (rows of max_len tokens) must fit the memory of this machine's
     backend (memory.batch_size_problem: available RAM, or the device allocator's free bytes) before any data
-    is read; --batch_size 10**6 used to fail out of memory after reading. Checked for local runs only: the
+    is read, not fail out of memory after reading. Checked for local runs only: the
     workers of a remote runner are other machines. `devices`: the mesh's data axis, which a call's rows are split over."""
     if not runs_locally(eo):
         return
