@@ -408,7 +408,8 @@ def check_before_data(eo: EvalOptions) -> tuple[str, str, batching.BatchSettings
 
 
 def validate_plan(eo: EvalOptions) -> RunPlan:
-    """All checks, cheapest first; the model is loaded last (once per process, reused by the pipeline)."""
+    """All checks, cheapest first: the options, the input's files, the output, the model (loaded once per process,
+    reused by the pipeline) and what needs it, then the one look at data (a schema or the first records' fields)."""
     backend, kernel, batch = check_before_data(eo)
     task, labels = tasks.get(eo.task), parse_labels(eo.classify_labels)
     where = backend_origin(eo, backend)
