@@ -407,19 +407,16 @@ def check_before_data(eo: EvalOptions) -> tuple[str, str, batching.BatchSettings
     return backend, kernel, batch
 
 
-def validate_plan(eo: EvalOptions) -> RunPlan:
-    """All checks, cheapest first: the options, the input's files, the output, the model (loaded once per process,
-    reused by the pipeline) and what needs it, then the one look at data (a schema or the first records' fields)."""
-    backend, kernel, batch = check_before_data(eo)
-    task, labels = tasks.get(eo.task), parse_labels(eo.classify_labels)
-    where = backend_origin(eo, backend)
+def find_shards(eo: EvalOptions):
+    """--input's shards (sources.find_input), the folders skipped, and a tfds: dataset's description; a path
+    that does not exist, cannot be listed or reached is a ConfigError naming --input."""
     try:
         tfds = None
         if eo.input.startswith(tfds_reader.TFDS_PREFIX):
             if not eo.tfds_data_dir:
                 raise ConfigError(f"--input {eo.input}: pass --tfds_data_dir DIR (the data_dir it was prepared in)")
             tfds = tfds_reader.locate_dataset(eo.input, eo.tfds_data_dir)
-        shards, skipped = sources.find_input(eo.input, tfds_data_dir=eo.tfds_data_dir, split=eo.split)
+        shards, skipped = (tfds.shard_paths(eo.split), []) if tfds is not None else sources.find_input(eo.input)
     except (FileNotFoundError, PermissionError, ValueError, KeyError) as e:
         message = str(e).strip("'\"")
         if isinstance(e, FileNotFoundError) and eo.config and not fsspec.core.split_protocol(eo.input)[0] \
@@ -431,14 +428,12 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         if not (isinstance(e, OSError) or sources.is_transient(e)):
             raise
         raise ConfigError(sources.unreachable_message(f"--input {eo.input}", e)) from None
-    read_spec = sources.ReadSpec(
-        text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes,
-        checked_fields=tuple(name for name, read in (("query", task.with_query), ("label", task.gathers == "gold_pairs"))
-                             if read) + task.record_fields,
-        sizes=sources.shard_sizes(shards),
-    )
-    check_output_outside_input(eo, shards)
+    return shards, skipped, tfds
 
+
+def check_output(eo: EvalOptions) -> None:
+    """--output (and --profile_dir) can take the run: BigQuery's temp_location, a writable directory that is not
+    the file system's root and holds no foreign layout or links where the run writes."""
     temp_location = eo.get_all_options().get("temp_location")
     if eo.output.startswith(sinks.BQ_PREFIX) and not str(temp_location or "").startswith("gs://"):
         given = f" (not {temp_location})" if temp_location else ""
@@ -473,6 +468,24 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         if linked:
             raise ConfigError(f"--output {eo.output}: {linked[0]} is a symlink; docscore does not write or delete through "
                               "links in its output: remove the link (its target is left as it is) or choose another --output")
+
+
+def validate_plan(eo: EvalOptions) -> RunPlan:
+    """All checks, cheapest first: the options, the input's files, the output, the model (loaded once per process,
+    reused by the pipeline) and what needs it, then the one look at data (a schema or the first records' fields)."""
+    backend, kernel, batch = check_before_data(eo)
+    task, labels = tasks.get(eo.task), parse_labels(eo.classify_labels)
+    where = backend_origin(eo, backend)
+    shards, skipped, tfds = find_shards(eo)
+    read_spec = sources.ReadSpec(
+        text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes,
+        checked_fields=tuple(name for name, read in (("query", task.with_query), ("label", task.gathers == "gold_pairs"))
+                             if read) + task.record_fields,
+        sizes=sources.shard_sizes(shards),
+    )
+    check_output_outside_input(eo, shards)
+
+    check_output(eo)
 
     model_spec, loaded, same_backend, kernel, max_len, shadow_spec = check_loaded_model(eo, backend, where)
     family = loaded.config.family
