@@ -25,7 +25,7 @@ RUNTIME = [
     "psutil==7.2.2",
     "array-record==0.8.6",
     "matplotlib==3.11.2",
-    "scipy==1.17.1",  # correlations and softmax in pipeline/stages/scoring.py
+    "scipy==1.17.1",  # the run's correlations (scipy.stats Spearman/Pearson) in pipeline/stages/scoring.py
 ]
 
 # Querying the tables (README, "Querying the tables"); not needed to run a job.

@@ -21,7 +21,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
 
     segment_ids int32 [B, L] (needs Lq == Lkv): 0 = padding, tokens attend only within their own
     non-zero segment, padding rows are 0. causal: query i sees keys <= i. scale: default D**-0.5.
-    impl: "auto" | "native" | "flash" | an implementation name (see kernels.available()).
+    impl: "auto" | "native" | "flash" | an implementation name (kernels/table.py IMPLEMENTATIONS).
     packed: False promises every row of segment_ids is one segment followed by padding, which lets
     kernels that take lengths instead of segments run (cudnn); a row breaking it comes back NaN there.
     window (with causal): query i sees only keys i - window < j <= i, a sliding-window model's local

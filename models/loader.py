@@ -69,7 +69,7 @@ def token_logprobs_program(graphdef: nnx.GraphDef, state: nnx.State, input_ids: 
 class LoadedModel:
     """A loaded model and what it runs with. `attention` is the kernel that runs (resolved once at
     load for rows of max_seq_len tokens and built into the model). Methods compile once per input
-    shape (`compile_count`, `compile_seconds`) and return numpy."""
+    shape (`compile_count`; each thread's count and seconds: `compiles_by_this_thread`) and return numpy."""
 
     model: nnx.Module
     tokenizer: DocTokenizer
@@ -82,10 +82,7 @@ class LoadedModel:
     precision_choice: str | None = None  # --matmul_precision (models/precision.py); None: the dtype's own
     parallel: MeshLayout | None = dataclasses.field(default=None, repr=False)  # None: data parallel over all local devices
     _compiled: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
-    _compile_seconds: float = dataclasses.field(default=0.0, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
-    cached_compiles: int = dataclasses.field(default=0, init=False)  # of compile_count: from the persistent cache
-    cached_compile_seconds: float = dataclasses.field(default=0.0, init=False)
     _by_thread: Any = dataclasses.field(default_factory=threading.local, init=False, repr=False)
     # Entered around each compile: the pipeline's device clock leaves compiling out of the device's busy time.
     while_compiling: Callable[[], ContextManager[None]] = dataclasses.field(default=contextlib.nullcontext, repr=False)
@@ -111,10 +108,6 @@ class LoadedModel:
     def compile_count(self) -> int:
         """Number of distinct (method, input shape) programs compiled so far."""
         return len(self._compiled)
-
-    @property
-    def compile_seconds(self) -> float:
-        return self._compile_seconds
 
     def compiles_by_this_thread(self) -> np.ndarray:
         """[count, seconds, of them read from the persistent cache: count, seconds] of the compiles the calling
@@ -164,11 +157,7 @@ class LoadedModel:
                 start, hits = time.perf_counter(), PERSISTENT_CACHE_HITS.count
                 compiled = self._functions[method].lower(self._state, input_ids, segment_ids, *static).compile()
                 seconds = time.perf_counter() - start
-                self._compile_seconds += seconds
                 cached = PERSISTENT_CACHE_HITS.count > hits  # read from the persistent compilation cache
-                if cached:
-                    self.cached_compiles += 1
-                    self.cached_compile_seconds += seconds
                 self._by_thread.stats = self.compiles_by_this_thread() + (1, seconds, int(cached), seconds * cached)
                 self._compiled[key] = compiled
         return compiled

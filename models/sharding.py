@@ -113,10 +113,6 @@ class MeshLayout:
         return int(self.mesh.shape[MODEL_AXIS])
 
     @property
-    def n_devices(self) -> int:
-        return int(self.mesh.devices.size)
-
-    @property
     def rows(self) -> NamedSharding:
         """Split the first (batch) axis over the data axis (each row copied over the model axis)."""
         return NamedSharding(self.mesh, PartitionSpec(DATA_AXIS))

@@ -19,12 +19,18 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from pipeline import tasks
 from pipeline.io.sources import DEFAULT_MAX_RECORD_BYTES
+from pipeline.stages import batching
 
 TASKS = tuple(tasks.TASKS)  # the registered tasks (pipeline/tasks/__init__.py)
 OUTPUT_FORMATS = ("parquet", "jsonl")
 DTYPES = ("float32", "bfloat16")
 TARGET_BACKENDS = ("auto", "cpu", "gpu", "tpu")
 
+
+
+def per_backend(values: dict[str, int]) -> str:
+    """"cpu 16, gpu 256, tpu 128": a batching default per backend, as --help shows it."""
+    return ", ".join(f"{backend} {value}" for backend, value in values.items())
 
 class ConfigError(Exception):
     """A configuration problem found before any data is read; `docscore run` exits 2 with it."""
@@ -59,10 +65,10 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--batch_size", type=int, default=None,
                             help="rows of --max_seq_len tokens per model call; calls of shorter packed rows "
                                  "take proportionally more (a fixed token budget). Default per backend: "
-                                 "cpu 16, gpu 256, tpu 128")
+                                 + per_backend(batching.BATCH_SIZE))
         parser.add_argument("--calls_per_beam_batch", type=int, default=None,
-                            help="model calls' worth of tokens in one Beam batch (default per backend: cpu 32, "
-                                 "gpu 4, tpu 4)")
+                            help="model calls' worth of tokens in one Beam batch (default per backend: "
+                                 f"{per_backend(batching.CALLS_PER_BEAM_BATCH)})")
         # --labels "name=description;..." (docscore's classify labels) is rewritten to --classify_labels by
         # parse_options, because Beam's GoogleCloudOptions owns --labels (Dataflow job labels: --job_labels).
         parser.add_argument("--classify_labels", default=None, help=argparse.SUPPRESS)  # --help shows --labels

@@ -189,6 +189,38 @@ def test_batch_settings_per_backend_and_the_flags_that_override_them():
         batching.settings_for("tpu", calls_per_beam_batch=0)
 
 
+def test_the_handlers_beam_batch_holds_its_batch_settings_tokens():
+    from pipeline.stages.inference import FlaxModelHandler, ModelSpec
+
+    settings = batching.settings_for("gpu", batch_size=8, calls_per_beam_batch=3)
+    handler = FlaxModelHandler(ModelSpec("minilm-l6"), task="embed", max_len=64, batch_size=settings.batch_size,
+                               calls_per_beam_batch=settings.calls_per_beam_batch, kernel="xla")
+    kwargs = handler.batch_elements_kwargs()
+    assert kwargs["min_batch_size"] == kwargs["max_batch_size"] == settings.beam_batch_tokens(64) == 8 * 64 * 3
+
+
+def test_what_the_task_compiled_at_load_is_taken_by_one_thread_only():
+    """Threads sharing a model: one batch adds the load's compiles to its metrics, the others add nothing."""
+    from pipeline.stages.inference import ScoringModel
+
+    at_load = np.array([2.0, 1.5, 0.0, 0.0])
+    model = ScoringModel(loaded=None, backend="cpu", load_compiles=at_load)
+    taken, start = [], threading.Barrier(8)
+
+    def take():
+        start.wait()
+        taken.append(model.take_load_compiles())
+
+    threads = [threading.Thread(target=take) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = [t for t in taken if t is not None]
+    assert len(taken) == 8 and len(got) == 1 and got[0] is at_load
+    assert model.take_load_compiles() is None
+
+
 def test_local_threads_apply_only_when_no_direct_flag_was_given():
     from apache_beam.options.pipeline_options import DirectOptions
 

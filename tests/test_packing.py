@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.stages import batching
 from pipeline.stages.packing import (PackedRow, call_sizes, max_segments_for, pack_windows, plan_calls, plan_rows, row_cost, row_lengths,
                               rows_per_call, run_model, run_packed, shapes_for)
 from pipeline.stages.scoring import pool_windows
@@ -17,13 +18,13 @@ from tests.conftest import LONG_TEXT, SENTENCES, TEST_BATCH, TEST_MAX_LEN, TEST_
 def test_pack_windows_places_every_window_once_within_the_row_budget():
     rng = np.random.default_rng(0)
     lengths = [int(n) for n in rng.integers(2, 65, size=200)] + [64, 64, 1, 1, 1]
-    rows = pack_windows(lengths, (64,), max_segments=6)
+    rows = pack_windows(lengths, (64,))
     placed = [i for row in rows for i in row.windows]
     assert sorted(placed) == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in row.windows) <= 64 for row in rows)
-    assert all(1 <= len(row.windows) <= 6 for row in rows)
+    assert all(1 <= len(row.windows) <= max_segments_for(64) for row in rows)
     assert sum(lengths) / (64 * len(rows)) > 0.9  # about half are > 32 tokens and need a row each
-    assert pack_windows(lengths, (64,), max_segments=6) == rows  # deterministic
+    assert pack_windows(lengths, (64,)) == rows  # deterministic
     with pytest.raises(ValueError, match="max_seq_len"):
         pack_windows([65], (32, 64))
 
@@ -38,7 +39,7 @@ def test_short_windows_fill_long_rows_before_opening_short_rows():
     ]
 
 
-def first_fit_decreasing(lengths, row_lens, max_segments=None):
+def first_fit_decreasing(lengths, row_lens):
     """The packer pack_windows replaced (each window into the first open row with room), the reference its
     plans must match or beat."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
@@ -46,7 +47,7 @@ def first_fit_decreasing(lengths, row_lens, max_segments=None):
     for i in order:
         n = lengths[i]
         for r, room in enumerate(free):
-            if room >= n and len(rows[r]) < (max_segments or max_segments_for(sizes[r])):
+            if room >= n and len(rows[r]) < max_segments_for(sizes[r]):
                 rows[r].append(i)
                 free[r] -= n
                 break
@@ -59,6 +60,8 @@ def first_fit_decreasing(lengths, row_lens, max_segments=None):
 
 
 def random_lengths(rng, mix: str, n: int) -> list[int]:
+    if mix == "tiny":  # 2-7 tokens: every row runs out of segment slots long before tokens
+        return [int(x) for x in rng.integers(2, 8, size=n)]
     if mix == "short":  # 3-20 tokens: segment slots, not tokens, bound most rows
         return [int(x) for x in rng.integers(3, 21, size=n)]
     if mix == "long":
@@ -75,25 +78,25 @@ def padding_efficiency(lengths, rows) -> float:
     return sum(lengths) / sum(row.row_len for row in rows)
 
 
-def assert_valid_plan(lengths, rows, row_lens, max_segments=None):
+def assert_valid_plan(lengths, rows, row_lens):
     assert sorted(i for row in rows for i in row.windows) == list(range(len(lengths)))
     for row in rows:
         assert sum(lengths[i] for i in row.windows) <= row.row_len
-        assert 1 <= len(row.windows) <= (max_segments or max_segments_for(row.row_len))
+        assert 1 <= len(row.windows) <= max_segments_for(row.row_len)
         longest = max(lengths[i] for i in row.windows)
         assert lengths[row.windows[0]] == longest  # a row is opened by its longest window
         assert row.row_len == min(m for m in row_lens if m >= longest)
 
 
 @pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("mix", ["short", "long", "paragraphs"])
-@pytest.mark.parametrize("row_lens,max_segments", [(row_lengths(256), None), ((256,), None), (row_lengths(256), 6)])
-def test_pack_windows_is_valid_and_at_least_as_tight_as_first_fit(seed, mix, row_lens, max_segments):
+@pytest.mark.parametrize("mix", ["tiny", "short", "long", "paragraphs"])
+@pytest.mark.parametrize("row_lens", [row_lengths(256), (256,)])
+def test_pack_windows_is_valid_and_at_least_as_tight_as_first_fit(seed, mix, row_lens):
     lengths = random_lengths(np.random.default_rng(seed), mix, 600)
-    rows = pack_windows(lengths, row_lens, max_segments)
-    assert_valid_plan(lengths, rows, row_lens, max_segments)
-    assert pack_windows(np.array(lengths), row_lens, max_segments) == rows  # deterministic, numpy lengths too
-    reference = first_fit_decreasing(lengths, row_lens, max_segments)
+    rows = pack_windows(lengths, row_lens)
+    assert_valid_plan(lengths, rows, row_lens)
+    assert pack_windows(np.array(lengths), row_lens) == rows  # deterministic, numpy lengths too
+    reference = first_fit_decreasing(lengths, row_lens)
     assert padding_efficiency(lengths, rows) >= padding_efficiency(lengths, reference)
 
 
@@ -324,14 +327,13 @@ def pooled_by_doc(encoded, outputs) -> np.ndarray:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
-def test_run_model_packs_rows_the_backend_runs_by_default(minilm, monkeypatch, backend):
-    """run_model's rows and calls are the backend's (pipeline/stages/batching.py MIN_ROW_LEN, TAIL_CALL_FRACTION):
-    short rows and small tail calls on a CPU; on an accelerator rows of max_len only, the length its kernel was
-    chosen for when the model loaded (a sliding window dropped there as masking nothing,
+def test_run_model_packs_the_rows_of_the_backends_batch_settings(minilm, monkeypatch, backend):
+    """run_model with a backend's BatchSettings (pipeline/stages/batching.py MIN_ROW_LEN, TAIL_CALL_FRACTION), as
+    graph.py passes them: short rows and small tail calls on a CPU; on an accelerator rows of max_len only, the
+    length its kernel was chosen for when the model loaded (a sliding window dropped there as masking nothing,
     kernels/interface.py effective_window, is never needed by a longer row), in full-size calls only: one
     compiled program."""
-    import jax
-
+    settings = batching.settings_for(backend)
     texts = (SENTENCES + [LONG_TEXT]) * 4  # rows for more than one call
     encoded = minilm.tokenizer.encode_windows(texts, max_len=128, stride=TEST_STRIDE, max_windows=8)
     windows = [w for doc in encoded for w in doc.windows]
@@ -342,8 +344,8 @@ def test_run_model_packs_rows_the_backend_runs_by_default(minilm, monkeypatch, b
         return start(method, input_ids, segment_ids, *static)
 
     monkeypatch.setattr(minilm, "start", recording_start)
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
-    outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH)
+    outputs, _, _ = run_model(minilm, windows, max_len=128, batch_size=TEST_BATCH, min_row_len=settings.shortest_row(128),
+                              tail_fraction=settings.tail_call_fraction)
     if backend == "cpu":
         assert min(n for _, n in shapes) < 128
         assert any(rows < TEST_BATCH * 128 // n for rows, n in shapes if n <= 128)  # a tail call

@@ -3,14 +3,24 @@ attention kernel's named scope ("attention/<impl>"), readable with jax.profiler.
 kernel shows under its own scope the same way."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from jax.profiler import ProfileData
 
-from pipeline.telemetry.profiling import profile_batch, trace_files
+from pipeline.telemetry.profiling import profile_batch
 from tests.conftest import SENTENCES, common_flags, run_docscore, write_jsonl
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
+
+
+def trace_files(profile_dir: str) -> list[str]:
+    """Every .xplane.pb written under profile_dir (sorted)."""
+    found = []
+    for root, _, files in os.walk(profile_dir):
+        found += [os.path.join(root, f) for f in files if f.endswith(".xplane.pb")]
+    return sorted(found)
 
 
 def executed_modules(xplane: str) -> set[str]:

@@ -98,7 +98,7 @@ def minilm_rows(minilm, rows: int) -> tuple[np.ndarray, np.ndarray]:
 
 def test_one_device_mesh_pads_nothing_but_empty_batches():
     parallel = sharding.local_data_parallel()
-    assert (parallel.n_devices, parallel.data_size, parallel.model_size) == (1, 1, 1)
+    assert (parallel.mesh.devices.size, parallel.data_size, parallel.model_size) == (1, 1, 1)
     assert parallel.padded_rows(5) == 5 and parallel.padded_rows(0) == 1
     placed, n = parallel.shard_rows(np.ones((3, 4), np.int32), np.ones((3, 4), np.int32))
     assert n == 3 and [a.shape for a in placed] == [(3, 4), (3, 4)]

@@ -46,10 +46,15 @@ class BatchSettings:
         return self.min_row_len or max_len
 
     def beam_batch_tokens(self, max_len: int) -> int:
-        return self.batch_size * max_len * self.calls_per_beam_batch
+        return beam_batch_tokens(self.batch_size, max_len, self.calls_per_beam_batch)
 
     def summary(self, max_len: int) -> dict[str, int | str]:
         return {**dataclasses.asdict(self), "beam_batch_tokens": self.beam_batch_tokens(max_len)}
+
+
+def beam_batch_tokens(batch_size: int, max_len: int, calls_per_beam_batch: int) -> int:
+    """Tokens in one Beam batch: calls_per_beam_batch full calls of batch_size rows of max_len tokens."""
+    return batch_size * max_len * calls_per_beam_batch
 
 
 def rows_for_devices(batch_size: int, devices: int) -> int:

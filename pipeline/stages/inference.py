@@ -39,8 +39,8 @@ with torch_hidden():
 
 from pipeline import tasks
 from pipeline.records import Batch
-from pipeline.stages import shadow
-from pipeline.stages.packing import run_model
+from pipeline.stages import batching, shadow
+from pipeline.stages.packing import MIN_ROW_LEN, TAIL_CALL_FRACTION, run_model
 from pipeline.stages.preprocess import TokenizedDoc, tokens_of
 from pipeline.telemetry import device_time, memory, progress
 from pipeline.process_setup import CpuTuning, apply_cpu_tuning
@@ -111,8 +111,8 @@ class InferenceOutput:
     shadow: ShadowOutput | None = None  # set on the documents of shadowed batches
 
 
-def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, min_row_len: int | None = None,
-                tail_fraction: int | None = None, stride: int = 0, max_windows: int = 8) -> np.ndarray:
+def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, min_row_len: int = MIN_ROW_LEN,
+                tail_fraction: int = TAIL_CALL_FRACTION, stride: int = 0, max_windows: int = 8) -> np.ndarray:
     """[len(texts), D] normalised embeddings (mean of windows) through the same fixed shapes (min_row_len and
     tail_fraction: run_model's); a long text is split into windows as documents are (stride, max_windows)."""
     from pipeline.stages.scoring import pool_windows
@@ -141,6 +141,13 @@ class ScoringModel:
     # what the task's prepare compiled at load ([count, seconds, cached count, cached seconds]); the first batch
     # adds it to the compile metrics (Beam records metrics while bundles run, not while a model loads)
     load_compiles: np.ndarray | None = None
+    _take_lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    def take_load_compiles(self) -> np.ndarray | None:
+        """load_compiles to the first caller, None to every later one (a model's threads share it)."""
+        with self._take_lock:
+            taken, self.load_compiles = self.load_compiles, None
+        return taken
 
 
 def document_outputs(docs: Sequence[TokenizedDoc], outputs: Sequence[np.ndarray], timings: Sequence[Any],
@@ -189,19 +196,16 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         batch_size: int,
         calls_per_beam_batch: int,
         kernel: str,
-        min_row_len: int | None = None,  # run_model's default: the backend's
-        tail_fraction: int | None = None,  # run_model's default: the backend's
+        min_row_len: int = MIN_ROW_LEN,  # graph.py passes the run's BatchSettings.shortest_row(max_len)
+        tail_fraction: int = TAIL_CALL_FRACTION,  # graph.py passes the run's BatchSettings.tail_call_fraction
         labels: dict[str, str] | None = None,
         label_windows: tuple[int, int] = (0, 8),  # (stride, max windows) of a label description: the documents'
         shadow_spec: shadow.ShadowSpec | None = None,
         profile_dir: str | None = None,
         progress_dir: str | None = None,
     ):
-        super().__init__(  # sizes count tokens (element_size_fn): a Beam batch is calls_per_beam_batch full calls
-            min_batch_size=batch_size * max_len * calls_per_beam_batch,
-            max_batch_size=batch_size * max_len * calls_per_beam_batch,
-            element_size_fn=tokens_of,
-        )
+        tokens = batching.beam_batch_tokens(batch_size, max_len, calls_per_beam_batch)
+        super().__init__(min_batch_size=tokens, max_batch_size=tokens, element_size_fn=tokens_of)  # sizes count tokens
         self._spec = spec
         self._task = task
         # the shapes of this handler's model calls: every run_model call it makes (documents, labels, shadow) gets them
@@ -263,7 +267,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         batch_ms = (time.perf_counter() - t0) * 1000.0
         self._done.flush()  # the batch's last counts show now, not at the next flush tick
         compiles = loaded.compiles_by_this_thread() - compiles_before
-        at_load = model.__dict__.pop("load_compiles", None)  # dict.pop: one thread takes it when threads share the model
+        at_load = model.take_load_compiles()
         shadow_before = model.shadow_loaded.compiles_by_this_thread() if model.shadow_loaded is not None else None
         try:
             shadow_outputs = self._run_shadow(docs, rows, model)

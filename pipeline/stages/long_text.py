@@ -6,7 +6,7 @@ context's tail: the window before each candidate). Holds only the sizes and the 
 from __future__ import annotations
 
 FULL_TOKENIZE_CHARS = 64 * 1024  # texts up to this are tokenized whole
-PREFIX_CHARS_PER_TOKEN = 16  # characters read per needed token, grown x4 until they hold them; English averages ~5
+PREFIX_CHARS_PER_TOKEN = 16  # characters read per needed token (English averages ~5); choice grows it x4 while short
 NO_SPACE_SPARE_TOKENS = 256  # tokens kept past what is needed when a cut must fall inside a word
 MAX_PREFIX_CHARS_PER_TOKEN = 256  # choice's context tail stops growing here (then the context is tokenized whole)
 LOOK_FOR_SPACE_CHARS = 1024  # how far from the cut whitespace is looked for

@@ -21,8 +21,10 @@ import numpy as np
 from pipeline.stages import batching
 
 MIN_SEGMENT_TOKENS = 8  # sets the segment slots per row: row_len // 8 (a window has >= 2 special tokens)
-MIN_ROW_LEN = batching.MIN_ROW_LEN["cpu"]  # the shortest row where none is given: a CPU's
-TAIL_CALL_FRACTION = batching.TAIL_CALL_FRACTION["cpu"]  # where none is given: a CPU's (tail calls of 1/8)
+# Where a caller passes no batch settings (benchmarks, tests): a CPU's, read from batching.py's tables. The
+# pipeline and FlaxModelHandler pass their run's BatchSettings values instead.
+MIN_ROW_LEN = batching.MIN_ROW_LEN["cpu"]
+TAIL_CALL_FRACTION = batching.TAIL_CALL_FRACTION["cpu"]
 
 
 @dataclasses.dataclass
@@ -46,14 +48,14 @@ def max_segments_for(row_len: int) -> int:
     return max(1, row_len // MIN_SEGMENT_TOKENS)
 
 
-def pack_windows(lengths: Sequence[int], row_lens: Sequence[int], max_segments: int | None = None) -> list[PackedRow]:
+def pack_windows(lengths: Sequence[int], row_lens: Sequence[int]) -> list[PackedRow]:
     """Best-fit decreasing: longest windows first (ties in index order), each into the open row with the
     least free room that still holds it (tokens and a segment slot; ties to the row that got that room
     last); a window that fits no open row opens one of the shortest of row_lens that holds it. So short
     windows fill the gaps of long rows before they open short rows of their own. Deterministic,
     O(n log n). Raises ValueError for a window longer than every row length."""
     sizes = _sizes(lengths)
-    rows, row_lens_used, _ = _best_fit(sizes, _longest_first(sizes), sorted(row_lens), max_segments)
+    rows, row_lens_used, _ = _best_fit(sizes, _longest_first(sizes), sorted(row_lens))
     return [PackedRow(tuple(r), size) for r, size in zip(rows, row_lens_used)]
 
 
@@ -98,15 +100,14 @@ def _longest_first(sizes: list[int]) -> list[int]:
     return sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)  # stable: equal lengths by index
 
 
-def _best_fit(sizes: list[int], order: list[int], row_lens: list[int],
-              max_segments: int | None = None) -> tuple[list[list[int]], list[int], list[int]]:
+def _best_fit(sizes: list[int], order: list[int], row_lens: list[int]) -> tuple[list[list[int]], list[int], list[int]]:
     """pack_windows' plan as (each row's window indices, its length, its tokens)."""
     rows: list[list[int]] = []
     lens: list[int] = []
     tokens: list[int] = []
     slots_left: list[int] = []
     opens = {n: _shortest_row(n, row_lens) for n in set(sizes)}  # the row length a window of n tokens opens
-    slots = {m: max_segments or max_segments_for(m) for m in row_lens}
+    slots = {m: max_segments_for(m) for m in row_lens}
     # Open rows with a free slot, by free tokens: free room is at most the longest row length, so the best
     # fit is one bisect over the distinct free values instead of a scan over every open row.
     by_free: dict[int, list[int]] = {}
@@ -316,23 +317,17 @@ def run_packed(
 
 def run_model(
     loaded, windows: Sequence[np.ndarray], *, max_len: int, batch_size: int, per_token: bool = False,
-    min_row_len: int | None = None, tail_fraction: int | None = None,
+    min_row_len: int = MIN_ROW_LEN, tail_fraction: int = TAIL_CALL_FRACTION,
     on_call_read: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[np.ndarray], list[WindowCost], dict[str, float]]:
     """run_packed with a models.LoadedModel: embed_packed (one embedding per window) or, per_token,
     token_logprobs (a decoder's next-token log-probs per window), each call dispatched without waiting
     (LoadedModel.start). Rows per call are rounded up to a multiple of the local device count (the model
-    splits each call's rows over the devices). min_row_len and tail_fraction: default the backend's
-    (batching.settings_for), so an accelerator runs rows of max_len only, the length its kernel was chosen for
-    at load, in full-size calls only."""
+    splits each call's rows over the devices). min_row_len and tail_fraction: the run's BatchSettings
+    (shortest_row(max_len), tail_call_fraction), so an accelerator runs rows of max_len only, the length its
+    kernel was chosen for at load, in full-size calls only."""
     import jax
 
-    name = jax.default_backend()
-    backend = batching.settings_for(name if name in batching.BATCH_SIZE else "gpu")  # another accelerator: as a GPU
-    if min_row_len is None:
-        min_row_len = backend.shortest_row(max_len)
-    if tail_fraction is None:
-        tail_fraction = backend.tail_call_fraction
     devices = jax.local_device_count()
     batch_size = batching.rows_for_devices(batch_size, devices)
     if per_token:

@@ -44,7 +44,8 @@ DECODER = ModelFamily(
 
 
 class WindowOutputs(Protocol):
-    """What a task scores one document from (pipeline.stages.inference.InferenceOutput)."""
+    """What a task scores one document from (pipeline.stages.postprocess.TaskInput: a document's InferenceOutput
+    and what its task's tokenize said of its windows)."""
 
     window_outputs: list[np.ndarray]
     query_outputs: list[np.ndarray]
@@ -149,7 +150,3 @@ class Task:
     def __post_init__(self):
         if self.gathers not in GATHERS or self.chart not in CHARTS:
             raise ValueError(f"task {self.name}: gathers must be one of {GATHERS}, chart one of {CHARTS}")
-
-
-def names(tasks: Sequence[Task]) -> tuple[str, ...]:
-    return tuple(t.name for t in tasks)

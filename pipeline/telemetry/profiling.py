@@ -40,11 +40,3 @@ def profile_batch(profile_dir: str | None, batches: int = PROFILED_BATCHES) -> I
             yield log_dir
     finally:
         _lock.release()
-
-
-def trace_files(profile_dir: str) -> list[str]:
-    """Every .xplane.pb written under profile_dir (sorted)."""
-    found = []
-    for root, _, files in os.walk(profile_dir):
-        found += [os.path.join(root, f) for f in files if f.endswith(".xplane.pb")]
-    return sorted(found)
