@@ -2,11 +2,11 @@
 
 `attention(q, k, v, *, segment_ids=None, causal=False, window=None, scale=None, impl="auto", packed=True)` runs
 the kernel `resolve(impl, backend, **shape_info)` names; `resolve_for(q, k, ...)` names it from the arrays
-themselves (for callers to record); `other_choice(kernel, ...)` is another choice that runs the same inputs (what
-a shadow kernel uses).
+themselves (for callers to record); `available()` lists the kernels and their limits; `other_choice(kernel, ...)`
+is another choice that runs the same inputs (what a shadow kernel uses).
 """
 from kernels.dispatch import attention, resolve_for
 from kernels.interface import SHAPE_KEYS, KernelUnsupportedError
-from kernels.policy import other_choice, resolve
+from kernels.policy import available, other_choice, resolve
 
-__all__ = ["attention", "resolve", "resolve_for", "other_choice", "KernelUnsupportedError", "SHAPE_KEYS"]
+__all__ = ["attention", "resolve", "resolve_for", "available", "other_choice", "KernelUnsupportedError", "SHAPE_KEYS"]

@@ -11,9 +11,8 @@ import pytest
 
 import kernels
 import kernels.policy
-from kernels import KernelUnsupportedError, attention, resolve, resolve_for
+from kernels import KernelUnsupportedError, attention, available, resolve, resolve_for
 from kernels import table
-from kernels.policy import available
 
 CPU_LIMIT = table.AUTO_XLA_MAX_KV_LEN["cpu"]
 
