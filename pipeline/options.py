@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import secrets
 from typing import Any
 
 import yaml
@@ -43,7 +44,9 @@ def user_path(value: str) -> str:
 
 
 def default_run_id() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    """A UTC timestamp and a random suffix: two launches in the same second into one output are two runs, not one
+    launch refused or replacing the other's published run."""
+    return f"{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
 class EvalOptions(PipelineOptions):
@@ -58,7 +61,7 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--attention", default="auto", help="auto | native | flash | an implementation name")
         parser.add_argument("--text_field", default="text", help="record field holding the document text")
         parser.add_argument("--id_field", default="id", help="record field holding the document id")
-        parser.add_argument("--run_id", default=None, help="partition name of this run (default: UTC timestamp)")
+        parser.add_argument("--run_id", default=None, help="partition name of this run (default: a UTC timestamp and a random suffix)")
         parser.add_argument("--max_seq_len", type=int, default=None, help="tokens per window (default: the model's)")
         parser.add_argument("--stride", type=int, default=32, help="tokens shared by consecutive windows of a long document")
         parser.add_argument("--max_chunks", type=int, default=8, help="windows kept per document; more -> truncated")
@@ -584,7 +587,7 @@ def parse_options(argv: list[str]) -> tuple[PipelineOptions, EvalOptions]:
     eval_options = options.view_as(EvalOptions)
     if eval_options.run_id is not None and not eval_options.run_id.strip():  # `--run_id "$RUN"` with RUN unset
         raise ConfigError(f"--run_id={eval_options.run_id!r} is empty; give the run a name, or leave --run_id out for a "
-                          "UTC timestamp")
+                          "UTC timestamp and a random suffix")
     if not eval_options.run_id:
         eval_options.run_id = default_run_id()
     return options, eval_options

@@ -87,7 +87,9 @@ def test_command_line_beats_config_beats_preset(tmp_path):
     assert parse_labels(eo.classify_labels) == {"a": "first", "b": "second"}
     assert all_options["direct_num_workers"] == 3  # Beam options pass through
     assert all_options["labels"] == ["team=eval"]  # Dataflow job labels, not classify labels
-    assert eo.run_id  # default: a UTC timestamp
+    # default: a UTC timestamp and a random suffix, so launches in the same second into one output stay apart
+    assert re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{6}", eo.run_id), eo.run_id
+    assert parse_options(["--input", "x", "--output", "y"])[1].run_id != eo.run_id
     _, eo = parse_options(["--config", str(config), "--labels", "x=one;y=two"])
     assert parse_labels(eo.classify_labels) == {"x": "one", "y": "two"}
 
