@@ -6,6 +6,8 @@ from __future__ import annotations
 import gc
 import gzip
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -202,3 +204,16 @@ def test_a_batch_the_model_rejects_becomes_error_rows(minilm):
         assert_that(errors | beam.Map(lambda e: (e.doc_id, e.stage, e.error_type)),
                     equal_to([("d0", "infer", "ValueError"), ("d1", "infer", "ValueError")]), label="errors")
         assert_that(good, equal_to([]), label="no_results")
+
+
+def test_readmes_python_read_of_a_run_reads_its_rows(native_run):
+    """The snippet README gives for reading a run from Python runs as written (pyarrow would otherwise take the
+    run_id=ID folders for a partition that clashes with the run_id column) and reads the committed rows."""
+    out, run_id = native_run
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    snippet = re.search(r"```python\n(import pyarrow.parquet as pq\n.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(snippet.replace('"out"', repr(str(out))).replace('"RUN_ID"', repr(run_id)), namespace)
+    scores, _ = read_table(out, "scores", run_id)
+    assert namespace["scores"].num_rows == len(scores) > 0
+    assert set(namespace["scores"].column("run_id").to_pylist()) == {run_id}
