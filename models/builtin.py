@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import shutil
+import uuid
 
 from models.errors import ModelLoadError
 from models.hf_import import convert_hf_dir
@@ -33,3 +35,14 @@ def builtin_dir(name: str, cache_dir: str) -> str:
         convert_hf_dir(str(package.get_model_path()), target, source=f"pypi:{distribution}=={version}",
                        exist_ok=True)
     return target
+
+
+def discard_copy(target: str) -> None:
+    """Move a built-in model's cached copy aside and delete it, so that the next builtin_dir converts it again; a
+    process still reading the old copy keeps its open files, and one racing here finds it gone."""
+    aside = f"{target}.discarded-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(target, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)

@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from models.architecture import flat_params
-from models.errors import ModelLoadError
+from models.errors import DamagedModelDir
 
 
 # Orbax saves running at once in one process (threads) trip over each other; processes are
@@ -45,19 +45,19 @@ def stored_shapes(path: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     special = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names
                if not os.path.isfile(os.path.join(root, name))]
     if special:
-        raise ModelLoadError(f"{special[0]}: not a regular file, so {path} is not an Orbax checkpoint `docscore convert` "
-                             "wrote; re-create the directory with `docscore convert`")
+        raise DamagedModelDir(f"{special[0]}: not a regular file, so {path} is not an Orbax checkpoint `docscore convert` "
+                              "wrote; re-create the directory with `docscore convert`")
     try:
         with ocp.StandardCheckpointer() as checkpointer:
             tree = checkpointer.metadata(os.path.abspath(path)).item_metadata
         stored = {name: (tuple(int(n) for n in leaf.shape), np.dtype(leaf.dtype))
                   for name, leaf in flat_params(tree).items()} if tree is not None else {}
     except Exception as err:  # Orbax/tensorstore raise many types for a damaged checkpoint
-        raise ModelLoadError(f"{path}: corrupt or incomplete Orbax checkpoint ({type(err).__name__}: {str(err)[:300]}); "
-                             "re-create the directory with `docscore convert`") from None
+        raise DamagedModelDir(f"{path}: corrupt or incomplete Orbax checkpoint ({type(err).__name__}: {str(err)[:300]}); "
+                              "re-create the directory with `docscore convert`") from None
     if not stored:
-        raise ModelLoadError(f"{path}: corrupt or incomplete Orbax checkpoint (no parameter metadata in it); "
-                             "re-create the directory with `docscore convert`")
+        raise DamagedModelDir(f"{path}: corrupt or incomplete Orbax checkpoint (no parameter metadata in it); "
+                              "re-create the directory with `docscore convert`")
     return stored
 
 

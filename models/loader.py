@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import os
 import shutil
 import threading
@@ -21,16 +22,18 @@ from flax import nnx
 
 import kernels
 from models.architecture import abstract_model, flat_params, param_shapes
-from models.builtin import BUILTINS, builtin_dir
+from models.builtin import BUILTINS, builtin_dir, discard_copy
 from models.checkpoint import fingerprint, restore_params, stored_shapes
 from models.config import HF_KEYS, ModelConfig, read_config
-from models.errors import ModelLoadError
+from models.errors import DamagedModelDir, ModelLoadError
 from models.heads import next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES, stack_blocks, stack_params, stacked_abstract
 from models.model_dir import CONFIG, PARAMS, TOKENIZER, fetch_remote, is_remote, local_cache_dir, read_metadata, read_text
 from models.precision import choice_problem, matmul_precision, with_matmul_precision
 from models.sharding import STACKED, MeshLayout, ModelDoesNotFit, choose_layout, local_data_parallel
 from models.tokenizer import DocTokenizer
+
+log = logging.getLogger(__name__)
 
 
 class CacheHits:
@@ -207,7 +210,15 @@ def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
     if problem:
         raise ModelLoadError(problem)
     path, name = local_model_dir(name_or_path, cache_dir)
-    if is_remote(name_or_path):
+    if name_or_path in BUILTINS:
+        try:
+            return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision)
+        except DamagedModelDir as err:  # docscore's own copy (cut short by a full disk, another version's): made again
+            log.warning("%s: docscore's copy of the built-in model %s cannot be used (%s); converting it again",
+                        path, name, err)
+            discard_copy(path)
+            path, name = local_model_dir(name_or_path, cache_dir)
+    elif is_remote(name_or_path):
         try:
             return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision)
         except ModelLoadError as err:  # drop the bad copy so a fixed upload is fetched next time
@@ -268,12 +279,12 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
     config_text, tokenizer_text = read_text(path, CONFIG), read_text(path, TOKENIZER)
     config = read_config(config_path, config_text)
     if config.family != metadata.family:
-        raise ModelLoadError(f"{path}: metadata.json says {metadata.family} but config.json is "
-                             f"{config.family}; re-create the directory with `docscore convert`")
+        raise DamagedModelDir(f"{path}: metadata.json says {metadata.family} but config.json is "
+                              f"{config.family}; re-create the directory with `docscore convert`")
     if metadata.max_seq_len > config.max_positions:
-        raise ModelLoadError(f"{os.path.join(path, 'metadata.json')}: max_seq_len {metadata.max_seq_len} exceeds the "
-                             f"{config.max_positions} positions of {config_path} "
-                             f"({HF_KEYS[config.family]['max_positions']}); re-create the directory with `docscore convert`")
+        raise DamagedModelDir(f"{os.path.join(path, 'metadata.json')}: max_seq_len {metadata.max_seq_len} exceeds the "
+                              f"{config.max_positions} positions of {config_path} "
+                              f"({HF_KEYS[config.family]['max_positions']}); re-create the directory with `docscore convert`")
     params_dir = os.path.join(path, PARAMS)
     if not os.path.isdir(params_dir):
         raise ModelLoadError(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
@@ -292,15 +303,15 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
     try:
         params = restore_params(params_dir, nnx.to_pure_dict(state))
     except Exception as err:  # Orbax/tensorstore raise many types for a damaged checkpoint
-        raise ModelLoadError(f"{params_dir}: corrupt or incomplete Orbax checkpoint ({type(err).__name__}: "
-                             f"{str(err)[:300]}); re-create the directory with `docscore convert`") from None
+        raise DamagedModelDir(f"{params_dir}: corrupt or incomplete Orbax checkpoint ({type(err).__name__}: "
+                              f"{str(err)[:300]}); re-create the directory with `docscore convert`") from None
     actual = fingerprint(params, config_text.encode(), tokenizer_text.encode())
     if actual != metadata.fingerprint:
-        raise ModelLoadError(f"{path}: content fingerprint {actual[:12]} does not match metadata.json "
-                             f"({metadata.fingerprint[:12]}): the checkpoint, config or tokenizer changed after "
-                             "`docscore convert` wrote them (the fingerprint is a checksum that catches accidental "
-                             "damage, such as a truncated copy; it is not a signature and cannot detect deliberate "
-                             "edits); re-create the directory with `docscore convert`")
+        raise DamagedModelDir(f"{path}: content fingerprint {actual[:12]} does not match metadata.json "
+                              f"({metadata.fingerprint[:12]}): the checkpoint, config or tokenizer changed after "
+                              "`docscore convert` wrote them (the fingerprint is a checksum that catches accidental "
+                              "damage, such as a truncated copy; it is not a signature and cannot detect deliberate "
+                              "edits); re-create the directory with `docscore convert`")
     # The blocks' parameters stacked once, here on the host, into the layout the programs receive (models/layers.py
     # StackedBlocks); the checkpoint and the fingerprint above keep one entry per block.
     graphdef, state = stacked_abstract(graphdef, state)
@@ -323,8 +334,8 @@ def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tu
     layers = {name.split("/")[1] for name in stored if name.startswith("layers/")}
     if layers != {str(i) for i in range(config.num_layers)}:
         held = len(layers) if layers == {str(i) for i in range(len(layers))} else f"{len(layers)} (not numbered 0..n-1)"
-        raise ModelLoadError(f"{config_path}: {keys['num_layers']} is {config.num_layers} but the checkpoint "
-                             f"{params_dir} holds {held} layers; set {keys['num_layers']} to {len(layers)} {fix}")
+        raise DamagedModelDir(f"{config_path}: {keys['num_layers']} is {config.num_layers} but the checkpoint "
+                              f"{params_dir} holds {held} layers; set {keys['num_layers']} to {len(layers)} {fix}")
     expected = {}
     for name, spec in flat_params(param_shapes(dataclasses.replace(config, num_layers=1))).items():
         if name.startswith("layers/0/"):
@@ -333,9 +344,9 @@ def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tu
             expected[name] = spec
     missing, extra = sorted(set(expected) - set(stored)), sorted(set(stored) - set(expected))
     if missing or extra:
-        raise ModelLoadError(f"{params_dir}: the checkpoint's parameters are not those of the {config.family} model "
-                             f"{config_path} describes (missing {missing[:3]}, unexpected {extra[:3]}); re-create the "
-                             "directory with `docscore convert`")
+        raise DamagedModelDir(f"{params_dir}: the checkpoint's parameters are not those of the {config.family} model "
+                              f"{config_path} describes (missing {missing[:3]}, unexpected {extra[:3]}); re-create the "
+                              "directory with `docscore convert`")
     for name, spec in expected.items():
         shape, dtype = stored[name]
         want = tuple(int(n) for n in spec.shape)
@@ -344,8 +355,8 @@ def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tu
         differing = [w for w, got in zip(want, shape) if w != got] if len(want) == len(shape) else []
         culprits = [key for field, key in keys.items() if field != "num_layers" and getattr(config, field) in differing]
         if not culprits:
-            raise ModelLoadError(f"{params_dir}: parameter {name} is {np.dtype(dtype)}{list(shape)} but {config_path} "
-                                 f"needs {np.dtype(spec.dtype)}{list(want)}; re-create the directory with `docscore convert`")
-        raise ModelLoadError(f"{config_path}: {' / '.join(culprits)} does not fit the checkpoint: {params_dir} stores "
-                             f"{name} as {list(shape)}, this config needs {list(want)}; set {' / '.join(culprits)} to the "
-                             f"weights' value {fix}")
+            raise DamagedModelDir(f"{params_dir}: parameter {name} is {np.dtype(dtype)}{list(shape)} but {config_path} "
+                                  f"needs {np.dtype(spec.dtype)}{list(want)}; re-create the directory with `docscore convert`")
+        raise DamagedModelDir(f"{config_path}: {' / '.join(culprits)} does not fit the checkpoint: {params_dir} stores "
+                              f"{name} as {list(shape)}, this config needs {list(want)}; set {' / '.join(culprits)} to the "
+                              f"weights' value {fix}")

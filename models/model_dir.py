@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from models.checkpoint import fingerprint, save_params
-from models.errors import ModelLoadError
+from models.errors import DamagedModelDir, ModelLoadError
 
 CONFIG, TOKENIZER, PARAMS, METADATA = "config.json", "tokenizer.json", "params", "metadata.json"
 FORMAT = "docscore-model/1"
@@ -140,26 +140,31 @@ def parse_metadata(text: str | bytes, file: str) -> ModelMetadata:
     try:
         raw = json.loads(text)
     except UnicodeDecodeError:
-        raise ModelLoadError(f"{file}: not UTF-8 text, so not a docscore metadata.json; re-create the directory "
-                             "with `docscore convert`") from None
+        raise DamagedModelDir(f"{file}: not UTF-8 text, so not a docscore metadata.json; re-create the directory "
+                              "with `docscore convert`") from None
     except (ValueError, RecursionError) as err:  # JSONDecodeError, a number too long to convert, deep nesting
-        raise ModelLoadError(f"{file}: corrupt metadata, not valid JSON ({str(err)[:200] or type(err).__name__}); "
-                             "re-create the directory with `docscore convert`") from None
+        raise DamagedModelDir(f"{file}: corrupt metadata, not valid JSON ({str(err)[:200] or type(err).__name__}); "
+                              "re-create the directory with `docscore convert`") from None
     if not isinstance(raw, dict):
-        raise ModelLoadError(f"{file}: corrupt metadata: a JSON {type(raw).__name__}, not an object with "
-                             f"{', '.join(f.name for f in dataclasses.fields(ModelMetadata))}; re-create the directory "
-                             "with `docscore convert`")
+        raise DamagedModelDir(f"{file}: corrupt metadata: a JSON {type(raw).__name__}, not an object with "
+                              f"{', '.join(f.name for f in dataclasses.fields(ModelMetadata))}; re-create the directory "
+                              "with `docscore convert`")
     if raw.get("format", FORMAT) != FORMAT:
-        raise ModelLoadError(f"{file}: format {raw['format']!r} is not {FORMAT!r}; re-convert the model "
-                             "with this version's `docscore convert`")
-    try:
-        metadata = ModelMetadata(**raw)
-    except TypeError as err:
-        raise ModelLoadError(f"{file}: corrupt metadata ({err}); re-create the directory with "
-                             "`docscore convert`") from None
+        raise DamagedModelDir(f"{file}: format {raw['format']!r} is not {FORMAT!r}; re-convert the model "
+                              "with this version's `docscore convert`")
+    fields = {f.name for f in dataclasses.fields(ModelMetadata)}
+    unknown = sorted(set(raw) - fields)
+    missing = sorted(f.name for f in dataclasses.fields(ModelMetadata)
+                     if f.name not in raw and f.default is dataclasses.MISSING)
+    if unknown or missing:  # another docscore version's fields (or a hand edit), not damage to this one's
+        what = "; ".join(part for part in (f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}" if unknown else "",
+                                           f"missing {', '.join(missing)}" if missing else "") if part)
+        raise DamagedModelDir(f"{file}: not the metadata this docscore version writes ({what}): written by another "
+                              "version or edited; re-create the directory with this version's `docscore convert`")
+    metadata = ModelMetadata(**raw)
     problem = _metadata_problem(metadata)
     if problem:
-        raise ModelLoadError(f"{file}: corrupt metadata: {problem}; re-create the directory with `docscore convert`")
+        raise DamagedModelDir(f"{file}: corrupt metadata: {problem}; re-create the directory with `docscore convert`")
     return metadata
 
 
@@ -181,19 +186,19 @@ def read_text(path: str, name: str) -> str:
     file = os.path.join(path, name)
     try:
         if not stat.S_ISREG(os.stat(file).st_mode):  # opening a named pipe would wait for a writer forever
-            raise ModelLoadError(f"{file}: not a regular file ({file_kind(file)}); put the file `docscore convert` "
-                                 "wrote there, or re-create the directory with `docscore convert`")
+            raise DamagedModelDir(f"{file}: not a regular file ({file_kind(file)}); put the file `docscore convert` "
+                                  "wrote there, or re-create the directory with `docscore convert`")
         with open(file, encoding="utf-8") as f:
             return f.read()
     except FileNotFoundError:
         raise ModelLoadError(f"{file}: missing; {path} is not a complete docscore model directory "
                              "(re-create it with `docscore convert`)") from None
     except UnicodeDecodeError as err:
-        raise ModelLoadError(f"{file}: not UTF-8 text ({err}); the file is damaged: re-create the directory with "
-                             "`docscore convert`") from None
+        raise DamagedModelDir(f"{file}: not UTF-8 text ({err}); the file is damaged: re-create the directory with "
+                              "`docscore convert`") from None
     except OSError as err:  # a directory in its place, no permission, an I/O error
-        raise ModelLoadError(f"{file}: cannot be read ({err.strerror or err}); make it a readable file, or "
-                             "re-create the directory with `docscore convert`") from None
+        raise DamagedModelDir(f"{file}: cannot be read ({err.strerror or err}); make it a readable file, or "
+                              "re-create the directory with `docscore convert`") from None
 
 
 def file_kind(file: str) -> str:

@@ -163,6 +163,12 @@ BAD_FILES = {
     "metadata_bad_max_seq_len": (write("metadata.json", json.dumps({**METADATA_OK, "max_seq_len": "256"}).encode()),
                                  "metadata.json", "max_seq_len must be a whole number"),
     "metadata_a_directory": (directory_instead_of("metadata.json"), "metadata.json", "not a regular file (a directory)"),
+    "metadata_of_another_version": (write("metadata.json", json.dumps({**METADATA_OK, "dtype": "bfloat16"}).encode()),
+                                    "metadata.json", "not the metadata this docscore version writes (unknown field "
+                                                     "dtype): written by another version"),
+    "metadata_without_a_field": (write("metadata.json", json.dumps({k: v for k, v in METADATA_OK.items()
+                                                                    if k != "max_seq_len"}).encode()),
+                                 "metadata.json", "(missing max_seq_len)"),
     "config_binary": (write("config.json", BINARY), "config.json", "not UTF-8"),
     "config_not_json": (write("config.json", b"model_type: bert\n"), "config.json", "not valid JSON"),
     "config_nested_too_deep": (write("config.json", b"[" * 100_000 + b"]" * 100_000), "config.json", "not valid JSON"),
@@ -262,3 +268,27 @@ def test_a_deliberate_edit_with_a_recomputed_fingerprint_still_loads(minilm, tmp
     from models.checkpoint import fingerprint
 
     assert "not against tampering" in fingerprint.__doc__
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("damage", ["cut_checkpoint", "another_version"])
+def test_a_damaged_copy_of_the_built_in_model_in_the_cache_is_converted_again(damage, tmp_path, caplog):
+    """docscore's own copy of minilm-l6 under --cache_dir, cut short (a full disk) or written by another version:
+    a load converts it again instead of failing every run with advice (`docscore convert` into the cache's
+    folder) that cannot work; the embeddings are those of a fresh copy."""
+    import numpy as np
+
+    fresh = models.load("minilm-l6", attention="native", cache_dir=str(tmp_path / "cache"))
+    copy = Path(fresh.path)
+    if damage == "cut_checkpoint":
+        biggest = max((p for p in (copy / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+        biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
+    else:
+        edit_json(copy / "metadata.json", format="docscore-model/0")
+    with caplog.at_level("WARNING", logger="models.loader"):
+        again = models.load("minilm-l6", attention="native", cache_dir=str(tmp_path / "cache"))
+    assert "docscore's copy of the built-in model minilm-l6 cannot be used" in caplog.text, caplog.text
+    assert again.path == fresh.path and again.fingerprint == fresh.fingerprint
+    ids = np.array([[101, 7592, 2088, 102]], np.int32)
+    np.testing.assert_allclose(again.embed_packed(ids, np.ones_like(ids), 1), fresh.embed_packed(ids, np.ones_like(ids), 1))
+    assert [p.name for p in copy.parent.iterdir()] == [copy.name]  # the damaged copy was removed, not kept aside
