@@ -198,11 +198,11 @@ def longest_segment(segment_ids: np.ndarray) -> int:
 
 
 def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
-         cache_dir: str | None = None, matmul_precision: str | None = None) -> LoadedModel:
+         cache_dir: str | None = None, matmul_precision: str | None = None, max_seq_len: int | None = None) -> LoadedModel:
     """A built-in name (minilm-l6), a local model directory or a gs:// (any fsspec URL) model directory
     -> LoadedModel, its float32 dots at `matmul_precision` (--matmul_precision: None, float32 or tf32, GPU
-    only). Raises ModelLoadError naming the path and problem; KernelUnsupportedError when `attention` cannot
-    run here."""
+    only), its kernel chosen for rows of `max_seq_len` tokens (a run's --max_seq_len; None: the model's). Raises
+    ModelLoadError naming the path and problem; KernelUnsupportedError when `attention` cannot run here."""
     if dtype not in COMPUTE_DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not supported; use one of {sorted(COMPUTE_DTYPES)}")
     # XLA compiles TF32 dots on GPUs only (XLA:CPU refuses the preset): refused here rather than at the first call.
@@ -212,7 +212,8 @@ def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
     path, name = local_model_dir(name_or_path, cache_dir)
     if name_or_path in BUILTINS:
         try:
-            return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision)
+            return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision,
+                                  max_seq_len=max_seq_len)
         except DamagedModelDir as err:  # docscore's own copy (cut short by a full disk, another version's): made again
             log.warning("%s: docscore's copy of the built-in model %s cannot be used (%s); converting it again",
                         path, name, err)
@@ -220,11 +221,13 @@ def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
             path, name = local_model_dir(name_or_path, cache_dir)
     elif is_remote(name_or_path):
         try:
-            return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision)
+            return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision,
+                                  max_seq_len=max_seq_len)
         except ModelLoadError as err:  # drop the bad copy so a fixed upload is fetched next time
             shutil.rmtree(path, ignore_errors=True)
             raise ModelLoadError(f"{name_or_path} (copied to {path}): {err}") from None
-    return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision)
+    return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision,
+                          max_seq_len=max_seq_len)
 
 
 def local_model_dir(name_or_path: str, cache_dir: str | None = None) -> tuple[str, str]:
@@ -268,7 +271,7 @@ def model_shape_info(config: ModelConfig, max_seq_len: int, dtype: str) -> dict:
 
 
 def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
-                   precision_choice: str | None = None) -> LoadedModel:
+                   precision_choice: str | None = None, max_seq_len: int | None = None) -> LoadedModel:
     """Load and verify the local docscore model directory `path`. Every file is read and checked before the
     model is built: metadata.json and config.json are JSON of the right shape, every config size is within
     bounds and fits the parameter shapes the checkpoint stores (Orbax metadata, no array read), the tokenizer
@@ -294,7 +297,9 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
                                       path=os.path.join(path, TOKENIZER))
     tokenizer.check_vocab(config.vocab_size, config_path)
 
-    impl = model_kernel(attention, config, metadata.max_seq_len, dtype)
+    # the kernel is chosen for the run's rows (`max_seq_len`, never longer than the model takes), which a window
+    # may hide nothing in or auto's limits may judge otherwise than the model's longest
+    impl = model_kernel(attention, config, min(max_seq_len or metadata.max_seq_len, metadata.max_seq_len), dtype)
     graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)  # per block, as the checkpoint
     try:  # before the checkpoint is read: a model that cannot fit is refused without filling the host's memory
         parallel = choose_layout(nnx.to_pure_dict(state))

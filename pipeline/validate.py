@@ -102,10 +102,11 @@ def check_loaded_model(eo: EvalOptions, backend: str, where: str):
     and windows; a --shadow_attention. (model spec, loaded model, loaded with the run's spec, kernel, window
     length, shadow spec)."""
     model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir,
-                           matmul_precision=eo.matmul_precision)
+                           matmul_precision=eo.matmul_precision, max_seq_len=eo.max_seq_len)
     loaded, same_backend = load_for_checks(model_spec, backend)
     kernel = loaded.attention if same_backend else resolve_kernel(
-        eo.attention, backend, dtype=eo.dtype, loaded=loaded, where=where, gpu=dataflow_checks.worker_gpu(eo))
+        eo.attention, backend, dtype=eo.dtype, loaded=loaded, where=where, gpu=dataflow_checks.worker_gpu(eo),
+        max_len=eo.max_seq_len)
     max_len = check_task_and_windows(eo, loaded)
     shadow_spec = check_shadow(eo, model_spec, loaded, backend, kernel, where)
     return model_spec, loaded, same_backend, kernel, max_len, shadow_spec
@@ -148,19 +149,21 @@ def check_matmul_precision(eo: EvalOptions, backend: str) -> None:
 
 
 def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtype: str | None = None,
-                   loaded=None, where: str = "", instead_of: str | None = None, gpu=None) -> str:
+                   loaded=None, where: str = "", instead_of: str | None = None, gpu=None,
+                   max_len: int | None = None) -> str:
     """The kernel `attention` means on `backend` for the pipeline's rows (packed segment ids, `dtype`) and, given
-    the loaded model, for its attention (heads, head_dim, causal, sliding window), as the workers' loader resolves
-    it. `where` says where the backend comes from, for the message; a refusal does not suggest `instead_of`; `gpu`
-    is the workers' GPU (dataflow_checks.worker_gpu) when known."""
+    the loaded model, for its attention (heads, head_dim, causal, sliding window) on rows of `max_len` tokens (the
+    run's --max_seq_len; None: the model's), as the workers' loader resolves it. `where` says where the backend
+    comes from, for the message; a refusal does not suggest `instead_of`; `gpu` is the workers' GPU
+    (dataflow_checks.worker_gpu) when known."""
     from kernels import KernelUnsupportedError, resolve
     from models.loader import model_kernel
 
     try:
         if loaded is None:
             return resolve(attention, backend=backend, has_segments=True, dtype=dtype, instead_of=instead_of, gpu=gpu)
-        return model_kernel(attention, loaded.config, loaded.tokenizer.max_seq_len, dtype, backend,
-                            instead_of=instead_of, gpu=gpu)
+        rows = min(max_len or loaded.tokenizer.max_seq_len, loaded.tokenizer.max_seq_len)
+        return model_kernel(attention, loaded.config, rows, dtype, backend, instead_of=instead_of, gpu=gpu)
     except KernelUnsupportedError as e:
         raise ConfigError(f"{kernel_refusal(e, flag, attention)} ({where or f'target backend {backend}'})") from None
 
@@ -628,24 +631,25 @@ def check_shadow(eo: EvalOptions, model_spec: ModelSpec, primary, backend: str, 
         raise ConfigError(str(e)) from None
     gpu = dataflow_checks.worker_gpu(eo)
     shadow_kernel = resolve_kernel(eo.shadow_attention, backend, flag="--shadow_attention", dtype=eo.dtype,
-                                   loaded=primary, where=where, instead_of=kernel, gpu=gpu)
+                                   loaded=primary, where=where, instead_of=kernel, gpu=gpu, max_len=eo.max_seq_len)
     if shadow_kernel == kernel:
         raise ConfigError(
             f"--shadow_attention={eo.shadow_attention} resolves to {shadow_kernel}, the kernel --attention={eo.attention} "
             f"already runs, so there is nothing to compare; shadow with another kernel, e.g. "
-            f"--shadow_attention={other_kernel(kernel, backend, eo.dtype, primary, gpu)}"
+            f"--shadow_attention={other_kernel(kernel, backend, eo.dtype, primary, gpu, eo.max_seq_len)}"
         )
     load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend, flag="--shadow_attention")
     return shadow.ShadowSpec(eo.shadow_attention, shadow_kernel, eo.shadow_fraction, tolerance, eo.dtype)
 
 
-def other_kernel(kernel: str, backend: str, dtype: str, loaded, gpu=None) -> str:
+def other_kernel(kernel: str, backend: str, dtype: str, loaded, gpu=None, max_len: int | None = None) -> str:
     """A choice of --shadow_attention that runs this model on `backend` (and `gpu`) with another kernel than
-    `kernel` (kernels.other_choice for the model's attention)."""
+    `kernel` (kernels.other_choice for the model's attention on rows of `max_len`, else the model's, tokens)."""
     from kernels import other_choice
     from models.loader import model_shape_info
 
-    return other_choice(kernel, backend, gpu=gpu, **model_shape_info(loaded.config, loaded.tokenizer.max_seq_len, dtype))
+    rows = min(max_len or loaded.tokenizer.max_seq_len, loaded.tokenizer.max_seq_len)
+    return other_choice(kernel, backend, gpu=gpu, **model_shape_info(loaded.config, rows, dtype))
 
 
 def check_shadow_flags(eo: EvalOptions) -> None:

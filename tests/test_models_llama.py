@@ -492,3 +492,27 @@ def test_a_long_document_through_the_flash_kernel_matches_native_and_transformer
     ours = flash.token_logprobs(ids, segments)
     np.testing.assert_allclose(ours, native.token_logprobs(ids, segments), atol=2e-5, rtol=0)
     assert np.abs(ours - transformers_logprobs(src, ids, segments)).max() <= 1e-4
+
+
+def test_the_kernel_is_chosen_for_the_runs_rows_not_the_models_longest(tmp_path, capsys):
+    """--max_seq_len shorter than the model was converted at: the kernel is chosen for the rows the run builds.
+    auto's xla limit on CPU (kv_len > 1024) judged a 2048-position model's rows at 2048 although the run's are 128,
+    and a Mistral window of 24 that rows of 24 tokens never reach refused TPU/GPU flash naming rows of 640."""
+    from pipeline.validate import resolve_kernel
+
+    src = build_hf(tmp_path / "hf", "llama", max_position_embeddings=2048, num_hidden_layers=1)
+    assert convert_main(["--hf", str(src), "--out", str(tmp_path / "long")]) == 0
+    assert models.load(str(tmp_path / "long"), attention="auto").attention == "blockwise"
+    assert models.load(str(tmp_path / "long"), attention="auto", max_seq_len=128).attention == "xla"
+    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": "a", "text": "a short text"}])
+    assert run_docscore("--input", shard, "--output", tmp_path / "out", "--run_id", "r", "--task", "loglik",
+                        "--model", tmp_path / "long", "--max_seq_len", "128", "--stride", "8") == 0
+    assert read_summary(tmp_path / "out", "r")["kernel"]["resolved"] == "xla"
+
+    window = build_hf(tmp_path / "hf-window", "qwen2-window", num_hidden_layers=3)
+    assert convert_main(["--hf", str(window), "--out", str(tmp_path / "w"), "--max_seq_len", "640"]) == 0
+    loaded = models.load(str(tmp_path / "w"), attention="native")
+    for backend in ("tpu", "gpu"):
+        with pytest.raises(ConfigError, match="window of 24 needs in rows of 640 tokens"):
+            resolve_kernel("flash", backend, dtype="bfloat16", loaded=loaded)
+        assert resolve_kernel("flash", backend, dtype="bfloat16", loaded=loaded, max_len=24) in table.FLASH[backend]

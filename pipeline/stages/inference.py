@@ -62,6 +62,7 @@ class ModelSpec:
     dtype: str = "float32"
     cache_dir: str | None = None
     matmul_precision: str | None = None  # --matmul_precision (models/precision.py)
+    max_seq_len: int | None = None  # --max_seq_len (None: the model's): the rows its kernel is chosen for
 
 
 # Not Beam's shared.Shared (RunInference already holds load_model's result in one): it holds weakly, with one keep-alive
@@ -78,7 +79,7 @@ def shared_model(spec: ModelSpec):
 
             apply_cpu_tuning(CpuTuning(attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir))  # before jax starts here
             _MODELS[spec] = models.load(spec.name, attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir,
-                                         matmul_precision=spec.matmul_precision)
+                                         matmul_precision=spec.matmul_precision, max_seq_len=spec.max_seq_len)
             _MODELS[spec].while_compiling = device_time.PROCESS_CLOCK.idle  # compiling is host time, not device time
         return _MODELS[spec]
 
