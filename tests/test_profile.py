@@ -44,6 +44,17 @@ def test_profile_dir_traces_the_model_under_the_attention_scope(tmp_path):
     assert any(b"attention/xla" in open(t, "rb").read() for t in traces)
 
 
+def test_the_shadow_kernels_calls_are_in_the_trace_too(tmp_path):
+    """--shadow_attention's calls are device time of the same batches: the trace shows both kernels' scopes."""
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": str(i), "text": s} for i, s in enumerate(SENTENCES)])
+    profile_dir = tmp_path / "profile"
+    assert run_docscore("--input", shard, "--task", "embed", "--attention", "native", "--shadow_attention", "flash",
+                        "--shadow_fraction", "1", "--profile_dir", profile_dir,
+                        *common_flags("shadowed", tmp_path / "out")) == 0
+    traced = b"".join(open(t, "rb").read() for t in trace_files(str(profile_dir)))
+    assert b"attention/xla" in traced and b"attention/blockwise" in traced
+
+
 def test_flash_kernel_shows_under_its_own_scope(tmp_path):
     import jax
 

@@ -259,23 +259,25 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         loaded = model.loaded
         rows = [w for doc in docs for w in doc.windows + doc.query_windows]
         compiles_before = loaded.compiles_by_this_thread()
-        t0 = time.perf_counter()
-        with profile_batch(self._profile_dir), device_time.PROCESS_CLOCK.busy():  # --profile_dir: a trace of this process's first batches
-            outputs, timings, totals = run_model(
-                loaded, rows, **self._call_shapes, per_token=tasks.get(self._task).per_token,
-                on_call_read=self._count_finished(docs),
-            )
-        batch_ms = (time.perf_counter() - t0) * 1000.0
-        self._done.flush()  # the batch's last counts show now, not at the next flush tick
-        compiles = loaded.compiles_by_this_thread() - compiles_before
-        at_load = model.take_load_compiles()
-        shadow_before = model.shadow_loaded.compiles_by_this_thread() if model.shadow_loaded is not None else None
-        try:
-            shadow_outputs = self._run_shadow(docs, rows, model)
-        finally:  # the batch ran and compiled even when the shadow kernel failed it (its rows become errors)
-            if shadow_before is not None:
-                compiles = compiles + model.shadow_loaded.compiles_by_this_thread() - shadow_before
-            self._record_metrics(totals, compiles if at_load is None else compiles + at_load, batch_ms)
+        # --profile_dir: a trace of this process's first batches, the shadow kernel's calls included
+        with profile_batch(self._profile_dir):
+            t0 = time.perf_counter()
+            with device_time.PROCESS_CLOCK.busy():
+                outputs, timings, totals = run_model(
+                    loaded, rows, **self._call_shapes, per_token=tasks.get(self._task).per_token,
+                    on_call_read=self._count_finished(docs),
+                )
+            batch_ms = (time.perf_counter() - t0) * 1000.0
+            self._done.flush()  # the batch's last counts show now, not at the next flush tick
+            compiles = loaded.compiles_by_this_thread() - compiles_before
+            at_load = model.take_load_compiles()
+            shadow_before = model.shadow_loaded.compiles_by_this_thread() if model.shadow_loaded is not None else None
+            try:
+                shadow_outputs = self._run_shadow(docs, rows, model)
+            finally:  # the batch ran and compiled even when the shadow kernel failed it (its rows become errors)
+                if shadow_before is not None:
+                    compiles = compiles + model.shadow_loaded.compiles_by_this_thread() - shadow_before
+                self._record_metrics(totals, compiles if at_load is None else compiles + at_load, batch_ms)
         model_id = f"{loaded.model_id}/{loaded.attention}"  # RunInference's model id names the kernel
         per_doc = document_outputs(docs, outputs, timings, model, shadow_outputs)
         results, k = [], 0
