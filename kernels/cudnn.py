@@ -39,7 +39,8 @@ def is_supported(*, dtype: str | None = None, head_dim: int | None = None,
     if has_segments and packed is not False:
         return False, ("segment_ids that may pack several segments per row are not supported "
                        "(cudnn takes padding only as sequence lengths; packed=False promises one "
-                       "segment per row followed by padding)")
+                       "segment per row followed by padding, which `docscore run`'s packed rows never are: "
+                       "there flash on GPU is pallas_gpu)")
     if causal and q_len is not None and kv_len is not None and q_len != kv_len:
         return False, f"causal with q_len {q_len} != kv_len {kv_len} is not supported by cudnn here"
     return True, ""

@@ -113,7 +113,8 @@ def test_auto_on_gpu_reaches_xla_only_for_what_flash_refuses():
     ("cudnn", "gpu", dict(dtype="bfloat16", kv_len=16384, has_segments=True),
      "--attention=cudnn cannot run on gpu: segment_ids that may pack several segments per row are "
      "not supported (cudnn takes padding only as sequence lengths; packed=False promises one "
-     "segment per row followed by padding); use --attention=flash (pallas_gpu on gpu) or native "
+     "segment per row followed by padding, which `docscore run`'s packed rows never are: there flash on GPU "
+     "is pallas_gpu); use --attention=flash (pallas_gpu on gpu) or native "
      "or auto (picks a kernel that supports these inputs)"),
     ("pallas_gpu", "cpu", {},
      "--attention=pallas_gpu cannot run on cpu: it needs a GPU; "
