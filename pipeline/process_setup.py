@@ -15,8 +15,11 @@ import logging
 import os
 import platform
 import posixpath
+import re
 import shlex
 import uuid
+import warnings
+import zlib
 
 log = logging.getLogger(__name__)
 
@@ -308,4 +311,83 @@ def enable_compilation_cache(cache_dir: str | None) -> str:
         compilation_cache.reset_cache()
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(os.environ[MIN_COMPILE_TIME_ENV]))
+    watch_unreadable_cache_entries()
     return path
+
+
+# How JAX warns when an entry of its persistent cache cannot be read (jax's compiler.py); it then compiles the
+# program, but never writes over an entry that exists, so an entry cut short (a full disk, a killed write) would
+# make every later run compile that program cold.
+UNREADABLE_ENTRY_WARNING = "Error reading persistent compilation cache entry for '"
+_watching_cache_reads = False
+
+
+def watch_unreadable_cache_entries() -> None:
+    """On JAX's warning about an unreadable entry of a local compilation cache, remove that program's entries that
+    cannot be decompressed (unreadable_cache_entries) before JAX compiles it, so this run writes them again; the
+    warning says so. Installed once per process; every such warning is shown (not once per place)."""
+    global _watching_cache_reads
+    if _watching_cache_reads:
+        return
+    _watching_cache_reads = True
+    warnings.filterwarnings("always", message=re.escape(UNREADABLE_ENTRY_WARNING))
+    shown = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if text.startswith(UNREADABLE_ENTRY_WARNING):
+            import jax
+
+            directory = jax.config.jax_compilation_cache_dir
+            program = text[len(UNREADABLE_ENTRY_WARNING):].split("'", 1)[0]
+            removed = [] if not directory or "://" in directory else unreadable_cache_entries(directory, program, remove=True)
+            if removed:
+                message = (f"{text} (docscore removed the unreadable {', '.join(os.path.basename(p) for p in removed)} "
+                           "from the cache, so this run writes the program again)")
+        shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
+
+
+def unreadable_cache_entries(directory: str, program: str, remove: bool = False) -> list[str]:
+    """The entries of `program` (a program name, or one entry's key) in the local compilation cache `directory` that
+    neither zstandard nor zlib can decompress, the two codecs JAX writes them with; removed (with their access-time
+    files) when `remove`. A readable entry is left alone: it still loads."""
+    import glob
+
+    try:
+        import zstandard
+    except ImportError:
+        zstandard = None
+    found = []
+    for path in glob.glob(os.path.join(glob.escape(directory), glob.escape(program) + "-cache")) + glob.glob(
+            os.path.join(glob.escape(directory), glob.escape(program) + "-*-cache")):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if _decompresses(data, zstandard):
+            continue
+        found.append(path)
+        if remove:
+            for name in (path, path[: -len("-cache")] + "-atime"):
+                try:
+                    os.remove(name)
+                except FileNotFoundError:
+                    pass
+    return found
+
+
+def _decompresses(data: bytes, zstandard) -> bool:
+    if zstandard is not None:
+        try:
+            zstandard.ZstdDecompressor().decompress(data)
+            return True
+        except zstandard.ZstdError:
+            pass
+    try:
+        zlib.decompress(data)
+        return True
+    except zlib.error:
+        return False
