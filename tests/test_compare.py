@@ -2,8 +2,11 @@
 it reports are checked against numpy computed here, and its exit status against the limits."""
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
+import subprocess
+import sys
 import uuid
 
 import fsspec
@@ -288,6 +291,39 @@ def test_a_run_directory_that_does_not_exist_is_named_as_such(tmp_path, capsys):
     assert compare([str(tmp_path / "elsewhere" / "scores" / "run_id=a"), a]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'elsewhere'} does not exist" in err
+
+
+@contextlib.contextmanager
+def held_by_another_process(output: str, run_id: str, launch: str):
+    """run_id's lease taken by a live process of its own (a launch that is writing the run), released on exit;
+    yields its pid."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pipeline.io import run_lease\n"
+         "with run_lease.acquire(*sys.argv[1:]):\n    print('held', flush=True); sys.stdin.read()",
+         output, run_id, launch], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield holder.pid
+    finally:
+        holder.stdin.close()
+        holder.wait()
+
+
+def test_a_run_being_written_is_named_with_its_launch_not_as_missing(tmp_path, capsys):
+    """While a launch writes run b (its first: no partition yet), compare and report say who is writing it and
+    to come back when it finishes, not that the run_id is wrong; once the launch has gone, it is missing."""
+    a = write_run(str(tmp_path), "a", score_rows("a", "embed", 4, embeddings=np.eye(4, 8)))
+    b = str(tmp_path / "scores" / "run_id=b")
+    with held_by_another_process(str(tmp_path), "b", "feedc0ffee12") as pid:
+        assert compare([a, b]) == 2
+        err = capsys.readouterr().err
+        assert f"run 'b' under {tmp_path} is being written by launch feedc0ffee12 (pid {pid} on " in err
+        assert "compare it once that launch finishes" in err and "does not exist" not in err
+        assert report.main([str(tmp_path), "--run_id", "b"]) == 2
+        err = capsys.readouterr().err
+        assert f"is being written by launch feedc0ffee12 (pid {pid} on " in err and "does not exist" not in err
+    assert compare([a, b]) == 2
+    assert "run_id=b does not exist (no run 'b' under" in capsys.readouterr().err
 
 
 def test_readable_report_through_the_docscore_command(tmp_path, capsys):

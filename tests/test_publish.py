@@ -395,3 +395,26 @@ def test_a_launch_names_only_failed_launches_leftovers_as_such(tmp_path, monkeyp
     retired = {f for r in summary["retired"] for f in r["files"]}
     assert retired and not retired & set(removed) and set(left) <= set(removed)
     assert on_disk(tmp_path / "out") == {f for names in summary["files"].values() for f in names}
+
+
+def test_any_launch_removes_other_run_ids_replaced_files_unless_a_live_launch_holds_them(tmp_path, monkeypatch):
+    """A date-named run retried once is never launched again: a launch of another run_id into the output removes
+    its replaced files once the grace period is over (not while a live launch holds that run's lease, nor while
+    another launch's staging of it is left), as the launch of the run_id itself would."""
+    from pipeline.io import run_lease
+    from tests.test_compare import held_by_another_process
+
+    spec, written = stage_run(tmp_path, "day1")
+    summary = publish.publish_run(spec, dict(FACTS, run_id="day1"), STATS, written, derived=False)
+    retired = {f for r in summary["retired"] for f in r["files"]}
+    monkeypatch.setattr(run_commit, "REPLACED_GRACE_S", 0.0)
+    with held_by_another_process(spec.output, "day1", "feedc0ffee12"):
+        assert run_lease.remove_replaced(spec.output, "day2", own_launch="next") == []
+    other = Path(spec.output) / "_staging" / "run_id=day1" / "flexjob"
+    other.mkdir(parents=True)
+    assert run_lease.remove_replaced(spec.output, "day2", own_launch="next") == []
+    assert retired and retired <= on_disk(tmp_path / "out")
+    other.rmdir()
+    assert sorted(run_lease.remove_replaced(spec.output, "day2", own_launch="next")) == sorted(retired)
+    assert on_disk(tmp_path / "out") == {f for names in summary["files"].values() for f in names}
+    assert visible(spec) == NEW

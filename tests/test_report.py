@@ -337,6 +337,105 @@ def test_the_documented_views_are_the_ones_the_code_makes():
     assert flat(views) == flat(run_commit.duckdb_views_sql("DIR"))
 
 
+def old_layout_copy(output: str, run_id: str, dest: Path, *, marked: bool = True) -> None:
+    """The committed run `run_id` of `output` copied to dest as docscore published before the run-level commit:
+    part-NNNNN-of-NNNNN.parquet files behind a _SUCCESS per partition (marked=False: a run that did not finish
+    publishing), runs/run_id=ID/history.parquet and a summary.json without `files` nor `launch_id`."""
+    for table in ("scores", "errors"):
+        files = run_commit.committed_files(output, run_id, table)
+        folder = dest / table / f"run_id={run_id}"
+        folder.mkdir(parents=True)
+        for i, path in enumerate(files):
+            shutil.copy(path, folder / f"part-{i:05d}-of-{len(files):05d}.parquet")
+        if marked:
+            (folder / run_commit.LEGACY_SUCCESS).write_text("")
+    folder = dest / "runs" / f"run_id={run_id}"
+    folder.mkdir(parents=True)
+    (history_file,) = run_commit.committed_files(output, run_id, "history")
+    shutil.copy(history_file, folder / "history.parquet")
+    summary = run_commit.committed_summary(output, run_id)
+    old = {k: v for k, v in summary.items() if k not in ("files", "launch_id", "retired", "committed_at")}
+    (folder / "summary.json").write_text(json.dumps(old))
+
+
+def view_rows(output: str) -> dict[str, int]:
+    """Rows of each view over `output`."""
+    con = duckdb.connect()
+    con.execute(run_commit.duckdb_views_sql(output))
+    return {view: con.execute(f"SELECT count(*) FROM {view}").fetchall()[0][0] for view in ("scores", "errors", "history")}
+
+
+def committed_rows(output: str) -> dict[str, int]:
+    """Rows of each table in the files committed_files reads, over every committed run."""
+    return {view: sum(pq.read_metadata(f).num_rows for run_id in run_commit.committed_run_ids(output)
+                      for f in run_commit.committed_files(output, run_id, view))
+            for view in ("scores", "errors", "history")}
+
+
+def test_the_views_read_runs_of_the_old_layout_as_committed_files_does(finished_run, tmp_path):
+    """An output of old-layout runs only, then one with runs of both layouts: the views hold exactly the rows of
+    the files committed_files reads (an old partition without its _SUCCESS marker is no committed run)."""
+    output, *_ = finished_run
+    old = tmp_path / "old"
+    old_layout_copy(output, "r1", old)
+    expected = {"scores": len(_scores(output)), "errors": len(_errors(output)), "history": 1}
+    assert committed_rows(str(old)) == expected
+    assert view_rows(str(old)) == expected
+    mixed = tmp_path / "mixed"
+    shutil.copytree(output, mixed)
+    old_layout_copy(output, "r1", mixed / "legacy")
+    for name in ("scores", "errors", "runs"):  # the old run as run r0 beside the new layout's r1
+        (mixed / "legacy" / name / "run_id=r1").rename(mixed / name / "run_id=r0")
+    old_layout_copy(output, "r1", mixed / "unmarked", marked=False)
+    for name in ("scores", "errors"):  # a run of the old layout that never finished publishing: r2
+        (mixed / "unmarked" / name / "run_id=r1").rename(mixed / name / "run_id=r2")
+    assert committed_rows(str(mixed)) == {view: 2 * n for view, n in expected.items()}
+    assert view_rows(str(mixed)) == committed_rows(str(mixed))
+
+
+def test_a_report_rendered_while_a_launch_replaces_the_run_is_not_written(finished_run, tmp_path, monkeypatch, capsys):
+    """`docscore report` loads run r1; while it renders, a launch replaces r1 and writes its own report. The page
+    of the run as it was must not land over it, beside the new summary: refused (exit 2), naming the change."""
+    output, *_ = finished_run
+    copy = tmp_path / "out"
+    shutil.copytree(output, copy)
+    shard = tmp_path / "three.jsonl"
+    shard.write_text("".join(json.dumps({"id": f"n{i}", "text": text}) + "\n" for i, (_, text) in enumerate(DOCS[:3])))
+    render, rendered, relaunched = report.render_html, [], []
+
+    def relaunch_while_rendering(run):
+        rendered.append(run.summary["counts"]["records"])
+        if len(rendered) == 1:  # the launch's own report renders as the second page
+            labels = ";".join(f"{k}={v}" for k, v in LABELS.items())
+            relaunched.append(launch.main(["--input", str(shard), "--task", "classify", "--labels", labels,
+                                           "--attention", "native", "--no_progress", *common_flags("r1", copy)]))
+        return render(run)
+
+    monkeypatch.setattr(report, "render_html", relaunch_while_rendering)
+    assert report.main([str(copy), "--run_id", "r1"]) == 2
+    assert relaunched == [0] and rendered == [len(DOCS) + len(BAD_LINES), 3]
+    err = capsys.readouterr().err
+    assert "run 'r1' under" in err and "changed while its report was rendered (launch " in err and "replaced it)" in err
+    page = PageOutline(Path(run_commit.report_path(str(copy), "r1")).read_text())
+    facts = dict([rows for classes, rows in page.tables if "facts" in classes][0])
+    assert facts["records / scored / errors"] == "3 / 3 / 0"  # the launch's report, not the replaced run's
+
+
+def test_a_report_rendered_while_its_launch_rewrites_the_summary_is_not_written(finished_run, tmp_path, monkeypatch, capsys):
+    """The launcher adds Beam metrics and gates to its committed summary, then writes the report: a page rendered
+    from the summary before that is refused too."""
+    output, summary, _ = finished_run
+    copy = tmp_path / "out"
+    shutil.copytree(output, copy)
+    render = report.render_html
+    monkeypatch.setattr(report, "render_html", lambda run: (
+        run_commit.rewrite_summary(str(copy), {**run.summary, "wall_s": run.summary["wall_s"] + 1}), render(run))[1])
+    before = Path(run_commit.report_path(str(copy), "r1")).read_text()
+    assert report.main([str(copy), "--run_id", "r1"]) == 2
+    assert f"(its launch {summary['launch_id']} rewrote its summary.json)" in capsys.readouterr().err
+    assert Path(run_commit.report_path(str(copy), "r1")).read_text() == before
+
+
 def test_a_run_of_no_documents_prints_no_made_up_zeros(tmp_path, capsys):
     """An input with no records has no percentiles, padding efficiency or host time per document: the printed
     line shows "-" where the summary and the report have none."""

@@ -28,6 +28,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 import fsspec
@@ -42,6 +43,7 @@ LAUNCH_KEY = "launch_id"
 # a reader that read the previous summary just before the commit still finds the files it names
 RETIRED_KEY = "retired"
 REPLACED_GRACE_S = 600.0
+LAUNCH_HISTORY_NAME = re.compile(r"^history-[0-9a-f]+\.parquet$")  # history_name's: one per launch
 LEGACY_SUCCESS = "_SUCCESS"  # runs published before the run-level commit marked each partition
 # what docscore writes inside a partition (and may therefore remove there): part files, history rows,
 # its own temporary files and the old per-partition marker; anything else is left alone
@@ -213,7 +215,8 @@ def clean_after_commit(output: str, run_id: str, now: float | None = None) -> li
     per-partition markers (a run never committed keeps nothing of them).
     Only names docscore writes (OWNED_NAME) are removed, links as links (never their targets), never
     directories; a run published before the run-level commit is left as it is. Call it only while no
-    other launch of the run is writing (after this launch's commit, or holding the run's lease). Errors
+    other launch of the run is writing (after this launch's commit, holding the run's lease, or finding neither
+    a live lease nor another launch's staging of the run: run_lease.remove_replaced). Errors
     are logged, not raised. Returns what was removed (relative paths). A damaged summary keeps everything: which
     files were the run's is unknown until a launch commits over it."""
     try:
@@ -366,22 +369,50 @@ def summary_files(fs, root: str) -> list[str]:
     return sorted(p for p in found if posixpath.basename(p) == SUMMARY_FILE and partition_run_id(posixpath.dirname(p)))
 
 
+def runs_with_replaced_launches(output: str) -> list[str]:
+    """run_ids whose runs/ partition holds the history rows of more than one launch: the committed one's and a
+    replaced (or failed) launch's, whose files clean_after_commit may remove. One listing of runs/, so a launch
+    need not read every run's summary to find them."""
+    fs, root = fsspec.core.url_to_fs(output)
+    runs = posixpath.join(root, "runs")
+    fs.invalidate_cache(runs)
+    try:
+        found = fs.find(runs, maxdepth=2)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    launches = Counter(partition_run_id(posixpath.dirname(p)) for p in found
+                       if LAUNCH_HISTORY_NAME.match(posixpath.basename(p)))
+    return sorted(run_id for run_id, n in launches.items() if run_id and n > 1)
+
+
 def duckdb_views_sql(output: str, views: tuple[str, ...] = ("scores", "errors", "history")) -> str:
     """SQL creating the views scores, errors and history over the committed files of every run under
-    `output` (docs/queries.md shows the same statements). DuckDB refuses a view over a pattern that
-    matches no file: name only the tables that have some."""
+    `output`, as committed_files reads them (docs/queries.md shows the same statements): the files a summary
+    names, and of a run published before the run-level commit (a summary without `files`) its partition's part
+    files behind _SUCCESS and its history.parquet. DuckDB refuses a view over a pattern that matches no file:
+    name only the tables that have some."""
     root = duckdb_glob_literal(output.rstrip("/"))
-    committed = (f"SELECT parse_filename(unnest(files.TABLE)) FROM read_json('{root}/runs/*/{SUMMARY_FILE}', "
+    summaries = (f"read_json('{root}/runs/*/{SUMMARY_FILE}', filename = true, "
                  "columns = {files: 'STRUCT(scores VARCHAR[], errors VARCHAR[], history VARCHAR[])'})")
+    partition_of = "parse_filename(parse_dirpath({}))"  # DIR/TABLE/run_id=ID/NAME -> run_id=ID
+    legacy_runs = f"SELECT {partition_of.format('filename')} FROM {summaries} WHERE files IS NULL"
     statements = []
     for view, glob in (("scores", "scores/*/*.parquet"), ("errors", "errors/*/*.parquet"),
-                       ("history", "runs/*/history-*.parquet")):
+                       ("history", "runs/*/history*.parquet")):
         if view not in views:
             continue
+        if view == "history":
+            legacy = (f"parse_filename(filename) = 'history.parquet' AND {partition_of.format('filename')} IN ("
+                      f"{legacy_runs})")
+        else:  # a legacy partition's parts count only behind its _SUCCESS marker
+            marked = f"SELECT {partition_of.format('file')} FROM glob('{root}/{view}/*/{LEGACY_SUCCESS}')"
+            legacy = (f"parse_filename(filename) LIKE 'part%' AND {partition_of.format('filename')} IN ("
+                      f"{legacy_runs} INTERSECT {marked})")
         statements.append(
             f"CREATE OR REPLACE VIEW {view} AS SELECT * EXCLUDE (filename) FROM read_parquet('{root}/{glob}', "
             f"filename = true, union_by_name = true, hive_partitioning = false) "
-            f"WHERE parse_filename(filename) IN ({committed.replace('TABLE', view)});")
+            f"WHERE parse_filename(filename) IN (SELECT parse_filename(unnest(files.{view})) FROM {summaries}) "
+            f"OR ({legacy});")
     return "\n".join(statements)
 
 

@@ -138,6 +138,12 @@ def is_held(output: str, run_id: str) -> bool:
         os.close(fd)
 
 
+def writer(output: str, run_id: str) -> str | None:
+    """Who is writing run_id under `output` now ("launch L (pid P on HOST, started T)"), or None when no live
+    launch holds its lease: what a reader says of a run that has no committed summary yet."""
+    return _who(holder(output, run_id)) if is_held(output, run_id) else None
+
+
 def check_holder(output: str, run_id: str, launch: str) -> None:
     """Raise unless `launch` holds the lease: called just before the commit, so a launch whose lease was
     taken over (it was cut off past the expiry) does not overwrite the newer launch's run."""
@@ -266,14 +272,23 @@ def remove_stale(output: str, *, own_launch: str) -> list[str]:
 
 
 def remove_replaced(output: str, run_id: str, *, own_launch: str) -> list[str]:
-    """At a launch holding run_id's lease: the files of launches the committed run replaced REPLACED_GRACE_S
-    or more ago (run_commit.clean_after_commit), so they go at the next launch even if it never commits; only
-    while no other launch's staging of the run is left (a launch nobody waits for may still be placing files)."""
+    """At a launch holding run_id's lease: the files of launches that committed runs replaced REPLACED_GRACE_S or
+    more ago (run_commit.clean_after_commit), so they go at the next launch even if it never commits; of run_id
+    and of every other run_id under `output` that has some, since a run_id may never be launched again. A run
+    another live launch holds is left alone, and so is one with another launch's staging left (a launch nobody
+    waits for may still be placing files)."""
+    removed = []
+    for run in sorted({run_id, *run_commit.runs_with_replaced_launches(output)}):
+        if (run != run_id and is_held(output, run)) or _staged_by_another(output, run, own_launch):
+            continue
+        removed += run_commit.clean_after_commit(output, run)
+    return removed
+
+
+def _staged_by_another(output: str, run_id: str, own_launch: str) -> bool:
+    """Whether a launch other than `own_launch` has staging of run_id left under `output`."""
     fs, root = fsspec.core.url_to_fs(output)
-    staging = run_commit.partition(root, "_staging", run_id)
-    if any(posixpath.basename(d) != own_launch for d in _dirs(fs, staging)):
-        return []
-    return run_commit.clean_after_commit(output, run_id)
+    return any(posixpath.basename(d) != own_launch for d in _dirs(fs, run_commit.partition(root, "_staging", run_id)))
 
 
 def _dirs(fs, path: str) -> list[str]:

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from pipeline import options
 from pipeline.cli import SubcommandParser
-from pipeline.io import run_commit, sinks, sources
+from pipeline.io import run_commit, run_lease, sinks, sources
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs.history import STAGE_TIMING, WALL_S, summary_value
 from pipeline.telemetry.timing import STAGES
@@ -126,6 +126,10 @@ def load_run(ref: RunRef) -> LoadedRun:
         except run_commit.DamagedSummary as e:
             raise CompareError(str(e)) from None
         if summary is None:
+            writing = run_lease.writer(ref.output_dir or ".", ref.run_id)
+            if writing:  # its partitions may not exist yet: the run is coming, not mistyped
+                raise CompareError(f"run {ref.run_id!r} under {ref.output_dir or '.'} is being written by {writing} and "
+                                   "has no committed summary.json yet; compare it once that launch finishes")
             missing = missing_directory(ref)
             if missing:
                 raise CompareError(missing)

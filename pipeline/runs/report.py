@@ -24,7 +24,7 @@ from matplotlib.ticker import MaxNLocator
 
 from pipeline import options, tasks
 from pipeline.cli import SubcommandParser
-from pipeline.io import run_commit, sinks, sources
+from pipeline.io import run_commit, run_lease, sinks, sources
 from pipeline.records import SCORES_SCHEMA
 from pipeline.runs import history
 from pipeline.runs.compare import bigquery_message
@@ -118,6 +118,10 @@ def load_run(output_dir: str, run_id: str) -> RunData:
     except run_commit.DamagedSummary as e:
         raise ReportError(str(e)) from None
     if summary is None:
+        writing = run_lease.writer(output_dir, run_id)
+        if writing:
+            raise ReportError(f"run {run_id!r} under {output_dir} is being written by {writing} and has no committed "
+                              f"{run_commit.SUMMARY_FILE} yet; that launch writes its report when it finishes")
         raise ReportError(
             f"{shown} does not exist: run {run_id!r} did not finish or is not "
             f"under {output_dir}; check --run_id and the output directory (`ls {output_dir}/runs`)"
@@ -680,11 +684,34 @@ def render_html(run: RunData) -> str:
 
 
 def write_report(output_dir: str, run_id: str) -> str:
-    """Write DIR/runs/run_id=ID/report.html for a finished run and return its path."""
+    """Write DIR/runs/run_id=ID/report.html for a finished run and return its path; ReportError, writing
+    nothing, when the run changed while the page was rendered (still_committed)."""
     run = load_run(output_dir, run_id)
+    page = render_html(run).encode("utf-8")
+    still_committed(run)
     path = run_commit.report_path(output_dir, run_id)
-    run_commit.write_atomic(path, render_html(run).encode("utf-8"))
+    run_commit.write_atomic(path, page)
     return path
+
+
+def still_committed(run: RunData) -> None:
+    """Raise ReportError unless the run's committed summary is still the one `run` was loaded from: a launch that
+    replaced the run (or its launcher, adding Beam metrics and gates) meanwhile writes its own report after its
+    summary, which a page rendered from the old one must not overwrite. A commit between this check and the
+    write is followed by that launch's own report, rendered after it, which replaces the page."""
+    try:
+        current = run_commit.committed_summary(run.output_dir, run.run_id)
+    except run_commit.DamagedSummary as e:
+        raise ReportError(str(e)) from None
+    if current == run.summary:
+        return
+    launch = (current or {}).get(run_commit.LAUNCH_KEY)
+    change = ("its summary.json is gone" if current is None else
+              f"launch {launch} replaced it" if launch != run.summary.get(run_commit.LAUNCH_KEY) else
+              f"its launch {launch} rewrote its summary.json")
+    raise ReportError(f"run {run.run_id!r} under {run.output_dir} changed while its report was rendered ({change}); "
+                      "no report was written, since it would describe the run as it was: the launch writes its own "
+                      f"when it finishes, else rerun `docscore report {run.output_dir} --run_id {run.run_id}`")
 
 
 def main(argv: list[str] | None = None) -> int:
