@@ -1,5 +1,5 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
-*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa), GPT-2 and Llama (Llama,
+*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT), GPT-2 and Llama (Llama,
 Mistral, Qwen2, Qwen3) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree (the command's flags: pipeline/convert.py).
@@ -305,23 +305,42 @@ def sentence_bert_config(src: str, model_folder: str) -> str:
                 os.path.join(src, "sentence_bert_config.json"))
 
 
-def sentence_transformers_max_len(src: str, model_folder: str | None = None) -> int | None:
-    """max_seq_length of a sentence-transformers directory; refuse pooling other than mean tokens and
-    modules after pooling that docscore does not compute."""
+def pooling_modes(config: dict[str, Any]) -> list[str]:
+    """The pooling a sentence-transformers Pooling config.json asks for: `pooling_mode` (6.x: a mode or a list of
+    them, "mean", "cls", ...) or the pooling_mode_* switches earlier versions write (pooling_mode_mean_tokens)."""
+    if "pooling_mode" in config:
+        mode = config["pooling_mode"]
+        return [mode] if isinstance(mode, str) else [str(m) for m in mode] if isinstance(mode, list) else [repr(mode)]
+    return sorted(k for k, v in config.items() if k.startswith("pooling_mode_") and v)
+
+
+MEAN_POOLING = (["mean"], ["pooling_mode_mean_tokens"])
+UNSET_MAX_LENGTH = 10 ** 9  # transformers writes model_max_length 1e30 when a tokenizer has none
+
+
+def sentence_transformers_max_len(src: str, model_folder: str | None = None) -> tuple[int | None, str]:
+    """The longest input of a sentence-transformers directory and where it was read: sentence_bert_config.json's
+    max_seq_length, else (sentence-transformers 6 keeps it there) tokenizer_config.json's model_max_length; refuse
+    pooling other than mean tokens and modules after pooling that docscore does not compute."""
     pooling = os.path.join(src, sentence_transformers_modules(src).get("Pooling", "1_Pooling"), "config.json")
     if os.path.exists(pooling):
-        modes = {k: v for k, v in json_object(pooling).items() if k.startswith("pooling_mode") and v}
-        if set(modes) != {"pooling_mode_mean_tokens"}:
-            raise ModelLoadError(f"{pooling}: pooling {sorted(modes)} is not supported; docscore embeddings "
-                                 "are mean pooling over tokens")
+        modes = pooling_modes(json_object(pooling))
+        if modes not in MEAN_POOLING:
+            raise ModelLoadError(f"{pooling}: pooling {modes} is not supported; docscore embeddings are mean pooling "
+                                 "over tokens")
     sbert = sentence_bert_config(src, model_folder or src)
-    if not os.path.exists(sbert):
-        return None
-    length = json_object(sbert).get("max_seq_length")
+    length = json_object(sbert).get("max_seq_length") if os.path.exists(sbert) else None
     if length is not None and (type(length) is not int or length < 1):
         raise ModelLoadError(f"{sbert}: max_seq_length {length!r} is not a positive whole number; fix it, or remove "
                              "it and pass --max_seq_len")
-    return length
+    if length is not None:
+        return length, f"{sbert}'s max_seq_length"
+    tokenizer_config = os.path.join(model_folder or src, "tokenizer_config.json")
+    if os.path.exists(os.path.join(src, "modules.json")) and os.path.exists(tokenizer_config):
+        value = json_object(tokenizer_config).get("model_max_length")
+        if type(value) is int and 1 <= value < UNSET_MAX_LENGTH:
+            return value, f"{tokenizer_config}'s model_max_length"
+    return None, ""
 
 
 def with_sentence_transformers_text_rules(src: str, tokenizer_text: str, model_folder: str | None = None) -> str:
@@ -393,12 +412,13 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
         except (OSError, UnicodeDecodeError) as err:
             raise ModelLoadError(f"{path}: cannot be read as UTF-8 text ({type(err).__name__}: {err})") from None
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
-    st_len = sentence_transformers_max_len(root, src)  # also refuses pooling and modules docscore does not compute
+    st_len, st_origin = sentence_transformers_max_len(root, src)  # also refuses pooling and modules it cannot compute
+    if st_origin.endswith("model_max_length") and st_len > config.max_positions:
+        st_len = config.max_positions  # as sentence-transformers caps a tokenizer's length at the model's positions
     texts["tokenizer.json"] = with_sentence_transformers_text_rules(root, texts["tokenizer.json"], src)
     seq_len = next(n for n in (max_seq_len, st_len, config.default_seq_len) if n is not None)
     if not MIN_SEQ_LEN <= seq_len <= config.max_positions:
-        origin = ("--max_seq_len" if max_seq_len is not None else
-                  f"{sentence_bert_config(root, src)}'s max_seq_length" if st_len is not None else
+        origin = ("--max_seq_len" if max_seq_len is not None else st_origin if st_len is not None else
                   "the config's default")
         raise ModelLoadError(f"{src}: max_seq_len {seq_len} ({origin}) must be between {MIN_SEQ_LEN} (what `docscore "
                              f"run` takes) and the model's {config.max_positions} positions; pass --max_seq_len in "
