@@ -1,4 +1,4 @@
-"""BERT-family encoder (Flax NNX) for BERT, RoBERTa and XLM-RoBERTa checkpoints, laid out like the paper's
+"""BERT-family encoder (Flax NNX) for BERT, RoBERTa, XLM-RoBERTa and CamemBERT checkpoints, laid out like the paper's
 diagram: embeddings, post-norm
 blocks (attention -> add & norm -> feed-forward -> add & norm), final hidden states.
 
@@ -26,7 +26,11 @@ class BertEmbeddings(nnx.Module):
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
         # one text per segment, so every token has token type 0
-        positions = positions_in_segments(segment_ids) + self.position_offset
+        positions = positions_in_segments(segment_ids)
+        if self.position_offset:  # as transformers numbers them: the padding id takes position pad and is not counted
+            pad = self.position_offset - 1
+            counted = positions_in_segments(segment_ids, counted=input_ids != pad) + self.position_offset
+            positions = jnp.where(input_ids == pad, pad, counted)
         x = self.word(input_ids) + self.position(positions) + self.token_type.embedding[0]
         return self.norm(x)
 

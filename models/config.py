@@ -1,6 +1,6 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
-Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa; GPT-2 decoder; Llama-family decoder:
+Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT; GPT-2 decoder; Llama-family decoder:
 Llama, Mistral, Qwen2, Qwen3),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
@@ -23,12 +23,12 @@ ACTIVATIONS = {
     "gelu_fast": "gelu_tanh",
     "relu": "relu",
 }
-# HF model_type -> family: RoBERTa and XLM-RoBERTa are BERT with positions counted past the padding id; Mistral,
+# HF model_type -> family: RoBERTa, XLM-RoBERTa and CamemBERT are BERT with positions counted past the padding id; Mistral,
 # Qwen2 and Qwen3 are Llama's architecture with a few config switches.
-FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "gpt2": "gpt2",
+FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
-POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta")
+POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert")
 
 # ModelConfig size field -> its key in each family's config.json (errors name the key the file holds).
 HF_KEYS = {
@@ -124,10 +124,13 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     """The ModelConfig of a Hugging Face config dict; `path` only names the file in errors."""
     model_type = hf.get("model_type")
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if model_type is None:
+        raise ModelLoadError(f"{path}: has no model_type, so its architecture is unknown; save the model's config with "
+                             "transformers' save_pretrained (it writes model_type)")
     if family is None:
         raise ModelLoadError(
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
-            f"family (model_type 'bert', 'roberta' or 'xlm-roberta', encoder), the GPT-2 family (model_type 'gpt2', "
+            f"family (model_type 'bert', 'roberta', 'xlm-roberta' or 'camembert', encoder), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2' or 'qwen3', decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
@@ -273,9 +276,10 @@ def _rope(hf: dict[str, Any]) -> Rope:
     if params and all(isinstance(v, dict) for v in params.values()):
         raise ModelLoadError(f"{field} holds per-layer-type settings ({sorted(params)}); only one rotary "
                              "setting for all layers is supported")
-    kind = params.get("rope_type", params.get("type", "default"))
+    kind_key = "rope_type" if "rope_type" in params or "type" not in params else "type"  # transformers 4.x: "type"
+    kind = params.get(kind_key, "default")
     if kind not in ROPE_TYPES:
-        raise ModelLoadError(f"{field}.rope_type {_shown(kind)} is not supported; docscore's Llama decoder "
+        raise ModelLoadError(f"{field}.{kind_key} {_shown(kind)} is not supported; docscore's Llama decoder "
                              f"computes rotary positions of rope_type {', '.join(map(repr, ROPE_TYPES))} only")
     if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ModelLoadError("partial_rotary_factor other than 1.0 is not supported")
@@ -327,10 +331,12 @@ def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     layers = hf["num_hidden_layers"] if type(hf.get("num_hidden_layers")) is int else 0
     if model_type == "llama":
         return none
-    if layer_types is not None and (not isinstance(layer_types, list)
-                                    or set(map(str, layer_types)) - {"full_attention", "sliding_attention"}):
-        raise ModelLoadError(f"layer_types {_shown(layer_types)} is not supported; each layer must be "
-                             "'full_attention' or 'sliding_attention'")
+    if layer_types is not None:
+        others = (sorted(set(map(str, layer_types)) - {"full_attention", "sliding_attention"})
+                  if isinstance(layer_types, list) else [f"a JSON {type(layer_types).__name__}, not a list"])
+        if others:
+            raise ModelLoadError(f"layer_types holds {', '.join(map(repr, others[:3]))}, which is not supported; each "
+                                 "layer must be 'full_attention' or 'sliding_attention'")
     marked = None if layer_types is None else tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
     if model_type == "mistral":
         window = hf.get("sliding_window", DEFAULT_SLIDING_WINDOW)

@@ -46,13 +46,15 @@ def linear(features_in: int, features_out: int, dtype: jnp.dtype, rngs: nnx.Rngs
                       preferred_element_type=jnp.float32, rngs=rngs)
 
 
-def positions_in_segments(segment_ids: jax.Array) -> jax.Array:
+def positions_in_segments(segment_ids: jax.Array, counted: jax.Array | None = None) -> jax.Array:
     """Position ids [B, L] that restart at 0 where each segment starts (0 on padding), so a document
-    packed into a row sees the same positions as alone in its own row."""
+    packed into a row sees the same positions as alone in its own row. With `counted` (bool [B, L]), a position is
+    the number of counted tokens before it in its segment (RoBERTa does not count its padding id)."""
     index = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)[None, :]
+    before = index if counted is None else jnp.cumsum(counted, axis=1, dtype=jnp.int32) - counted  # non-decreasing
     previous = jnp.pad(segment_ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
-    starts = jnp.where(segment_ids != previous, index, 0)
-    return jnp.where(segment_ids > 0, index - jax.lax.cummax(starts, axis=1), 0)
+    starts = jnp.where(segment_ids != previous, before, 0)
+    return jnp.where(segment_ids > 0, before - jax.lax.cummax(starts, axis=1), 0)
 
 
 class SelfAttention(nnx.Module):

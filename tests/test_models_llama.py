@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -336,7 +337,7 @@ def test_unsupported_rope_scaling_is_refused_naming_field_and_value(rope_type, e
     config["rope_scaling"] = {"type": rope_type, **extra}
     (src / "config.json").write_text(json.dumps(config))
     code, message = convert(src, tmp_path / "out", capsys)
-    assert code == 2 and f'rope_scaling.rope_type "{rope_type}" is not supported' in message
+    assert code == 2 and f'rope_scaling.type "{rope_type}" is not supported' in message
 
 
 def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(converted, tmp_path, gcs):
@@ -516,3 +517,14 @@ def test_the_kernel_is_chosen_for_the_runs_rows_not_the_models_longest(tmp_path,
         with pytest.raises(ConfigError, match="window of 24 needs in rows of 640 tokens"):
             resolve_kernel("flash", backend, dtype="bfloat16", loaded=loaded)
         assert resolve_kernel("flash", backend, dtype="bfloat16", loaded=loaded, max_len=24) in table.FLASH[backend]
+
+
+@pytest.mark.parametrize("hf, says", [
+    ({k: v for k, v in LLAMA.items() if k != "model_type"}, "has no model_type, so its architecture is unknown"),
+    ({**LLAMA, "model_type": "qwen3", "layer_types": ["full_attention", "chunked_attention"]},
+     "layer_types holds 'chunked_attention', which is not supported"),
+    ({**LLAMA, "rope_scaling": {"type": "yarn", "factor": 4.0}}, 'rope_scaling.type "yarn" is not supported'),
+], ids=["no-model-type", "unknown-layer-type", "transformers-4-rope-key"])
+def test_refusals_name_the_key_and_value_the_file_holds(hf, says):
+    with pytest.raises(models.ModelLoadError, match=re.escape(says)):
+        config_from_hf(hf)

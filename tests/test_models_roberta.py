@@ -1,4 +1,4 @@
-"""RoBERTa and XLM-RoBERTa encoders (the BERT family with positions numbered from pad_token_id + 1): small random
+"""RoBERTa, XLM-RoBERTa and CamemBERT encoders (the BERT family with positions numbered from pad_token_id + 1): small random
 sentence-transformers models built in transformers (no download), converted with `docscore convert`, and run
 through `docscore run --task embed`, whose embeddings (documents packed together in rows) must equal
 SentenceTransformer.encode's; configs whose positions cannot hold a text are refused."""
@@ -29,6 +29,7 @@ KINDS = {
     "roberta": ("RobertaConfig", "RobertaModel", 1, ["<s>", "<pad>", "</s>", "<unk>"]),
     "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", 1, ["<s>", "<pad>", "</s>", "<unk>"]),
     "roberta-pad-0": ("RobertaConfig", "RobertaModel", 0, ["<pad>", "<s>", "</s>", "<unk>"]),  # positions from 1
+    "camembert": ("CamembertConfig", "CamembertModel", 1, ["<s>", "<pad>", "</s>", "<unk>"]),
 }
 
 
@@ -37,7 +38,7 @@ def build_tokenizer(kind: str, specials: list[str]):
     from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors, trainers
 
     ids = {token: i for i, token in enumerate(specials)}
-    if kind.startswith("xlm"):
+    if kind in ("xlm-roberta", "camembert"):
         tokenizer = Tokenizer(tok_models.Unigram())
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
         tokenizer.decoder = decoders.Metaspace()
@@ -93,12 +94,15 @@ def test_embeddings_through_docscore_run_equal_sentence_transformers(kind, tmp_p
     assert convert_main(["--hf", str(src), "--out", str(tmp_path / "model")]) == 0
     loaded = models.load(str(tmp_path / "model"), attention="native")
     pad = KINDS[kind][2]
+    assert pad in loaded.tokenizer.encode_ids(["a <pad> b"])[0]
     assert (loaded.config.family, loaded.config.position_offset, loaded.config.max_positions) == ("bert", pad + 1, MAX_SEQ_LEN)
     assert loaded.tokenizer.max_seq_len == MAX_SEQ_LEN
     held = sum(int(leaf.size) for leaf in jax.tree.leaves(nnx.state(loaded.model, nnx.Param)))
     assert memory.parameter_count(loaded.config) == held  # the whole position table, its unread rows too
 
-    texts = SENTENCES[:8]  # each one window; --batch_size 2 packs several documents into each row
+    # each one window; --batch_size 2 packs several documents into each row; the padding token written in a text
+    # is the padding id, which RoBERTa's positions skip
+    texts = SENTENCES[:8] + ["Use the <pad> token to pad sequences.", "a <pad> b <pad> c"]
     shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)])
     for attention in ("native", "flash"):
         assert run_docscore("--input", shard, "--output", tmp_path / "out", "--run_id", attention, "--task", "embed",
@@ -114,7 +118,7 @@ def test_embeddings_through_docscore_run_equal_sentence_transformers(kind, tmp_p
         assert np.abs(ours - expected).max() < 1e-5
 
 
-@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta"])
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta", "camembert"])
 def test_positions_start_after_the_padding_id_and_a_table_too_short_is_refused(model_type):
     base = {"model_type": model_type, "vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 2,
             "num_attention_heads": 4, "intermediate_size": 64, "type_vocab_size": 1}
@@ -126,3 +130,31 @@ def test_positions_start_after_the_padding_id_and_a_table_too_short_is_refused(m
         config_from_hf({**base, "max_position_embeddings": 2, "pad_token_id": 1})
     with pytest.raises(models.ModelLoadError, match="pad_token_id is null"):
         config_from_hf({**base, "max_position_embeddings": 514, "pad_token_id": None})
+
+
+def test_a_model_saved_by_sentence_transformers_6_converts_with_its_pooling_and_length(tmp_path):
+    """sentence-transformers 6 saves pooling as `pooling_mode: "mean"` and the max length as the tokenizer's
+    model_max_length (sentence_bert_config.json has none): such a directory converts at that length, and its
+    embeddings equal SentenceTransformer.encode's; another pooling mode is refused by its value."""
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(build_st(tmp_path / "st", "roberta")), device="cpu")
+    st.max_seq_length = 24
+    saved = tmp_path / "saved"
+    st.save(str(saved))
+    assert json.loads((saved / "1_Pooling" / "config.json").read_text())["pooling_mode"] == "mean"
+    assert "max_seq_length" not in json.loads((saved / "sentence_bert_config.json").read_text())
+    assert convert_main(["--hf", str(saved), "--out", str(tmp_path / "model")]) == 0
+    loaded = models.load(str(tmp_path / "model"), attention="native")
+    assert loaded.tokenizer.max_seq_len == 24
+    texts = [t for t in SENTENCES if len(loaded.tokenizer.encode_windows([t])[0].windows) == 1][:4]
+    assert texts
+    expected = SentenceTransformer(str(saved), device="cpu").encode(texts, normalize_embeddings=True)
+    for text, want in zip(texts, expected):
+        window = loaded.tokenizer.encode_windows([text])[0].windows[0]
+        got = loaded.embed_packed(window[None], np.ones_like(window)[None], 1)[0, 0]
+        assert float(got @ want) > 0.99999
+
+    pooling = json.loads((saved / "1_Pooling" / "config.json").read_text())
+    (saved / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "pooling_mode": "cls"}))
+    assert convert_main(["--hf", str(saved), "--out", str(tmp_path / "cls")]) == 2
