@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import gc
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -250,11 +251,17 @@ def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
             lease.release()
 
 
+# Beam's local temporary directories of this process's pipelines (Pipeline.local_tempdir), which interrupted() removes.
+PIPELINE_TEMPDIRS: list[str] = []
+
+
 def interrupted(options, eo: EvalOptions, out: sinks.OutputSpec, lease: run_lease.Lease | None = None) -> str:
     """What an interrupt leaves: a local launch that had not committed removes its files and releases its
     lease (the process ends with os._exit, past launch()'s own release: a gs:// lease would hold the run_id
     until it expired); a remote job is not cancelled (it publishes its own tables)."""
     ended = how_ended()  # "interrupted", unless worker_watch ended a job that could not finish
+    for tempdir in PIPELINE_TEMPDIRS:
+        shutil.rmtree(tempdir, ignore_errors=True)
     if eo.output.startswith(sinks.BQ_PREFIX):
         return f"docscore run {eo.run_id}: {ended}; BigQuery publishes in one transaction: check {eo.output}"
     committed = (run_commit.summary_to_replace(eo.output, eo.run_id) or {}).get(run_commit.LAUNCH_KEY) == out.launch
@@ -309,6 +316,7 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     """Build and run the job, wait for it, enrich what it committed, print where the tables are; the exit code."""
     started = time.time()
     p = beam.Pipeline(options=options)
+    PIPELINE_TEMPDIRS.append(p.local_tempdir)  # Beam removes it when run() returns; an interrupt's os._exit skips that
     counter_dir = progress.local_counter_dir(options)
     build_pipeline(p, eo, plan, out, counter_dir, started)
     if why_not_wait:  # nothing to wait for here; the job publishes its own tables when it runs

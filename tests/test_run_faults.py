@@ -272,8 +272,11 @@ def test_ctrl_c_or_sigterm_ends_the_run_with_a_message_and_no_traceback_and_the_
     # minutes of work, so the run is still going when it is interrupted however fast the machine
     long = write_jsonl(tmp_path / "long" / "docs.jsonl",
                        [{"id": f"q{i}", "text": " ".join(SENTENCES) * 3} for i in range(2000)])
+    temp = tmp_path / "tmp"  # the interrupted process's temporary files (Beam's pipeline directory among them)
+    temp.mkdir()
     run = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--input", str(long), *common_flags(RUN_ID, out), *FLAGS],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "TMPDIR": str(temp)})
     staging = out / "_staging" / f"run_id={RUN_ID}"
     deadline = time.time() + 300
     while run_lease.holder(str(out), RUN_ID).get("pid") != run.pid and run.poll() is None and time.time() < deadline:
@@ -285,6 +288,7 @@ def test_ctrl_c_or_sigterm_ends_the_run_with_a_message_and_no_traceback_and_the_
     assert "interrupted; nothing was published" in err and "Traceback" not in err
     assert visible(out) == before
     assert not staging.exists()
+    assert not list(temp.glob("beam-pipeline-temp*"))  # os._exit skips Beam's own removal of it
 
 
 @pytest.mark.integration
