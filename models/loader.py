@@ -211,13 +211,17 @@ def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
         raise ModelLoadError(problem)
     path, name = local_model_dir(name_or_path, cache_dir)
     if name_or_path in BUILTINS:
+        loaded_copy = os.stat(path).st_ino  # which copy this load reads: another process may replace it meanwhile
         try:
             return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision,
                                   max_seq_len=max_seq_len)
         except DamagedModelDir as err:  # docscore's own copy (cut short by a full disk, another version's): made again
             log.warning("%s: docscore's copy of the built-in model %s cannot be used (%s); converting it again",
                         path, name, err)
-            discard_copy(path)
+            try:
+                discard_copy(path, loaded_copy)
+            except OSError:  # it cannot be moved aside (a read-only cache): the copy's own problem is the news
+                raise err from None
             path, name = local_model_dir(name_or_path, cache_dir)
     elif is_remote(name_or_path):
         try:
@@ -290,8 +294,8 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
                               f"({HF_KEYS[config.family]['max_positions']}); re-create the directory with `docscore convert`")
     params_dir = os.path.join(path, PARAMS)
     if not os.path.isdir(params_dir):
-        raise ModelLoadError(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
-                             "`docscore convert`)")
+        raise DamagedModelDir(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
+                              "`docscore convert`)")
     check_config_fits_checkpoint(config, stored_shapes(params_dir), config_path, params_dir)
     tokenizer = DocTokenizer.from_str(tokenizer_text, max_seq_len=metadata.max_seq_len,
                                       path=os.path.join(path, TOKENIZER))

@@ -191,8 +191,8 @@ def read_text(path: str, name: str) -> str:
         with open(file, encoding="utf-8") as f:
             return f.read()
     except FileNotFoundError:
-        raise ModelLoadError(f"{file}: missing; {path} is not a complete docscore model directory "
-                             "(re-create it with `docscore convert`)") from None
+        raise DamagedModelDir(f"{file}: missing; {path} is not a complete docscore model directory "
+                              "(re-create it with `docscore convert`)") from None
     except UnicodeDecodeError as err:
         raise DamagedModelDir(f"{file}: not UTF-8 text ({err}); the file is damaged: re-create the directory with "
                               "`docscore convert`") from None

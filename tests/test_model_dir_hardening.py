@@ -271,7 +271,8 @@ def test_a_deliberate_edit_with_a_recomputed_fingerprint_still_loads(minilm, tmp
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("damage", ["cut_checkpoint", "another_version"])
+@pytest.mark.parametrize("damage", ["cut_checkpoint", "another_version", "missing_tokenizer", "missing_metadata",
+                                    "missing_params"])
 def test_a_damaged_copy_of_the_built_in_model_in_the_cache_is_converted_again(damage, tmp_path, caplog):
     """docscore's own copy of minilm-l6 under --cache_dir, cut short (a full disk) or written by another version:
     a load converts it again instead of failing every run with advice (`docscore convert` into the cache's
@@ -283,12 +284,34 @@ def test_a_damaged_copy_of_the_built_in_model_in_the_cache_is_converted_again(da
     if damage == "cut_checkpoint":
         biggest = max((p for p in (copy / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
         biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
-    else:
+    elif damage == "another_version":
         edit_json(copy / "metadata.json", format="docscore-model/0")
+    elif damage == "missing_params":
+        shutil.rmtree(copy / "params")
+    else:
+        (copy / f"{damage.split('_')[1]}.json").unlink()
     with caplog.at_level("WARNING", logger="models.loader"):
         again = models.load("minilm-l6", attention="native", cache_dir=str(tmp_path / "cache"))
-    assert "docscore's copy of the built-in model minilm-l6 cannot be used" in caplog.text, caplog.text
+    if damage != "missing_metadata":  # without its metadata.json the copy is made again before any load
+        assert "docscore's copy of the built-in model minilm-l6 cannot be used" in caplog.text, caplog.text
     assert again.path == fresh.path and again.fingerprint == fresh.fingerprint
     ids = np.array([[101, 7592, 2088, 102]], np.int32)
     np.testing.assert_allclose(again.embed_packed(ids, np.ones_like(ids), 1), fresh.embed_packed(ids, np.ones_like(ids), 1))
     assert [p.name for p in copy.parent.iterdir()] == [copy.name]  # the damaged copy was removed, not kept aside
+
+
+@pytest.mark.integration
+def test_a_copy_another_process_made_meanwhile_is_not_discarded(tmp_path):
+    """Two launches find the same bad copy: the first makes a new one; the second, whose load failed on the old
+    copy, must not discard the new one (its run would fail: no such model directory)."""
+    from models.builtin import discard_copy
+
+    copy = Path(models.load("minilm-l6", attention="native", cache_dir=str(tmp_path / "cache")).path)
+    old = os.stat(copy).st_ino
+    shutil.copytree(copy, tmp_path / "fresh")
+    shutil.rmtree(copy)
+    (tmp_path / "fresh").rename(copy)  # another process's new copy, at the same path
+    discard_copy(str(copy), old)
+    assert (copy / "metadata.json").exists()
+    discard_copy(str(copy), os.stat(copy).st_ino)
+    assert not copy.exists() and not list(copy.parent.iterdir())
