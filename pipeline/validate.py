@@ -103,7 +103,7 @@ def check_loaded_model(eo: EvalOptions, backend: str, where: str):
     length, shadow spec)."""
     model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir,
                            matmul_precision=eo.matmul_precision, max_seq_len=eo.max_seq_len)
-    loaded, same_backend = load_for_checks(model_spec, backend)
+    loaded, same_backend = load_for_checks(model_spec, backend, here=runs_locally(eo))
     kernel = loaded.attention if same_backend else resolve_kernel(
         eo.attention, backend, dtype=eo.dtype, loaded=loaded, where=where, gpu=dataflow_checks.worker_gpu(eo),
         max_len=eo.max_seq_len)
@@ -638,7 +638,8 @@ def check_shadow(eo: EvalOptions, model_spec: ModelSpec, primary, backend: str, 
             f"already runs, so there is nothing to compare; shadow with another kernel, e.g. "
             f"--shadow_attention={other_kernel(kernel, backend, eo.dtype, primary, gpu, eo.max_seq_len)}"
         )
-    load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend, flag="--shadow_attention")
+    load_for_checks(dataclasses.replace(model_spec, attention=eo.shadow_attention), backend, flag="--shadow_attention",
+                    here=runs_locally(eo))
     return shadow.ShadowSpec(eo.shadow_attention, shadow_kernel, eo.shadow_fraction, tolerance, eo.dtype)
 
 
@@ -724,16 +725,17 @@ def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, m
         raise ConfigError(problem)
 
 
-def load_for_checks(spec: ModelSpec, backend: str, flag: str = "--attention"):
-    """Load the model to check it: with the run's own spec when this process has the workers' backend
-    (the pipeline then reuses it), with the native kernel when the workers are another backend.
+def load_for_checks(spec: ModelSpec, backend: str, flag: str = "--attention", here: bool = True):
+    """Load the model to check it: with the run's own spec when the run's model calls are this process's (`here`:
+    a local run) on this process's backend (the pipeline then reuses it), with the native kernel otherwise: remote
+    workers resolve their own kernel, for their own GPU, even when their backend's name is this process's.
     Returns (loaded model, whether it was loaded with the run's own spec). `flag` chose spec.attention."""
     import jax
 
     import models
     from kernels import KernelUnsupportedError
 
-    same_backend = backend == jax.default_backend()
+    same_backend = here and backend == jax.default_backend()
     if not same_backend:  # the kernel and matmul precision are the workers' (check_matmul_precision checked it)
         spec = dataclasses.replace(spec, attention="native", matmul_precision=None)
     try:

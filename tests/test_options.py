@@ -567,3 +567,21 @@ def test_auto_plans_the_kernel_the_dataflow_workers_gpu_can_run(gpu, machine, ke
                            "--dataflow_service_options", f"worker_accelerator=type:{gpu};count:1;install-nvidia-driver"])
     assert check_before_data(eo)[:2] == ("gpu", kernel)
     assert set(dataflow_checks.GPU_CAPABILITY) == set(dataflow_checks.GPU_MACHINES)
+
+
+def test_a_launch_from_a_gpu_machine_plans_the_kernel_of_the_workers_gpu(monkeypatch, tmp_path):
+    """The launcher's own GPU (an H100) is not the Dataflow workers' (T4s): the planned kernel, which the summary
+    records and --shadow_attention is checked against, is the one the workers' loader resolves (xla), not the
+    flash kernel the launcher's GPU would run."""
+    import jax
+
+    import kernels.policy
+    from pipeline.validate import check_loaded_model
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(kernels.policy, "local_gpu_capability", lambda: ("NVIDIA H100 80GB HBM3", (9, 0)))
+    _, eo = parse_options([*DATAFLOW, *ONE_PROCESS, "--run_id", "r1", "--dtype", "bfloat16", "--machine_type",
+                           "n1-standard-8", "--dataflow_service_options",
+                           "worker_accelerator=type:nvidia-tesla-t4;count:1;install-nvidia-driver"])
+    _, _, same_backend, kernel, _, _ = check_loaded_model(eo, "gpu", "the Dataflow workers' accelerator")
+    assert (same_backend, kernel) == (False, "xla")
