@@ -195,6 +195,28 @@ def test_a_symlinked_partition_is_a_configuration_error_and_its_target_is_untouc
     assert [p.name for p in elsewhere.iterdir()] == ["part-0.parquet"]
 
 
+def test_a_readers_probe_of_a_local_lease_does_not_refuse_a_launch(tmp_path):
+    """report/compare and other launches' clean-up ask whether a run_id is held (a shared lock for a moment): a
+    launch taking the lease just then must not be refused naming a launch that has ended."""
+    out = str(tmp_path / "out")
+    run_lease.acquire(out, "r1", "first").release()
+    probe = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pipeline.io import run_lease\n"
+                              "end = time.time() + 4\nwhile time.time() < end: run_lease.is_held(sys.argv[1], 'r1')",
+                              out], cwd=REPO)
+    try:
+        time.sleep(1)  # the probe is running
+        for n in range(200):
+            run_lease.acquire(out, "r1", f"launch{n}").release()  # LeaseHeld would fail the test
+    finally:
+        probe.wait(timeout=60)
+    held = run_lease.acquire(out, "r1", "holder")
+    try:
+        with pytest.raises(run_lease.LeaseHeld, match="launch holder"):
+            run_lease.acquire(out, "r1", "second")
+    finally:
+        held.release()
+
+
 @pytest.mark.integration
 def test_a_gs_lease_is_exclusive_until_released_or_expired(gcs_emulator, tmp_path):  # noqa: F811
     with gcs_target(gcs_emulator, tmp_path, fault_rate=0) as target:

@@ -61,6 +61,24 @@ class Lease:
         self.release()
 
 
+# is_held's probe holds a shared lock for a moment; a launch trying the lease then retries for this long before it
+# takes the probe for a live holder
+PROBE_WAIT_S = 1.0
+
+
+def _lock_exclusive(fd: int) -> bool:
+    """flock(LOCK_EX) without waiting on a holder, only past another process's momentary is_held probe."""
+    deadline = time.monotonic() + PROBE_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+
 def lease_path(output: str, run_id: str) -> str:
     return posixpath.join(output.rstrip("/"), LEASE_DIR, f"{run_commit.partition_name(run_id)}.lock")
 
@@ -72,12 +90,10 @@ def acquire(output: str, run_id: str, launch: str, *, ttl_s: float = TTL_S) -> L
     me = {"launch": launch, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
     if is_local(fs):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _lock_exclusive(fd):
             holder = _read(fs, path)
             os.close(fd)
-            raise LeaseHeld(_held_message(output, run_id, holder)) from None
+            raise LeaseHeld(_held_message(output, run_id, holder))
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
         os.fsync(fd)
