@@ -35,8 +35,10 @@ class SubcommandParser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
         flags = {option for action in self._actions for option in action.option_strings}
-        # unknown flags first: a misspelt required flag (--ou for --out) is then named, not reported as missing
-        self._refuse_unknown([arg for arg in args if arg.startswith("--") and arg.split("=", 1)[0] not in flags])
+        # unknown flags first: a misspelt required flag (--ou for --out) is then named, not reported as missing;
+        # after a bare "--" every argument is a value, as argparse reads it
+        options = args[:args.index("--")] if "--" in args else args
+        self._refuse_unknown([arg for arg in options if arg.startswith("--") and arg.split("=", 1)[0] not in flags])
         parsed, unknown = self.parse_known_args(args, namespace)
         self._refuse_unknown(unknown)
         return parsed

@@ -22,8 +22,9 @@ def main(argv: list[str]) -> int:
                                                      "exist yet, or an empty directory")
     parser.add_argument("--max_seq_len", type=int, default=None,
                         help="longest model input in tokens (default: sentence_bert_config.json's "
-                             "max_seq_length, else the model's position count, or its sliding window when it "
-                             "has one and the window is shorter)")
+                             "max_seq_length, or the tokenizer_config.json model_max_length of a directory "
+                             "sentence-transformers 6 saved, else the model's position count, or its sliding window "
+                             "when it has one and the window is shorter)")
     args = parser.parse_args(argv)
 
     def interrupted() -> str:

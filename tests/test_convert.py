@@ -435,3 +435,12 @@ def test_an_older_sentence_transformers_layout_converts_from_its_root_and_its_tr
     (old / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, "pooling_mode_cls_token": True}))
     code, message = convert(old, tmp_path / "cls", capsys)
     assert code == 2 and "pooling ['pooling_mode_cls_token'] is not supported" in message, message
+
+
+def test_arguments_after_a_bare_double_dash_are_values(tmp_path, capsys):
+    """`--` ends the flags, as argparse reads it: `docscore report -- DIR` is DIR, not an unknown flag."""
+    from pipeline.runs.report import main as report_main
+
+    assert report_main(["--", str(tmp_path / "--not-a-flag")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown argument" not in err and f"no finished run under {tmp_path}/--not-a-flag" in err, err
