@@ -341,6 +341,10 @@ def watch_unreadable_cache_entries() -> None:
             directory = jax.config.jax_compilation_cache_dir
             program = text[len(UNREADABLE_ENTRY_WARNING):].split("'", 1)[0]
             removed = [] if not directory or "://" in directory else unreadable_cache_entries(directory, program, remove=True)
+            if not removed and directory and "://" not in directory:
+                # every entry decompresses, yet one does not load (XLA cannot parse it): it cannot be told from the
+                # program's others, so all of them go, and this run and the next write them again
+                removed = unreadable_cache_entries(directory, program, remove=True, whole_program=True)
             if removed:
                 message = (f"{text} (docscore removed the unreadable {', '.join(os.path.basename(p) for p in removed)} "
                            "from the cache, so this run writes the program again)")
@@ -349,10 +353,11 @@ def watch_unreadable_cache_entries() -> None:
     warnings.showwarning = showwarning
 
 
-def unreadable_cache_entries(directory: str, program: str, remove: bool = False) -> list[str]:
+def unreadable_cache_entries(directory: str, program: str, remove: bool = False,
+                             whole_program: bool = False) -> list[str]:
     """The entries of `program` (a program name, or one entry's key) in the local compilation cache `directory` that
-    neither zstandard nor zlib can decompress, the two codecs JAX writes them with; removed (with their access-time
-    files) when `remove`. A readable entry is left alone: it still loads."""
+    neither zstandard nor zlib can decompress, the two codecs JAX writes them with (every entry of it with
+    `whole_program`); removed (with their access-time files) when `remove`."""
     import glob
 
     try:
@@ -367,7 +372,7 @@ def unreadable_cache_entries(directory: str, program: str, remove: bool = False)
                 data = f.read()
         except OSError:
             continue
-        if _decompresses(data, zstandard):
+        if not whole_program and _decompresses(data, zstandard):
             continue
         found.append(path)
         if remove:

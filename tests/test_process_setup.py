@@ -170,20 +170,25 @@ def test_compilation_cache_under_the_docscore_cache_dir_serves_a_second_process(
 
 
 @pytest.mark.integration
-def test_an_unreadable_cache_entry_is_written_again_instead_of_compiling_cold_in_every_run(tmp_path):
-    """An entry cut short (a full disk, a killed write): JAX warns, compiles, and never writes over an existing
-    entry, so every later process compiled that program cold. docscore removes the unreadable entry when JAX warns
-    (saying so), the process writes it again, and the next one loads it."""
+@pytest.mark.parametrize("damage", ["cut_short", "garbage_that_decompresses"])
+def test_an_unreadable_cache_entry_is_written_again_instead_of_compiling_cold_in_every_run(tmp_path, damage):
+    """An entry cut short (a full disk, a killed write), or one that decompresses but XLA cannot parse: JAX warns,
+    compiles, and never writes over an existing entry, so every later process compiled that program cold. docscore
+    removes the unreadable entry when JAX warns (saying so), the process writes it again, and the next one loads it."""
+    import zstandard
+
     env = clean_env(DOCSCORE_CACHE_DIR=str(tmp_path))
     run_python(CACHE_PROBE, env)
     cache = tmp_path / process_setup.COMPILATION_CACHE_SUBDIR
     entries = sorted(cache.glob("*-cache"))
     assert entries
     for entry in entries:
-        entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
+        entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2] if damage == "cut_short"
+                          else zstandard.ZstdCompressor().compress(b"not an executable"))
     program = entries[0].name.rsplit("-", 2)[0]  # entries are PROGRAM-HASH-cache
-    assert {os.path.basename(p) for p in process_setup.unreadable_cache_entries(str(cache), program)} == \
-        {e.name for e in entries if e.name.startswith(program + "-")} != set()
+    if damage == "cut_short":
+        assert {os.path.basename(p) for p in process_setup.unreadable_cache_entries(str(cache), program)} == \
+            {e.name for e in entries if e.name.startswith(program + "-")} != set()
     damaged = subprocess.run([sys.executable, "-c", textwrap.dedent(CACHE_PROBE)], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=180)
     assert damaged.returncode == 0, damaged.stderr[-3000:]
