@@ -1,6 +1,6 @@
-"""BERT-family encoder (Flax NNX) for BERT, RoBERTa, XLM-RoBERTa and CamemBERT checkpoints, laid out like the paper's
-diagram: embeddings, post-norm
-blocks (attention -> add & norm -> feed-forward -> add & norm), final hidden states.
+"""BERT-family encoder (Flax NNX) for BERT, RoBERTa, XLM-RoBERTa, CamemBERT and DistilBERT checkpoints, laid out
+like the paper's diagram: embeddings, post-norm blocks (attention -> add & norm -> feed-forward -> add & norm),
+final hidden states.
 
 Must not pool, tokenize or pick a kernel: the attention name comes in through the constructor.
 """
@@ -21,7 +21,8 @@ class BertEmbeddings(nnx.Module):
         self.word = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
         self.position = nnx.Embed(config.position_table, config.hidden_size, rngs=rngs)
         self.position_offset = config.position_offset  # RoBERTa: positions start after the padding id
-        self.token_type = nnx.Embed(config.type_vocab_size, config.hidden_size, rngs=rngs)
+        # DistilBERT has no token types
+        self.token_type = nnx.Embed(config.type_vocab_size, config.hidden_size, rngs=rngs) if config.type_vocab_size else None
         self.norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs)
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
@@ -31,7 +32,9 @@ class BertEmbeddings(nnx.Module):
             pad = self.position_offset - 1
             counted = positions_in_segments(segment_ids, counted=input_ids != pad) + self.position_offset
             positions = jnp.where(input_ids == pad, pad, counted)
-        x = self.word(input_ids) + self.position(positions) + self.token_type.embedding[0]
+        x = self.word(input_ids) + self.position(positions)
+        if self.token_type is not None:
+            x = x + self.token_type.embedding[0]
         return self.norm(x)
 
 

@@ -1,6 +1,6 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
-Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT; GPT-2 decoder; Llama-family decoder:
+Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT; GPT-2 decoder; Llama-family decoder:
 Llama, Mistral, Qwen2, Qwen3),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
@@ -23,20 +23,24 @@ ACTIVATIONS = {
     "gelu_fast": "gelu_tanh",
     "relu": "relu",
 }
-# HF model_type -> family: RoBERTa, XLM-RoBERTa and CamemBERT are BERT with positions counted past the padding id; Mistral,
+# HF model_type -> family: RoBERTa, XLM-RoBERTa and CamemBERT are BERT with positions counted past the padding id,
+# DistilBERT is BERT without token types under other names; Mistral,
 # Qwen2 and Qwen3 are Llama's architecture with a few config switches.
-FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "gpt2": "gpt2",
+FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert")
 
-# ModelConfig size field -> its key in each family's config.json (errors name the key the file holds).
+# ModelConfig size field -> its key in each family's config.json (errors name the key the file holds); a model_type
+# with keys of its own (DistilBERT) has its own entry (hf_keys).
 HF_KEYS = {
     "bert": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
              "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
              "max_positions": "max_position_embeddings", "type_vocab_size": "type_vocab_size"},
     "gpt2": {"vocab_size": "vocab_size", "hidden_size": "n_embd", "num_layers": "n_layer", "num_heads": "n_head",
              "intermediate_size": "n_inner", "max_positions": "n_positions"},
+    "distilbert": {"vocab_size": "vocab_size", "hidden_size": "dim", "num_layers": "n_layers", "num_heads": "n_heads",
+                   "intermediate_size": "hidden_dim", "max_positions": "max_position_embeddings"},
     "llama": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
               "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
               "head_size": "head_dim", "intermediate_size": "intermediate_size",
@@ -91,6 +95,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False              # llama (GPT-2 is always tied)
     sliding_window: int = 0                        # llama: Mistral/Qwen2 local attention span (0: none)
     sliding_layers: tuple[int, ...] = ()           # llama: the layers that attend within sliding_window
+    model_type: str = ""                           # config.json's model_type (names its keys: hf_keys)
 
     @property
     def head_dim(self) -> int:
@@ -130,7 +135,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     if family is None:
         raise ModelLoadError(
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
-            f"family (model_type 'bert', 'roberta', 'xlm-roberta' or 'camembert', encoder), the GPT-2 family (model_type 'gpt2', "
+            f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert' or 'distilbert', encoder), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2' or 'qwen3', decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
@@ -138,7 +143,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
         raise ModelLoadError(f"{path}: a quantized checkpoint (quantization_config quant_method {method!r}) is not "
                              "supported; docscore reads float weights: convert the model's unquantized release")
     try:
-        config = {"bert": _bert, "gpt2": _gpt2, "llama": _llama}[family](hf)
+        config = {"bert": _distilbert if model_type == "distilbert" else _bert, "gpt2": _gpt2, "llama": _llama}[family](hf)
+        config = dataclasses.replace(config, model_type=model_type)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: {model_type} config lacks the field {missing}; "
                              f"save the model's config with transformers' save_pretrained") from None
@@ -153,10 +159,15 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     return config
 
 
+def hf_keys(config: ModelConfig) -> dict[str, str]:
+    """ModelConfig size field -> the key config.json holds it under, for this model_type (HF_KEYS)."""
+    return HF_KEYS.get(config.model_type) or HF_KEYS[config.family]
+
+
 def check_bounds(config: ModelConfig, path: str = "config.json") -> None:
     """Raise ModelLoadError naming the file and the key when a size is not a whole number in [1, its
     MAX_SIZES bound], or layer_norm_eps is not a small positive number."""
-    for field, key in HF_KEYS[config.family].items():
+    for field, key in hf_keys(config).items():
         value, limit = getattr(config, field), MAX_SIZES[field]
         if field == "max_positions" and config.position_offset and type(value) is int:
             value += config.position_offset  # config.json's max_position_embeddings, as the message names it
@@ -217,6 +228,17 @@ def _bert(hf: dict[str, Any]) -> ModelConfig:
         intermediate_size=hf["intermediate_size"], max_positions=positions, position_offset=offset,
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=_activation(hf.get("hidden_act", "gelu")),
         type_vocab_size=hf.get("type_vocab_size", 2))
+
+
+def _distilbert(hf: dict[str, Any]) -> ModelConfig:
+    """DistilBertModel: BERT's post-norm blocks under other names, no token types, LayerNorm eps fixed at 1e-12."""
+    if hf.get("sinusoidal_pos_embds"):
+        raise ModelLoadError("sinusoidal_pos_embds=true is not supported; docscore's DistilBERT reads learned position "
+                             "embeddings (the checkpoint's position_embeddings)")
+    return ModelConfig(
+        family="bert", vocab_size=hf["vocab_size"], hidden_size=hf["dim"], num_layers=hf["n_layers"],
+        num_heads=hf["n_heads"], intermediate_size=hf["hidden_dim"], max_positions=hf["max_position_embeddings"],
+        layer_norm_eps=1e-12, activation=_activation(hf.get("activation", "gelu")), type_vocab_size=0)
 
 
 def _gpt2(hf: dict[str, Any]) -> ModelConfig:

@@ -1,5 +1,5 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
-*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT), GPT-2 and Llama (Llama,
+*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT), GPT-2 and Llama (Llama,
 Mistral, Qwen2, Qwen3) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree (the command's flags: pipeline/convert.py).
@@ -21,7 +21,8 @@ from models.model_dir import ModelMetadata, check_new_dir, write_model_dir
 from models.tokenizer import MIN_SEQ_LEN, DocTokenizer
 
 # Tensors of task heads and buffers that carry no encoder/decoder weights.
-IGNORED_PREFIXES = ("pooler.", "cls.", "classifier.", "qa_outputs.", "lm_head.")
+IGNORED_PREFIXES = ("pooler.", "cls.", "classifier.", "qa_outputs.", "lm_head.",
+                    "pre_classifier.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.")  # DistilBERT's heads
 IGNORED_SUFFIXES = ("position_ids", "attn.bias", "attn.masked_bias", "rotary_emb.inv_freq")
 
 
@@ -77,6 +78,25 @@ def bert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
         "embeddings": {"word": {"embedding": src.take("embeddings.word_embeddings.weight")},
                        "position": {"embedding": src.take("embeddings.position_embeddings.weight")},
                        "token_type": {"embedding": src.take("embeddings.token_type_embeddings.weight")},
+                       "norm": src.norm("embeddings.LayerNorm")},
+        "layers": {i: layer(i) for i in range(config.num_layers)},
+    }
+
+
+def distilbert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Hugging Face DistilBertModel names -> our BertEncoder tree (no token types)."""
+    def layer(i: int) -> dict[str, Any]:
+        p = f"transformer.layer.{i}."
+        return {
+            "attention": {"query": src.linear(p + "attention.q_lin"), "key": src.linear(p + "attention.k_lin"),
+                          "value": src.linear(p + "attention.v_lin"), "output": src.linear(p + "attention.out_lin")},
+            "attention_norm": src.norm(p + "sa_layer_norm"),
+            "feed_forward": {"up": src.linear(p + "ffn.lin1"), "down": src.linear(p + "ffn.lin2")},
+            "output_norm": src.norm(p + "output_layer_norm"),
+        }
+    return {
+        "embeddings": {"word": {"embedding": src.take("embeddings.word_embeddings.weight")},
+                       "position": {"embedding": src.take("embeddings.position_embeddings.weight")},
                        "norm": src.norm("embeddings.LayerNorm")},
         "layers": {i: layer(i) for i in range(config.num_layers)},
     }
@@ -160,9 +180,16 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
                                                       # the bare model at the root
     "gpt2": (("transformer.", ""), gpt2_params),   # GPT2LMHeadModel under "transformer.", GPT2Model at the root
     "llama": (("model.", ""), llama_params),        # *ForCausalLM under "model.", the bare model at the root
+    "distilbert": (("distilbert.", ""), distilbert_params),  # a model_type whose names are its own (params_reader)
 }
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
-MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight"}
+MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
+           "distilbert": "embeddings.word_embeddings.weight"}
+
+
+def params_reader(config: ModelConfig) -> str:
+    """The FAMILY_PARAMS entry of a config: its model_type's own where it has one (DistilBERT), else its family's."""
+    return config.model_type if config.model_type in FAMILY_PARAMS else config.family
 
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's weight_map: tensor -> shard file
@@ -431,8 +458,9 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     tokenizer.check_vocab(config.vocab_size, os.path.join(src, "config.json"))
 
     tensors, where = read_safetensors(src)
-    tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, config.family, MARKERS[config.family]))
-    params = FAMILY_PARAMS[config.family][1](tensor_source, config)
+    reader = params_reader(config)
+    tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, reader, MARKERS[reader]))
+    params = FAMILY_PARAMS[reader][1](tensor_source, config)
     tensor_source.check_all_used(task_heads(json.loads(texts["config.json"])))
     try:
         check_param_shapes(params, config, where)

@@ -24,7 +24,7 @@ import kernels
 from models.architecture import abstract_model, flat_params, param_shapes
 from models.builtin import BUILTINS, builtin_dir, discard_copy
 from models.checkpoint import fingerprint, restore_params, stored_shapes
-from models.config import HF_KEYS, ModelConfig, read_config
+from models.config import ModelConfig, hf_keys, read_config
 from models.errors import DamagedModelDir, ModelLoadError
 from models.heads import next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES, stack_blocks, stack_params, stacked_abstract
@@ -291,7 +291,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
     if metadata.max_seq_len > config.max_positions:
         raise DamagedModelDir(f"{os.path.join(path, 'metadata.json')}: max_seq_len {metadata.max_seq_len} exceeds the "
                               f"{config.max_positions} positions of {config_path} "
-                              f"({HF_KEYS[config.family]['max_positions']}); re-create the directory with `docscore convert`")
+                              f"({hf_keys(config)['max_positions']}); re-create the directory with `docscore convert`")
     params_dir = os.path.join(path, PARAMS)
     if not os.path.isdir(params_dir):
         raise DamagedModelDir(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
@@ -338,7 +338,7 @@ def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tu
     """Raise ModelLoadError naming config.json's key when its sizes do not fit the parameters the checkpoint
     stores (`stored`: name -> (shape, dtype), checkpoint.stored_shapes). Compares the layer count first and
     then a one-layer shape of the model, so even a config that asks for millions of layers costs nothing."""
-    keys = HF_KEYS[config.family]
+    keys = hf_keys(config)
     fix = "(the config that belongs to these weights), or re-create the directory with `docscore convert`"
     layers = {name.split("/")[1] for name in stored if name.startswith("layers/")}
     if layers != {str(i) for i in range(config.num_layers)}:

@@ -15,7 +15,7 @@ def main(argv: list[str]) -> int:
     parser = SubcommandParser(
         prog="docscore convert",
         description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
-                    "BERT/RoBERTa/XLM-RoBERTa/CamemBERT, GPT-2 or Llama/Mistral/Qwen2/Qwen3 family) into a docscore "
+                    "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT, GPT-2 or Llama/Mistral/Qwen2/Qwen3 family) into a docscore "
                     "model directory (Orbax params).")
     parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
     parser.add_argument("--out", required=True, help="docscore model directory to write: a local path that does not "
