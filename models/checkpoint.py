@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 from typing import Any
 
@@ -33,9 +34,28 @@ def save_params(path: str, params: dict[str, Any]) -> None:
 def restore_params(path: str, shapes: dict[str, Any]) -> dict[str, Any]:
     """Read the Orbax checkpoint at `path` into the layout of `shapes` (ShapeDtypeStructs) as numpy."""
     target = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), shapes)
+    quiet_reads_after_a_failed_restore()
     with ocp.StandardCheckpointer() as checkpointer:
         restored = checkpointer.restore(os.path.abspath(path), target)
     return jax.tree_util.tree_map(np.asarray, restored)
+
+
+def quiet_reads_after_a_failed_restore() -> None:
+    """A damaged checkpoint fails its restore while tensorstore still finishes the other reads, whose callbacks
+    then find Orbax's event loop closed, some of them after the one error that says what is wrong (a
+    ModelLoadError) is out; Python would print each ("RuntimeError: Event loop is closed") as a traceback. Those
+    are left out, from the first restore on (installed once; any other unraisable error is printed as before)."""
+    previous = sys.unraisablehook
+    if getattr(previous, "docscore_quiet", False):
+        return
+
+    def hook(unraisable) -> None:
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.docscore_quiet = True
+    sys.unraisablehook = hook
 
 
 def stored_shapes(path: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -315,3 +315,16 @@ def test_a_copy_another_process_made_meanwhile_is_not_discarded(tmp_path):
     assert (copy / "metadata.json").exists()
     discard_copy(str(copy), os.stat(copy).st_ino)
     assert not copy.exists() and not list(copy.parent.iterdir())
+
+
+@pytest.mark.integration
+def test_a_cut_checkpoint_is_one_line_not_event_loop_tracebacks(minilm, tmp_path):
+    """A params file cut short: exit 2 with the one message naming the checkpoint, without the dozen "RuntimeError:
+    Event loop is closed" tracebacks the reads still in flight raised as the restore failed."""
+    model = copy_model(minilm, tmp_path / "m")
+    biggest = max((p for p in (model / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[:100_000])
+    done = docscore_run_subprocess(tmp_path, model, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "corrupt or incomplete Orbax checkpoint" in done.stderr
+    assert "Event loop is closed" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
