@@ -14,10 +14,10 @@ from pipeline.options import parse_labels, parse_options
 from pipeline.runs.compare import build_parser as compare_parser
 from pipeline.validate import check_run_id
 from runners.presets import PRESET_NAMES
+from runners.cron import check_cron
 from runners.scheduling import (
     MANUAL_RUN,
     SCHEDULED_RUN,
-    check_cron,
     compare_argv,
     launch_body,
     load_schedule,
