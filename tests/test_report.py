@@ -495,6 +495,8 @@ def test_report_of_a_jsonl_run_without_errors(tmp_path):
     assert run.scores.num_rows == 3 and run.scores.schema.field("n_tokens").type == pa.int64()
     page = (out / "runs" / "run_id=clean" / "report.html").read_text()
     assert "data:image/png;base64," in page and "<h2>Error rows</h2>" not in page
+    # embed computes no metrics whatever its records carry: the page does not send the reader looking for gold labels
+    assert "no task metrics (embed computes none)" in page and "no gold labels" not in page
 
 
 # ---- for the analyst: how the classifier did, document by document --------------------------------

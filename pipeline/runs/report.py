@@ -219,7 +219,9 @@ def stage_time_chart(summary: dict[str, Any]) -> bytes | None:
     bars = ax.barh(names, values, color=[STAGE_COLORS.get(n, "gray") for n in names])
     whole = sum(values) or 1.0
     ax.bar_label(bars, labels=[f"{v:.3g} s ({100 * v / whole:.0f}%)" for v in values], padding=3)
-    ax.set_xlabel("seconds, summed over documents\n(infer: each document's share of its batch)")
+    # batches that ran at once (parallel bundles) are each counted in full: the sum can pass the run's wall time
+    ax.set_xlabel("seconds, summed over documents\n(infer: each document's share of its batch; batches run at once "
+                  "add up: device.busy_s is the time the model ran)")
     ax.set_xlim(0, max(values) * 1.3 or 1.0)
     ax.set_title("Time per stage")
     return _png(fig)
@@ -650,7 +652,10 @@ def render_html(run: RunData) -> str:
         _figure_html(errors_chart(summary), "Errors by stage / type", "no errors: every input record was scored"),
     ]
     metrics = summary_value(summary, history.TASK_METRICS) or {}
-    metrics_html = _table([(k, v) for k, v in metrics.items()]) if metrics else "<p class='note'>no task metrics (no gold labels)</p>"
+    why_none = (f"{task} computes none" if task in tasks.TASKS and tasks.TASKS[task].gathers == "nothing"
+                else "no gold labels")
+    metrics_html = (_table([(k, v) for k, v in metrics.items()]) if metrics
+                    else f"<p class='note'>no task metrics ({html.escape(why_none)})</p>")
     versions = summary_value(summary, history.VERSIONS) or {}
     versions_html = ", ".join(f"{html.escape(k)} {html.escape(str(v))}" for k, v in sorted(versions.items()))
     title = f"docscore run {run.run_id}"
