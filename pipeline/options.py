@@ -179,7 +179,7 @@ class ConfigLoader(yaml.SafeLoader):
     False); a key given twice is refused, not the last one kept."""
 
     def construct_mapping(self, node, deep=False):
-        seen = set()
+        seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden here
                 continue
@@ -187,9 +187,12 @@ class ConfigLoader(yaml.SafeLoader):
             if not isinstance(key, (str, int, float, bool)):  # an unhashable key: PyYAML's own error says so
                 continue
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
-                                                        key_node.start_mark)
-            seen.add(key)
+                first = seen[key]
+                problem = (f"the key {key!r} is given twice" if type(first) is type(key) else
+                           f"the keys {first!r} and {key!r} are one key once read (1 and true, 0 and false are equal "
+                           "in Python, so one would be lost); quote them to keep both ('1': ..., 'true': ...)")
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+            seen[key] = key
         return super().construct_mapping(node, deep=deep)
 
 

@@ -68,6 +68,7 @@ def test_config_scalars_are_the_text_written_and_a_key_given_twice_is_refused(tm
     ("sports: null", "has the description None"),
     ("'': about nothing", "the label name '' is not text"),
     ("true: about truth", "the label name True is not text"),
+    ("1: about one\n  true: about truth", "the keys 1 and True are one key once read"),  # 1 == True in Python
 ])
 def test_a_config_labels_mapping_is_held_to_the_rules_of_labels(tmp_path, labels, refusal):
     with pytest.raises(ConfigError, match=refusal.replace("(", "\\(")):
