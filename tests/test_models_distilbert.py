@@ -4,7 +4,6 @@ sentence-transformers model built in transformers (no download), converted with 
 task-head checkpoints convert with a note, and sinusoidal positions are refused."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
@@ -17,7 +16,7 @@ from models.config import config_from_hf
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
 from tests.conftest import SENTENCES, read_table, run_docscore, write_jsonl
-from tests.test_models_roberta import ST_MODULES
+from tests.test_models_roberta import write_sentence_transformers_modules
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
@@ -56,12 +55,7 @@ def build_st(out: Path, model_class: str = "DistilBertModel") -> Path:
     model.save_pretrained(out)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, cls_token="[CLS]", sep_token="[SEP]",
                                          pad_token="[PAD]", unk_token="[UNK]").save_pretrained(out)
-    (out / "1_Pooling").mkdir()
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
-                                                               "pooling_mode_mean_tokens": True}))
-    (out / "2_Normalize").mkdir()
-    (out / "modules.json").write_text(json.dumps(ST_MODULES))
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_SEQ_LEN}))
+    write_sentence_transformers_modules(out, dim=32, max_seq_len=MAX_SEQ_LEN)
     return out
 
 

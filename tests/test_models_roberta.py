@@ -77,13 +77,18 @@ def build_st(out: Path, kind: str) -> Path:
     transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>",
         pad_token="<pad>", unk_token="<unk>").save_pretrained(out)
+    write_sentence_transformers_modules(out, dim=32, max_seq_len=MAX_SEQ_LEN)
+    return out
+
+
+def write_sentence_transformers_modules(out: Path, *, dim: int, max_seq_len: int) -> None:
+    """What sentence-transformers saves beside a Transformer: mean pooling, normalisation, the max length."""
     (out / "1_Pooling").mkdir()
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": dim,
                                                                "pooling_mode_mean_tokens": True}))
     (out / "2_Normalize").mkdir()
     (out / "modules.json").write_text(json.dumps(ST_MODULES))
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_SEQ_LEN}))
-    return out
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_len}))
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

@@ -360,13 +360,18 @@ def committed_run_ids(output: str) -> list[str]:
 
 def summary_files(fs, root: str) -> list[str]:
     """Paths of root/runs/run_id=*/summary.json, found by listing (not a glob: the root may hold * [ ?)."""
+    return sorted(p for p in run_files(fs, root)
+                  if posixpath.basename(p) == SUMMARY_FILE and partition_run_id(posixpath.dirname(p)))
+
+
+def run_files(fs, root: str) -> list[str]:
+    """Every file of root/runs/run_id=*/, listed afresh (another process may have committed since)."""
     runs = posixpath.join(root, "runs")
     fs.invalidate_cache(runs)
     try:
-        found = fs.find(runs, maxdepth=2)
+        return fs.find(runs, maxdepth=2)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(p for p in found if posixpath.basename(p) == SUMMARY_FILE and partition_run_id(posixpath.dirname(p)))
 
 
 def runs_with_replaced_launches(output: str) -> list[str]:
@@ -374,13 +379,7 @@ def runs_with_replaced_launches(output: str) -> list[str]:
     replaced (or failed) launch's, whose files clean_after_commit may remove. One listing of runs/, so a launch
     need not read every run's summary to find them."""
     fs, root = fsspec.core.url_to_fs(output)
-    runs = posixpath.join(root, "runs")
-    fs.invalidate_cache(runs)
-    try:
-        found = fs.find(runs, maxdepth=2)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    launches = Counter(partition_run_id(posixpath.dirname(p)) for p in found
+    launches = Counter(partition_run_id(posixpath.dirname(p)) for p in run_files(fs, root)
                        if LAUNCH_HISTORY_NAME.match(posixpath.basename(p)))
     return sorted(run_id for run_id, n in launches.items() if run_id and n > 1)
 
