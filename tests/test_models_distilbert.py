@@ -15,8 +15,8 @@ import models
 from models.config import config_from_hf
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
-from tests.conftest import SENTENCES, read_table, run_docscore, write_jsonl
-from tests.test_models_roberta import write_sentence_transformers_modules
+from tests.conftest import SENTENCES
+from tests.test_models_roberta import embed_run, write_sentence_transformers_modules
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
@@ -70,15 +70,9 @@ def test_embeddings_through_docscore_run_equal_sentence_transformers(tmp_path):
     assert memory.parameter_count(loaded.config) == held
 
     texts = SENTENCES[:8]  # each one window; --batch_size 2 packs several documents into each row
-    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)])
     expected = SentenceTransformer(str(src), device="cpu").encode(texts, normalize_embeddings=True)
     for attention in ("native", "flash"):
-        assert run_docscore("--input", shard, "--output", tmp_path / "out", "--run_id", attention, "--task", "embed",
-                            "--model", tmp_path / "model", "--attention", attention, "--batch_size", "2") == 0
-        scores, _ = read_table(tmp_path / "out", "scores", attention)
-        scores = scores.sort_values("record_index")
-        assert (scores.n_chunks == 1).all()
-        ours = np.stack(scores.embedding.map(np.asarray)).astype(np.float64)
+        ours = embed_run(tmp_path, tmp_path / "model", texts, attention)
         assert np.abs(ours - expected).max() < 1e-5, (attention, np.abs(ours - expected).max())
 
 

@@ -91,6 +91,17 @@ def write_sentence_transformers_modules(out: Path, *, dim: int, max_seq_len: int
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_len}))
 
 
+def embed_run(tmp_path: Path, model: Path, texts: list[str], attention: str) -> np.ndarray:
+    """`docscore run --task embed` of single-window texts packed two rows a call: their embeddings, in order."""
+    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)])
+    assert run_docscore("--input", shard, "--output", tmp_path / "out", "--run_id", attention, "--task", "embed",
+                        "--model", model, "--attention", attention, "--batch_size", "2") == 0
+    scores, _ = read_table(tmp_path / "out", "scores", attention)
+    scores = scores.sort_values("record_index")
+    assert (scores.n_chunks == 1).all()
+    return np.stack(scores.embedding.map(np.asarray)).astype(np.float64)
+
+
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_embeddings_through_docscore_run_equal_sentence_transformers(kind, tmp_path):
     from sentence_transformers import SentenceTransformer
@@ -108,15 +119,9 @@ def test_embeddings_through_docscore_run_equal_sentence_transformers(kind, tmp_p
     # each one window; --batch_size 2 packs several documents into each row; the padding token written in a text
     # is the padding id, which RoBERTa's positions skip
     texts = SENTENCES[:8] + ["Use the <pad> token to pad sequences.", "a <pad> b <pad> c"]
-    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)])
+    expected = SentenceTransformer(str(src), device="cpu").encode(texts, normalize_embeddings=True)
     for attention in ("native", "flash"):
-        assert run_docscore("--input", shard, "--output", tmp_path / "out", "--run_id", attention, "--task", "embed",
-                            "--model", tmp_path / "model", "--attention", attention, "--batch_size", "2") == 0
-        scores, _ = read_table(tmp_path / "out", "scores", attention)
-        scores = scores.sort_values("record_index")
-        assert (scores.n_chunks == 1).all()
-        ours = np.stack(scores.embedding.map(np.asarray)).astype(np.float64)
-        expected = SentenceTransformer(str(src), device="cpu").encode(texts, normalize_embeddings=True)
+        ours = embed_run(tmp_path, tmp_path / "model", texts, attention)
         cosines = np.sum(ours * expected, axis=1)
         assert cosines.min() > 0.99999, (kind, attention, cosines.min())
         # with positions taken from 0, as BERT's, the embeddings would be others
