@@ -255,3 +255,108 @@ def test_a_bom_and_a_crlf_do_not_count_toward_max_record_bytes(tmp_path):
         assert [(type(i).__name__, i.record_index, getattr(i, "error_type", None)) for i in items] == [
             ("Document", 0, None), ("ErrorRow", 1, "record_too_large")], name
         assert f"line of {limit + 1} bytes" in items[1].message, name
+
+
+def check(tmp_path, shards: list, *flags: str, checked: tuple[str, ...] = ()) -> None:
+    """validate.check_fields for `docscore run --input tmp_path FLAGS`, with the fields the task reads (`checked`,
+    as validate_plan sets them)."""
+    from pipeline.options import parse_options
+    from pipeline.validate import check_fields
+
+    _, eo = parse_options(["--input", str(tmp_path), "--output", str(tmp_path / "out"), *flags])
+    spec = sources.ReadSpec(text_field=eo.text_field, id_field=eo.id_field or None, checked_fields=checked)
+    check_fields(eo, [str(s) for s in shards], spec)
+
+
+LABELS = ("--task", "classify", "--labels", "a=an a;b=a b")
+
+
+def test_a_parquet_column_whose_type_can_never_work_is_refused_naming_the_flag_column_and_type(tmp_path):
+    """Before: an int64 or struct text column (or a struct id, an int query, a list label) ran the whole job and
+    every row was parse/bad_field_type, exit 4. Validation reads the schema, so it refuses before the job; types the
+    reader takes pass (a binary or dictionary text, a null label column: records without a gold), and JSONL, whose
+    types vary record by record, is left to the reader."""
+    from pipeline.options import ConfigError
+
+    def shard(name: str, **columns) -> str:
+        pq.write_table(pa.table({"text": ["a text", "another"], **columns}), tmp_path / name)
+        return str(tmp_path / name)
+
+    int_text = tmp_path / "int.parquet"
+    pq.write_table(pa.table({"text": [1, 2]}), int_text)
+    refused = {
+        "--text_field=text: the column 'text' of {} is int64, which is never a document text": ([int_text], ()),
+        "--text_field=body: the column 'body' of {} is struct<text: string>, which is never a document text":
+            ([shard("s.parquet", body=[{"text": "x"}, {"text": "y"}])], ("--text_field", "body")),
+        "--id_field=meta: the column 'meta' of {} is struct<k: int64>, which is never an id":
+            ([shard("m.parquet", meta=[{"k": 1}, {"k": 2}])], ("--id_field", "meta")),
+        "--task=similarity: the column 'query' of {} is int64, which is never a query":
+            ([shard("q.parquet", query=[1, 2])], ("--task", "similarity")),
+        "--task=classify: the column 'label' of {} is list<element: string>, which is never a gold label":
+            ([shard("l.parquet", label=[["a"], ["b"]])], LABELS),
+        "--task=choice: the column 'choices' of {} is list<element: int64>, which is never a list of candidate strings":
+            ([shard("c.parquet", choices=[[1], [2]])], ("--task", "choice")),
+    }
+    checked = {"similarity": ("query", "label"), "classify": ("label",), "choice": ("label", "choices")}
+    for message, (shards, flags) in refused.items():
+        task = flags[1] if flags[:1] == ("--task",) else None
+        with pytest.raises(ConfigError) as error:
+            check(tmp_path, shards, *flags, checked=checked.get(task, ()))
+        assert str(error.value).startswith(message.format(shards[0])), str(error.value)
+        assert "so every row would be an error row" in str(error.value)
+    fine = [shard("bin.parquet", id=[1, 2]), shard("null_label.parquet", label=pa.array([None, None]))]
+    pq.write_table(pa.table({"text": pa.array([b"a", b"b"])}), tmp_path / "binary.parquet")
+    pq.write_table(pa.table({"text": pa.array(["a", "b"]).dictionary_encode()}), tmp_path / "dict.parquet")
+    pq.write_table(pa.table({"text": pa.array(["a", "b"], pa.large_string())}), tmp_path / "large.parquet")
+    for name in (*fine, "binary.parquet", "dict.parquet", "large.parquet"):
+        check(tmp_path, [tmp_path / name], *LABELS, checked=("label",))
+    check(tmp_path, [int_text, fine[0]])  # one bad shard among good ones: its rows are error rows
+    (tmp_path / "int.jsonl").write_text('{"text": 5}\n')
+    check(tmp_path, [tmp_path / "int.jsonl"])
+
+
+@pytest.mark.integration
+def test_docscore_run_on_an_int64_text_column_exits_2_before_reading_data(tmp_path, capsys, no_data_read):
+    pq.write_table(pa.table({"id": [1, 2], "text": [10, 20]}), tmp_path / "nums.parquet")
+    code = run_docscore("--input", tmp_path / "nums.parquet", "--output", tmp_path / "out", "--run_id", "t",
+                        "--attention", "native", "--max_seq_len", TEST_MAX_LEN, "--stride", TEST_STRIDE)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--text_field=text: the column 'text' of {tmp_path / 'nums.parquet'} is int64" in err
+    assert not (tmp_path / "out" / "scores").exists()
+
+
+def test_a_missing_field_message_says_what_was_looked_at_and_why_a_name_that_looks_present_is_not(tmp_path):
+    """Before: '--id_field=uid: F has no such field (it has: text)' for records 25-29 having uid; a dotted name and a
+    Hive partition folder (lang=en/) got the same words, with no hint that neither is read."""
+    from pipeline.options import ConfigError
+    from pipeline.validate import unread_gold_notice
+
+    late = tmp_path / "late_uid.jsonl"
+    late.write_text("".join(json.dumps({"text": f"t{i}", **({"uid": i} if i >= 25 else {})}) + "\n" for i in range(30)))
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text("".join(json.dumps({"body": {"text": f"t{i}"}}) + "\n" for i in range(3)))
+    (tmp_path / "lang=en").mkdir()
+    partitioned = tmp_path / "lang=en" / "part.parquet"
+    pq.write_table(pa.table({"text": ["a"]}), partitioned)
+    expected = {
+        (late, ("--id_field", "uid")):
+            f"--id_field=uid: {late} has no such field in its first 20 records, the records looked at before the run "
+            "starts (fields seen: text); pass --id_field with a top-level field the records have, or leave it out: "
+            "each id then falls back to SOURCE#RECORD_INDEX",
+        (nested, ("--text_field", "body.text")):
+            f"--text_field=body.text: {nested} has no such field in any of its 3 records (fields seen: body); dotted "
+            "paths are not followed (body.text would be a top-level field of that name, not `text` inside `body`): "
+            "flatten the records, or pass --text_field with the top-level field",
+        (partitioned, ("--id_field", "lang")):
+            f"--id_field=lang: {partitioned} has no such field (it has: text); `lang=en` in its path is a partition "
+            "folder, and partition folders are not read as fields: write lang into the records, or pass --id_field",
+    }
+    for (shard, flags), message in expected.items():
+        with pytest.raises(ConfigError) as error:
+            check(tmp_path, [shard], *flags)
+        assert str(error.value).startswith(message), str(error.value)
+    (tmp_path / "label=sports").mkdir()
+    pq.write_table(pa.table({"text": ["a"]}), tmp_path / "label=sports" / "part.parquet")
+    notice = unread_gold_notice("classify", str(tmp_path / "label=sports" / "part.parquet"), sources.ReadSpec())
+    assert "`label=sports` in its path is a partition folder, which is not read as a field" in notice

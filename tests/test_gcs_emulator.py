@@ -187,6 +187,23 @@ def test_gs_names_holding_glob_characters_and_folder_placeholders(gcs):
     assert find_input(gcs.url("ph") + "/") == ([gcs.url("ph", "sub", "c.jsonl")], [])
 
 
+def test_a_gs_object_whose_name_holds_double_colons_is_read_as_that_object(gcs, tmp_path, capsys):
+    """Before: gs://b/in/notes::v2.jsonl was opened as the chained URL `gs://b/in/notes` then `v2.jsonl` (a directory
+    input's shard became read/unreadable_shard 'gone since the run found it'), and naming it was exit 2 ('does not
+    exist'). README: a path that exists as written is that object, `::` and all."""
+    from pipeline.io.sources import ReadSpec, read_shard
+    from pipeline.validate import first_record_fields
+
+    fs = fsspec.filesystem("gs")
+    url = gcs.url("cc", "notes::v2.jsonl")
+    fs.pipe(url, b'{"id": "c", "text": "the shard"}\n')
+    fs.pipe(gcs.url("cc", "notes"), b'{"body": "the object a chained URL would open"}\n')
+    assert shards_of(gcs.url("cc") + "/") == [url]
+    assert shards_of(url) == [url]
+    assert [(d.doc_id, d.text) for d in read_shard(url, ReadSpec())] == [("c", "the shard")]
+    assert first_record_fields(url, ReadSpec()) == {"id", "text"}
+
+
 def test_one_object_is_read_with_credentials_that_may_read_but_not_list_its_bucket(gcs_emulator, tmp_path):
     """Credentials that may get objects but not list the bucket (objectViewer on a prefix, legacyObjectReader): one
     named object is still an input (the bucket check's 403 refused it); a glob, which needs the listing, is refused

@@ -20,6 +20,9 @@ pytest_plugins = ["gcs_support"]
 RUN_ID = "nightly-2026-01-01"
 
 
+SHARDS = ("shard-0.jsonl", "shard::1.jsonl")  # `::` in an object name is part of it, not a chained URL
+
+
 def upload_inputs(fs, bucket: str) -> dict[str, str]:
     """Two JSONL shards (one bad line) and the converted MiniLM directory; returns {doc_id: text}."""
     from models.builtin import builtin_dir
@@ -33,7 +36,7 @@ def upload_inputs(fs, bucket: str) -> dict[str, str]:
             lines.append(json.dumps({"id": f"s{k}-{i}", "text": text}))
         if k == 1:
             lines.insert(2, "{not json")
-        fs.pipe(f"{bucket}/in/shard-{k}.jsonl", ("\n".join(lines) + "\n").encode())
+        fs.pipe(f"{bucket}/in/{SHARDS[k]}", ("\n".join(lines) + "\n").encode())
     fs.put(builtin_dir("minilm-l6", default_cache_dir()) + "/", f"{bucket}/models/minilm-l6", recursive=True)
     return texts
 
@@ -86,7 +89,7 @@ def test_gs_to_gs_run_and_faulty_rerun_give_the_same_tables(gcs_emulator, tmp_pa
 
     # the clean run: every record is a row, embeddings are the model's own
     assert sorted(scores.column("doc_id").to_pylist()) == sorted(texts)
-    assert set(scores.column("source").to_pylist()) == {f"gs://{bucket}/in/shard-{k}.jsonl" for k in range(2)}
+    assert set(scores.column("source").to_pylist()) == {f"gs://{bucket}/in/{name}" for name in SHARDS}
     assert errors.column("record_index").to_pylist() == [2] and errors.column("stage").to_pylist() == ["parse"]
     assert summary["counts"]["records"] == len(texts) + 1
     ids = scores.column("doc_id").to_pylist()

@@ -1,6 +1,7 @@
 """--input reads regular files only: named pipes (which would keep a reader waiting forever), sockets,
 devices and broken links in an input directory or glob are skipped, one named explicitly is a
-configuration error (exit 2), and a symlinked directory is followed once but never into a loop.
+configuration error (exit 2), a symlinked directory is followed once but never into a loop, and a directory's
+file reached through links is read once.
 Checked on real files and with real `docscore run` processes."""
 from __future__ import annotations
 
@@ -31,14 +32,34 @@ def special_files(directory: Path) -> None:
 def test_a_directory_or_glob_yields_only_its_regular_files(tmp_path):
     d = tmp_path / "d"
     write_jsonl(d / "a.jsonl", [{"text": "a"}])
-    (d / "to_a.jsonl").symlink_to(d / "a.jsonl")  # a link to a regular file is a regular file to read
+    write_jsonl(tmp_path / "b.jsonl", [{"text": "b"}])
+    (d / "to_b.jsonl").symlink_to(tmp_path / "b.jsonl")  # a link to a regular file is a regular file to read
     (d / "sub").mkdir()
     special_files(d)
     special_files(d / "sub")
-    expected = [str(d / "a.jsonl"), str(d / "to_a.jsonl")]
+    expected = [str(d / "a.jsonl"), str(d / "to_b.jsonl")]
     assert shards_of(str(d)) == expected
     assert shards_of(str(d / "*.jsonl")) == expected
     assert shards_of(str(d / "**" / "*.jsonl")) == expected
+
+
+def test_a_directory_reads_each_real_file_once_whatever_links_name_it(tmp_path):
+    """Before: latest.jsonl -> v1.jsonl beside v1.jsonl was read twice (every record a duplicate doc_id, no notice).
+    The file's own name is kept; a link to a file the directory does not read otherwise (outside it, or under a
+    hidden folder) is read under the link's name. A glob reads every path it matches."""
+    d = tmp_path / "d"
+    write_jsonl(d / "v1.jsonl", [{"id": "v1", "text": "version one"}])
+    write_jsonl(d / "_staging" / "v2.jsonl", [{"id": "v2", "text": "staged"}])
+    write_jsonl(tmp_path / "outside.jsonl", [{"id": "o", "text": "outside"}])
+    (d / "latest.jsonl").symlink_to("v1.jsonl")
+    (d / "also_latest.jsonl").symlink_to(d / "latest.jsonl")  # a link to the link: the same real file
+    (d / "sub").mkdir()
+    (d / "sub" / "v1.jsonl").symlink_to(d / "v1.jsonl")
+    (d / "next.jsonl").symlink_to(d / "_staging" / "v2.jsonl")
+    (d / "ext1.jsonl").symlink_to(tmp_path / "outside.jsonl")
+    (d / "ext2.jsonl").symlink_to(tmp_path / "outside.jsonl")
+    assert shards_of(str(d)) == [str(d / "ext1.jsonl"), str(d / "next.jsonl"), str(d / "v1.jsonl")]
+    assert shards_of(str(d / "*latest.jsonl")) == [str(d / "also_latest.jsonl"), str(d / "latest.jsonl")]
 
 
 @pytest.mark.parametrize("name, kind", [("pipe.jsonl", "a named pipe (FIFO)"), ("socket.jsonl", "a socket"),

@@ -382,24 +382,114 @@ def test_bytes_that_are_gzip_or_utf16_say_so(tmp_path):
     gz.write_bytes(gzip.compress("".join(f'{{"id": "{i}", "text": "x {i}"}}\n' for i in range(300)).encode()))
     gz_text = tmp_path / "notes.txt"
     gz_text.write_bytes(gzip.compress(b"hello\n" * 50))
-    wide = tmp_path / "wide.jsonl"
-    wide.write_bytes('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n'.encode("utf-16"))
     _, gz_errors = split(list(read_shard(str(gz), SPEC)))
-    _, wide_errors = split(list(read_shard(str(wide), SPEC)))
     assert [(e.record_index, e.error_type) for e in gz_errors] == [(None, "corrupt_file")]
     assert "gzip-compressed but its name does not end in .gz: rename it packed.jsonl.gz" in gz_errors[0].message
     [text_error] = read_shard(str(gz_text), SPEC)
     assert text_error.error_type == "invalid_utf8" and "gzip-compressed: decompress the file" in text_error.message
-    assert {e.error_type for e in wide_errors} <= {"invalid_utf8", "invalid_json"}
-    assert len(wide_errors) == 2  # one row per record: the NUL that UTF-16's last newline leaves is no record
-    assert wide_errors[0].error_type == "invalid_utf8"  # the BOM's line; the next lines decode as UTF-8 with NULs
-    assert all("UTF-16 text, convert it to UTF-8" in e.message or "looks like UTF-16 text: convert the file to UTF-8"
-               in e.message for e in wide_errors)
-    no_bom = tmp_path / "no_bom.jsonl"  # ASCII in UTF-16 without a BOM: every byte pair decodes as UTF-8
-    no_bom.write_bytes('{"id": "a", "text": "x"}\n'.encode("utf-16-le"))
-    _, no_bom_errors = split(list(read_shard(str(no_bom), SPEC)))
-    assert no_bom_errors and all(e.error_type == "invalid_json" and "UTF-16 text, convert it to UTF-8" in e.message
-                                 for e in no_bom_errors)
+    # UTF-16 JSONL: tests/test_sources.py test_a_jsonl_shard_in_utf16_or_with_cr_line_endings_is_one_shard_error
+
+
+RECORDS = [{"id": f"r{i}", "text": f"record {i}: \u0a0a \u010a ä"} for i in range(4)]  # U+0A0A, U+010A: a 0x0A byte
+JSONL = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in RECORDS)
+
+
+def test_a_jsonl_shard_in_utf16_or_with_cr_line_endings_is_one_shard_error_naming_the_fix(tmp_path):
+    """Before: UTF-16 was split at 0x0A bytes inside characters (4 records became 12 error rows of garbage), and
+    CR-only line endings made the shard one line ('Extra data'). Now each is one read/corrupt_file row (record_index
+    None: its records are not counted as read) that names the encoding or line endings and the fix; CRLF, and one
+    record ending in a lone CR, still read."""
+    shards = {"bom_le.jsonl": (JSONL.encode("utf-16"), "shard is UTF-16 text", "iconv -f UTF-16 -t UTF-8"),
+              "bom_be.jsonl": (b"\xfe\xff" + JSONL.encode("utf-16-be"), "shard is UTF-16 text", "iconv -f UTF-16 "),
+              "plain_le.jsonl": (JSONL.encode("utf-16-le"), "shard is UTF-16LE text", "iconv -f UTF-16LE -t UTF-8"),
+              "plain_be.jsonl.gz": (gzip.compress(JSONL.encode("utf-16-be")), "shard is UTF-16BE text", "-f UTF-16BE"),
+              "mac.jsonl": (JSONL.replace("\n", "\r").encode(), "shard's lines end in CR alone", "convert the line "
+                            "endings to LF"),
+              "mac.jsonl.gz": (gzip.compress(JSONL.replace("\n", "\r").encode()), "end in CR alone", "to LF")}
+    for name, (data, cause, fix) in shards.items():
+        (tmp_path / name).write_bytes(data)
+        items = list(read_shard(str(tmp_path / name), SPEC))
+        assert [(type(i).__name__, i.record_index, i.stage, i.error_type) for i in items] == [
+            ("ErrorRow", None, "read", "corrupt_file")], (name, items)
+        assert cause in items[0].message and fix in items[0].message, (name, items[0].message)
+    (tmp_path / "windows.jsonl").write_bytes(JSONL.replace("\n", "\r\n").encode())
+    (tmp_path / "one.jsonl").write_bytes(b'{"id": "only", "text": "one record"}\r')
+    assert [d.text for d in read_shard(str(tmp_path / "windows.jsonl"), SPEC)] == [r["text"] for r in RECORDS]
+    assert [d.doc_id for d in read_shard(str(tmp_path / "one.jsonl"), SPEC)] == ["only"]
+
+
+def test_an_input_whose_every_peeked_jsonl_shard_cannot_be_split_is_refused_before_the_job(tmp_path):
+    """Validation's peek sees what the reader would: when no peeked shard can be split into records (UTF-16, CR-only
+    line ends), the run is exit 2 naming the file and the fix; one readable shard beside them runs (their rows say it)."""
+    from pipeline.options import ConfigError, parse_options
+    from pipeline.validate import check_fields
+
+    (tmp_path / "a.jsonl").write_bytes(JSONL.encode("utf-16"))
+    (tmp_path / "b.jsonl").write_bytes(JSONL.replace("\n", "\r").encode())
+    _, eo = parse_options(["--input", str(tmp_path), "--output", str(tmp_path / "out")])
+    shards = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    with pytest.raises(ConfigError, match=rf"^--input {tmp_path}: {shards[0]}: shard is UTF-16 text.*iconv .*\(nor does "
+                                          r"the other shard looked at\)"):
+        check_fields(eo, shards, SPEC)
+    (tmp_path / "c.jsonl").write_text(JSONL)
+    check_fields(eo, [*shards, str(tmp_path / "c.jsonl")], SPEC)
+
+
+def test_a_remote_name_holding_double_colons_is_read_as_that_object():
+    """Before: a memory:// or gs:// shard named `notes::v2.jsonl` was opened as the chained URL `notes` then
+    `v2.jsonl` (read/unreadable_shard 'gone since the run found it'), and naming it was exit 2 ('does not exist')."""
+    from pipeline.validate import first_record_fields
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file("/docscore-colons/notes::v2.jsonl", b'{"id": "c", "text": "the shard"}\n')
+    fs.pipe_file("/docscore-colons/notes", b'{"body": "WRONG FILE"}\n')  # what the chained URL would open
+    fs.pipe_file("/docscore-colons/gz::v2.jsonl.gz", gzip.compress(b'{"id": "g", "text": "the gzip shard"}\n'))
+    url = "memory:///docscore-colons/notes::v2.jsonl"
+    try:
+        assert shards_of("memory://docscore-colons/") == ["memory:///docscore-colons/gz::v2.jsonl.gz", url]
+        assert shards_of(url) == [url]
+        assert [(d.doc_id, d.text) for d in read_shard(url, SPEC)] == [("c", "the shard")]
+        gz_docs = list(read_shard("memory:///docscore-colons/gz::v2.jsonl.gz", SPEC))
+        assert [d.text for d in gz_docs] == ["the gzip shard"], gz_docs
+        assert first_record_fields(url, SPEC) == {"id", "text"}
+    finally:
+        fs.rm("/docscore-colons", recursive=True)
+
+
+@pytest.mark.parametrize("name, says", [
+    ("z.jsonl.zst", "it is zstd-compressed JSON lines, and docscore decompresses gzip only: decompress it (zstd -d), "
+                    "or recompress it with gzip as .jsonl.gz"),
+    ("z.jsonl.bz2", "it is bzip2-compressed JSON lines"), ("z.ndjson.xz", "it is xz-compressed JSON lines"),
+    ("z.json.gz", "if it holds one JSON object per line (as Spark's part-*.json files do), rename it to .jsonl.gz"),
+    ("part-00000-1a2b.json", "rename it to .jsonl;"), ("notes.txt.gz", "it is a gzip-compressed .txt file"),
+    ("data.csv", "it is in no format docscore reads (.jsonl, ")])
+def test_a_file_of_a_near_miss_format_is_refused_naming_the_fix(tmp_path, name, says):
+    """Before: naming one file said 'use a pattern matching only .jsonl, ... files', whatever the file was."""
+    (tmp_path / name).write_bytes(b"{}\n")
+    with pytest.raises(ValueError) as refused:
+        find_input(str(tmp_path / name))
+    message = str(refused.value)
+    assert message.startswith(f"--input {tmp_path / name}: cannot read {tmp_path / name}: ") and says in message, message
+    assert "use a pattern" not in message
+    with pytest.raises(ValueError, match=r"\*: cannot read .*; use a pattern matching only"):  # a glob: the pattern's
+        find_input(str(tmp_path / "*"))
+
+
+def test_near_miss_formats_a_glob_or_directory_leaves_out_name_the_fix(tmp_path):
+    from pipeline.validate import skipped_notice
+
+    (tmp_path / "b.csv").write_text("x")
+    (tmp_path / "z.jsonl.zst").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match=r"holds only files of other formats: .*b\.csv, .*z\.jsonl\.zst "
+                                                r"\(z\.jsonl\.zst: it is zstd-compressed JSON lines"):
+        find_input(str(tmp_path))
+    with pytest.raises(ValueError, match=r"cannot read .*b\.csv \(and 1 more\); use a pattern matching only .* files "
+                                         r"\(z\.jsonl\.zst: it is zstd-compressed JSON lines"):
+        find_input(str(tmp_path / "*"))
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    notice = skipped_notice(str(tmp_path), find_input(str(tmp_path)).skipped)
+    assert notice.endswith("(z.jsonl.zst: it is zstd-compressed JSON lines, and docscore decompresses gzip only: "
+                           "decompress it (zstd -d), or recompress it with gzip as .jsonl.gz)"), notice
 
 
 def test_a_directory_input_names_the_files_it_leaves_out(tmp_path):
@@ -455,7 +545,6 @@ def test_a_parquet_field_the_task_does_not_read_never_fails_its_record(tmp_path)
     pyarrow cannot convert (a timestamp past year 9999) are left off for a task that does not read them, and
     fail the record (or, for the ambiguous column, the shard) for one that does."""
     import dataclasses
-    import datetime
 
     bad_bytes = tmp_path / "bytes.parquet"
     pq.write_table(pa.table({"id": ["a", "b"], "text": ["doc a", "doc b"],

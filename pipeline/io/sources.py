@@ -10,6 +10,7 @@ import dataclasses
 import decimal
 import fnmatch
 import gzip
+import itertools
 import json
 import math
 import os
@@ -90,7 +91,8 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
     """Expand --input to a sorted list of shard paths/URLs. A directory means every regular file of a
     readable format under it, except under `_`/`.` folders; a glob every regular file it matches. Named pipes, sockets and devices are
     skipped (opening a named pipe waits for a writer forever); symlinked directories are followed, each
-    real directory once, never into a directory that holds the link (a loop) (local_regular_files).
+    real directory once, never into a directory that holds the link (a loop) (local_regular_files), and a
+    directory's files are read once per real file (each_real_file_once).
 
     Raises FileNotFoundError when nothing matches (naming the missing bucket, or the missing remote path) and
     ValueError for files of an unknown format, or when --input names one file that is not a regular file; a
@@ -107,15 +109,16 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
     if protocol in GCS_PROTOCOLS:
         check_bucket(pattern)
     existing = existing_local_path(pattern)
+    remote = None if existing is not None else existing_remote_path(pattern)
     if existing is not None:  # a[1].jsonl, b*c.jsonl, d::e.jsonl: that file or directory, not a pattern or a chained URL
         fs, paths = LocalFileSystem(), [existing]
+    elif remote is not None:  # gs://b/a[1].jsonl, gs://b/d::e.jsonl: that object (or folder), as locally
+        fs, existing = remote
+        paths = [existing]
     else:
         fs, _, paths = fsspec.get_fs_token_paths(pattern)
-        literal = fsspec.core.url_to_fs(pattern)[1]
-        if fsspec.core.has_magic(pattern) and not isinstance(fs, LocalFileSystem) and fs.exists(literal):
-            paths, existing = [literal], literal  # gs://b/a[1].jsonl names that object (or folder), as locally
-        elif fsspec.core.has_magic(pattern) and "*" not in pattern:  # fsspec expands a pattern only when it holds a *
-            paths = sorted(fs.glob(literal))
+        if fsspec.core.has_magic(pattern) and "*" not in pattern:  # fsspec expands a pattern only when it holds a *
+            paths = sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1]))
     local = isinstance(fs, LocalFileSystem)
 
     def as_written(path: str) -> str:  # a path fsspec found, with the scheme --input was written with
@@ -139,6 +142,8 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
                                   "or pass a glob that leaves it out")
         # a file under a `_`/`.` folder is hidden too (_staging/, _temporary/, .git/): only the part below the root counts
         found = [p for p in files if not _hidden_below(root, p) and shard_format(p)]
+        if local:  # one file twice (a link beside its target) would be read twice: duplicate rows without a word
+            found = each_real_file_once(found)
         skipped = sorted(p for p in files if not _hidden_below(root, p) and not shard_format(p))
     else:
         if one_path and local and os.path.lexists(paths[0]) and not _is_regular(paths[0]):
@@ -148,21 +153,24 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
                 "regular file, a directory or a glob"
             )
         # one remote path is a file here: remote_kind raised if it was neither a file nor a directory
-        written = glob_parts(pattern, glob_root)
+        written = () if one_path else glob_parts(pattern, glob_root)
         found = [p for p in paths if (one_path or not _hidden_below(glob_root, p, written))
                  and (_is_regular(p) if local else not p.endswith("/") and (one_path or fs.isfile(p)))]
         unknown = [p for p in found if shard_format(p) is None]
+        if unknown and one_path:  # one file named: no pattern to change, only the file
+            raise ValueError(f"--input {pattern}: cannot read {as_written(unknown[0])}: "
+                             f"{format_fix(unknown[0]) or f'it is in no format docscore reads ({SUPPORTED})'}")
         if unknown:
             raise ValueError(
                 f"--input {pattern}: cannot read {as_written(unknown[0])}"
                 + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
-                + f"; use a pattern matching only {SUPPORTED} files"
+                + f"; use a pattern matching only {SUPPORTED} files{first_fix(unknown)}"
             )
     if not found:
         others = [as_written(p) for p in skipped]
         holds = (f"; it holds only files of other formats: {', '.join(others[:3])}"
                  + (f" and {len(others) - 3} more" if len(others) > 3 else "")) if others else ""
-        raise FileNotFoundError(f"--input {pattern}: matches no readable shard ({SUPPORTED}){holds}")
+        raise FileNotFoundError(f"--input {pattern}: matches no readable shard ({SUPPORTED}){holds}{first_fix(skipped)}")
     refuse_array_record(pattern, found)
     undecodable = [p for p in found if utf8_size(p) is None]
     if undecodable:  # every row would carry it as `source`, and no table can hold it
@@ -184,6 +192,52 @@ def refuse_array_record(pattern: str, found: list[str]) -> None:
         )
 
 
+# compressions docscore does not decompress, with the command that does: (name, command)
+OTHER_COMPRESSIONS = {".zst": ("zstd", "zstd -d"), ".zstd": ("zstd", "zstd -d"), ".bz2": ("bzip2", "bunzip2"),
+                      ".xz": ("xz", "unxz"), ".lz4": ("lz4", "lz4 -d"), ".snappy": ("snappy", None),
+                      ".zip": ("zip", "unzip")}
+
+
+def format_fix(path: str) -> str | None:
+    """What to do with a file whose name is close to a format docscore reads (z.jsonl.zst, Spark's part-0.json,
+    notes.txt.gz), or None: a message that only says "unsupported" leaves the user guessing the fix."""
+    name = path.rsplit("/", 1)[-1].lower()
+    base, ext = posixpath.splitext(name)
+    compression = OTHER_COMPRESSIONS.get(ext, ("gzip", "gunzip") if ext == ".gz" else None)
+    if compression and shard_format(base) == "jsonl":  # only gzip is read: .jsonl.zst, .ndjson.bz2
+        how = f" ({compression[1]})" if compression[1] else ""
+        return (f"it is {compression[0]}-compressed JSON lines, and docscore decompresses gzip only: decompress "
+                f"it{how}, or recompress it with gzip as .jsonl.gz")
+    if compression and shard_format(base) in ("parquet", "text"):  # Parquet compresses inside; text is read as is
+        return f"it is a {compression[0]}-compressed {posixpath.splitext(base)[1]} file, which docscore does not read: decompress it"
+    if name.endswith(".json") or (compression and base.endswith(".json")):
+        return ("docscore reads JSON lines from .jsonl files: if it holds one JSON object per line (as Spark's "
+                "part-*.json files do), rename it to .jsonl" + (".gz" if ext == ".gz" else "")
+                + (f" (after decompressing it: {compression[0]} is not read)" if compression and ext != ".gz" else "")
+                + "; if it is one JSON document (an array), write its records one per line first (jq -c '.[]')")
+    return None
+
+
+def first_fix(paths: list[str]) -> str:
+    """format_fix of the first of `paths` that has one, as a message's last words ("" when none has)."""
+    fix = next(((path, fix) for path in paths if (fix := format_fix(path))), None)
+    return f" ({posixpath.basename(fix[0])}: {fix[1]})" if fix else ""
+
+
+def existing_remote_path(pattern: str):
+    """(file system, path) of a remote --input that exists as written although it holds glob characters or `::`
+    (gs://b/a[1].jsonl, memory://d/e::f.jsonl), else None: fsspec would read it as a pattern or a chained URL.
+    Opened with its protocol's own file system; a chained URL (simplecache::gs://...) is left to fsspec."""
+    protocol = fsspec.core.split_protocol(pattern)[0]
+    if protocol in (None, "file") or "::" in protocol or not ("::" in pattern or fsspec.core.has_magic(pattern)):
+        return None
+    fs = fsspec.filesystem(protocol)
+    try:
+        return fs, fs.info(pattern)["name"]
+    except FileNotFoundError:
+        return None
+
+
 def existing_local_path(pattern: str) -> str | None:
     """The absolute path of a local --input that exists as written (a link too, even a broken one), else None:
     such a path names that file or directory, even when it holds glob characters or `::`."""
@@ -203,8 +257,8 @@ def check_bucket(pattern: str) -> None:
     """Raise, naming --input, when the bucket of a gs:// --input does not exist (FileNotFoundError) or these
     credentials may not list it for a glob or a directory (PermissionError). One listing request of at most one
     object: a store that cannot be reached raises gcsfs's own error (after its retries), which is not an empty path."""
-    fs, path = fsspec.core.url_to_fs(pattern)
-    bucket = path.split("/", 1)[0]
+    protocol, path = fsspec.core.split_protocol(pattern)  # not url_to_fs: `::` in an object name is no chain
+    fs, bucket = fsspec.filesystem(protocol), path.split("/", 1)[0]
     try:
         fs.call("GET", "b/{}/o", bucket, json_out=True, maxResults=1)
     except FileNotFoundError:  # objects.list answers 404 only for a bucket that does not exist
@@ -298,6 +352,15 @@ def local_regular_files(root: str, unlisted: list[str] | None = None) -> list[st
             elif stat.S_ISDIR(mode) and not _holds(os.path.realpath(path), real):
                 linked_dirs.append(path)
     return found
+
+
+def each_real_file_once(paths: list[str]) -> list[str]:
+    """Local `paths` less those naming a real file another of them names (latest.jsonl -> v1.jsonl beside
+    v1.jsonl: v1.jsonl), the file's own name kept over a link's, else the first link's in sorted order."""
+    kept: dict[str, str] = {}
+    for path in sorted(paths, key=lambda p: (os.path.islink(p), p)):
+        kept.setdefault(os.path.realpath(path), path)
+    return sorted(kept.values())
 
 
 def _holds(directory: str, path: str) -> bool:
@@ -423,7 +486,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 def invalid_utf8_message(error: UnicodeDecodeError, data: bytes) -> str:
     """A not-UTF-8 error, with what the bytes are instead where that is plain (gzip, UTF-16)."""
-    if data[:2] == GZIP_MAGIC:  # a text file (JSONL shards are looked at first: gzip_named_plain)
+    if data[:2] == GZIP_MAGIC:  # a text file (JSONL shards are looked at first: unsplittable)
         return f"{error}; these bytes are gzip-compressed: decompress the file (compressed .txt and .md are not read)"
     if data[:2] in (b"\xff\xfe", b"\xfe\xff") or looks_like_utf16(data):
         return f"{error}; this looks like UTF-16 text: convert the file to UTF-8 (e.g. iconv -f UTF-16 -t UTF-8)"
@@ -610,15 +673,16 @@ def _timed(records: Iterator[tuple[int, Any, bytes | None]], path: str, spec: Re
         start = time.perf_counter()
 
 
-def bounded_lines(f, max_bytes: int, chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[tuple[bytes, int]]:
+def bounded_lines(f, max_bytes: int, chunk_bytes: int = READ_CHUNK_BYTES, head: bytes = b"") -> Iterator[tuple[bytes, int]]:
     """The lines of a binary file as (line, its size in bytes), newline excluded, reading chunk_bytes at a
-    time. A line longer than max_bytes is never held whole: it is skipped to its end and yielded as
-    (its first RAW_PREVIEW_BYTES bytes, its full size). A last line without a newline is a line too."""
+    time after `head` (bytes already read from it). A line longer than max_bytes is never held whole: it is
+    skipped to its end and yielded as (its first RAW_PREVIEW_BYTES bytes, its full size). A last line without a
+    newline is a line too."""
     read = getattr(f, "read1", f.read)  # read1: what is there now (a truncated .gz still gives what precedes the break)
     held = bytearray()
     skipped = -1  # bytes of an over-long line skipped so far (held keeps its preview); -1: none
     last = 0  # the line's last byte so far: a CRLF's \r is not the record's, also on a line that was skipped
-    while chunk := read(chunk_bytes):
+    for chunk in itertools.chain([head] if head else [], iter(lambda: read(chunk_bytes), b"")):
         start = 0
         while start < len(chunk):
             newline = chunk.find(b"\n", start)
@@ -648,11 +712,11 @@ def _line(held: bytearray, skipped: int, last: int) -> tuple[bytes, int]:
 
 
 def open_shard(path: str, compression: str | None = None):
-    """A shard opened for binary reading. A discovered local path (no `://`) is opened as the local file it
-    names: fsspec.open reads `::` in a file name (notes::v2.jsonl) as a chained URL and opens another file."""
-    if "://" in path:
-        return fsspec.open(path, "rb", compression=compression)
-    return LocalFileSystem().open(path, "rb", compression=compression)
+    """A shard opened for binary reading, with the file system of its protocol (local without one): fsspec.open
+    reads `::` in a name (notes::v2.jsonl, gs://b/notes::v2.jsonl) as a chained URL and opens another file."""
+    protocol = fsspec.core.split_protocol(path)[0]
+    fs = LocalFileSystem() if protocol is None else fsspec.filesystem(protocol)
+    return fsspec.core.OpenFile(fs, path, "rb", compression=compression)  # closes the file under a gzip reader too
 
 
 def jsonl_records(path: str, spec: ReadSpec) -> Iterator[tuple[int, Any, bytes | None]]:
@@ -661,13 +725,13 @@ def jsonl_records(path: str, spec: ReadSpec) -> Iterator[tuple[int, Any, bytes |
     compression = "gzip" if path.lower().endswith(".gz") else None
     with open_shard(path, compression) as f:
         try:
-            if compression is None and gzip_named_plain(f):
-                yield 0, ErrorRow(path, None, "read", "corrupt_file",
-                                  f"shard is gzip-compressed but its name does not end in .gz: rename it "
-                                  f"{path.rsplit('/', 1)[-1]}.gz (or decompress it)"), None
+            head = read_head(f)
+            problem = unsplittable(head, path, compression)
+            if problem:  # read line by line, every line would be an error row of garbage
+                yield 0, ErrorRow(path, None, "read", "corrupt_file", problem), None
                 return
             # a BOM and a CRLF's \r are not part of the record: a line may hold them on top of --max_record_bytes
-            for index, (line, size) in enumerate(bounded_lines(f, spec.max_record_bytes + len(UTF8_BOM) + 1)):
+            for index, (line, size) in enumerate(bounded_lines(f, spec.max_record_bytes + len(UTF8_BOM) + 1, head=head)):
                 if line.startswith(UTF8_BOM):  # a UTF-8 BOM (first line, or shards concatenated)
                     line, size = line[len(UTF8_BOM):], size - len(UTF8_BOM)
                 if size > spec.max_record_bytes:
@@ -698,11 +762,42 @@ def jsonl_records(path: str, spec: ReadSpec) -> Iterator[tuple[int, Any, bytes |
             yield 0, ErrorRow(path, None, "read", read_error_type(e), f"shard {what} ({type(e).__name__}: {e})"), None
 
 
-def gzip_named_plain(f) -> bool:
-    """Whether a shard opened as plain bytes starts as a gzip stream (the file is left at its start)."""
-    head = f.read(2)
-    f.seek(0)
-    return head == GZIP_MAGIC
+HEAD_BYTES = 2**16  # what unsplittable judges a JSONL shard by: a CR-only shard is seen when its first record is shorter
+
+
+def read_head(f) -> bytes:
+    """Up to HEAD_BYTES of a shard's first bytes (read1: a truncated .gz still gives what precedes the break)."""
+    return getattr(f, "read1", f.read)(HEAD_BYTES)
+
+
+def unsplittable(head: bytes, path: str, compression: str | None) -> str | None:
+    """Why a JSONL shard whose first bytes (read with `compression`) are `head` cannot be split into its records
+    at all, naming the fix, or None: gzip bytes under a plain name, UTF-16 text (whose 0x0A bytes are not all
+    newlines), or lines ended by CR alone (no LF to split on)."""
+    name = path.rsplit("/", 1)[-1]
+    if compression is None and head[:2] == GZIP_MAGIC:
+        return f"shard is gzip-compressed but its name does not end in .gz: rename it {name}.gz (or decompress it)"
+    # a byte order mark, or (RFC 4627) two ASCII characters such as `{"` in UTF-16, each a NUL and a non-NUL
+    little, big = head[1:4:2] == b"\0\0" and 0 not in head[0:4:2], head[0:4:2] == b"\0\0" and 0 not in head[1:4:2]
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or ((little or big) and looks_like_utf16(head)):
+        encoding = "UTF-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "UTF-16LE" if little else "UTF-16BE"
+        return (f"shard is {encoding} text, and JSON lines are read as UTF-8 (split at every 0x0A byte, which UTF-16 "
+                f"has inside characters): convert it to UTF-8 (e.g. iconv -f {encoding} -t UTF-8 {name} > utf8/{name})")
+    if b"\n" not in head and b"\r" in head.rstrip(BLANK_BYTES):  # a JSON text holds a raw CR only between tokens
+        return (f"shard's lines end in CR alone (old Mac line endings), and JSON lines are split at LF: its records "
+                f"would read as one line; convert the line endings to LF (e.g. tr '\\r' '\\n' < {name} > lf/{name})")
+    return None
+
+
+def unsplittable_shard(path: str) -> str | None:
+    """unsplittable for a JSONL shard by path (what validation's peek asks); None when it cannot be opened too:
+    the reader reports that as an error row."""
+    compression = "gzip" if path.lower().endswith(".gz") else None
+    try:
+        with open_shard(path, compression) as f:
+            return unsplittable(read_head(f), path, compression)
+    except Exception:
+        return None
 
 
 def _read_jsonl(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
@@ -744,6 +839,31 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
                     index += 1
 
     yield from _timed(records(), path, spec)
+
+
+def string_column(arrow_type) -> bool:
+    """A Parquet column type of strings: string, large_string, string_view, or a dictionary of one."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type)
+
+
+def text_column(arrow_type) -> bool:
+    """Whether the Parquet reader reads this column type's cells as text: strings, or bytes decoded as UTF-8
+    (decoded_record). Any other type (int64, a struct, a list, null) gives no text in any row."""
+    return string_column(arrow_type) or _bytes_type(arrow_type)
+
+
+def scalar_column(arrow_type) -> bool:
+    """Whether a Parquet column type's cells can be a KEPT_FIELDS value (field_problem: a string or a number)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    return (text_column(arrow_type) or pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+            or pa.types.is_decimal(arrow_type) or pa.types.is_boolean(arrow_type))
 
 
 def _bytes_type(arrow_type) -> bool:
