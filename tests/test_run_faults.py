@@ -201,10 +201,11 @@ def test_a_readers_probe_of_a_local_lease_does_not_refuse_a_launch(tmp_path):
     out = str(tmp_path / "out")
     run_lease.acquire(out, "r1", "first").release()
     probe = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pipeline.io import run_lease\n"
-                              "end = time.time() + 4\nwhile time.time() < end: run_lease.is_held(sys.argv[1], 'r1')",
-                              out], cwd=REPO)
+                              "print('probing', flush=True)\nend = time.time() + 4\n"
+                              "while time.time() < end: run_lease.is_held(sys.argv[1], 'r1')",
+                              out], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1)  # the probe is running
+        assert probe.stdout.readline().strip() == "probing"  # the launches below race a running probe
         for n in range(200):
             run_lease.acquire(out, "r1", f"launch{n}").release()  # LeaseHeld would fail the test
     finally:
