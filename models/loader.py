@@ -257,6 +257,12 @@ def load_tokenizer(name_or_path: str, *, cache_dir: str | None = None) -> DocTok
                                  path=os.path.join(path, TOKENIZER))
 
 
+def run_rows(max_seq_len: int | None, model_max: int) -> int:
+    """The longest rows a run builds, which its kernel is chosen for: its --max_seq_len (None: the model's), never
+    longer than the model takes (a longer one is refused: pipeline/validate.py check_task_and_windows)."""
+    return min(max_seq_len or model_max, model_max)
+
+
 def model_kernel(attention: str, config: ModelConfig, max_seq_len: int, dtype: str, backend: str | None = None,
                  instead_of: str | None = None, gpu: tuple[str, tuple[int, int]] | None = None) -> str:
     """The kernel `attention` means for this model's attention (heads, head_dim, causal, sliding window; packed
@@ -301,9 +307,9 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
                                       path=os.path.join(path, TOKENIZER))
     tokenizer.check_vocab(config.vocab_size, config_path)
 
-    # the kernel is chosen for the run's rows (`max_seq_len`, never longer than the model takes), which a window
-    # may hide nothing in or auto's limits may judge otherwise than the model's longest
-    impl = model_kernel(attention, config, min(max_seq_len or metadata.max_seq_len, metadata.max_seq_len), dtype)
+    # the kernel is chosen for the run's rows, which a window may hide nothing in or auto's limits may judge
+    # otherwise than the model's longest
+    impl = model_kernel(attention, config, run_rows(max_seq_len, metadata.max_seq_len), dtype)
     graphdef, state = abstract_model(config, attention_impl=impl, dtype=dtype)  # per block, as the checkpoint
     try:  # before the checkpoint is read: a model that cannot fit is refused without filling the host's memory
         parallel = choose_layout(nnx.to_pure_dict(state))

@@ -157,12 +157,12 @@ def resolve_kernel(attention: str, backend: str, flag: str = "--attention", dtyp
     comes from, for the message; a refusal does not suggest `instead_of`; `gpu` is the workers' GPU
     (dataflow_checks.worker_gpu) when known."""
     from kernels import KernelUnsupportedError, resolve
-    from models.loader import model_kernel
+    from models.loader import model_kernel, run_rows
 
     try:
         if loaded is None:
             return resolve(attention, backend=backend, has_segments=True, dtype=dtype, instead_of=instead_of, gpu=gpu)
-        rows = min(max_len or loaded.tokenizer.max_seq_len, loaded.tokenizer.max_seq_len)
+        rows = run_rows(max_len, loaded.tokenizer.max_seq_len)
         return model_kernel(attention, loaded.config, rows, dtype, backend, instead_of=instead_of, gpu=gpu)
     except KernelUnsupportedError as e:
         raise ConfigError(f"{kernel_refusal(e, flag, attention)} ({where or f'target backend {backend}'})") from None
@@ -742,9 +742,9 @@ def other_kernel(kernel: str, backend: str, dtype: str, loaded, gpu=None, max_le
     """A choice of --shadow_attention that runs this model on `backend` (and `gpu`) with another kernel than
     `kernel` (kernels.other_choice for the model's attention on rows of `max_len`, else the model's, tokens)."""
     from kernels import other_choice
-    from models.loader import model_shape_info
+    from models.loader import model_shape_info, run_rows
 
-    rows = min(max_len or loaded.tokenizer.max_seq_len, loaded.tokenizer.max_seq_len)
+    rows = run_rows(max_len, loaded.tokenizer.max_seq_len)
     return other_choice(kernel, backend, gpu=gpu, **model_shape_info(loaded.config, rows, dtype))
 
 
