@@ -152,22 +152,22 @@ def failed_gates(summary: dict[str, Any]) -> list[tuple[int, str]]:
             if name in gates and gates[name]["passed"] is False]
 
 
-class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Adds "(default: X)" to a flag's help unless it has no default or its help already says it."""
+class DefaultsShownParser(argparse.ArgumentParser):
+    """Adds "(default: X)" to a flag's help unless it has no default or its help already says it (through
+    add_argument, public API: argparse's formatter methods are not)."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default in (None, argparse.SUPPRESS) or "default" in text.lower():
-            return text
-        return f"{text} (default: %(default)s)"
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        text = kwargs.get("help") or ""
+        if kwargs.get("default") not in (None, argparse.SUPPRESS) and "default" not in text.lower():
+            kwargs["help"] = f"{text} (default: %(default)s)"
+        return super().add_argument(*args, **kwargs)
 
 
 def print_help() -> None:
-    parser = argparse.ArgumentParser(
+    parser = DefaultsShownParser(
         prog="docscore run",
         description="Score document shards with a Flax model on Beam. Any Beam option (--runner, "
         "--direct_num_workers, --direct_running_mode, --project, ...) is accepted as well.",
-        formatter_class=DefaultsHelpFormatter,
     )
     EvalOptions._add_argparse_args(parser)
     parser.add_argument("--labels", help='classify labels "name=description;name=description" (in --config: a mapping; '

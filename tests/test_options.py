@@ -300,6 +300,9 @@ def test_help_lists_the_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--input", "--output", "--task", "--attention", "--labels", "--run_id", "--config"):
         assert flag in out
+    flat = " ".join(out.split())
+    assert "embed | similarity | classify | loglik | choice (default: embed)" in flat  # defaults are shown
+    assert "(default: None)" not in flat  # a flag without a default says none
 
 
 def test_help_into_a_closed_pipe_ends_quietly():
