@@ -324,6 +324,9 @@ def test_every_query_in_docs_runs_on_the_run(finished_run):
     assert runs[0][-5:] == (round(summary["command_wall_s"], 1), round(summary["device"]["busy_fraction"], 2),
                             round(summary["device"]["host_us_per_doc"]), summary["compile"]["cold_count"],
                             summary["compile"]["cached_count"])
+    (per_stage,) = results["Time per stage, from the per-document timing columns"]
+    infer = summary["timing"]["stages"]["infer"]
+    assert per_stage[-2:] == (round(infer["p50"], 2), round(infer["p95"], 2))  # the summary's percentiles, same rank
     (shadowed,) = results["Shadow kernel divergence"]
     assert shadowed[:4] == ("r1", "xla", "blockwise", len(scores))
     assert shadowed[4] == summary["shadow"]["output_max_abs_diff"] and shadowed[-1] == 0
