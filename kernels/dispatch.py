@@ -8,6 +8,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernels import mesh, table
 from kernels.interface import effective_window, shape_info_of
@@ -32,10 +33,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     "model" (kernels/mesh.py says how grouped-query and axes that do not divide are split).
     """
     check_inputs(q, k, v, segment_ids)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1):
-        raise ValueError(f"attention's window must be None or a whole number of positions >= 1; got {window!r}")
-    if window and not causal:
-        raise ValueError("attention's local window needs causal=True (it bounds how far back a query looks)")
+    check_static_arguments(causal, scale, window)
     window = effective_window(window, q.shape[1], k.shape[1])
     name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed, window=window)
     local = {"window": window} if window else {}  # only kernels with local_window take it
@@ -52,11 +50,16 @@ def resolve_for(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = N
                 causal: bool = False, impl: str = "auto", backend: str | None = None,
                 packed: bool = True, window: int | None = None) -> str:
     """The implementation name attention() runs for these arrays (for callers to record)."""
+    check_inputs(q, k, k, segment_ids)
     return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed, window))
 
 
 def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> None:
     """Refuse inputs outside the contract with a message that says what shape was expected."""
+    arrays = {"q": q, "k": k, "v": v} | ({} if segment_ids is None else {"segment_ids": segment_ids})
+    for name, x in arrays.items():
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise TypeError(f"attention wants {name} as an array (jax or numpy); got {type(x).__name__}")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"attention wants q, k, v as [batch, len, heads, head_dim]; got shapes "
                          f"{q.shape}, {k.shape}, {v.shape}")
@@ -66,6 +69,9 @@ def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arra
         raise ValueError(f"attention wants every dimension of q and k at least 1; got {q.shape} and {k.shape}")
     if not all(jnp.issubdtype(x.dtype, jnp.floating) for x in (q, k, v)):
         raise ValueError(f"attention wants floating-point q, k, v; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.dtype == k.dtype == v.dtype:  # kernels differ in what they would promote to (cuDNN refuses a mix)
+        raise ValueError(f"attention wants q, k, v of one dtype; got {q.dtype}, {k.dtype}, {v.dtype} "
+                         "(cast them: k.astype(q.dtype))")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"attention wants q and k with the same batch and head_dim; got "
                          f"{q.shape} and {k.shape}")
@@ -78,3 +84,25 @@ def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arra
         if segment_ids.shape != q.shape[:2]:
             raise ValueError(f"segment_ids must be [batch, len] = {q.shape[:2]}; got "
                              f"{segment_ids.shape}")
+        # ids are compared as int32 by every kernel: a float or a 64-bit id would be cut there and not in others
+        dtype = jnp.dtype(segment_ids.dtype)
+        if not (dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.integer) and dtype.itemsize <= 4):
+            raise ValueError(f"segment_ids must be integers of at most 32 bits (int32); got {dtype} "
+                             "(cast them: segment_ids.astype(jnp.int32))")
+
+
+def check_static_arguments(causal: bool, scale: float | None, window: int | None) -> None:
+    """Refuse a causal, scale or window that is not a plain Python value: they choose the kernel and its masks
+    when the call is traced, so they cannot be traced values (jax.jit's static_argnames can pass them)."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ValueError(f"attention's causal must be True or False, a static Python bool; got {causal!r}")
+    if scale is not None:
+        try:
+            float(scale)
+        except (TypeError, jax.errors.ConcretizationTypeError):
+            raise ValueError(f"attention's scale must be None or a static number, not a traced value; got "
+                             f"{type(scale).__name__} (a learned temperature can multiply q instead)") from None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1):
+        raise ValueError(f"attention's window must be None or a static whole number of positions >= 1; got {window!r}")
+    if window and not causal:
+        raise ValueError("attention's local window needs causal=True (it bounds how far back a query looks)")

@@ -176,6 +176,9 @@ def other_choice(kernel: str, backend: str | None = None, *, gpu: tuple[str, tup
     another kernel than `kernel` (what a shadow of `kernel` could use): native, else flash, else the first
     implementation that supports them (xla supports everything, so only xla itself falls through to native); `gpu`
     as resolve's."""
+    if kernel not in table.IMPLEMENTATIONS:
+        raise KernelUnsupportedError(f"{kernel!r} is not an attention implementation; other_choice takes one of "
+                                     f"{', '.join(table.IMPLEMENTATIONS)}")
     info = _normal_shape_info(shape_info)
     backend = _with_gpu(backend, info, gpu)
     if kernel != "xla":
@@ -206,7 +209,11 @@ def _normal_shape_info(shape_info: dict) -> dict:
         raise TypeError(f"resolve() got unknown shape info {sorted(unknown)}; known: {SHAPE_KEYS}")
     info = {k: v for k, v in shape_info.items() if v is not None}
     if "dtype" in info:
-        info["dtype"] = dtype_name(info["dtype"])
+        try:
+            info["dtype"] = dtype_name(info["dtype"])
+        except TypeError:
+            raise TypeError(f"resolve() got dtype {info['dtype']!r}, which is not a dtype; give one such as "
+                            "'float32', 'bfloat16' or jnp.bfloat16") from None
     if "packed" not in info and "has_segments" in info:  # unstated: segment ids may be packed
         info["packed"] = bool(info["has_segments"])
     if effective_window(info.get("window"), info.get("q_len"), info.get("kv_len")) is None:

@@ -371,5 +371,5 @@ def test_local_window_matches_reference_with_packing_and_grouped_query(impl, win
     with pytest.raises(ValueError, match="needs causal"):
         attention(q, k, v, impl=impl, window=window)
     for bad in (0, -3, 2.5, True):  # a window that bounds nothing, or no position count: refused, never all zeros
-        with pytest.raises(ValueError, match="window must be None or a whole number"):
+        with pytest.raises(ValueError, match="window must be None or a static whole number"):
             attention(q, k, v, impl=impl, window=bad, causal=True)

@@ -7,11 +7,12 @@ import logging
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import kernels
 import kernels.policy
-from kernels import KernelUnsupportedError, attention, available, resolve, resolve_for
+from kernels import KernelUnsupportedError, attention, available, other_choice, resolve, resolve_for
 from kernels import table
 
 CPU_LIMIT = table.AUTO_XLA_MAX_KV_LEN["cpu"]
@@ -298,6 +299,45 @@ def test_integer_inputs_are_refused(impl):
     x = jnp.ones((1, 3, 2, 8), jnp.int32)
     with pytest.raises(ValueError, match="floating-point q, k, v; got int32"):
         attention(x, x, x, impl=impl)
+
+
+@pytest.mark.parametrize("ids", [[[1.2, 1.2, 1.7, 1.7]], [[0.5, 0.5, 1.0, 1.0]]])
+@pytest.mark.parametrize("impl", ["native", "flash"])
+def test_segment_ids_that_are_not_integers_are_refused(ids, impl):
+    """xla compared the float ids as written and blockwise cut them to int32: 1.2 and 1.7 were two segments for
+    one and one for the other, and 0.5 became padding for blockwise alone (answers 1.95 apart, no error)."""
+    q = jax.random.normal(jax.random.PRNGKey(0), (1, 4, 2, 8))
+    with pytest.raises(ValueError, match="segment_ids must be integers of at most 32 bits \\(int32\\); got float32"):
+        attention(q, q, q, segment_ids=jnp.asarray(ids), impl=impl)
+    for dtype in (jnp.int32, jnp.int8, jnp.uint16, jnp.bool_):  # what every kernel reads alike
+        native, flash = (attention(q, q, q, segment_ids=jnp.asarray([[1, 1, 0, 0]], dtype), impl=i)
+                         for i in ("native", "flash"))
+        np.testing.assert_allclose(native, flash, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["native", "flash"])
+def test_q_k_v_of_different_dtypes_are_refused(impl):
+    """The policy chose by q's dtype alone: on a GPU, bfloat16 q with float32 k/v got cudnn, which refuses the mix."""
+    q = jnp.ones((1, 4, 2, 8), jnp.bfloat16)
+    with pytest.raises(ValueError, match="q, k, v of one dtype; got bfloat16, float32, float32"):
+        attention(q, q.astype(jnp.float32), q.astype(jnp.float32), impl=impl)
+
+
+def test_arguments_that_choose_the_kernel_must_be_static_values():
+    q = jnp.ones((1, 4, 2, 8))
+    with pytest.raises(TypeError, match="q as an array \\(jax or numpy\\); got list"):
+        attention(q.tolist(), q, q)
+    with pytest.raises(ValueError, match="causal must be True or False"):
+        attention(q, q, q, causal="no")  # was taken as causal for being truthy
+    with pytest.raises(ValueError, match="scale must be None or a static number, not a traced value"):
+        jax.jit(lambda q, s: attention(q, q, q, scale=s))(q, 0.5)
+    with pytest.raises(ValueError, match="window must be None or a static whole number"):
+        jax.jit(lambda q, w: attention(q, q, q, causal=True, window=w))(q, 2)
+    assert attention(q, q, q, scale=jnp.float32(0.5)).shape == q.shape  # a concrete array is a number
+    with pytest.raises(TypeError, match="dtype 'bf16', which is not a dtype"):
+        resolve("auto", backend="cpu", dtype="bf16")
+    with pytest.raises(KernelUnsupportedError, match="'nonsense' is not an attention implementation"):
+        other_choice("nonsense", "cpu")
 
 
 class _LocalGpu:
