@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from models.hf_import import convert_hf_dir
 from tests.conftest import padded, transformers_logprobs
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
+pytest_plugins = ["gcs_support"]
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "docscore scores documents in batches",
           "attention kernels are replaceable parts", "zebras, yaks & 42 quokkas!"] * 8
@@ -130,36 +130,16 @@ def test_segments_longer_than_the_position_table_are_refused(model_dir):
     assert loaded.token_logprobs(ids, two_segments).shape == (1, 100)
 
 
-@pytest.fixture()
-def storage_emulator(monkeypatch):
-    """A real GCS emulator (gcp-storage-emulator) on a free port, for gcsfs via STORAGE_EMULATOR_HOST."""
-    from gcp_storage_emulator.server import create_server
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="docscore-models")
-    server.start()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
-    yield "docscore-models"
-    server.stop()
-
-
-def test_load_from_gs_through_gcsfs(model_dir, storage_emulator, tmp_path):
-    import fsspec
-
-    # default credentials (none here -> anonymous); token="anon" would make gcsfs probe the bucket
-    # type over gRPC, which the emulator does not serve (a 60 s timeout per call)
-    fs = fsspec.filesystem("gs", skip_instance_cache=True)
-    fs.put(str(model_dir), f"{storage_emulator}/tiny", recursive=True)
+def test_load_from_gs_through_gcsfs(model_dir, gcs, tmp_path):
+    gcs.fs().put(str(model_dir), f"{gcs.bucket}/tiny", recursive=True)
     local = models.load(str(model_dir), attention="native")
-    remote = models.load(f"gs://{storage_emulator}/tiny", attention="native", cache_dir=str(tmp_path))
+    remote = models.load(gcs.url("tiny"), attention="native", cache_dir=str(tmp_path))
     assert remote.fingerprint == local.fingerprint and remote.model_id == f"tiny@{local.fingerprint[:12]}"
     assert remote.path.startswith(str(tmp_path))
     ids, segments = padded([d.windows[0] for d in local.tokenizer.encode_windows(TEXTS, max_len=96, stride=0)])
     np.testing.assert_array_equal(remote.token_logprobs(ids, segments), local.token_logprobs(ids, segments))
-    with pytest.raises(models.ModelLoadError, match=f"gs://{storage_emulator}/absent/metadata.json: missing"):
-        models.load(f"gs://{storage_emulator}/absent", cache_dir=str(tmp_path))
+    with pytest.raises(models.ModelLoadError, match=f"{gcs.url('absent')}/metadata.json: missing"):
+        models.load(gcs.url("absent"), cache_dir=str(tmp_path))
 
 
 def test_two_processes_converting_one_model_both_succeed(hf_dir, tmp_path):
