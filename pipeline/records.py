@@ -6,6 +6,7 @@ scores and errors tables. Must not hold any logic beyond construction and conver
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import apache_beam as beam
@@ -143,3 +144,16 @@ ERRORS_SCHEMA = pa.schema(
 
 def error_to_row(error: ErrorRow, run_id: str) -> dict[str, Any]:
     return {"run_id": run_id, **dataclasses.asdict(error)}
+
+
+def finite_or_none(value: Any) -> Any:
+    """`value` with every non-finite float in it (nested lists, dicts, numpy arrays) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "tolist"):  # a numpy array or scalar: Python values
+        return finite_or_none(value.tolist())
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value

@@ -3,12 +3,15 @@ summary's task metrics equal ones computed independently here from the table, an
 what the model gives when called directly (MiniLM) or what the Hugging Face reference gives (GPT-2)."""
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
 import torch
+import transformers
 import yaml
 from scipy import stats
 from tokenizers import Tokenizer
@@ -139,6 +142,56 @@ def test_loglik_matches_the_transformers_reference(tmp_path, tiny_gpt2_dir, tiny
     metrics = read_summary(tmp_path / "out", "ll")["task_metrics"]
     assert metrics["loglik_tokens"] == sum(counts)
     assert metrics["corpus_perplexity"] == pytest.approx(math.exp(-sum(totals) / sum(counts)), rel=1e-4)
+
+
+def strict_json(text: str):
+    """json.loads refusing NaN and Infinity, which are not JSON (other readers than Python's refuse them)."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.integration
+def test_a_model_too_sharp_for_floats_perplexity_keeps_its_documents(tmp_path, tiny_gpt2_dir, tiny_gpt2_hf):
+    """The tiny GPT-2 with its token embeddings x2000 and final norm x50: a mean of tens of thousands of nats per
+    token, whose perplexity exp() cannot hold. Each document was a `score/OverflowError` error row ("math range
+    error"); now each is scored, its log-likelihood that of transformers, its perplexity inf, null in JSON lines
+    and in summary.json (valid JSON: Python's json wrote a bare Infinity/NaN)."""
+    from models.hf_import import convert_hf_dir
+
+    with torch.no_grad():
+        tiny_gpt2_hf.transformer.wte.weight.mul_(2000)
+        tiny_gpt2_hf.transformer.ln_f.weight.mul_(50)
+    try:
+        tiny_gpt2_hf.save_pretrained(str(tmp_path / "hf"), safe_serialization=True)
+    finally:
+        with torch.no_grad():  # the session's reference model, as other tests expect it
+            tiny_gpt2_hf.transformer.wte.weight.div_(2000)
+            tiny_gpt2_hf.transformer.ln_f.weight.div_(50)
+    shutil.copy(os.path.join(os.path.dirname(tiny_gpt2_dir), "hf", "tokenizer.json"), tmp_path / "hf")
+    convert_hf_dir(str(tmp_path / "hf"), str(tmp_path / "sharp"))
+    texts = SENTENCES[:3]
+    shard = write_jsonl(tmp_path / "in" / "l.jsonl", [{"id": f"l{i}", "text": t} for i, t in enumerate(texts)])
+    assert run_docscore("--input", shard, *common_flags("sharp", tmp_path / "out"), "--task", "loglik",
+                        "--model", tmp_path / "sharp", "--attention", "native", "--max_seq_len", "64",
+                        "--output_format", "jsonl", "--max_error_fraction", "0") == 0
+    scores, files = read_table(tmp_path / "out", "scores", "sharp")
+    for f in files:
+        [strict_json(line) for line in open(f, encoding="utf-8") if line.strip()]
+    summary = strict_json((tmp_path / "out" / "runs" / "run_id=sharp" / "summary.json").read_text())
+    assert summary["counts"]["scored"] == 3 and summary["counts"]["errors"] == 0
+    assert scores.perplexity.isna().all() and summary["task_metrics"]["corpus_perplexity"] is None
+    sharp = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()
+    tokenizer = Tokenizer.from_file(os.path.join(tiny_gpt2_dir, "tokenizer.json"))
+    with torch.no_grad():
+        totals = []
+        for text in texts:
+            ids = torch.tensor([tokenizer.encode(text).ids])
+            logp = torch.log_softmax(sharp(ids).logits[0, :-1].double(), dim=-1)
+            totals.append(float(logp.gather(1, ids[0, 1:, None]).sum()))
+    assert min(-t / len(tokenizer.encode(x).ids) for t, x in zip(totals, texts)) > 710  # past exp()'s range
+    np.testing.assert_allclose(scores.sort_values("record_index").score.to_numpy(), totals, rtol=1e-3)
 
 
 @pytest.mark.integration

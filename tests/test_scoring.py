@@ -51,6 +51,23 @@ def test_classify_softmax_with_temperature_and_top_label():
     np.testing.assert_allclose([s["score"] for s in result["scores"]], expected, rtol=1e-6)  # float32 pooling
 
 
+def test_a_temperature_near_zero_gives_the_top_label_all_of_the_probability():
+    """cosines / 1e-320 were inf and their softmax NaN for every label, every document labelled the first one."""
+    doc = unit([1, 0.2, 0])
+    labels = np.stack([unit([0, 1, 0]), unit([1, 0, 0]), unit([0, 0, 1])])
+    result = scoring.score_classify([doc], ["a", "b", "c"], labels, temperature=1e-320)
+    assert result["label"] == "b" and [s["score"] for s in result["scores"]] == [0.0, 1.0, 0.0]
+
+
+def test_a_perplexity_past_floats_range_is_inf_and_the_log_likelihood_stays():
+    """A very sharp or broken model's mean of 63,152 nats per token: math.exp raised OverflowError, and each such
+    document became a `score` error row, leaving the scores and the corpus perplexity without the worst documents."""
+    result = scoring.score_loglik([np.array([-1.0, -6e4, -8e4, 0.0])], stride=0, prefix_len=0)
+    assert (result["score"], result["perplexity"], result["loglik_tokens"]) == (-140001.0, math.inf, 3)
+    assert scoring.corpus_perplexity([-140001.0, -2.0], [3, 2]) == math.inf
+    assert scoring.perplexity(-709.0, 1) == pytest.approx(math.exp(709.0))
+
+
 def test_loglik_counts_each_token_once_across_overlapping_windows():
     # a text of 10 tokens, windows of 6 with 2 overlapping (no special tokens): [0..5], [4..9]
     tokens = np.arange(10)

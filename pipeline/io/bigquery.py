@@ -17,7 +17,7 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
-from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
+from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, finite_or_none
 
 BQ_PREFIX = "bq:"
 
@@ -200,7 +200,7 @@ def summary_to_run_row(summary: dict[str, Any]) -> dict[str, Any]:
         "scored": counts.get("scored"),
         "errors": counts.get("errors"),
         "docs_per_s": summary.get("throughput", {}).get("docs_per_s"),
-        "summary_json": json.dumps(summary, sort_keys=True, default=str),
+        "summary_json": json.dumps(finite_or_none(summary), sort_keys=True, default=str, allow_nan=False),  # as summary.json
     }
 
 

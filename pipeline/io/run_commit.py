@@ -34,6 +34,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from pipeline.records import finite_or_none
+
 TABLES = ("scores", "errors")
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.html"
@@ -447,7 +449,8 @@ def _url(fs, path: str) -> str:
 
 
 def _json(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, indent=2, sort_keys=True, default=str).encode()
+    """summary.json's bytes: valid JSON, so a non-finite number (an inf corpus perplexity) is null (records.finite_or_none)."""
+    return json.dumps(finite_or_none(value), indent=2, sort_keys=True, default=str, allow_nan=False).encode()
 
 
 def _ls(fs, path: str) -> list[str]:

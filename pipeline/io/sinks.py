@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from apache_beam.io import fileio
 
 from pipeline.io import run_commit
-from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
+from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, finite_or_none
 
 TABLES = {"scores": SCORES_SCHEMA, "errors": ERRORS_SCHEMA}
 PART_PREFIX = "part"
@@ -93,7 +93,16 @@ def write_table(rows: beam.PCollection, table: str, spec: OutputSpec) -> beam.PC
 
 def json_lines(rows: list[dict[str, Any]]) -> list[str]:
     """A list of rows as one block of JSON lines (WriteToText ends it with the last newline); none when empty."""
-    return ["\n".join(json.dumps(row, ensure_ascii=False, default=json_value) for row in rows)] if rows else []
+    return ["\n".join(json_line(row) for row in rows)] if rows else []
+
+
+def json_line(row: dict[str, Any]) -> str:
+    """One row as JSON. JSON has no NaN or infinity (Python would write a bare NaN, which other readers refuse): a
+    non-finite number (a NaN score, an inf perplexity) is written as null; Parquet keeps it."""
+    try:
+        return json.dumps(row, ensure_ascii=False, default=json_value, allow_nan=False)
+    except ValueError:
+        return json.dumps(finite_or_none(row), ensure_ascii=False, default=json_value, allow_nan=False)
 
 
 def iter_parts(fs, paths: list[str], schema: pa.Schema) -> Iterator[pa.RecordBatch]:

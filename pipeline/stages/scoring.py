@@ -52,7 +52,7 @@ def score_classify(
     """Zero-shot: softmax(cosine(document, label description) / temperature); the top label wins."""
     doc = pool_windows(window_embeddings).astype(np.float64)
     cosines = np.asarray(label_embeddings, np.float64) @ doc
-    probs = softmax(cosines / temperature)
+    probs = softmax((cosines - cosines.max()) / temperature)  # max first: a tiny temperature makes cosines inf, not NaN
     top = int(np.argmax(probs))
     return {
         "score": float(probs[top]),
@@ -84,8 +84,18 @@ def score_loglik(window_logprobs: Sequence[np.ndarray], stride: int, prefix_len:
         total += float(picked.sum())
         count += int(picked.size)
     # no token scored (one token and nothing before it to predict it from): no score, not 0.0, the best one
-    return {"score": total if count else None, "perplexity": math.exp(-total / count) if count else None,
-            "loglik_tokens": count}
+    return {"score": total if count else None, "perplexity": perplexity(total, count), "loglik_tokens": count}
+
+
+def perplexity(total_loglik: float, tokens: int) -> float | None:
+    """exp(-total / tokens); inf past float's range (a mean above ~709.8 nats per token, a broken or very sharp
+    model: its log-likelihood is still a number); None without tokens."""
+    if not tokens:
+        return None
+    try:
+        return math.exp(-total_loglik / tokens)
+    except OverflowError:
+        return math.inf
 
 
 def continuation_logliks(window_logprobs: Sequence[np.ndarray], continuation_tokens: Sequence[int]) -> list[float]:
@@ -144,8 +154,7 @@ def macro_f1(predicted: Sequence[str], gold: Sequence[str], labels: Sequence[str
 
 def corpus_perplexity(total_logliks: Sequence[float], token_counts: Sequence[int]) -> float | None:
     """exp(- sum of log-likelihoods / sum of scored tokens) over the whole corpus."""
-    tokens = sum(token_counts)
-    return math.exp(-sum(total_logliks) / tokens) if tokens else None
+    return perplexity(sum(total_logliks), sum(token_counts))
 
 
 def as_number(value: Any) -> float | None:
