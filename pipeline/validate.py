@@ -247,15 +247,12 @@ def check_output_outside_input(eo: EvalOptions, shards: Sequence[str]) -> None:
     if eo.output.startswith(sinks.BQ_PREFIX) or eo.input.startswith(tfds_reader.TFDS_PREFIX):
         return
     output = run_commit.one_spelling(eo.output) + "/"
-    written = tuple(f"{output}{folder}/" for folder in OUTPUT_FOLDERS)  # where docscore writes under --output
+    written = tuple(f"{output}{folder}/" for folder in run_commit.OUTPUT_FOLDERS)  # where docscore writes under --output
     reads_output = any(run_commit.one_spelling(shard).startswith(written) for shard in shards)
     input_dir = not fsspec.core.has_magic(eo.input) and len(shards) and run_commit.one_spelling(shards[0]) != run_commit.one_spelling(eo.input)
     if reads_output or (input_dir and output.startswith(run_commit.one_spelling(eo.input) + "/")):
         raise ConfigError(f"--output {eo.output} is inside what --input {eo.input} reads, so every run would read "
                           "the tables of the runs before it as input; write the output outside the input")
-
-
-OUTPUT_FOLDERS = ("scores", "errors", "runs", "_staging", "_leases")  # what a run writes under --output
 
 
 def check_output_layout(eo: EvalOptions) -> None:
@@ -264,7 +261,7 @@ def check_output_layout(eo: EvalOptions) -> None:
     protocol, root = fsspec.core.split_protocol(eo.output)
     if protocol not in (None, "file") or eo.output.startswith(sinks.BQ_PREFIX):
         return
-    for folder in OUTPUT_FOLDERS:
+    for folder in run_commit.OUTPUT_FOLDERS:
         for path in (os.path.join(root, folder), os.path.join(root, folder, run_commit.partition_name(eo.run_id))):
             if os.path.lexists(path) and not os.path.isdir(path):
                 raise ConfigError(f"--output {eo.output}: {path} is a file where the run writes a folder; move it "

@@ -399,11 +399,21 @@ def test_an_unwritable_json_path_is_exit_2_before_any_run_is_read(tmp_path, caps
     b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows])
     nowhere = str(tmp_path / "scores" / "run_id=nope")  # would be exit 2 for another reason, had it been read
     for json_path, expected in ((tmp_path / "typo" / "deeper" / "cmp.json", "typo/deeper does not exist"),
-                                (tmp_path / "scores", "is a folder")):
+                                (tmp_path, "is a folder")):
         assert compare([a, nowhere, "--json", str(json_path)]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and f"--json {json_path}" in captured.err and expected in captured.err, captured.err
     assert not (tmp_path / "typo").exists()
+    # a file docscore keeps for either run: it was written over (A's summary.json, B's scores part), losing the run
+    kept = [tmp_path / "runs" / "run_id=a" / "summary.json", next((tmp_path / "scores" / "run_id=b").glob("*.parquet")),
+            tmp_path / "errors" / "new.json"]
+    before = [p.read_bytes() for p in kept[:2]]
+    for json_path in kept:
+        assert compare([a, b, "--json", str(json_path)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and f"--json {json_path} is inside {tmp_path}/" in captured.err, captured.err
+        assert f"where docscore keeps its runs' files (it would write over them); pass a path outside it" in captured.err
+    assert [p.read_bytes() for p in kept[:2]] == before and not kept[2].exists()
     # a writable path: the verdict's exit status, and the file holds the comparison
     assert compare([a, b, "--json", str(tmp_path / "cmp.json")]) == 0
     assert "within every limit" in capsys.readouterr().out

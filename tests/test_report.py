@@ -267,6 +267,26 @@ def test_a_damaged_summary_of_another_run_is_skipped_and_of_the_run_asked_for_is
         assert f"{copy}/runs/run_id={run_id}/summary.json is damaged (" in err and "publish the run again" in err, err
 
 
+def test_a_summary_of_another_shape_or_a_folder_it_cannot_write_is_exit_2(finished_run, tmp_path, capsys):
+    """A summary.json that is a JSON object but not docscore's (a comparison written over it), or a run folder
+    that is read-only: one line and exit 2, not a TypeError or PermissionError traceback with exit 1."""
+    output, *_ = finished_run
+    copy = tmp_path / "out"
+    shutil.copytree(output, copy)
+    summary = copy / "runs" / "run_id=r1" / "summary.json"
+    saved = summary.read_text()
+    summary.write_text(json.dumps({"documents": {"matched": 4}, "violations": [], "limits": {}}))
+    assert report.main([str(copy), "--run_id", "r1"]) == 2
+    assert capsys.readouterr().err.startswith(f"docscore report: cannot report on {copy}: ")
+    summary.write_text(saved)
+    page = copy / "runs" / "run_id=r1" / "report.html"
+    page.unlink(missing_ok=True)
+    page.mkdir()  # where the page goes, as a folder: no write there (root may write anywhere else)
+    assert report.main([str(copy), "--run_id", "r1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"docscore report: {copy}/runs/run_id=r1/report.html: cannot be written (") and "must be writable" in err
+
+
 def test_a_committed_file_gone_since_the_run_is_exit_2_naming_it(finished_run, tmp_path, capsys):
     """`rm OUT/scores/run_id=X/*.parquet`: the file the summary names is missing. A one-line message naming it and
     what to do (exit 2, as compare), not sinks.read_parts' FileNotFoundError traceback."""

@@ -37,6 +37,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pipeline.records import finite_or_none
 
 TABLES = ("scores", "errors")
+OUTPUT_FOLDERS = (*TABLES, "runs", "_staging", "_leases")  # what docscore writes under an --output, nothing else
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.html"
 FILES_KEY = "files"  # summary.json: {table: [paths relative to the output root]}

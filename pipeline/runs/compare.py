@@ -15,6 +15,7 @@ import math
 import os
 import posixpath
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import fsspec
@@ -478,12 +479,22 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
-def json_destination_problem(path: str) -> str | None:
+def json_destination_problem(path: str, runs: Sequence[RunRef] = ()) -> str | None:
     """Why --json PATH cannot be written, or None; checked before any run is read, so a mistyped path costs no
-    work and cannot follow a verdict with exit 2. A local PATH's folder must exist already: write_json makes
-    no folder (fsspec's default would create every missing one of a mistyped path). An object store has no
-    folders to check; a failed upload is reported when it happens."""
+    work and cannot follow a verdict with exit 2. PATH must not be among the files docscore keeps in the compared
+    runs' outputs (it would write over a run's summary.json or a table part). A local PATH's folder must exist
+    already: write_json makes no folder (fsspec's default would create every missing one of a mistyped path). An
+    object store has no folders to check; a failed upload is reported when it happens."""
     fs, local = fsspec.core.url_to_fs(path)
+    for ref in runs:
+        for folder in run_commit.OUTPUT_FOLDERS:
+            kept = fsspec.core.url_to_fs(posixpath.join(ref.output_dir, folder))[1]
+            if run_commit.is_local(fs):
+                local, kept = os.path.realpath(local), os.path.realpath(kept)
+            if local == kept or local.startswith(kept.rstrip("/") + "/"):
+                return (f"--json {path} is inside {posixpath.join(ref.output_dir, folder)}, where docscore keeps its "
+                        f"runs' files (it would write over them); pass a path outside it, e.g. "
+                        f"{posixpath.join(ref.output_dir, 'compare.json')}")
     if not run_commit.is_local(fs):
         return None
     folder = posixpath.dirname(local)
@@ -511,11 +522,12 @@ def write_json(path: str, result: dict[str, Any]) -> None:
 
 def compare_and_report(args: argparse.Namespace, limits: Limits) -> int:
     """Load both runs, print (or write) the comparison; the exit code of its verdict."""
+    refs = RunRef.parse(args.run_a), RunRef.parse(args.run_b)
     if args.json not in (None, "-"):
-        problem = json_destination_problem(args.json)
+        problem = json_destination_problem(args.json, refs)
         if problem:
             raise CompareError(problem)
-    a, b = load_run(RunRef.parse(args.run_a)), load_run(RunRef.parse(args.run_b))
+    a, b = (load_run(ref) for ref in refs)
     result = compare_runs(a, b, args.key)
     reason = not_comparable(result)
     if reason is None:

@@ -695,7 +695,11 @@ def write_report(output_dir: str, run_id: str) -> str:
     page = render_html(run).encode("utf-8")
     still_committed(run)
     path = run_commit.report_path(output_dir, run_id)
-    run_commit.write_atomic(path, page)
+    try:
+        run_commit.write_atomic(path, page)
+    except OSError as e:  # a read-only mount, a colleague's output
+        raise ReportError(f"{path}: cannot be written ({type(e).__name__}: {str(e)[:200]}); the run's folder must be "
+                          "writable to hold its report") from None
     return path
 
 
@@ -734,10 +738,13 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as e:
         print(f"docscore report: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # the store cannot be reached (no network, DNS, refused): not a traceback
-        if not sources.is_transient(e):
-            raise
-        print(f"docscore report: {sources.unreachable_message(args.run_dir, e)}", file=sys.stderr)
+    except BrokenPipeError:
+        raise
+    except Exception as e:
+        if sources.is_transient(e):  # the store cannot be reached (no network, DNS, refused): not a traceback
+            print(f"docscore report: {sources.unreachable_message(args.run_dir, e)}", file=sys.stderr)
+        else:  # a summary or table edited into a shape docscore did not write (as compare says of them)
+            print(f"docscore report: cannot report on {args.run_dir}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
         return 2
     print(path)
     return 0
