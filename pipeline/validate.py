@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import math
 import os
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -256,8 +257,9 @@ def check_output_outside_input(eo: EvalOptions, shards: Sequence[str]) -> None:
 
 
 def check_output_layout(eo: EvalOptions) -> None:
-    """A local --output where a file stands in for a folder the run writes (DIR/scores, DIR/runs/run_id=ID, ...):
-    the job would read everything and fail at its publish."""
+    """A local --output where a file stands in for a folder the run writes (DIR/scores, DIR/runs/run_id=ID, ...), a
+    folder for a file (summary.json), or one of those folders that cannot be written (another user's DIR/scores):
+    the job would read everything and fail at its publish. Each existing folder gets a probe file, as the root did."""
     protocol, root = fsspec.core.split_protocol(eo.output)
     if protocol not in (None, "file") or eo.output.startswith(sinks.BQ_PREFIX):
         return
@@ -266,6 +268,19 @@ def check_output_layout(eo: EvalOptions) -> None:
             if os.path.lexists(path) and not os.path.isdir(path):
                 raise ConfigError(f"--output {eo.output}: {path} is a file where the run writes a folder; move it "
                                   "away, or choose another --output")
+            if os.path.isdir(path):
+                try:
+                    fd, probe = tempfile.mkstemp(prefix=".docscore-probe-", dir=path)
+                    os.close(fd)
+                    os.unlink(probe)
+                except OSError as e:
+                    raise ConfigError(f"--output {eo.output}: {path} cannot be written ({e.strerror or e}), and the run "
+                                      "writes there; make it writable, or choose another --output") from None
+    for path in (fsspec.core.split_protocol(run_commit.summary_path(eo.output, eo.run_id))[1],
+                 fsspec.core.split_protocol(run_commit.report_path(eo.output, eo.run_id))[1]):
+        if os.path.isdir(path):
+            raise ConfigError(f"--output {eo.output}: {path} is a folder where the run writes a file; move it away, "
+                              "or choose another --output")
 
 
 def missing_field(eo: EvalOptions, shard: str, fields: Sequence[str],

@@ -120,6 +120,11 @@ def placed(path):
     return path
 
 
+def folder_at(path):
+    path.mkdir(parents=True)
+    return path
+
+
 def not_writable(tmp_path):
     (tmp_path / "a_file").write_text("x")
     return str(tmp_path / "a_file" / "out")  # a directory cannot be made under a file
@@ -189,6 +194,9 @@ CASES = {
     "output_holds_a_file_where_the_run_partition_goes": (
         lambda t: ["--output", str(placed(t / "o2" / "runs" / "run_id=r1").parent.parent), "--run_id", "r1"],
         "run_id=r1 is a file where the run writes a folder", False),
+    "output_holds_a_folder_where_the_summary_goes": (
+        lambda t: ["--output", str(folder_at(t / "o3" / "runs" / "run_id=r1" / "summary.json").parents[2])],
+        "summary.json is a folder where the run writes a file", False),
     "profile_dir_not_a_directory": (lambda t: ["--profile_dir", str(not_writable(t))], "--profile_dir", False),
     "cache_dir_under_a_file": (lambda t: ["--cache_dir", str(not_writable(t))], "--cache_dir", False),
     "temperature_infinite": (lambda t: ["--task", "classify", "--labels", "a=x;b=y", "--temperature", "inf"],
@@ -279,6 +287,34 @@ def test_a_remote_runner_refuses_a_path_on_this_machine(flag, tmp_path, no_data_
     assert rc == 2, err
     assert f"{flag} {local} is on this machine, but the runner runs the job on remote workers" in err, err
     assert "gs://BUCKET/PATH" in err and no_data_read == []
+
+
+@pytest.mark.parametrize("folder", ["scores", "runs", "_staging"])
+def test_a_folder_of_the_output_that_cannot_be_written_is_exit_2_before_reading_data(folder, tmp_path, corpus,
+                                                                                      no_data_read, capsys):
+    """Another user's DIR/scores in a shared output: the root took the probe file, the job read and scored everything
+    and failed at its publish with a PermissionError traceback (exit 1), leaving empty partitions behind. Root passes
+    permission bits, so as root the folder is made immutable (chattr +i)."""
+    import subprocess
+
+    out = tmp_path / "out"
+    locked = folder_at(out / folder)
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0:
+            pytest.skip("running as root where chattr +i is not available: no folder root cannot write")
+    else:
+        locked.chmod(0o555)
+    try:
+        rc = run_docscore("--input", str(corpus), "--output", str(out), "--run_id", "r1")
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(locked)], check=True)
+        else:
+            locked.chmod(0o755)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"--output {out}: {locked} cannot be written (" in err and "make it writable, or choose another" in err, err
+    assert no_data_read == [] and sorted(p.name for p in out.iterdir()) == [folder]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
