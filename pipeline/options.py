@@ -175,8 +175,8 @@ LABELS_MAPPING_MARK = "json:"
 
 class ConfigLoader(yaml.SafeLoader):
     """YAML for --config, with YAML 1.2's plain scalars: true/false are booleans and decimal numbers numbers,
-    while 0012, 12:30, yes, no, on and off stay the text written (YAML 1.1 reads them as 10, 750, True and
-    False); a key given twice is refused, not the last one kept."""
+    while 0012, 12:30, yes, no, on, off and dates stay the text written (YAML 1.1 reads them as 10, 750, True,
+    False and datetimes); a key given twice is refused, not the last one kept."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, Any] = {}
@@ -196,8 +196,8 @@ class ConfigLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-ConfigLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag.rsplit(":", 1)[-1] not in ("bool", "int", "float")]
+ConfigLoader.yaml_implicit_resolvers = {  # YAML 1.2 core schema: no timestamps (2024-02-30 is text, not a bad date)
+    first: [(tag, rx) for tag, rx in resolvers if tag.rsplit(":", 1)[-1] not in ("bool", "int", "float", "timestamp")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                    list("tTfF"))
@@ -329,6 +329,9 @@ def layered_flags(argv: list[str]) -> list[str]:
     preset_name = first.preset if first.preset is not None else config.get("preset")  # --preset "": refused, not none
     config = {k: v for k, v in config.items() if k not in ("config", "preset")}
     refuse_unknown_keys(f"--config {first.config}", config)
+    if "labels" in config and "classify_labels" in config:  # one option by two names: one would be dropped unseen
+        raise ConfigError(f"--config {first.config}: `labels` and `classify_labels` are one option (classify_labels is "
+                          "its name among Flex Template parameters); keep one of them")
     if "labels" in config and not isinstance(config["labels"], (dict, str)):
         raise ConfigError(f"--config {first.config}: `labels` must be a mapping of label: description")
     config_flags = dict_to_flags(config, f"--config {first.config}")

@@ -46,6 +46,12 @@ def test_config_scalars_are_the_text_written_and_a_key_given_twice_is_refused(tm
     assert (eo.run_id, eo.text_field, eo.batch_size) == ("0012", "no", 8)
     _, eo = parse_options(["--config", config_file(tmp_path, "run_id: 12:30\nno_progress: true\n")])
     assert (eo.run_id, eo.no_progress) == ("12:30", True)
+    # YAML 1.2 has no dates: 2024-02-30 was a "day is out of range" traceback, a timestamp was rewritten
+    for written in ("2024-02-30", "2024-01-01T10:00:00Z"):
+        _, eo = parse_options(["--config", config_file(tmp_path, f"text_field: {written}\n")])
+        assert eo.text_field == written
+    with pytest.raises(ConfigError, match="`labels` and `classify_labels` are one option"):  # one was dropped unseen
+        parse_options(["--config", config_file(tmp_path, "task: classify\nlabels: {a: x, b: y}\nclassify_labels: c=1;d=2\n")])
     with pytest.raises(ConfigError, match="`text_field` is false \\(a YAML boolean\\) but takes a value"):
         parse_options(["--config", config_file(tmp_path, "text_field: false\n")])
     for switch in ("no_progress: yes\n", "no_progress: \"true\"\n", "no_progress: 1\n"):  # text or a number, not true
