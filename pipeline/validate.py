@@ -71,11 +71,21 @@ def check_run_id(run_id: str) -> None:
 
 
 def target_backend(choice: str) -> str:
-    if choice != "auto":
-        return choice
+    return local_backend() if choice == "auto" else choice
+
+
+def local_backend() -> str:
+    """This machine's JAX backend; a ConfigError when JAX_PLATFORMS names one JAX cannot start here (a GPU image run
+    without its GPU), which JAX raises as a RuntimeError or a bare AssertionError."""
     import jax
 
-    return jax.default_backend()
+    try:
+        return jax.default_backend()
+    except (RuntimeError, AssertionError) as e:
+        why = str(e).strip().splitlines()[0][:300] if str(e).strip() else "no such backend is installed"
+        raise ConfigError(f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')}: JAX cannot start that backend on this "
+                          f"machine ({why}); unset JAX_PLATFORMS to use the backend this machine has, or run where "
+                          "that one is") from None
 
 
 def check_reachable_backend(eo: EvalOptions, backend: str) -> None:
@@ -83,9 +93,7 @@ def check_reachable_backend(eo: EvalOptions, backend: str) -> None:
     on another backend than the one the run records, or fail after reading data."""
     if eo.target_backend == "auto" or not runs_locally(eo):
         return
-    import jax
-
-    here = jax.default_backend()
+    here = local_backend()
     if backend != here:
         preset = dataflow_checks.from_preset(eo, "target_backend")
         fix = (f"pass --target_backend auto (or {here}) to run the preset here, or drop --runner to run it on its "
