@@ -12,11 +12,13 @@ import dataclasses
 import itertools
 import math
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import fsspec
+import fsspec.utils
 
 from models import sharding
 from models.builtin import BUILTINS
@@ -259,9 +261,23 @@ def check_output_outside_input(eo: EvalOptions, shards: Sequence[str]) -> None:
     written = tuple(f"{output}{folder}/" for folder in run_commit.OUTPUT_FOLDERS)  # where docscore writes under --output
     reads_output = any(run_commit.one_spelling(shard).startswith(written) for shard in shards)
     input_dir = not fsspec.core.has_magic(eo.input) and len(shards) and run_commit.one_spelling(shards[0]) != run_commit.one_spelling(eo.input)
-    if reads_output or (input_dir and output.startswith(run_commit.one_spelling(eo.input) + "/")):
+    if reads_output or (input_dir and output.startswith(run_commit.one_spelling(eo.input) + "/")) or (
+            fsspec.core.has_magic(eo.input) and glob_matches_output(eo, output)):
         raise ConfigError(f"--output {eo.output} is inside what --input {eo.input} reads, so every run would read "
                           "the tables of the runs before it as input; write the output outside the input")
+
+
+def glob_matches_output(eo: EvalOptions, output: str) -> bool:
+    """Whether the --input glob would match a file this run writes under `output` (the one spelling, ending in /):
+    the first run's check sees no such file yet, the next run would read them (`in/**/*.parquet` with --output in)."""
+    suffix = ".jsonl" if eo.output_format == "jsonl" else ".parquet"
+    partition = run_commit.partition_name(eo.run_id)
+    written = [f"{output}{table}/{partition}/{sinks.PART_PREFIX}-0123456789ab-00000-of-00001{suffix}"
+               for table in run_commit.TABLES]
+    written += [f"{output}runs/{partition}/{name}" for name in (run_commit.SUMMARY_FILE, run_commit.REPORT_FILE,
+                                                                 "progress.json", "history-0123456789ab.parquet")]
+    pattern = re.compile(fsspec.utils.glob_translate(run_commit.one_spelling(eo.input)))
+    return any(pattern.match(path) for path in written)
 
 
 def check_output_layout(eo: EvalOptions) -> None:

@@ -193,6 +193,9 @@ CASES = {
                                   "`task` is a list", False),
     "output_inside_the_input_directory": (lambda t: ["--input", str(t / "in"), "--output", str(t / "in" / "out")],
                                           "is inside what --input", False),
+    # the first run's tables do not exist yet, but the glob matches them: the next run would read them
+    "output_matched_by_a_recursive_input_glob": (lambda t: ["--input", str(t / "in" / "**" / "*"), "--output", str(t / "in" / "o")],
+                                                 "is inside what --input", False),
     "flag_with_one_dash": (lambda t: ["-batch_size=4"], "unknown option -batch_size=4 (did you mean --batch_size?)", False),
     "flag_with_one_dash_and_a_value": (lambda t: ["-task", "embed"], "unknown option -task (did you mean --task?)", False),
     "output_holds_a_file_where_a_table_folder_goes": (lambda t: ["--output", str(placed(t / "o1" / "scores").parent)],
