@@ -280,6 +280,24 @@ def glob_matches_output(eo: EvalOptions, output: str) -> bool:
     return any(pattern.match(path) for path in written)
 
 
+def check_writable_location(flag: str, location: str, kinds: str) -> None:
+    """`location` (local or gs://) can be written: the folder made and a probe file written there
+    (sinks.check_writable); otherwise a ConfigError naming `flag`, a missing bucket, an unreachable store."""
+    try:
+        sinks.check_writable(location)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) and fsspec.core.split_protocol(location)[0] in sources.GCS_PROTOCOLS:
+            bucket = fsspec.core.url_to_fs(location)[1].split("/", 1)[0]
+            raise ConfigError(sources.missing_bucket_message(f"{flag} {location}", bucket)) from None
+        raise ConfigError(f"{flag} {location} is not writable ({e}); choose a directory you can write to") from None
+    except ValueError as e:
+        raise ConfigError(f"{flag} {location}: {e}; use {kinds}") from None
+    except Exception as e:  # a store that answers 503 or drops the connection, after gcsfs's retries
+        if not sources.is_transient(e):
+            raise
+        raise ConfigError(sources.unreachable_message(f"{flag} {location}", e)) from None
+
+
 def check_output_layout(eo: EvalOptions) -> None:
     """A local --output where a file stands in for a folder the run writes (DIR/scores, DIR/runs/run_id=ID, ...), a
     folder for a file (summary.json), or one of those folders that cannot be written (another user's DIR/scores):
@@ -568,24 +586,13 @@ def check_output(eo: EvalOptions) -> None:
         given = f" (not {temp_location})" if temp_location else ""
         raise ConfigError(f"--output {eo.output} needs --temp_location gs://BUCKET/tmp{given}: BigQuery loads its files "
                           "from Cloud Storage")
+    if eo.output.startswith(sinks.BQ_PREFIX) and runs_locally(eo):  # Dataflow's own checks cover its temp_location
+        check_writable_location("--temp_location", temp_location, "a gs://BUCKET/PATH you can write to")
     if not eo.output.startswith(sinks.BQ_PREFIX):
         if fsspec.core.split_protocol(eo.output)[0] in (None, "file") and os.path.abspath(
                 fsspec.core.split_protocol(eo.output)[1]) == "/":
             raise ConfigError(f"--output {eo.output} is the file system's root; choose a directory for the run's tables")
-        try:
-            sinks.check_writable(eo.output)
-        except OSError as e:
-            if isinstance(e, FileNotFoundError) and fsspec.core.split_protocol(eo.output)[0] in sources.GCS_PROTOCOLS:
-                bucket = fsspec.core.url_to_fs(eo.output)[1].split("/", 1)[0]
-                raise ConfigError(sources.missing_bucket_message(f"--output {eo.output}", bucket)) from None
-            raise ConfigError(f"--output {eo.output} is not writable ({e}); choose a directory you can write to") from None
-        except ValueError as e:
-            raise ConfigError(f"--output {eo.output}: {e}; use a local directory, gs://BUCKET/PATH or "
-                              "bq:PROJECT.DATASET.PREFIX") from None
-        except Exception as e:  # a store that answers 503 or drops the connection, after gcsfs's retries
-            if not sources.is_transient(e):
-                raise
-            raise ConfigError(sources.unreachable_message(f"--output {eo.output}", e)) from None
+        check_writable_location("--output", eo.output, "a local directory, gs://BUCKET/PATH or bq:PROJECT.DATASET.PREFIX")
         check_output_layout(eo)
         if eo.profile_dir:
             try:

@@ -271,3 +271,20 @@ def test_a_malformed_bigquery_output_is_a_configuration_error():
     _, eo = parse_options(["--input", "x.jsonl", "--task", "embed", "--output", "bq:my_proj.evals.x"])
     with pytest.raises(ConfigError, match=r"--output bq:my_proj.evals.x: write bq:PROJECT.DATASET.PREFIX"):
         check_options(eo)
+
+
+def test_a_local_bigquery_runs_temp_location_is_probed_before_any_data_is_read(gcs, tmp_path):
+    """BigQuery loads the run's tables from --temp_location: only its gs:// prefix was checked, so a bucket that is
+    not there (or not writable) failed the load after every document had been read and scored (exit 1, ~2 min of
+    retries and tracebacks). A gs:// --output gets the same probe."""
+    from pipeline.options import ConfigError, parse_options
+    from pipeline.validate import validate
+
+    shard = tmp_path / "in.jsonl"
+    shard.write_text('{"id": "a", "text": "one document"}\n')
+    flags = ["--input", str(shard), "--output", "bq:docscore-test.evals.nightly", "--run_id", "r1", "--max_seq_len", "64"]
+    _, eo = parse_options([*flags, "--temp_location", "gs://docscore-no-such-bucket/tmp"])
+    with pytest.raises(ConfigError, match="--temp_location gs://docscore-no-such-bucket/tmp: .*docscore-no-such-bucket"):
+        validate(eo)
+    _, eo = parse_options([*flags, "--temp_location", gcs.url("tmp")])
+    assert list(validate(eo).shards) == [str(shard)]
