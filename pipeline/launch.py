@@ -42,14 +42,13 @@ def use_local_threads(options: beam.options.pipeline_options.PipelineOptions, th
     """A local DirectRunner run whose flags set neither --direct_running_mode nor --direct_num_workers runs
     `threads` parallel bundles in this process (threads sharing its one model: while one thread's batch is
     on the device, others read, tokenize and score). Returns the parallel bundles the run has (the flags'
-    threads or processes; 1 in Beam's in-memory mode); `threads` for a remote runner, whose workers choose."""
+    threads or processes: --direct_num_workers in every mode, in-memory too, where Beam runs that many bundles on
+    threads); `threads` for a remote runner, whose workers choose."""
     if runner_name(options.view_as(StandardOptions).runner) != "DirectRunner":
         return threads
     direct = options.view_as(DirectOptions)
     if threads > 1 and not given & DIRECT_FLAGS:
         direct.direct_running_mode, direct.direct_num_workers = "multi_threading", threads
-    if direct.direct_running_mode == "in_memory":  # Beam runs one bundle at a time there, whatever the workers
-        return 1
     return direct_workers(direct.direct_num_workers)
 
 

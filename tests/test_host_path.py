@@ -235,7 +235,8 @@ def test_local_threads_apply_only_when_no_direct_flag_was_given():
         assert (direct.direct_running_mode, direct.direct_num_workers) == ("multi_threading", 4)
     # the user's choice stands, and the parallel bundles returned (the summary's batching.local_threads) are its
     for flags, bundles in ((["--direct_num_workers", "1"], 1), (["--direct_running_mode", "in_memory"], 1),
-                           (["--direct_running_mode", "in_memory", "--direct_num_workers", "3"], 1),  # Beam: no effect
+                           (["--direct_running_mode", "in_memory", "--direct_num_workers", "3"], 3),  # Beam's threads
+                           (["--direct_num_workers", "2"], 2),  # in-memory mode: 2 bundles at once (it said 1)
                            (["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"], 2),
                            (["--direct_running_mode", "multi_threading", "--direct_num_workers", "3"], 3)):
         chosen = argv + flags
