@@ -280,6 +280,23 @@ def glob_matches_output(eo: EvalOptions, output: str) -> bool:
     return any(pattern.match(path) for path in written)
 
 
+def check_labels_read_apart(labels: dict[str, str], tokenizer, max_len: int, stride: int, max_chunks: int) -> None:
+    """Two label descriptions the model reads as the same windows of tokens (an uncased tokenizer: "Sport" and
+    "SPORT") have one embedding: every document ties them and the first always wins, as for one description given
+    twice (options.distinct_labels refuses the text; this, the tokens)."""
+    names, descriptions = list(labels), list(labels.values())
+    encoded = tokenizer.encode_windows(descriptions, max_len=max_len, stride=stride, max_windows=max_chunks)
+    seen: dict[tuple, str] = {}
+    for name, description, doc in zip(names, descriptions, encoded):
+        key = tuple(tuple(int(t) for t in window) for window in doc.windows)
+        if key in seen:
+            first = seen[key]
+            raise ConfigError(f"--labels: {first!r} and {name!r} have descriptions ({labels[first]!r} and {description!r}) "
+                              "that the model's tokenizer reads as the same tokens, so no document could tell them "
+                              "apart; describe each class differently")
+        seen[key] = name
+
+
 def check_writable_location(flag: str, location: str, kinds: str) -> None:
     """`location` (local or gs://) can be written: the folder made and a probe file written there
     (sinks.check_writable); otherwise a ConfigError naming `flag`, a missing bucket, an unreachable store."""
@@ -624,6 +641,8 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     check_output(eo)
 
     model_spec, loaded, same_backend, kernel, max_len, shadow_spec = check_loaded_model(eo, backend, where)
+    if task.takes_labels:
+        check_labels_read_apart(labels, loaded.tokenizer, max_len, eo.stride, eo.max_chunks)
     family = loaded.config.family
     rows_notice = None
     if same_backend and runs_locally(eo):  # the run's calls are this machine's: rows split over its devices

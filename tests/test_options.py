@@ -155,6 +155,11 @@ CASES = {
     "misspelled_runner": (lambda t: ["--runner", "DirectRuner"], "did you mean --runner=DirectRunner?", False),
     "labels_with_embed": (lambda t: ["--labels", "a=first;b=second"], "--labels is only for --task=classify", False),
     # two classes one description: every document a tie that the first class wins
+    # MiniLM's tokenizer is uncased: one embedding for both, every document a tie the first label won
+    "labels_the_tokenizer_reads_alike": (lambda t: ["--task", "classify", "--labels",
+                                                    "b=An article about sport;a=an article about SPORT;c=politics"],
+                                         "'b' and 'a' have descriptions ('An article about sport' and 'an article about "
+                                         "SPORT') that the model's tokenizer reads as the same tokens", False),
     "labels_same_description": (lambda t: ["--task", "classify", "--labels", "sports=an article;politics=an article"],
                                 "'sports' and 'politics' have the same description 'an article'", False),
     "labels_mapping_names_one_class_twice": (lambda t: ["--task", "classify", "--config", labels_config(t)],
