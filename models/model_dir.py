@@ -34,9 +34,12 @@ class ModelMetadata:
     format: str = FORMAT
 
 
+CACHE_DIR_ENV = "DOCSCORE_CACHE_DIR"
+
+
 def default_cache_dir() -> str:
     """$DOCSCORE_CACHE_DIR, else ~/.cache/docscore."""
-    return os.environ.get("DOCSCORE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "docscore")
+    return os.environ.get(CACHE_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "docscore")
 
 
 def local_cache_dir(cache_dir: str | None) -> str:

@@ -267,8 +267,10 @@ def compilation_cache_setting(cache_dir: str | None) -> str:
         return f"JAX_COMPILATION_CACHE_DIR={env}"
     if cache_dir:
         return f"--cache_dir {cache_dir}"
-    from models.model_dir import default_cache_dir
+    from models.model_dir import CACHE_DIR_ENV, default_cache_dir
 
+    if os.environ.get(CACHE_DIR_ENV):
+        return f"--cache_dir (default {CACHE_DIR_ENV}={default_cache_dir()})"
     return f"--cache_dir (default {default_cache_dir()})"
 
 

@@ -480,6 +480,9 @@ def check_options(eo: EvalOptions) -> None:
         raise ConfigError("--input is required: a shard pattern (e.g. 'data/*.jsonl', gs://bucket/x/*.parquet) or tfds:NAME")
     if not eo.output:
         raise ConfigError("--output is required: the directory the tables are written under")
+    if eo.output != eo.output.strip():  # ' ' made a folder named by a space; 'out ' one that ls shows as out
+        raise ConfigError(f"--output {eo.output!r} begins or ends with white space (an unquoted or unset variable?); "
+                          "pass the directory's name without it")
     check_choice("task", eo.task, tuple(tasks.TASKS))  # the live registry: a task registered at run time counts
     check_choice("output_format", eo.output_format, OUTPUT_FORMATS)
     if eo.output.startswith(sinks.BQ_PREFIX):

@@ -173,6 +173,8 @@ CASES = {
     "unknown_id_field": (lambda t: ["--id_field", "key"], "--id_field=key", True),
     "kernel_unsupported_on_backend": (lambda t: ["--attention", "pallas_tpu"], "--attention=pallas_tpu", False),
     "kernel_unsupported_on_target": (lambda t: ["--target_backend", "cpu", "--attention", "cudnn"], "--attention=cudnn", False),
+    "input_glob_matching_only_folders": (lambda t: ["--input", str(folder_at(t / "gl" / "da").parent / "d*")],
+                                         "it matches only folders (", False),
     "input_matching_nothing": (lambda t: ["--input", str(t / "nothing" / "*.jsonl")], "--input", False),
     "stray_word_from_an_unquoted_glob": (lambda t: ["second_file.jsonl"], "unexpected argument 'second_file.jsonl'", False),
     "value_of_the_wrong_type": (lambda t: ["--batch_size", "abc"], "--batch_size: invalid int value: 'abc'", False),
@@ -212,6 +214,7 @@ CASES = {
         lambda t: ["--output", str(folder_at(t / "o3" / "runs" / "run_id=r1" / "summary.json").parents[2])],
         "summary.json is a folder where the run writes a file", False),
     "profile_dir_not_a_directory": (lambda t: ["--profile_dir", str(not_writable(t))], "--profile_dir", False),
+    "output_with_white_space": (lambda t: ["--output", " "], "--output ' ' begins or ends with white space", False),
     "cache_dir_under_a_file": (lambda t: ["--cache_dir", str(not_writable(t))], "--cache_dir", False),
     "temperature_infinite": (lambda t: ["--task", "classify", "--labels", "a=x;b=y", "--temperature", "inf"],
                              "--temperature=inf must be > 0 and finite", False),
@@ -329,6 +332,17 @@ def test_a_folder_of_the_output_that_cannot_be_written_is_exit_2_before_reading_
     assert rc == 2, err
     assert f"--output {out}: {locked} cannot be written (" in err and "make it writable, or choose another" in err, err
     assert no_data_read == [] and sorted(p.name for p in out.iterdir()) == [folder]
+
+
+def test_an_unusable_docscore_cache_dir_is_named_by_its_variable(tmp_path, corpus, no_data_read, capsys, monkeypatch):
+    """The default --cache_dir comes from DOCSCORE_CACHE_DIR: the message named only --cache_dir, which the user
+    never passed."""
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("DOCSCORE_CACHE_DIR", not_writable(tmp_path))
+    assert run_docscore("--input", str(corpus), "--output", str(tmp_path / "out"), "--run_id", "r1") == 2
+    err = capsys.readouterr().err
+    assert f"--cache_dir (default DOCSCORE_CACHE_DIR={tmp_path}/a_file/out)" in err, err
+    assert no_data_read == []
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

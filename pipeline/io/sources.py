@@ -170,6 +170,13 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
         others = [as_written(p) for p in skipped]
         holds = (f"; it holds only files of other formats: {', '.join(others[:3])}"
                  + (f" and {len(others) - 3} more" if len(others) > 3 else "")) if others else ""
+        folders = ([p for p in sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1])) if os.path.isdir(p)]
+                   if local and not one_path and not holds else [])  # a local glob of folders: fsspec keeps files only
+        if folders:
+            holds = (f"; it matches only folders ({', '.join(_printable(f) for f in folders[:3])}"
+                     + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
+                     + f"), and a glob names files: add the files' part, e.g. {posixpath.join(pattern, '*.jsonl')}, "
+                     "or pass one folder")
         raise FileNotFoundError(f"--input {pattern}: matches no readable shard ({SUPPORTED}){holds}{first_fix(skipped)}")
     refuse_array_record(pattern, found)
     undecodable = [p for p in found if utf8_size(p) is None]
