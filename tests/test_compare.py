@@ -378,6 +378,7 @@ def test_runs_that_cannot_be_paired_or_read_exit_2_not_1(tmp_path, capsys):
     capsys.readouterr()
     # a limit that is not a number compares nothing
     assert compare([d, e, "--max_mean_drift", "nan"]) == 2 and "finite number" in capsys.readouterr().err
+    assert compare([d, e, "--max_stage_slowdown", "0"]) == 2 and "could never pass" in capsys.readouterr().err
     # a committed table damaged after the commit, or an unwritable --json
     part = next((tmp_path / "scores" / "run_id=e").glob("*.parquet"))
     part.write_bytes(part.read_bytes()[:100])

@@ -62,7 +62,8 @@ class BigQueryOutput:
         if len(parts) != 3 or not _PROJECT.match(parts[0]) or not all(_NAME.match(p) for p in parts[1:]):
             raise ValueError(
                 f"--output {output}: write bq:PROJECT.DATASET.PREFIX, e.g. bq:my-project.evals.nightly "
-                "(project id: lowercase letters, digits, '-'; dataset and prefix: letters, digits, '_')")
+                "(project id: 6 to 30 lowercase letters, digits or '-', starting with a letter, not ending with '-'; "
+                "dataset and prefix: letters, digits, '_')")
         return cls(*parts)
 
     def table(self, name: str) -> str:

@@ -460,6 +460,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"docscore compare: {', '.join(bad)}: a limit must be a finite number >= 0", file=sys.stderr)
         return EXIT_USAGE
+    if limits.max_stage_slowdown == 0:  # a ratio B/A: 0 fails every stage that took any time
+        print("docscore compare: --max_stage_slowdown=0 could never pass (it is B's p50 over A's per stage: 1.5 allows "
+              "50% slower, 1 no slower); pass a ratio > 0, or none to leave it unchecked", file=sys.stderr)
+        return EXIT_USAGE
     over = [f"--{name}={getattr(limits, name)}" for name in FRACTIONS if (getattr(limits, name) or 0) > 1]
     if over:
         print(f"docscore compare: {', '.join(over)}: a share is at most 1, and a larger limit could never fail; "
