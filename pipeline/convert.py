@@ -26,6 +26,10 @@ def main(argv: list[str]) -> int:
                              "sentence-transformers 6 saved, else the model's position count, or its sliding window "
                              "when it has one and the window is shorter)")
     args = parser.parse_args(argv)
+    empty = [flag for flag, value in (("--hf", args.hf), ("--out", args.out)) if not value.strip()]
+    if empty:  # an unset variable: '' would be read as this folder ("already exists")
+        print(f"docscore convert: {empty[0]} is empty (an unset variable?); pass a directory", file=sys.stderr)
+        return 2
 
     def interrupted() -> str:
         removed = remove_unfinished()

@@ -405,6 +405,7 @@ def test_an_unwritable_json_path_is_exit_2_before_any_run_is_read(tmp_path, caps
         captured = capsys.readouterr()
         assert captured.out == "" and f"--json {json_path}" in captured.err and expected in captured.err, captured.err
     assert not (tmp_path / "typo").exists()
+    assert compare([a, b, "--json", ""]) == 2 and "--json is empty (an unset variable?)" in capsys.readouterr().err
     # a file docscore keeps for either run: it was written over (A's summary.json, B's scores part), losing the run
     kept = [tmp_path / "runs" / "run_id=a" / "summary.json", next((tmp_path / "scores" / "run_id=b").glob("*.parquet")),
             tmp_path / "errors" / "new.json"]

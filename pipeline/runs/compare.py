@@ -489,6 +489,8 @@ def json_destination_problem(path: str, runs: Sequence[RunRef] = ()) -> str | No
     runs' outputs (it would write over a run's summary.json or a table part). A local PATH's folder must exist
     already: write_json makes no folder (fsspec's default would create every missing one of a mistyped path). An
     object store has no folders to check; a failed upload is reported when it happens."""
+    if not path.strip():  # an unset variable: '' would be read as this folder
+        return "--json is empty (an unset variable?); pass a file path, or '-' for stdout"
     fs, local = fsspec.core.url_to_fs(path)
     for ref in runs:
         for folder in run_commit.OUTPUT_FOLDERS:
