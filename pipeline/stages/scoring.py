@@ -52,7 +52,8 @@ def score_classify(
     """Zero-shot: softmax(cosine(document, label description) / temperature); the top label wins."""
     doc = pool_windows(window_embeddings).astype(np.float64)
     cosines = np.asarray(label_embeddings, np.float64) @ doc
-    probs = softmax((cosines - cosines.max()) / temperature)  # max first: a tiny temperature makes cosines inf, not NaN
+    with np.errstate(over="ignore"):  # max first: a tiny temperature then gives -inf (probability 0), not NaN
+        probs = softmax((cosines - cosines.max()) / temperature)
     top = int(np.argmax(probs))
     return {
         "score": float(probs[top]),
