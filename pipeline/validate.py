@@ -303,6 +303,8 @@ def check_writable_location(flag: str, location: str, kinds: str) -> None:
     try:
         sinks.check_writable(location)
     except OSError as e:
+        if sources.is_transient(e) and "://" in location:  # aiohttp's refused connection is an OSError too
+            raise ConfigError(sources.unreachable_message(f"{flag} {location}", e)) from None
         if isinstance(e, FileNotFoundError) and fsspec.core.split_protocol(location)[0] in sources.GCS_PROTOCOLS:
             bucket = fsspec.core.url_to_fs(location)[1].split("/", 1)[0]
             raise ConfigError(sources.missing_bucket_message(f"{flag} {location}", bucket)) from None

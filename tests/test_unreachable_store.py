@@ -34,3 +34,15 @@ def test_an_unavailable_gcs_output_is_exit_2_with_a_message(unavailable_gcs, tmp
     stderr = capsys.readouterr().err
     assert "--output gs://docscore-out/run: cannot be reached (HttpError" in stderr, stderr
     assert "Traceback" not in stderr
+
+
+@pytest.mark.integration
+def test_an_unreachable_gcs_output_is_named_unreachable_not_unwritable(unreachable_gcs, tmp_path, capsys):
+    """A refused connection (aiohttp's ClientConnectorError is an OSError) was "is not writable (...); choose a
+    directory you can write to", as if permissions were the problem."""
+    shard = tmp_path / "docs.jsonl"
+    shard.write_text('{"id": "a", "text": "a document"}\n')
+    assert run_docscore("--input", str(shard), "--output", "gs://docscore-out/run", "--run_id", "unreachable") == 2
+    stderr = capsys.readouterr().err
+    assert "--output gs://docscore-out/run: cannot be reached (ClientConnectorError" in stderr, stderr
+    assert "check the network" in stderr and "not writable" not in stderr
