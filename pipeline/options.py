@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import difflib
+import importlib.util
 import json
 import logging
 import os
@@ -466,9 +467,22 @@ def check_runner(runner: str | None) -> None:
     if runner is not None and not runner.strip():
         raise ConfigError("--runner is empty; name a runner (DirectRunner, DataflowRunner) or leave --runner out "
                           "for DirectRunner")
-    if not runner or "." in runner:
+    if not runner:
+        return
+    if "." in runner:  # a class path: Beam imports it when the pipeline is built, after the model has loaded
+        module, _, name = runner.rpartition(".")
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ConfigError(f"--runner={runner}: no module {module} is importable here, so Beam cannot create that "
+                              f"runner; install it, or pass a Beam runner ({', '.join(KNOWN_RUNNERS)})")
         return
     lowered = {name.lower(): name for name in KNOWN_RUNNERS}
+    if runner.lower() in ("interactive", "interactiverunner"):
+        raise ConfigError(f"--runner={runner} is Beam's runner for notebooks, which keeps a pipeline open to inspect; "
+                          "`docscore run` runs its job to the end: use DirectRunner (the default) on this machine")
     if runner.lower() in lowered or runner.lower() + "runner" in lowered:
         return
     close = difflib.get_close_matches(runner.lower(), list(lowered), n=1, cutoff=0.6)

@@ -193,6 +193,8 @@ CASES = {
         lambda t: ["--output", "bq:docscore-test.evals.nightly", "--temp_location", str(t / "tmp")],
         "needs --temp_location gs://BUCKET/tmp (not ", False),
     "output_at_the_file_system_root": (lambda t: ["--output", "/"], "--output / is the file system's root", False),
+    "runner_class_not_importable": (lambda t: ["--runner", "nosuchpkg.BarRunner"], "no module nosuchpkg is importable", False),
+    "runner_interactive": (lambda t: ["--runner", "InteractiveRunner"], "is Beam's runner for notebooks", False),
     "runner_empty": (lambda t: ["--runner", ""], "--runner is empty; name a runner", False),
     "config_is_a_directory": (lambda t: ["--config", str(t)], "cannot be read (IsADirectoryError", False),
     "config_not_text": (lambda t: ["--config", config_file(t, b"\xff\xfe bad")], "not UTF-8 text", False),
