@@ -222,6 +222,13 @@ def test_a_20mb_text_is_tokenised_only_as_far_as_its_windows_need(minilm):
     accents = "a" + "\u0301" * 3_000_000 + " tail words"
     assert preprocess.encode_text(minilm.tokenizer, accents, spec).windows[0].tolist() == \
         minilm.tokenizer.encode_windows([accents], max_len=256, stride=32, max_windows=MAX_CHUNKS)[0].windows[0].tolist()
+    # a word of thousands of characters across a piece's end is not cut (whitespace was looked for 1,024
+    # characters back: one [UNK] became two), nor is one that \x1c-\x1f sit in (Python's whitespace, which BERT
+    # deletes: the cut fell there, and one word was read as two)
+    for text in [("w" * 150 + " ") * 430 + "x" * 3000 + " end"] + [
+            ("w" * 150 + " ") * 433 + "a" * 100 + separator + "b" * 700 + " end" for separator in "\x1c\x1d\x1e\x1f"]:
+        straddling = preprocess.encode_text(minilm.tokenizer, text, spec)
+        assert straddling.n_tokens == len(minilm.tokenizer.encode_ids([text])[0]) and not straddling.truncated
     # short texts are tokenised whole, as before
     short = preprocess.encode_text(minilm.tokenizer, words * 10, spec)
     assert short.n_tokens == len(minilm.tokenizer.encode_ids([words * 10])[0]) and not short.truncated

@@ -9,20 +9,21 @@ FULL_TOKENIZE_CHARS = 64 * 1024  # texts up to this are tokenized whole
 PREFIX_CHARS_PER_TOKEN = 16  # characters read per needed token (English averages ~5); choice grows it x4 while short
 NO_SPACE_SPARE_TOKENS = 256  # tokens kept past what is needed when a cut must fall inside a word
 MAX_PREFIX_CHARS_PER_TOKEN = 256  # choice's context tail stops growing here (then the context is tokenized whole)
-LOOK_FOR_SPACE_CHARS = 1024  # how far from the cut whitespace is looked for
+# Where a cut may fall: ASCII whitespace, which every tokenizer splits words at. Python's isspace also takes
+# \x1c-\x1f, which BERT's normaliser deletes (a cut there split what it reads as one word), and Unicode spaces
+# a Metaspace tokenizer (Llama's) keeps inside its pieces.
+CUT_SPACES = " \n\t\r"
 
 
-def space_before(text: str, end: int, look_back: int = LOOK_FOR_SPACE_CHARS) -> int | None:
-    """The position of the last whitespace before `end`, looking back at most look_back characters."""
-    for i in range(end - 1, max(end - look_back, 0), -1):
-        if text[i].isspace():
-            return i
-    return None
+def space_before(text: str, end: int, start: int = 0) -> int | None:
+    """The position of the last whitespace (CUT_SPACES) in text[start + 1:end], or None: however far back it is,
+    so a word of thousands of characters across a cut is not split (str.rfind: a 64K-character piece of a hex
+    dump is searched in microseconds)."""
+    found = max(text.rfind(space, start + 1, end) for space in CUT_SPACES)
+    return found if found >= 0 else None
 
 
-def space_after(text: str, start: int, look_ahead: int = LOOK_FOR_SPACE_CHARS) -> int | None:
-    """The position of the first whitespace at or after `start`, looking ahead at most look_ahead characters."""
-    for i in range(start, min(start + look_ahead, len(text))):
-        if text[i].isspace():
-            return i
-    return None
+def space_after(text: str, start: int) -> int | None:
+    """The position of the first whitespace (CUT_SPACES) at or after `start`, or None."""
+    found = [i for i in (text.find(space, start) for space in CUT_SPACES) if i >= 0]
+    return min(found) if found else None

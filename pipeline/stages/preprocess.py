@@ -193,8 +193,8 @@ def encode_text(tokenizer, text: str, spec: WindowSpec):
     pieces, n_ids, start = [], 0, 0
     while start < len(text):
         end = min(len(text), start + piece)
-        cut = space_before(text, end) if end < len(text) else end
-        end = cut if cut is not None and cut > start else end
+        cut = space_before(text, end, start) if end < len(text) else end
+        end = cut if cut is not None else end
         pieces.append(tokenizer.encode_ids([text[start:end]])[0])
         n_ids += len(pieces[-1])
         start = end
