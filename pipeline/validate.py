@@ -288,6 +288,9 @@ def check_labels_read_apart(labels: dict[str, str], tokenizer, max_len: int, str
     encoded = tokenizer.encode_windows(descriptions, max_len=max_len, stride=stride, max_windows=max_chunks)
     seen: dict[tuple, str] = {}
     for name, description, doc in zip(names, descriptions, encoded):
+        if doc.n_tokens == 0:  # only the special tokens: the empty text's embedding, which wins documents
+            raise ConfigError(f"--labels: {name!r} has the description {description!r}, in which the model's tokenizer "
+                              "finds no token (zero-width or combining characters only); describe the class in words")
         key = tuple(tuple(int(t) for t in window) for window in doc.windows)
         if key in seen:
             first = seen[key]

@@ -160,6 +160,8 @@ CASES = {
                                                     "b=An article about sport;a=an article about SPORT;c=politics"],
                                          "'b' and 'a' have descriptions ('An article about sport' and 'an article about "
                                          "SPORT') that the model's tokenizer reads as the same tokens", False),
+    "label_description_without_tokens": (lambda t: ["--task", "classify", "--labels", "a=\u200b;b=sport"],
+                                          "'a' has the description '\\u200b', in which the model's tokenizer finds no token", False),
     "labels_same_description": (lambda t: ["--task", "classify", "--labels", "sports=an article;politics=an article"],
                                 "'sports' and 'politics' have the same description 'an article'", False),
     "labels_mapping_names_one_class_twice": (lambda t: ["--task", "classify", "--config", labels_config(t)],

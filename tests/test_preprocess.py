@@ -101,3 +101,20 @@ def test_tokenized_lists_are_cut_to_the_beam_batch_token_budget(minilm):
         assert_that(out.docs | beam.Map(lambda batch: [(d.doc.doc_id, tokens_of([d])) for d in batch]), check)
         assert_that(out.errors | beam.Map(lambda e: (e.doc_id, e.error_type)), equal_to([("blank", "empty_text")]),
                     label="errors")
+
+
+def test_a_text_the_tokenizer_fails_on_is_an_untokenizable_error_row_quoting_it():
+    """A Unigram vocabulary without an unknown token raises on a piece it cannot encode: the row was typed by the
+    exception's class ("Exception") with the tokenizer's bare message; the documents around it are scored."""
+    import tokenizers
+
+    from models.tokenizer import DocTokenizer
+
+    model = tokenizers.models.Unigram([("a", -1.0), ("b", -1.0)], unk_id=None)
+    tokenizer = DocTokenizer(tokenizers.Tokenizer(model), max_seq_len=16)
+    docs = [Document(name, text, "s", i) for i, (name, text) in enumerate((("ok", "ab"), ("bad", "abc"), ("also", "ba")))]
+    out = tokenize_documents(docs, tokenizer, WindowSpec(16, 2, 4), with_query=False)
+    assert [type(x).__name__ for x in out] == ["TokenizedDoc", "ErrorRow", "TokenizedDoc"]
+    assert (out[1].stage, out[1].error_type, out[1].doc_id) == ("tokenize", "untokenizable", "bad")
+    assert out[1].message.startswith("the model's tokenizer cannot encode this record's text (Exception: ")
+    assert "unk_id" in out[1].message

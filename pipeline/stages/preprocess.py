@@ -74,7 +74,9 @@ def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
         query = next(encoded) if with_query else None
         if isinstance(text, Exception) or isinstance(query, Exception):
             failed = text if isinstance(text, Exception) else query
-            results[k] = _error(doc, type(failed).__name__, str(failed))
+            what = "text" if failed is text else "query"
+            results[k] = _error(doc, "untokenizable", f"the model's tokenizer cannot encode this record's {what} "
+                                f"({type(failed).__name__}: {str(failed)[:300]})")
         elif text.n_tokens == 0:
             results[k] = _error(doc, "empty_text", "the text has no tokens (only whitespace, control, zero-width or "
                                 "combining characters)")
