@@ -125,7 +125,8 @@ def check_loaded_model(eo: EvalOptions, backend: str, where: str):
 
 def check_task_and_windows(eo: EvalOptions, loaded) -> int:
     """The task's model family, --max_seq_len against the model's and --stride against a window's text tokens, for a
-    loaded model (no data needed: runners/scheduling.py checks a schedule's run with them too); the window length."""
+    loaded model (no data needed: runners/scheduling.py checks a schedule's run with them too), and classify labels
+    the tokenizer cannot tell apart; the window length."""
     task = tasks.get(eo.task)
     family = loaded.config.family
     if not task.model.accepts(family):
@@ -146,6 +147,8 @@ def check_task_and_windows(eo: EvalOptions, loaded) -> int:
         raise ConfigError(f"--stride=0 with --task={eo.task}: {eo.model}'s tokenizer starts a window with no special "
                           "token, so the first token of every window after the first could not be predicted from "
                           "anything and would go unscored; use --stride >= 1 (default 32)")
+    if task.takes_labels:
+        check_labels_read_apart(parse_labels(eo.classify_labels), loaded.tokenizer, max_len, eo.stride, eo.max_chunks)
     return max_len
 
 
@@ -290,7 +293,7 @@ def check_labels_read_apart(labels: dict[str, str], tokenizer, max_len: int, str
     for name, description, doc in zip(names, descriptions, encoded):
         if doc.n_tokens == 0:  # only the special tokens: the empty text's embedding, which wins documents
             raise ConfigError(f"--labels: {name!r} has the description {description!r}, in which the model's tokenizer "
-                              "finds no token (zero-width or combining characters only); describe the class in words")
+                              "finds no token (zero-width, control or combining characters only); describe the class in words")
         key = tuple(tuple(int(t) for t in window) for window in doc.windows)
         if key in seen:
             first = seen[key]
@@ -649,8 +652,6 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     check_output(eo)
 
     model_spec, loaded, same_backend, kernel, max_len, shadow_spec = check_loaded_model(eo, backend, where)
-    if task.takes_labels:
-        check_labels_read_apart(labels, loaded.tokenizer, max_len, eo.stride, eo.max_chunks)
     family = loaded.config.family
     rows_notice = None
     if same_backend and runs_locally(eo):  # the run's calls are this machine's: rows split over its devices

@@ -192,6 +192,11 @@ def test_a_model_too_sharp_for_floats_perplexity_keeps_its_documents(tmp_path, t
             totals.append(float(logp.gather(1, ids[0, 1:, None]).sum()))
     assert min(-t / len(tokenizer.encode(x).ids) for t, x in zip(totals, texts)) > 710  # past exp()'s range
     np.testing.assert_allclose(scores.sort_values("record_index").score.to_numpy(), totals, rtol=1e-3)
+    # Parquet keeps the inf, and the run's report is written: matplotlib refused a histogram range with inf in it
+    assert run_docscore("--input", shard, *common_flags("sharp_pq", tmp_path / "out"), "--task", "loglik",
+                        "--model", tmp_path / "sharp", "--attention", "native", "--max_seq_len", "64") == 0
+    assert (read_table(tmp_path / "out", "scores", "sharp_pq")[0].perplexity == math.inf).all()
+    assert (tmp_path / "out" / "runs" / "run_id=sharp_pq" / "report.html").exists()
 
 
 @pytest.mark.integration

@@ -449,7 +449,9 @@ def test_the_documented_cloud_scheduler_command_uses_the_files_cron_time_zone_an
                                                  "--attention=auto already runs"),
     ("  task: embed\n  stride: \"300\"", "--stride=300 (tokens shared by consecutive windows) must be < 254"),
     ("  task: embed\n  max_seq_len: \"100000\"", "--max_seq_len=100000 exceeds the model's 256"),
-], ids=["loglik default model", "loglik minilm", "shadow same kernel", "stride", "max_seq_len"])
+    ("  task: classify\n  classify_labels: \"sports=sport;politics=SPORT\"",
+     "--labels: 'sports' and 'politics' have descriptions ('sport' and 'SPORT') that the model's tokenizer reads as the same"),
+], ids=["loglik default model", "loglik minilm", "shadow same kernel", "stride", "max_seq_len", "labels read alike"])
 def test_the_built_in_models_checks_are_made(tmp_path, line, message):
     """The built-in model needs no data and no cloud: `docscore run` refuses these at launch, so the schedule check does."""
     text = "\n".join(line for line in CLASSIFY.splitlines() if not line.startswith("  classify_labels:")) + "\n"

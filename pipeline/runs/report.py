@@ -345,11 +345,15 @@ def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | No
         spec = tasks.TASKS[task]
         column = spec.chart_column if spec.chart_column in names else "score"
         values = np.array([v for v in scores[column].to_pylist() if v is not None], dtype=float)
+        outside = int((~np.isfinite(values)).sum())  # an inf perplexity, a NaN score: no bin holds them
+        values = values[np.isfinite(values)]
         if values.size == 0:
             return None, "Scores"
         ax.hist(values, bins=min(40, max(5, values.size // 3)), color="#4c72b0")
         ax.set_xlabel(spec.chart_axis if column == spec.chart_column else "score")
         ax.set_ylabel("records")
+        if outside:
+            ax.set_title(f"{outside} record(s) not finite (inf or NaN), not drawn", fontsize="small", loc="right")
         title = "Perplexity histogram" if column == "perplexity" else "Score histogram"
     else:
         values = np.array(scores["n_tokens"].to_pylist(), dtype=float)
