@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import difflib
-import importlib.util
+import importlib
 import json
 import logging
 import os
@@ -458,7 +458,9 @@ def unknown_flags_message(unknown: list[str]) -> str:
 
 # Runner names Beam resolves (case-insensitively, with or without the "Runner" suffix); anything with a
 # dot is a PipelineRunner class path, which Beam imports itself.
-KNOWN_RUNNERS = tuple(path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KNOWN_RUNNERS)
+# (InteractiveRunner left out: it is for notebooks, and check_runner refuses it.)
+KNOWN_RUNNERS = tuple(name for name in (path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KNOWN_RUNNERS)
+                      if name != "InteractiveRunner")
 
 
 def check_runner(runner: str | None) -> None:
@@ -469,20 +471,20 @@ def check_runner(runner: str | None) -> None:
                           "for DirectRunner")
     if not runner:
         return
+    if runner.rpartition(".")[2].lower().replace("_", "") in ("interactive", "interactiverunner"):
+        raise ConfigError(f"--runner={runner} is Beam's runner for notebooks, which keeps a pipeline open to inspect; "
+                          "`docscore run` runs its job to the end: use DirectRunner (the default) on this machine")
     if "." in runner:  # a class path: Beam imports it when the pipeline is built, after the model has loaded
         module, _, name = runner.rpartition(".")
         try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
+            found = hasattr(importlib.import_module(module), name)
+        except ImportError:
             found = False
         if not found:
-            raise ConfigError(f"--runner={runner}: no module {module} is importable here, so Beam cannot create that "
-                              f"runner; install it, or pass a Beam runner ({', '.join(KNOWN_RUNNERS)})")
+            raise ConfigError(f"--runner={runner}: no class {name} in an importable module {module}, so Beam cannot "
+                              f"create that runner; install it, or pass a Beam runner ({', '.join(KNOWN_RUNNERS)})")
         return
     lowered = {name.lower(): name for name in KNOWN_RUNNERS}
-    if runner.lower() in ("interactive", "interactiverunner"):
-        raise ConfigError(f"--runner={runner} is Beam's runner for notebooks, which keeps a pipeline open to inspect; "
-                          "`docscore run` runs its job to the end: use DirectRunner (the default) on this machine")
     if runner.lower() in lowered or runner.lower() + "runner" in lowered:
         return
     close = difflib.get_close_matches(runner.lower(), list(lowered), n=1, cutoff=0.6)
