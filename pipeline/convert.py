@@ -28,7 +28,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     empty = [flag for flag, value in (("--hf", args.hf), ("--out", args.out)) if not value.strip()]
     if empty:  # an unset variable: '' would be read as this folder ("already exists")
-        print(f"docscore convert: {empty[0]} is empty (an unset variable?); pass a directory", file=sys.stderr)
+        print(f"docscore convert: {empty[0]} is empty or white space (an unset variable?); pass a directory",
+              file=sys.stderr)
         return 2
 
     def interrupted() -> str:

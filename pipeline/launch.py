@@ -157,7 +157,8 @@ class DefaultsShownParser(argparse.ArgumentParser):
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         text = kwargs.get("help") or ""
-        if kwargs.get("default") not in (None, argparse.SUPPRESS) and "default" not in text.lower():
+        default = kwargs.get("default", False if kwargs.get("action") == "store_true" else None)  # a switch's: False
+        if default not in (None, argparse.SUPPRESS) and "default" not in text.lower():
             kwargs["help"] = f"{text} (default: %(default)s)"
         return super().add_argument(*args, **kwargs)
 

@@ -405,7 +405,7 @@ def test_an_unwritable_json_path_is_exit_2_before_any_run_is_read(tmp_path, caps
         captured = capsys.readouterr()
         assert captured.out == "" and f"--json {json_path}" in captured.err and expected in captured.err, captured.err
     assert not (tmp_path / "typo").exists()
-    assert compare([a, b, "--json", ""]) == 2 and "--json is empty (an unset variable?)" in capsys.readouterr().err
+    assert compare([a, b, "--json", ""]) == 2 and "--json is empty or white space (an unset variable?)" in capsys.readouterr().err
     # a file docscore keeps for either run: it was written over (A's summary.json, B's scores part), losing the run
     kept = [tmp_path / "runs" / "run_id=a" / "summary.json", next((tmp_path / "scores" / "run_id=b").glob("*.parquet")),
             tmp_path / "errors" / "new.json"]
@@ -533,3 +533,16 @@ def test_a_mistyped_or_abbreviated_flag_is_refused_with_the_likely_one(tmp_path,
     with pytest.raises(SystemExit):
         report.main([str(tmp_path), "--runid", "a"])
     assert "unknown argument --runid (did you mean --run_id?)" in capsys.readouterr().err
+
+
+def test_a_local_json_path_is_never_inside_a_bucket(tmp_path, monkeypatch):
+    """Runs on gs://bkt/out and --json bkt/out/runs/x.json in a local folder of that name: the bare paths matched
+    ("is inside gs://bkt/out/runs"), a refusal of a file that cannot touch the runs."""
+    from pipeline.runs.compare import RunRef, json_destination_problem
+
+    (tmp_path / "bkt" / "out" / "runs").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    refs = [RunRef("gs://bkt/out", "a"), RunRef("gs://bkt/out", "b")]
+    assert json_destination_problem("bkt/out/runs/x.json", refs) is None
+    local = [RunRef(str(tmp_path / "bkt" / "out"), "a")]  # the same path for runs on this machine: refused
+    assert "is inside" in json_destination_problem("bkt/out/runs/x.json", local)

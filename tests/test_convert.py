@@ -184,7 +184,7 @@ def test_an_out_convert_cannot_make_is_refused_before_the_weights_are_read(hf_be
         assert message.count("\n") == 1  # one line, no traceback
     assert not Path("gs:").exists()  # no local directory named after the URL
     code, message = convert(src, "", capsys)  # an unset variable: was "--out : already exists" (this folder)
-    assert code == 2 and "--out is empty (an unset variable?)" in message, message
+    assert code == 2 and "--out is empty or white space (an unset variable?)" in message, message
     (tmp_path / "empty").mkdir()
     code, message = convert(hf_bert, tmp_path / "empty", capsys)
     assert code == 0 and (tmp_path / "empty" / "metadata.json").exists(), message

@@ -173,9 +173,10 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
         folders = ([p for p in sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1])) if os.path.isdir(p)]
                    if local and not one_path and not holds else [])  # a local glob of folders: fsspec keeps files only
         if folders:
-            holds = (f"; it matches only folders ({', '.join(_printable(f) for f in folders[:3])}"
+            shown = [_printable(os.path.relpath(f) if not os.path.isabs(pattern) else f) for f in folders[:3]]
+            holds = (f"; it matches only folders ({', '.join(shown)}"
                      + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
-                     + f"), and a glob names files: add the files' part, e.g. {posixpath.join(pattern, '*.jsonl')}, "
+                     + f"), and a glob names files: add the files' part, e.g. {posixpath.join(pattern, '*')}, "
                      "or pass one folder")
         raise FileNotFoundError(f"--input {pattern}: matches no readable shard ({SUPPORTED}){holds}{first_fix(skipped)}")
     refuse_array_record(pattern, found)

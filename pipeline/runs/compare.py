@@ -490,10 +490,16 @@ def json_destination_problem(path: str, runs: Sequence[RunRef] = ()) -> str | No
     already: write_json makes no folder (fsspec's default would create every missing one of a mistyped path). An
     object store has no folders to check; a failed upload is reported when it happens."""
     if not path.strip():  # an unset variable: '' would be read as this folder
-        return "--json is empty (an unset variable?); pass a file path, or '-' for stdout"
+        return "--json is empty or white space (an unset variable?); pass a file path, or '-' for stdout"
+    def store(url: str) -> str:
+        protocol = fsspec.core.split_protocol(url)[0] or "file"
+        return "gs" if protocol in sources.GCS_PROTOCOLS else protocol
+
     fs, local = fsspec.core.url_to_fs(path)
     for ref in runs:
         for folder in run_commit.OUTPUT_FOLDERS:
+            if store(ref.output_dir) != store(path):  # another file system: a local path is never inside a bucket
+                continue
             kept = fsspec.core.url_to_fs(posixpath.join(ref.output_dir, folder))[1]
             if run_commit.is_local(fs):
                 local, kept = os.path.realpath(local), os.path.realpath(kept)
