@@ -31,7 +31,7 @@ from pipeline.stages.inference import ModelSpec, shared_model
 from pipeline.stages.postprocess import gold_value
 from pipeline.stages.preprocess import WindowSpec
 from pipeline.telemetry import memory
-from pipeline.telemetry.progress import direct_workers, runs_locally
+from pipeline.telemetry.progress import SAMPLES_FILE, direct_workers, runs_locally
 
 DEFAULT_ID_FIELD = "id"
 
@@ -278,7 +278,7 @@ def glob_matches_output(eo: EvalOptions, output: str) -> bool:
     written = [f"{output}{table}/{partition}/{sinks.PART_PREFIX}-0123456789ab-00000-of-00001{suffix}"
                for table in run_commit.TABLES]
     written += [f"{output}runs/{partition}/{name}" for name in (run_commit.SUMMARY_FILE, run_commit.REPORT_FILE,
-                                                                 "progress.json", "history-0123456789ab.parquet")]
+                                                                 SAMPLES_FILE, "history-0123456789ab.parquet")]
     pattern = re.compile(fsspec.utils.glob_translate(run_commit.one_spelling(eo.input)))
     return any(pattern.match(path) for path in written)
 
