@@ -414,7 +414,7 @@ def test_an_unwritable_json_path_is_exit_2_before_any_run_is_read(tmp_path, caps
         assert compare([a, b, "--json", str(json_path)]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and f"--json {json_path} is inside {tmp_path}/" in captured.err, captured.err
-        assert f"where docscore keeps its runs' files (it would write over them); pass a path outside it" in captured.err
+        assert "where docscore keeps its runs' files (it would write over them); pass a path outside it" in captured.err
     assert [p.read_bytes() for p in kept[:2]] == before and not kept[2].exists()
     # a writable path: the verdict's exit status, and the file holds the comparison
     assert compare([a, b, "--json", str(tmp_path / "cmp.json")]) == 0
