@@ -236,6 +236,36 @@ def test_run_packed_maps_each_segment_and_token_back_to_its_window():
     assert [o.tolist() for o in per_token] == [w.astype(np.float32).tolist() for w in windows]
 
 
+@pytest.mark.parametrize("per_token", [False, True])
+def test_a_nan_in_one_window_stays_in_that_window_when_rows_are_packed(per_token):
+    """Attention weights a row-mate's values by 0, and 0 x NaN is NaN: a window whose values overflow to NaN made
+    every window of its packed row NaN. The windows of such a row run again one per row: only the bad one keeps
+    its NaN, the others get what they get alone, and each window's costs still add up to the batch's."""
+    windows = [np.array(ids, np.int32) for ids in ([1, 2, 3], [4, 5], [6, 999, 7], [8, 9, 10, 11], [12, 13])]
+    slots = max_segments_for(64)
+    shapes = []
+
+    def mixes_segments(input_ids, segment_ids):  # each position: the sum over its segment, as p @ v with p = 0 elsewhere
+        shapes.append(input_ids.shape)
+        values = np.where(input_ids == 999, np.nan, input_ids).astype(np.float32)
+        same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] > 0)
+        per_position = np.einsum("rij,rj->ri", same.astype(np.float32), values)
+        if per_token:
+            return per_position
+        first = [[int(np.argmax(row == s + 1)) for s in range(slots)] for row in segment_ids]
+        return np.take_along_axis(per_position, np.array(first), axis=1)[:, :, None]
+
+    outputs, costs, totals = run_packed(windows, mixes_segments, max_len=64, batch_size=4, per_token=per_token)
+    for w, out in zip(windows, outputs):
+        if 999 in w:
+            assert np.isnan(out).all()
+        else:
+            assert np.asarray(out).ravel().tolist() == [float(w.sum())] * (len(w) if per_token else 1)
+    assert shapes == [(1, 64), (4, 64), (1, 64)] and totals["calls"] == 3  # one packed row, then its 5 windows alone
+    assert sum(c.ms_per_row for c in costs) == pytest.approx(totals["ms"])
+    assert sum(c.computed_tokens_per_row for c in costs) == pytest.approx(totals["computed_tokens"])
+
+
 def test_run_packed_over_several_row_lengths_maps_every_window_back():
     rng = np.random.default_rng(2)
     windows = [rng.integers(1, 1000, size=n).astype(np.int32) for n in rng.integers(2, 257, size=60)]

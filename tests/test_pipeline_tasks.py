@@ -200,6 +200,45 @@ def test_a_model_too_sharp_for_floats_perplexity_keeps_its_documents(tmp_path, t
 
 
 @pytest.mark.integration
+def test_a_document_whose_output_is_nan_is_an_error_row_and_its_row_mates_are_scored(tmp_path):
+    """A small BERT with one token's embedding set to inf: a document holding that token overflows (NaN), and
+    attention's 0 x NaN made every document packed into its row NaN too: NaN embeddings, classify naming the
+    first label with a NaN score. Now that document is one `infer/nan_output` row and the others get the
+    embeddings the same model without the inf gives them."""
+    from safetensors.numpy import load_file, save_file
+
+    from models.hf_import import convert_hf_dir
+    from tests.test_convert import CORPUS, build_hf_bert
+
+    build_hf_bert(tmp_path / "hf")
+    tokenizer = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    clean, bad = CORPUS[:3], CORPUS[3]
+    [overflows, *_] = sorted(set(tokenizer.encode(bad).ids) - {i for t in clean for i in tokenizer.encode(t).ids})
+    shutil.copytree(tmp_path / "hf", tmp_path / "hf_inf")
+    [weights_file] = (tmp_path / "hf_inf").glob("*.safetensors")
+    weights = load_file(weights_file)
+    weights["bert.embeddings.word_embeddings.weight"][overflows] = np.inf
+    save_file(weights, weights_file, metadata={"format": "pt"})
+    for name in ("hf", "hf_inf"):
+        convert_hf_dir(str(tmp_path / name), str(tmp_path / name / "docscore"))
+    texts = [clean[0], bad, clean[1], clean[2]]
+    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)])
+    out = tmp_path / "out"
+    for run_id, model in (("nan", "hf_inf"), ("clean", "hf")):
+        assert run_docscore("--input", shard, *common_flags(run_id, out), "--task", "embed", "--attention", "native",
+                            "--model", tmp_path / model / "docscore", "--max_seq_len", "64") == 0
+    errors, _ = read_table(out, "errors", "nan")
+    assert errors[["doc_id", "stage", "error_type"]].values.tolist() == [["d1", "infer", "nan_output"]]
+    scores = read_table(out, "scores", "nan")[0].set_index("doc_id")
+    expected = read_table(out, "scores", "clean")[0].set_index("doc_id")
+    assert sorted(scores.index) == ["d0", "d2", "d3"]
+    for doc_id in scores.index:
+        np.testing.assert_allclose(np.stack(scores.loc[doc_id, "embedding"]), np.stack(expected.loc[doc_id, "embedding"]),
+                                   atol=1e-5)
+    assert read_summary(out, "nan")["counts"]["errors"] == 1
+
+
+@pytest.mark.integration
 def test_a_long_label_description_is_split_into_windows_as_a_document_is(tmp_path):
     """A document whose text is a label's description has cosine 1 to that label however long it is: labels are
     embedded with the documents' --stride and --max_chunks (they were cut with stride 0), so the classify scores

@@ -281,18 +281,48 @@ def run_packed(
     for (a JAX array still being computed): every call is dispatched before the first result is read,
     so the host fills the next call's rows while the device computes. Returns each window's output
     (per_token outputs cut to the window), its share of the batch's time and of the computed tokens in
-    proportion to its tokens, and totals (calls, computed and real tokens, milliseconds). on_call_read gets
+    proportion to its tokens, and totals (calls, computed and real tokens, milliseconds). The windows of a row
+    where an output is NaN run again one per row (their costs count both runs). on_call_read gets
     the indices of each call's windows as soon as its result is read (progress per model call). compiling_s: the
     seconds this thread has spent compiling so far; compiling is left out of the batch's time (totals' ms, the
     windows' shares; totals' compile_ms has it), so a run's infer timings do not depend on its compilation cache."""
-    rows = plan_rows([len(w) for w in windows], row_lengths(max_len, min_row_len, batch_size, min_rows))
+    lengths = row_lengths(max_len, min_row_len, batch_size, min_rows)
+    rows = plan_rows([len(w) for w in windows], lengths)
     outputs: list[np.ndarray | None] = [None] * len(windows)
     costs = [WindowCost() for _ in windows]
     totals = {"calls": 0, "computed_tokens": 0, "real_tokens": 0, "ms": 0.0, "compile_ms": 0.0}
     compiled_before = compiling_s() if compiling_s is not None else 0.0
     t0 = time.perf_counter()
+    plan = plan_calls(rows, max_len, batch_size, min_rows, min_row_len, tail_fraction)
+    saw_nan = _run_calls(windows, plan, call, per_token, outputs, costs, totals, on_call_read)
+    # A NaN in one window's values reaches every window of its row (attention's weight 0 times NaN is NaN): the
+    # windows of such rows run again one per row, so only the window that overflowed keeps its NaN.
+    shared = [i for row in rows if len(row.windows) > 1 and any(np.isnan(outputs[j]).any() for j in row.windows)
+              for i in row.windows] if saw_nan else []
+    if shared:
+        alone = [PackedRow((i,), _shortest_row(len(windows[i]), lengths)) for i in shared]
+        counted = {i: costs[i].computed_tokens_per_row for i in shared}
+        _run_calls(windows, plan_calls(alone, max_len, batch_size, min_rows, min_row_len, tail_fraction), call,
+                   per_token, outputs, costs, totals, None)
+        for i in shared:
+            costs[i].computed_tokens_per_row += counted[i]
+    if compiling_s is not None:
+        totals["compile_ms"] = (compiling_s() - compiled_before) * 1000.0
+    totals["ms"] = max(0.0, (time.perf_counter() - t0) * 1000.0 - totals["compile_ms"])
+    ran_twice = set(shared)
+    for i, window in enumerate(windows):
+        costs[i].ms_per_row = totals["ms"] * len(window) * (1 + (i in ran_twice)) / max(1, totals["real_tokens"])
+    return outputs, costs, totals  # type: ignore[return-value]
+
+
+def _run_calls(windows: Sequence[np.ndarray], plan: list[tuple[int, Sequence[PackedRow], int]],
+               call: Callable[[np.ndarray, np.ndarray], Any], per_token: bool, outputs: list, costs: list[WindowCost],
+               totals: dict[str, float], on_call_read: Callable[[list[int]], None] | None) -> bool:
+    """run_packed's calls of `plan`: every call dispatched, then each result read into outputs and costs (the
+    windows it computed), totals counted. Whether a result held a NaN."""
+    saw_nan = False
     pending = []
-    for row_len, call_rows, size in plan_calls(rows, max_len, batch_size, min_rows, min_row_len, tail_fraction):
+    for row_len, call_rows, size in plan:
         input_ids, segment_ids, placed = fill_rows(windows, call_rows, row_len, size)
         real = max(1, int(np.count_nonzero(segment_ids)))
         pending.append((call(input_ids, segment_ids), placed, size * row_len, real))
@@ -301,18 +331,14 @@ def run_packed(
         totals["real_tokens"] += real
     for result, placed, computed, real in pending:
         result = np.asarray(result, dtype=np.float32)  # waits for this call's device work
+        saw_nan = saw_nan or bool(np.isnan(result).any())
         for i, r, slot, at in placed:
             n = len(windows[i])
             outputs[i] = result[r, at : at + n] if per_token else result[r, slot]
             costs[i].computed_tokens_per_row = computed * n / real
         if on_call_read is not None:
             on_call_read([i for i, *_ in placed])
-    if compiling_s is not None:
-        totals["compile_ms"] = (compiling_s() - compiled_before) * 1000.0
-    totals["ms"] = max(0.0, (time.perf_counter() - t0) * 1000.0 - totals["compile_ms"])
-    for i, window in enumerate(windows):
-        costs[i].ms_per_row = totals["ms"] * len(window) / max(1, totals["real_tokens"])
-    return outputs, costs, totals  # type: ignore[return-value]
+    return saw_nan
 
 
 def run_model(

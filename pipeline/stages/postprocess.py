@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 
 from pipeline import tasks
 from pipeline.records import ERRORS_TAG, TIMING_COLUMNS, Batch, ErrorRow
@@ -161,11 +162,25 @@ def shadow_columns(output: InferenceOutput, divergence: shadow.Divergence | None
     }
 
 
+NAN_OUTPUT = ("the model's output for this document is NaN: a value overflowed inside the model (weights or "
+              "--dtype out of range for this text); the documents batched with it are scored without it")
+
+
+def has_nan(output: InferenceOutput) -> bool:
+    """Whether a window's model output is NaN: no score can be read from it (classify's argmax would name the
+    first label, a NaN cosine would void the run's correlations)."""
+    return any(np.isnan(o).any() for o in output.window_outputs + output.query_outputs)
+
+
 def score_documents(spec: ScoreSpec, docs: list[TokenizedDoc], outputs: list[InferenceOutput]
                     ) -> tuple[list[dict[str, Any]], list[DocStats], list[ErrorRow]]:
     """score_row of each document: its row and stats, or an ErrorRow when its outputs cannot be scored."""
     rows, stats, errors = [], [], []
     for tokenized, output in zip(docs, outputs, strict=True):
+        if has_nan(output):
+            doc = tokenized.doc
+            errors.append(ErrorRow(doc.source, doc.record_index, "infer", "nan_output", NAN_OUTPUT, doc_id=doc.doc_id))
+            continue
         try:
             row, doc_stats = score_row(spec, tokenized, output)
         except Exception as e:  # a document whose outputs cannot be scored is an error row
