@@ -9,6 +9,7 @@ from models.hf_import import convert_hf_dir, dropped_head, transformer_folder
 from models.model_dir import remove_unfinished
 from pipeline.cli import SubcommandParser
 from pipeline.interrupt import exit_on_interrupt
+from pipeline.process_setup import unusable_backend
 
 
 def main(argv: list[str]) -> int:
@@ -30,6 +31,11 @@ def main(argv: list[str]) -> int:
     if empty:  # an unset variable: '' would be read as this folder ("already exists")
         print(f"docscore convert: {empty[0]} is empty or white space (an unset variable?); pass a directory",
               file=sys.stderr)
+        return 2
+
+    problem = unusable_backend()  # convert_hf_dir starts JAX: its error would blame the weights file
+    if problem:
+        print(f"docscore convert: {problem}", file=sys.stderr)
         return 2
 
     def interrupted() -> str:

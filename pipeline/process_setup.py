@@ -398,3 +398,17 @@ def _decompresses(data: bytes, zstandard) -> bool:
         return True
     except zlib.error:
         return False
+
+
+def unusable_backend() -> str | None:
+    """Why JAX cannot start the backend JAX_PLATFORMS names on this machine (a GPU image run without its GPU: JAX
+    raises a RuntimeError or a bare AssertionError), as a message naming the fix; None when it starts."""
+    import jax
+
+    try:
+        jax.default_backend()
+    except (RuntimeError, AssertionError) as e:
+        why = str(e).strip().splitlines()[0][:300] if str(e).strip() else "no such backend is installed"
+        return (f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')}: JAX cannot start that backend on this machine "
+                f"({why}); unset JAX_PLATFORMS to use the backend this machine has, or run where that one is")
+    return None

@@ -23,7 +23,7 @@ import fsspec.utils
 from models import sharding
 from models.builtin import BUILTINS
 from models.tokenizer import MIN_SEQ_LEN
-from pipeline import dataflow_checks, tasks
+from pipeline import dataflow_checks, process_setup, tasks
 from pipeline.io import run_commit, sinks, sources, tfds_reader
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels
 from pipeline.stages import batching, shadow
@@ -77,17 +77,13 @@ def target_backend(choice: str) -> str:
 
 
 def local_backend() -> str:
-    """This machine's JAX backend; a ConfigError when JAX_PLATFORMS names one JAX cannot start here (a GPU image run
-    without its GPU), which JAX raises as a RuntimeError or a bare AssertionError."""
+    """This machine's JAX backend; a ConfigError when JAX_PLATFORMS names one JAX cannot start here."""
     import jax
 
-    try:
-        return jax.default_backend()
-    except (RuntimeError, AssertionError) as e:
-        why = str(e).strip().splitlines()[0][:300] if str(e).strip() else "no such backend is installed"
-        raise ConfigError(f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')}: JAX cannot start that backend on this "
-                          f"machine ({why}); unset JAX_PLATFORMS to use the backend this machine has, or run where "
-                          "that one is") from None
+    problem = process_setup.unusable_backend()
+    if problem:
+        raise ConfigError(problem)
+    return jax.default_backend()
 
 
 def check_reachable_backend(eo: EvalOptions, backend: str) -> None:

@@ -44,3 +44,12 @@ def test_jax_platforms_naming_a_backend_this_machine_lacks_is_exit_2(platform, t
     assert done.stderr.startswith(f"docscore run: JAX_PLATFORMS={platform}: JAX cannot start that backend on this machine (")
     assert "unset JAX_PLATFORMS" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()
+    # convert says the same (it blamed the weights file: "cannot read safetensors ... corrupt or incomplete")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
+    done = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--hf", str(tmp_path / "hf"), "--out",
+                           str(tmp_path / "converted")], env={**os.environ, "JAX_PLATFORMS": platform},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"docscore convert: JAX_PLATFORMS={platform}: JAX cannot start that backend on this machine (")
+    assert not (tmp_path / "converted").exists()
