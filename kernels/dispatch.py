@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels import mesh, table
-from kernels.interface import effective_window, shape_info_of
+from kernels.interface import KernelUnsupportedError, effective_window, shape_info_of
 from kernels.policy import resolve
 
 
@@ -49,9 +49,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
 def resolve_for(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = None,
                 causal: bool = False, impl: str = "auto", backend: str | None = None,
                 packed: bool = True, window: int | None = None) -> str:
-    """The implementation name attention() runs for these arrays (for callers to record)."""
+    """The implementation name attention() runs for these arrays (for callers to record). A refusal speaks of
+    the `impl=` argument (policy's messages name the command's --attention flag)."""
     check_inputs(q, k, k, segment_ids)
-    return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed, window))
+    try:
+        return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed, window))
+    except KernelUnsupportedError as e:
+        raise KernelUnsupportedError(str(e).replace("--attention=", "impl=")) from None
 
 
 def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> None:

@@ -144,6 +144,21 @@ def test_explicit_choice_that_cannot_run_raises_with_reason_and_alternatives(
     assert str(raised.value) == message
 
 
+def test_a_refusal_through_kernels_attention_speaks_of_its_impl_argument():
+    """A library caller passes impl=, not the command's --attention flag the policy's messages name."""
+    import jax.numpy as jnp
+
+    import kernels
+
+    q = jnp.zeros((1, 8, 2, 16), jnp.float32)
+    with pytest.raises(KernelUnsupportedError) as raised:
+        kernels.attention(q, q, q, impl="pallas_gpu")
+    assert str(raised.value) == ("impl=pallas_gpu cannot run on cpu: it needs a GPU; use impl=flash (blockwise on cpu) "
+                                 "or native")
+    with pytest.raises(KernelUnsupportedError, match="^impl=nope is not a known"):
+        kernels.resolve_for(q, q, impl="nope")
+
+
 @pytest.mark.parametrize("impl,backend,info,instead_of,suggestion", [
     ("cudnn", "cpu", {}, "xla", "use --attention=flash (blockwise on cpu)"),
     ("cudnn", "cpu", {}, "blockwise", "use --attention=native"),
