@@ -108,3 +108,23 @@ def test_the_views_read_an_output_directory_whose_name_holds_quotes_or_glob_char
     con.execute(run_commit.duckdb_views_sql(out, views=("scores",)))
     assert con.sql("SELECT run_id, count(*) FROM scores GROUP BY run_id").fetchall() == [("a", 4)]
     assert run_commit.committed_run_ids(out) == ["a"]  # what history and `docscore report DIR` list
+
+
+def test_a_copied_partition_is_not_counted_again_by_the_views(tmp_path):
+    """An analyst's backup copy beside a run's partition (scores/run_id=a.bak/) holds files of the names the
+    run's summary lists: the views matched files by name alone and counted the run's rows twice."""
+    import shutil
+
+    import duckdb
+
+    from tests.test_compare import score_rows, write_run
+
+    out = str(tmp_path / "out")
+    write_run(out, "a", score_rows("a", "embed", 4, embeddings=np.eye(4, 8)))
+    for table in ("scores", "errors"):
+        if (tmp_path / "out" / table / "run_id=a").exists():
+            shutil.copytree(tmp_path / "out" / table / "run_id=a", tmp_path / "out" / table / "run_id=a.bak")
+    shutil.copytree(tmp_path / "out" / "runs" / "run_id=a", tmp_path / "out" / "runs" / "run_id=a.bak")
+    con = duckdb.connect()
+    con.execute(run_commit.duckdb_views_sql(out, views=("scores",)))
+    assert con.sql("SELECT run_id, count(*) FROM scores GROUP BY run_id").fetchall() == [("a", 4)]

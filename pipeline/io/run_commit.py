@@ -387,6 +387,11 @@ def runs_with_replaced_launches(output: str) -> list[str]:
     return sorted(run_id for run_id, n in launches.items() if run_id and n > 1)
 
 
+# A view's file as its summary names it (TABLE/run_id=ID/NAME): by name alone, a copied partition
+# (scores/run_id=ID.bak/) would count its run's rows twice.
+RELATIVE_PATH = "regexp_extract(filename, '[^/]+/[^/]+/[^/]+$')"
+
+
 def duckdb_views_sql(output: str, views: tuple[str, ...] = ("scores", "errors", "history")) -> str:
     """SQL creating the views scores, errors and history over the committed files of every run under
     `output`, as committed_files reads them (docs/queries.md shows the same statements): the files a summary
@@ -413,7 +418,7 @@ def duckdb_views_sql(output: str, views: tuple[str, ...] = ("scores", "errors", 
         statements.append(
             f"CREATE OR REPLACE VIEW {view} AS SELECT * EXCLUDE (filename) FROM read_parquet('{root}/{glob}', "
             f"filename = true, union_by_name = true, hive_partitioning = false) "
-            f"WHERE parse_filename(filename) IN (SELECT parse_filename(unnest(files.{view})) FROM {summaries}) "
+            f"WHERE {RELATIVE_PATH} IN (SELECT unnest(files.{view}) FROM {summaries}) "
             f"OR ({legacy});")
     return "\n".join(statements)
 
