@@ -182,6 +182,29 @@ def test_publish_after_a_crash_mid_placement_gives_the_clean_result_and_readers_
     assert not (tmp_path / "out" / "_staging").exists()
 
 
+def test_a_rerun_over_a_run_published_before_the_run_level_commit_keeps_its_files_for_the_grace_period(tmp_path):
+    """A run an older docscore published (part files behind a _SUCCESS per partition, a summary without `files`)
+    replaced by a rerun: its files were removed at the commit, under a reader that had just read its summary.
+    They are retired as any replaced run's are: readable until the first clean-up after REPLACED_GRACE_S."""
+    from tests.test_compare import score_rows, write_run
+
+    out = tmp_path / "out"
+    write_run(str(out), "r1", score_rows("r1", "embed", 4), n_errors=1, legacy=True)
+    listed = {t: run_commit.committed_files(str(out), "r1", t) for t in sinks.TABLES}  # a reader lists the old run ...
+    old = {t: [Path(f).read_bytes() for f in files] for t, files in listed.items()}
+    assert old["scores"] and old["errors"]
+    spec = sinks.OutputSpec.for_run(str(out), "r1", "parquet")
+    summary = publish.publish_run(spec, dict(FACTS, run_id="r1"), STATS, stage(spec, {"scores": 1, "errors": 1}, b"new"),
+                                  derived=False)  # ... and the rerun commits before it reads them
+    assert {t: [Path(f).read_bytes() for f in files] for t, files in listed.items()} == old
+    [retired] = summary["retired"]
+    assert {"scores/run_id=r1/_SUCCESS", "errors/run_id=r1/_SUCCESS"} <= set(retired["files"])
+    assert run_commit.clean_after_commit(str(out), "r1", now=summary["committed_at"] + 1) == []
+    removed = run_commit.clean_after_commit(str(out), "r1", now=summary["committed_at"] + run_commit.REPLACED_GRACE_S)
+    assert sorted(removed) == sorted(retired["files"])
+    assert on_disk(out) == {f for names in summary["files"].values() for f in names}
+
+
 def on_disk(out: Path) -> set[str]:
     """The data files in the run partitions, relative to the output root (summary.json left out)."""
     return {str(p.relative_to(out)) for p in out.rglob("*")

@@ -171,8 +171,10 @@ def commit(output: str, run_id: str, summary: dict[str, Any], files: dict[str, l
     if missing:
         raise CommitError(f"cannot commit run {run_id}: {missing[:3]} are missing; nothing was published")
     now = time.time()
+    previous = with_legacy_files(output, run_id, summary_to_replace(output, run_id),
+                                 {f for names in files.values() for f in names})
     committed = {**summary, LAUNCH_KEY: launch, FILES_KEY: {k: sorted(v) for k, v in files.items()},
-                 RETIRED_KEY: retired_after(summary_to_replace(output, run_id), launch, now), "committed_at": now}
+                 RETIRED_KEY: retired_after(previous, launch, now), "committed_at": now}
     write_atomic(summary_path(output, run_id), _json(committed))
     return committed
 
@@ -186,6 +188,22 @@ def rewrite_summary(output: str, summary: dict[str, Any]) -> None:
                           "its summary was not rewritten")
     write_atomic(summary_path(output, summary["run_id"]),
                  _json({**summary, FILES_KEY: current[FILES_KEY], RETIRED_KEY: current.get(RETIRED_KEY, [])}))
+
+
+def with_legacy_files(output: str, run_id: str, previous: dict[str, Any] | None,
+                      placed: set[str]) -> dict[str, Any] | None:
+    """`previous` with `files` where it is a run published before the run-level commit: what committed_files
+    reads of it (but the files this launch `placed` beside them), with the _SUCCESS markers that make its parts
+    readable, so it is retired (kept for REPLACED_GRACE_S) as any replaced run is, not removed at the commit."""
+    if previous is None or FILES_KEY in previous:
+        return previous
+    files = {}
+    for table in (*TABLES, "history"):
+        files[table] = [r for r in (relative(output, f) for f in committed_files(output, run_id, table, previous))
+                        if r not in placed]
+        if table != "history" and files[table]:  # committed_files found its parts behind this marker
+            files[table].append(relative(output, posixpath.join(partition(output, table, run_id), LEGACY_SUCCESS)))
+    return {**previous, FILES_KEY: files}
 
 
 def retired_after(previous: dict[str, Any] | None, launch: str, now: float) -> list[dict[str, Any]]:
