@@ -467,6 +467,19 @@ def test_a_run_compared_with_itself_is_refused(tmp_path, capsys):
     legacy = write_run(str(tmp_path / "old"), "l", score_rows("l", "embed", 4, embeddings=np.eye(4).tolist()), legacy=True)
     code, result = run_compare(capsys, legacy, legacy.replace("/scores/", "/runs/") + "/")
     assert code == 2 and result["not_comparable"].startswith("A and B are the same run ("), result
+    # ... and so is a copy of it elsewhere: the same run_id started and finished at the same microsecond
+    times = {"started_at": "2026-03-01T02:00:00.123456+00:00", "finished_at": "2026-03-01T02:03:00.654321+00:00"}
+    stamped = dict(summary("t", "embed"), **times)
+    old = write_run(str(tmp_path / "old"), "t", score_rows("t", "embed", 4, embeddings=np.eye(4).tolist()), legacy=True,
+                    run_summary=stamped)
+    shutil.copytree(tmp_path / "old", tmp_path / "old_copy")
+    code, result = run_compare(capsys, old, old.replace("/old/", "/old_copy/"))
+    assert code == 2 and result["not_comparable"].startswith("A and B are the same run ("), result
+    # a rerun of it (another start) is another run
+    write_run(str(tmp_path / "rerun"), "t", score_rows("t", "embed", 4, embeddings=np.eye(4).tolist()), legacy=True,
+              run_summary=dict(stamped, started_at="2026-03-02T02:00:00.000001+00:00"))
+    code, result = run_compare(capsys, old, old.replace("/old/", "/rerun/"))
+    assert not result.get("not_comparable"), result
 
 
 def test_jsonl_tables_read_as_their_schema_not_as_inferred_types(tmp_path, capsys):

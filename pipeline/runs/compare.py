@@ -256,8 +256,18 @@ def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict
     launches = {"a": a.summary.get(run_commit.LAUNCH_KEY), "b": b.summary.get(run_commit.LAUNCH_KEY)}
     result["launch_ids"] = launches
     # one run: the same launch (a copy elsewhere included), or the same partition of a run without launch ids
-    result["same_run"] = bool(launches["a"] and launches["a"] == launches["b"]) or _place(a.ref) == _place(b.ref)
+    result["same_run"] = same_launch(a.summary, b.summary) or _place(a.ref) == _place(b.ref)
     return result
+
+
+def same_launch(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two summaries are one launch's: the same launch_id, or for runs an older docscore wrote without
+    one, the same run_id started and finished at the same microsecond (a copy of the run)."""
+    launch_a, launch_b = a.get(run_commit.LAUNCH_KEY), b.get(run_commit.LAUNCH_KEY)
+    if launch_a or launch_b:
+        return launch_a == launch_b
+    keys = ("run_id", "started_at", "finished_at")
+    return all(a.get(k) is not None for k in keys) and all(a.get(k) == b.get(k) for k in keys)
 
 
 def label_set(summary: dict[str, Any]) -> list[str] | None:
