@@ -559,3 +559,25 @@ def test_a_local_json_path_is_never_inside_a_bucket(tmp_path, monkeypatch):
     assert json_destination_problem("bkt/out/runs/x.json", refs) is None
     local = [RunRef(str(tmp_path / "bkt" / "out"), "a")]  # the same path for runs on this machine: refused
     assert "is inside" in json_destination_problem("bkt/out/runs/x.json", local)
+
+
+def test_stage_timings_of_summaries_of_different_format_versions_are_not_gated(tmp_path, capsys):
+    """An older docscore's summary (no format_version) counted compiling in its infer time: a baseline from it
+    failed --max_stage_slowdown 77x on definitions alone (or would hide a real slowdown the other way round).
+    The limit is refused with both versions named; without it, a note says the timings differ in meaning."""
+    scores = np.linspace(0, 1, 6)
+    old = write_run(str(tmp_path), "old", score_rows("old", "similarity", 6, scores=scores),
+                    run_summary=summary("old", "similarity", infer_p50=134.0))
+    new = write_run(str(tmp_path), "new", score_rows("new", "similarity", 6, scores=scores),
+                    run_summary=dict(summary("new", "similarity", infer_p50=1.7), format_version=1))
+    code, result = run_compare(capsys, new, old, "--max_stage_slowdown", "1.5")
+    assert code == 1 and result["violations"] == [
+        "--max_stage_slowdown cannot be checked: the runs' summaries have different format versions (A: 1, B: none "
+        "(an older docscore)): their stage timings are defined differently (before version 1 infer time counted "
+        "compiling; docs/summary.md, \"Older runs\"); compare against a baseline run written by this docscore"]
+    code, result = run_compare(capsys, new, old)
+    assert code == 0 and any("different format versions" in n for n in result["notes"]), result["notes"]
+    both_new = write_run(str(tmp_path), "new2", score_rows("new2", "similarity", 6, scores=scores),
+                         run_summary=dict(summary("new2", "similarity", infer_p50=1.8), format_version=1))
+    code, result = run_compare(capsys, new, both_new, "--max_stage_slowdown", "1.5")
+    assert code == 0 and not result["notes"], result

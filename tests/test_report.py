@@ -643,6 +643,14 @@ def test_report_header_shows_what_the_run_cost(finished_run):
     device = summary["device"]
     assert facts["device busy"].startswith(f"{device['busy_fraction']:.2f} of the pipeline's wall time")
     assert f"host {report._fmt(device['host_us_per_doc'])} us a document" in facts["device busy"]
+    assert "older docscore" not in facts["device busy"] and summary["format_version"] == 1
+    # the same figures in a summary an older docscore wrote (no format_version) are marked as possibly defined
+    # otherwise; a run without them says it was not recorded (it said "several processes or remote workers")
+    older = {k: v for k, v in summary.items() if k != "format_version"}
+    assert report.device_text(history.history_row(older), older).endswith(
+        "(an older docscore wrote this run: its definitions may differ, docs/summary.md \"Older runs\")")
+    oldest = {k: v for k, v in older.items() if k != "device"}
+    assert report.device_text(history.history_row(oldest), oldest) == "- (not recorded by the older docscore that wrote this run)"
     batching = summary["batching"]
     assert facts["batching"] == (f"{batching['batch_size']} rows a call, {batching['calls_per_beam_batch']} calls a "
                                  f"Beam batch ({batching['beam_batch_tokens']} tokens), 1 parallel bundle(s)")

@@ -240,7 +240,20 @@ def compare_timing(summary_a: dict[str, Any] | None, summary_b: dict[str, Any] |
             entry[stat] = {"a": va, "b": vb, "ratio": (vb / va) if va and vb is not None else None}
         stages[stage] = entry
     wall_a, wall_b = summary_value(summary_a, WALL_S), summary_value(summary_b, WALL_S)
-    return {"stages": stages, "wall_s": {"a": wall_a, "b": wall_b, "ratio": (wall_b / wall_a) if wall_a and wall_b is not None else None}}
+    formats = {"a": summary_a.get("format_version"), "b": summary_b.get("format_version")}
+    return {"stages": stages, "wall_s": {"a": wall_a, "b": wall_b, "ratio": (wall_b / wall_a) if wall_a and wall_b is not None else None},
+            "format_versions": formats}
+
+
+def timing_format_problem(timing: dict[str, Any]) -> str | None:
+    """Why two runs' stage timings mean different things (summaries of different format versions), or None."""
+    formats = timing.get("format_versions") or {}
+    if formats.get("a") == formats.get("b"):
+        return None
+    spell = {side: "none (an older docscore)" if v is None else str(v) for side, v in formats.items()}
+    return (f"the runs' summaries have different format versions (A: {spell['a']}, B: {spell['b']}): their stage "
+            "timings are defined differently (before version 1 infer time counted compiling; docs/summary.md, "
+            "\"Older runs\")")
 
 
 def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict[str, Any]:
@@ -253,6 +266,8 @@ def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict
     result["labels"] = {"a": label_set(a.summary), "b": label_set(b.summary)}
     result["timing"] = compare_timing(a.summary, b.summary)
     result["notes"] = [f"run A: {n}" for n in a.notes] + [f"run B: {n}" for n in b.notes]
+    if timing_format_problem(result["timing"]):
+        result["notes"].append(timing_format_problem(result["timing"]))
     launches = {"a": a.summary.get(run_commit.LAUNCH_KEY), "b": b.summary.get(run_commit.LAUNCH_KEY)}
     result["launch_ids"] = launches
     # one run: the same launch (a copy elsewhere included), or the same partition of a run without launch ids
@@ -378,6 +393,11 @@ def violations(result: dict[str, Any], limits: Limits) -> list[str]:
     over(result["label_flips"]["fraction"], limits.max_label_flip_fraction, "max_label_flip_fraction", "label flip fraction")
     over(result["embedding_drift"]["mean"], limits.max_embedding_drift, "max_embedding_drift", "mean embedding drift (1 - cos)")
     found += count_violations(result, limits)
+    timing_problem = timing_format_problem(result.get("timing", {}))
+    if limits.max_stage_slowdown is not None and timing_problem:
+        found.append(f"--max_stage_slowdown cannot be checked: {timing_problem}; compare against a baseline run written "
+                     "by this docscore")
+        return found
     for stage, entry in result.get("timing", {}).get("stages", {}).items():
         over(entry["p50"]["ratio"], limits.max_stage_slowdown, "max_stage_slowdown", f"{stage} p50 slowdown (B/A)")
     return found

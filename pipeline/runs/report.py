@@ -553,12 +553,16 @@ def runner_text(summary: dict[str, Any]) -> str:
     return f"{name} ({rest})" if rest else str(name)
 
 
-def device_text(row: dict[str, Any]) -> str:
+def device_text(row: dict[str, Any], summary: dict[str, Any]) -> str:
     """'0.54 of the pipeline's wall time; host 64.0 us a document' (one process's; summed over processes: -)."""
+    older = "format_version" not in summary  # docs/summary.md, "Older runs"
     if row["device_busy_fraction"] is None:
-        return "- (not known for a run over several processes or remote workers)"
+        return "- (not recorded by the older docscore that wrote this run)" if older else (
+            "- (not known for a run over several processes or remote workers)")
     return (f"{row['device_busy_fraction']:.2f} of the pipeline's wall time with a model call in flight; "
-            f"host {_fmt(row['host_us_per_doc'])} us a document")
+            f"host {_fmt(row['host_us_per_doc'])} us a document"
+            + (" (an older docscore wrote this run: its definitions may differ, docs/summary.md \"Older runs\")"
+               if older else ""))
 
 
 def batching_text(summary: dict[str, Any]) -> str:
@@ -591,7 +595,7 @@ def header_facts(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         ("padding efficiency", row["padding_efficiency"]),
         ("compiles", f"{_fmt(row['compile_count'])} ({_fmt(row['compile_ms'])} ms): {_fmt(row['compile_cold_count'])} "
                      f"compiled, {_fmt(row['compile_cached_count'])} from the compilation cache"),
-        ("device busy", device_text(row)),
+        ("device busy", device_text(row, summary)),
         ("batching", batching_text(summary)),
         ("peak RSS (MB)", row["peak_rss_mb"]),
     ]

@@ -78,6 +78,11 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
     }
 
 
+# What the summary's figures mean (docs/summary.md, "Older runs"): raised when a figure's definition changes, so
+# compare does not set figures of two definitions against each other. A summary without it is from before 1.
+FORMAT_VERSION = 1
+
+
 def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: float) -> dict[str, Any]:
     """The summary the job publishes: launch facts + run stats (pipeline/telemetry/stats.py) + wall time.
     What only Beam metrics know (compiles, memory, shadow cost) stays null until add_metrics."""
@@ -85,6 +90,7 @@ def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: f
     summary = {
         "run_id": facts["run_id"],
         "task": facts["task"],
+        "format_version": FORMAT_VERSION,
         "started_at": _utc(facts["started"]),
         "finished_at": _utc(finished),
         "wall_s": wall_s,
