@@ -71,6 +71,24 @@ def test_parquet_rows_and_a_corrupt_parquet_file(tmp_path):
     assert not docs and len(errors) == 1 and errors[0].record_index is None and errors[0].source == str(bad)
 
 
+def test_a_damaged_parquet_row_group_keeps_every_row_of_the_groups_before_it(tmp_path):
+    """A Parquet file is read one row group at a time (pyarrow's pre_buffer read every group's columns before the
+    first batch: a whole file's text in memory). A damaged third group of three: its break is one read error row,
+    and the first two groups' 2,000 rows are read (whole-file reading kept 1,536, its batches before the break)."""
+    path = tmp_path / "groups.parquet"
+    n = 3000
+    pq.write_table(pa.table({"id": [f"d{i}" for i in range(n)], "text": [f"text number {i} " * 5 for i in range(n)]}),
+                   path, row_group_size=1000, compression="none")
+    column = pq.ParquetFile(path).metadata.row_group(2).column(1)
+    start = column.dictionary_page_offset or column.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start + 5 : start + 200] = b"\xff" * 195  # the third group's text pages
+    path.write_bytes(bytes(data))
+    docs, errors = split(list(read_shard(str(path), SPEC)))
+    assert [d.doc_id for d in docs] == [f"d{i}" for i in range(2000)]
+    assert [(e.stage, e.record_index) for e in errors] == [("read", None)]
+
+
 def test_text_files_are_one_document_each_with_the_path_as_id(tmp_path):
     good, bad = tmp_path / "note.md", tmp_path / "bad.txt"
     good.write_text("# Title\n\nSome words.", encoding="utf-8")

@@ -817,7 +817,9 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
 
     def records() -> Iterator[tuple[int, Any, None]]:
         with open_shard(path) as f:
-            parquet = pq.ParquetFile(f)
+            # pre_buffer (pyarrow's default) reads every row group's columns before the first batch: a file's
+            # whole text in memory; read one row group at a time instead
+            parquet = pq.ParquetFile(f, pre_buffer=False)
             names = parquet.schema_arrow.names
             # only the columns a Document carries: a bad cell in any other column must not cost its record
             columns = [name for name in dict.fromkeys(used_fields(spec))
@@ -832,7 +834,9 @@ def _read_parquet(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
             has_text = spec.text_field in names
             holds_bytes = any(f.name in columns and _bytes_type(f.type) for f in parquet.schema_arrow)
             index = 0
-            for batch in parquet.iter_batches(batch_size=512, columns=columns):
+            batches = (batch for group in range(parquet.num_row_groups)
+                       for batch in parquet.iter_batches(batch_size=512, columns=columns, row_groups=[group]))
+            for batch in batches:
                 batch = float32_as_written(batch)
                 try:
                     rows, cell_by_cell = batch.to_pylist(), False
