@@ -25,22 +25,31 @@ from pipeline.telemetry.stats import ComputeRunStats
 from pipeline.validate import RunPlan
 
 
+def spreads_documents(local: bool, shards: int, local_bundles: int) -> bool:
+    """Whether the graph reshuffles the documents' lists over parallel bundles (one shard's lists to several
+    workers). Always on a remote runner (Dataflow shuffles to its service). A local runner holds a Reshuffle's
+    whole input in memory before the step after it starts, the corpus's text: so only where its bundles would
+    otherwise idle, with fewer shards than parallel bundles (Create spreads the shards themselves)."""
+    return not local or shards < local_bundles
+
+
 def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.OutputSpec,
                    counter_dir: str | None = None, started: float | None = None) -> dict[str, beam.PCollection]:
     """The whole job: shards -> lists of documents -> windows -> RunInference -> rows -> tables + run stats
     -> Publish, after every table write (`started`: the launch time, for the summary's wall time). The
     returned "scores" and "errors" PCollections hold lists of table rows."""
     # documents travel in lists (ReadShard's chunks) so that every stage pays Beam's per-element cost
-    # once per list; the reshuffle lets a runner spread one shard's lists over parallel bundles/threads.
-    # Lists declared as Batch get records.BatchCoder, whose size estimate does not pickle the list.
+    # once per list. Lists declared as Batch get records.BatchCoder, whose size estimate does not pickle the list.
     read = (
         p
         | "Shards" >> beam.Create(list(plan.shards))  # Create reshuffles 2+ shards over the workers itself
         | "ReadShards" >> beam.ParDo(ReadShard(plan.read_spec)).with_output_types(Batch).with_outputs(ERRORS_TAG, main="docs")
     )
+    docs = read.docs
+    if spreads_documents(runs_locally(p.options), len(plan.shards), plan.batch.local_threads):
+        docs = docs | "SpreadDocs" >> beam.Reshuffle()
     tokenized = (
-        read.docs
-        | "SpreadDocs" >> beam.Reshuffle()
+        docs
         | "Tokenize" >> beam.ParDo(Tokenize(plan.model_spec, plan.window_spec, with_query=tasks.get(eo.task).with_query,
                                             max_tokens=plan.batch.beam_batch_tokens(plan.window_spec.max_len)))
         .with_output_types(Batch).with_outputs(ERRORS_TAG, main="docs")
