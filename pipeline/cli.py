@@ -55,8 +55,18 @@ class SubcommandParser(argparse.ArgumentParser):
         self.error(f"unknown argument{'s' if len(parts) > 1 else ''} {', '.join(parts)}")
 
 
+def installed_version() -> str:
+    """The installed distribution's version (what summary.json records under versions.docscore)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("docscore")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def usage() -> str:
-    lines = ["usage: docscore COMMAND [options]", "", "commands:"]
+    lines = ["usage: docscore COMMAND [options] | docscore --version", "", "commands:"]
     lines += [f"  {name:<9} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines += ["", "`docscore COMMAND --help` describes each command's options."]
     return "\n".join(lines)
@@ -97,6 +107,9 @@ def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"docscore {installed_version()}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         close = difflib.get_close_matches(name, list(SUBCOMMANDS), n=1)

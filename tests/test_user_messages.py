@@ -125,3 +125,11 @@ def test_a_mistyped_command_names_the_likely_one():
     done = docscore("compre", "a", "b")
     assert done.returncode == 2
     assert "unknown command 'compre' (did you mean compare?)" in done.stderr
+
+
+def test_docscore_version_prints_the_installed_version_the_summary_records():
+    """`docscore --version` was "unknown command"; it prints what summary.json records as versions.docscore."""
+    from importlib.metadata import version
+
+    done = docscore("--version")
+    assert done.returncode == 0 and done.stdout == f"docscore {version('docscore')}\n", done.stdout + done.stderr
