@@ -55,6 +55,26 @@ class SubcommandParser(argparse.ArgumentParser):
         self.error(f"unknown argument{'s' if len(parts) > 1 else ''} {', '.join(parts)}")
 
 
+def shadowed_package(error: ImportError) -> str | None:
+    """What to say when an import failed because one of docscore's packages is not docscore's: a folder or another
+    distribution of the same top-level name found first, or installed over it (Hugging Face's `kernels` package
+    writes kernels/__init__.py into the same site-packages folder); None for any other import error."""
+    top = (error.name or "").split(".")[0]
+    if top not in OWN_PACKAGES:
+        return None
+    found = getattr(sys.modules.get(top), "__file__", None)
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    elsewhere = found is None or os.path.dirname(os.path.dirname(os.path.abspath(found))) != ours
+    overwritten = error.name == top and not isinstance(error, ModuleNotFoundError)  # its __init__ lacks a name
+    if not (elsewhere or overwritten):
+        return None
+    where = found or "a folder without __init__.py"
+    return (f"the package {top!r} this Python imports ({where}) is not docscore's ({error}): another distribution or "
+            f"folder named {top!r} shadows or replaced it (Hugging Face's `kernels` installs one): uninstall that one "
+            f"(`pip uninstall {top}`; where it was installed over docscore's, then reinstall docscore's wheel with "
+            "`pip install --force-reinstall --no-deps`), or run where that folder is not on the Python path")
+
+
 def installed_version() -> str:
     """The installed distribution's version (what summary.json records under versions.docscore)."""
     import importlib.metadata
@@ -118,8 +138,12 @@ def _dispatch(argv: list[str]) -> int:
         return 2
     try:
         module = importlib.import_module(SUBCOMMANDS[name][0])
-    except ModuleNotFoundError as e:  # `python -m pipeline` with a Python that docscore is not installed in
-        if (e.name or "").split(".")[0] in OWN_PACKAGES:
+    except ImportError as e:  # `python -m pipeline` with a Python that docscore is not installed in
+        problem = shadowed_package(e)
+        if problem:
+            print(f"docscore: {problem}", file=sys.stderr)
+            return 2
+        if (e.name or "").split(".")[0] in OWN_PACKAGES or not isinstance(e, ModuleNotFoundError):
             raise
         checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         fix = ("use the one `make install` set up (.venv/bin/docscore, or .venv/bin/python -m pipeline), or "

@@ -125,6 +125,23 @@ def test_python_m_runners_scheduling_among_a_users_own_models_and_kernels(tmp_pa
     assert body == here and body["launchParameter"]["parameters"]
 
 
+@pytest.mark.parametrize("name,init", [("kernels", "version = '0.17'\n"), ("models", "")])
+def test_another_package_of_a_docscore_package_name_on_the_path_is_named_not_a_traceback(tmp_path, name, init):
+    """Hugging Face's `kernels` distribution installs a top-level kernels/ (over docscore's, when both are in one
+    site-packages), and a folder on PYTHONPATH comes before site-packages: `docscore run` was an ImportError
+    traceback ("cannot import name 'attention' from 'kernels'"); it is one line naming the package, where it was
+    found and the fix, exit 2, before any data is read."""
+    (tmp_path / "site" / name).mkdir(parents=True)
+    (tmp_path / "site" / name / "__init__.py").write_text(init)
+    done = subprocess.run([DOCSCORE, "run", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"docscore: the package {name!r} this Python imports "
+                                  f"({tmp_path / 'site' / name / '__init__.py'}) is not docscore's ("), done.stderr
+    assert f"`pip uninstall {name}`" in done.stderr and not (tmp_path / "out").exists()
+
+
 @pytest.mark.integration
 def test_built_sdist_and_wheel_hold_every_module_and_install_importable(tmp_path):
     """Builds both with setuptools' own build backend (what pip and `python -m build` call) from a copy of
