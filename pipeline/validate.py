@@ -27,7 +27,7 @@ from pipeline import dataflow_checks, process_setup, tasks
 from pipeline.io import run_commit, sinks, sources, tfds_reader
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels
 from pipeline.stages import batching, shadow
-from pipeline.stages.inference import ModelSpec, shared_model
+from pipeline.stages.inference import ModelSpec, embed_texts, shared_model
 from pipeline.stages.postprocess import gold_value
 from pipeline.stages.preprocess import WindowSpec
 from pipeline.telemetry import memory
@@ -277,6 +277,25 @@ def glob_matches_output(eo: EvalOptions, output: str) -> bool:
                                                                  SAMPLES_FILE, "history-0123456789ab.parquet")]
     pattern = re.compile(fsspec.utils.glob_translate(run_commit.one_spelling(eo.input)))
     return any(pattern.match(path) for path in written)
+
+
+def multi_processing(eo: EvalOptions) -> bool:
+    return eo.get_all_options().get("direct_running_mode") == "multi_processing"
+
+
+def check_label_embeddings(eo: EvalOptions, task, labels: dict[str, str], loaded, batch, max_len: int) -> None:
+    """The task's label embeddings as its workers compute them at load (tasks/classify.py refuses one that is NaN
+    or zeros), where the run's model calls are this process's: the job then reuses what they compiled. Elsewhere
+    the workers' load refuses them, failing the job before it scores anything."""
+    def embed(texts):
+        return embed_texts(loaded, texts, max_len=max_len, batch_size=batch.batch_size,
+                           min_row_len=batch.shortest_row(max_len), tail_fraction=batch.tail_call_fraction,
+                           stride=eo.stride, max_windows=eo.max_chunks)
+
+    try:
+        task.prepare(labels, embed)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_labels_read_apart(labels: dict[str, str], tokenizer, max_len: int, stride: int, max_chunks: int) -> None:
@@ -654,6 +673,8 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         batch, rows_notice = rows_for_local_devices(batch)
     if same_backend:
         check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend, loaded.parallel.data_size)
+    if task.takes_labels and same_backend and runs_locally(eo) and not multi_processing(eo):
+        check_label_embeddings(eo, task, labels, loaded, batch, max_len)
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     gold_notice = text_gold_notice(shards[0], read_spec) if task.numeric_gold else None

@@ -199,12 +199,9 @@ def test_a_model_too_sharp_for_floats_perplexity_keeps_its_documents(tmp_path, t
     assert (tmp_path / "out" / "runs" / "run_id=sharp_pq" / "report.html").exists()
 
 
-@pytest.mark.integration
-def test_a_document_whose_output_is_nan_is_an_error_row_and_its_row_mates_are_scored(tmp_path):
-    """A small BERT with one token's embedding set to inf: a document holding that token overflows (NaN), and
-    attention's 0 x NaN made every document packed into its row NaN too: NaN embeddings, classify naming the
-    first label with a NaN score. Now that document is one `infer/nan_output` row and the others get the
-    embeddings the same model without the inf gives them."""
+def bert_with_an_inf_token(tmp_path) -> tuple[list[str], str]:
+    """A small BERT converted twice: tmp_path/hf/docscore as built, tmp_path/hf_inf/docscore with the embedding of a
+    token that only the returned bad text holds set to inf. (The three clean texts, the bad text.)"""
     from safetensors.numpy import load_file, save_file
 
     from models.hf_import import convert_hf_dir
@@ -221,6 +218,16 @@ def test_a_document_whose_output_is_nan_is_an_error_row_and_its_row_mates_are_sc
     save_file(weights, weights_file, metadata={"format": "pt"})
     for name in ("hf", "hf_inf"):
         convert_hf_dir(str(tmp_path / name), str(tmp_path / name / "docscore"))
+    return clean, bad
+
+
+@pytest.mark.integration
+def test_a_document_whose_output_is_nan_is_an_error_row_and_its_row_mates_are_scored(tmp_path):
+    """A small BERT with one token's embedding set to inf: a document holding that token overflows (NaN), and
+    attention's 0 x NaN made every document packed into its row NaN too: NaN embeddings, classify naming the
+    first label with a NaN score. Now that document is one `infer/nan_output` row and the others get the
+    embeddings the same model without the inf gives them."""
+    clean, bad = bert_with_an_inf_token(tmp_path)
     texts = [clean[0], bad, clean[1], clean[2]]
     shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)])
     out = tmp_path / "out"
@@ -236,6 +243,23 @@ def test_a_document_whose_output_is_nan_is_an_error_row_and_its_row_mates_are_sc
         np.testing.assert_allclose(np.stack(scores.loc[doc_id, "embedding"]), np.stack(expected.loc[doc_id, "embedding"]),
                                    atol=1e-5)
     assert read_summary(out, "nan")["counts"]["errors"] == 1
+
+
+@pytest.mark.integration
+def test_a_label_description_the_model_embeds_as_nan_is_refused_before_data(tmp_path, no_data_read, capsys):
+    """classify with a label whose description holds the token that overflows: its embedding was NaN, and every
+    document got the first label with a NaN score and an accuracy over those (exit 0). Refused before any data is
+    read, naming --labels, the label and the fix."""
+    clean, bad = bert_with_an_inf_token(tmp_path)
+    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t, "label": "a"} for i, t in enumerate(clean)])
+    out = tmp_path / "out"
+    code = run_docscore("--input", shard, *common_flags("lab", out), "--task", "classify", "--attention", "native",
+                        "--model", tmp_path / "hf_inf" / "docscore", "--max_seq_len", "64",
+                        "--labels", f"a={clean[0]};b={bad}")
+    assert code == 2 and not out.exists()
+    [message] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("docscore run:")]
+    assert message.startswith(f"docscore run: --labels: the model embeds the description of 'b' ({bad!r}) as NaN: a "
+                              "value overflowed inside the model")
 
 
 @pytest.mark.integration
