@@ -246,6 +246,30 @@ def test_a_document_whose_output_is_nan_is_an_error_row_and_its_row_mates_are_sc
 
 
 @pytest.mark.integration
+def test_embeddings_whose_norm_overflowed_to_zeros_are_error_rows(tmp_path):
+    """A BERT whose last layer norm scales one feature by 1e20: the L2 norm of every embedding overflows and the
+    embeddings come out as zeros (transformers' normalize does the same). They were scored: every cosine 0,
+    classify the first label. Each is an `infer/zero_output` error row."""
+    from safetensors.numpy import load_file, save_file
+
+    from models.hf_import import convert_hf_dir
+    from tests.test_convert import CORPUS, build_hf_bert
+
+    build_hf_bert(tmp_path / "hf")
+    [weights_file] = (tmp_path / "hf").glob("*.safetensors")
+    weights = load_file(weights_file)
+    weights["bert.encoder.layer.1.output.LayerNorm.weight"][0] = 1e20
+    save_file(weights, weights_file, metadata={"format": "pt"})
+    convert_hf_dir(str(tmp_path / "hf"), str(tmp_path / "big"))
+    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(CORPUS[:4])])
+    assert run_docscore("--input", shard, *common_flags("zero", tmp_path / "out"), "--task", "embed", "--attention",
+                        "native", "--model", tmp_path / "big", "--max_seq_len", "64", "--max_error_fraction", "1") == 0
+    errors, _ = read_table(tmp_path / "out", "errors", "zero")
+    assert sorted(errors.doc_id) == ["d0", "d1", "d2", "d3"] and set(errors.error_type) == {"zero_output"}
+    assert read_summary(tmp_path / "out", "zero")["counts"]["scored"] == 0
+
+
+@pytest.mark.integration
 def test_a_label_description_the_model_embeds_as_nan_is_refused_before_data(tmp_path, no_data_read, capsys):
     """classify with a label whose description holds the token that overflows: its embedding was NaN, and every
     document got the first label with a NaN score and an accuracy over those (exit 0). Refused before any data is

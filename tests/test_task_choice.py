@@ -341,6 +341,18 @@ def test_score_sums_each_candidates_log_probs_and_picks_by_each_normalisation():
         scoring.continuation_logliks([a], [5])  # nothing before it predicts its first token
 
 
+def test_candidates_all_impossible_to_the_model_are_not_a_choice():
+    """A model whose logits overflowed gives every candidate a log-likelihood of -inf: softmax made the score NaN
+    and argmax chose candidate 0, counted in accuracy. It is a score error (an error row); one impossible
+    candidate among possible ones is still a choice."""
+    spans = choice.ChoiceSpans(tokens=(1, 1), bytes=(1, 1), gold=1)
+    impossible = np.array([0.0, -np.inf, 0.0])
+    with pytest.raises(ValueError, match="every candidate's log-likelihood is -inf"):
+        choice.score(Outputs([impossible, impossible], spans), None)
+    fields = choice.score(Outputs([impossible, np.log([0.5, 0.5, 1.0])], spans), None)
+    assert fields["label"] == "1" and fields["score"] == 1.0
+
+
 def test_equal_candidates_get_one_score_and_the_first_of_them_wins(tiny_gpt2_dir):
     """The same candidate twice is one window twice; the model, run on the copies in different rows of a batch,
     gave them log-probs differing in the last float32 bits, so a later copy could win over the first (and the

@@ -162,14 +162,20 @@ def shadow_columns(output: InferenceOutput, divergence: shadow.Divergence | None
     }
 
 
-NAN_OUTPUT = ("the model's output for this document is NaN: a value overflowed inside the model (weights or "
-              "--dtype out of range for this text); the documents batched with it are scored without it")
+OVERFLOWED = ("a value overflowed inside the model (its weights or --dtype out of range for this text); documents "
+              "packed into a model row with it were run again without it")
 
 
-def has_nan(output: InferenceOutput) -> bool:
-    """Whether a window's model output is NaN: no score can be read from it (classify's argmax would name the
-    first label, a NaN cosine would void the run's correlations)."""
-    return any(np.isnan(o).any() for o in output.window_outputs + output.query_outputs)
+def unusable_output(output: InferenceOutput, per_token: bool) -> tuple[str, str] | None:
+    """(error type, message) when the model's output for a document (its text's windows or its query's) cannot
+    be scored: NaN anywhere, or an embedding of zeros (its norm overflowed: no direction, so classify would name
+    the first label and every cosine would be 0); None otherwise."""
+    windows = output.window_outputs + output.query_outputs
+    if any(np.isnan(o).any() for o in windows):
+        return "nan_output", f"the model's output for this document (its text or its query) is NaN: {OVERFLOWED}"
+    if not per_token and any(not np.any(o) for o in windows):
+        return "zero_output", f"the model embeds this document (its text or its query) as zeros: {OVERFLOWED}"
+    return None
 
 
 def score_documents(spec: ScoreSpec, docs: list[TokenizedDoc], outputs: list[InferenceOutput]
@@ -177,9 +183,10 @@ def score_documents(spec: ScoreSpec, docs: list[TokenizedDoc], outputs: list[Inf
     """score_row of each document: its row and stats, or an ErrorRow when its outputs cannot be scored."""
     rows, stats, errors = [], [], []
     for tokenized, output in zip(docs, outputs, strict=True):
-        if has_nan(output):
+        unusable = unusable_output(output, tasks.get(spec.task).per_token)
+        if unusable:
             doc = tokenized.doc
-            errors.append(ErrorRow(doc.source, doc.record_index, "infer", "nan_output", NAN_OUTPUT, doc_id=doc.doc_id))
+            errors.append(ErrorRow(doc.source, doc.record_index, "infer", *unusable, doc_id=doc.doc_id))
             continue
         try:
             row, doc_stats = score_row(spec, tokenized, output)

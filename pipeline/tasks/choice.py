@@ -178,6 +178,9 @@ def score(outputs, settings):
     spans: ChoiceSpans = outputs.spans
     logliks = scoring.continuation_logliks(outputs.window_outputs, spans.tokens)
     logliks = [logliks[j] for j in spans.same_as or range(len(logliks))]
+    if not np.isfinite(logliks).any():  # softmax would be NaN and the choice the first candidate, by no measure
+        raise ValueError(f"every candidate's log-likelihood is {logliks[0]}: the model gives each a probability of 0 "
+                         "(a value overflowed inside it), so none can be chosen")
     per_token = [ll / n for ll, n in zip(logliks, spans.tokens)]
     per_byte = [ll / n for ll, n in zip(logliks, spans.bytes)]
     chosen = int(np.argmax(logliks))  # the first of equal scores, as lm-evaluation-harness
