@@ -412,6 +412,10 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
         if lost:  # a raised fraction under 1 would still fail on the shard: say so
             return (f"{too_many}; and {lost}; {published}: read the errors table and fix the input (the shard as its "
                     "row says), or pass --max_error_fraction 1 to accept both")
+        model_side = {"infer/nan_output", "infer/zero_output"}
+        if common and common[0][0] in model_side:  # overflow inside the model: its weights or --dtype, not the input
+            return (f"{too_many}; {published}: values overflowed inside the model for most of them: check the model's "
+                    "weights and --dtype (float32 has the widest range), or raise --max_error_fraction")
         return f"{too_many}; {published}: read the errors table, fix the input, or raise --max_error_fraction"
     if lost:  # a damaged file is one error row however many of its records were lost
         return f"{lost}; {published}: fix or remove the file as its row says, or pass --max_error_fraction 1 to accept the loss"

@@ -138,6 +138,11 @@ def test_an_error_fraction_past_the_limit_and_a_lost_shard_are_both_named():
     alone = launch.error_fraction_failure(_counts(20, 3), 0.1)
     assert "raise --max_error_fraction" in alone and "shard" not in alone
     assert launch.error_fraction_failure(_counts(20, 3, shard_errors=1), 1) is None
+    # mostly outputs that overflowed inside the model: the input is not what to fix
+    overflowed = _counts(20, 12)
+    overflowed["counts"]["errors_by_type"] = {"infer/nan_output": 10, "parse/bad_field_type": 2}
+    message = launch.error_fraction_failure(overflowed, 0.1)
+    assert "check the model's weights and --dtype" in message and "fix the input" not in message
 
 
 def test_a_run_of_no_records_says_its_error_gate_had_nothing_to_check(tmp_path, capsys):
