@@ -1,5 +1,5 @@
 """The host work of `docscore run` per document, stage by stage: each stage's plain function over the same
-documents in one process, no Beam, the model replaced by a stand-in that returns zeros at once (the model
+documents in one process, no Beam, the model replaced by a stand-in that returns constants at once (the model
 calls' own time is not host work). Set beside benchmarks/pipeline_overhead.py's Beam job with the same
 stand-in, the difference is what Beam itself adds per document. Best of --rounds; CPU named. Not a test.
 

@@ -8,9 +8,9 @@ job_gc_full_s: time in Python's cyclic garbage collector during the Beam job (al
 imports: from the process's start to docscore's modules imported; exit: from the run's end to the process gone
 (`--exit frozen` freezes the garbage collector first, as the `docscore` command does, pipeline/cli.py entry;
 `--exit collected` lets the interpreter's shutdown rescan every object); process: the whole process.
-With --model stand_in, LoadedModel.start (every model call) returns zeros at once instead of running the model, so
+With --model stand_in, LoadedModel.start (every model call) returns constants at once instead of running the model, so
 the job's time is Beam and docscore's own per-document work (the outputs are meaningless; this measures
-time only). --device_us_per_row N makes the stand-in an accelerator: each call's zeros come from a simulated
+time only). --device_us_per_row N makes the stand-in an accelerator: each call's constants come from a simulated
 device, one thread that takes the calls in order and sleeps N us per row of the call (without the GIL, using no
 CPU), and reading a result waits for its call as np.asarray of a JAX array does; rows are then packed as on an
 accelerator (pipeline/stages/batching.py: rows of --max_seq_len only, full-size calls only); device_busy_s is its total and
@@ -48,12 +48,15 @@ PHASES = ("validate", "build_pipeline", "run_with_progress", "write_derived")
 
 
 def stand_in_start(loaded, method, input_ids, segment_ids, *static):
-    """In place of LoadedModel.start: zeros of the output's shape at once (embed_packed: [rows, slots, hidden];
-    token_logprobs: [rows, len]), so what is timed around it is host work only."""
+    """In place of LoadedModel.start: one constant of the output's shape at once (embed_packed: [rows, slots, hidden],
+    unit vectors; token_logprobs: [rows, len], -1 each), so what is timed around it is host work only. Not zeros:
+    docscore makes an embedding of zeros an error row, which is scored by other code."""
     import numpy as np
 
-    width = static[0] if method == "embed_packed" else None
-    return np.zeros((input_ids.shape[0], width, loaded.config.hidden_size) if width else input_ids.shape, np.float32)
+    hidden = loaded.config.hidden_size
+    if method == "embed_packed":
+        return np.full((input_ids.shape[0], static[0], hidden), hidden ** -0.5, np.float32)
+    return np.full(input_ids.shape, -1.0, np.float32)
 
 
 class SimulatedDevice:
@@ -134,7 +137,7 @@ if os.environ.get({STAND_IN_ENV!r}):
 
 
 def stand_in(device: SimulatedDevice | None):
-    """LoadedModel.start's stand-in: its zeros at once, or from `device` once it has run the call."""
+    """LoadedModel.start's stand-in: its constants at once, or from `device` once it has run the call."""
     def start(self, method, input_ids, segment_ids, *static):
         out = stand_in_start(self, method, input_ids, segment_ids, *static)
         return out if device is None else device.start(out)
@@ -281,7 +284,9 @@ def main() -> None:
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--dtype", args.dtype,
                                "--attention", args.attention, "--input", path, "--output", os.path.join(work, f"out{k}"),
                                "--flags=" + args.flags, "--exit", args.exit, "--device_us_per_row", str(args.device_us_per_row)],
-                              env=env, capture_output=True, text=True, check=True)
+                              env=env, capture_output=True, text=True)
+        if done.returncode:  # the child's own words (a docscore run refusal, a traceback), not CalledProcessError's
+            sys.exit(f"round {k + 1}: the run exited {done.returncode}:\n{done.stderr[-4000:]}")
         gone = time.time()
         seconds = json.loads(done.stdout.strip().splitlines()[-1])
         seconds.update(exit=gone - seconds.pop("ended_at"), process=gone - seconds.pop("born_at"))
