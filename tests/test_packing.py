@@ -239,8 +239,9 @@ def test_run_packed_maps_each_segment_and_token_back_to_its_window():
 @pytest.mark.parametrize("per_token", [False, True])
 def test_a_nan_in_one_window_stays_in_that_window_when_rows_are_packed(per_token):
     """Attention weights a row-mate's values by 0, and 0 x NaN is NaN: a window whose values overflow to NaN made
-    every window of its packed row NaN. The windows of such a row run again one per row: only the bad one keeps
-    its NaN, the others get what they get alone, and each window's costs still add up to the batch's."""
+    every window of its packed row NaN. The windows of such a row run again in halves, each in rows of its own,
+    down to the bad one: only it keeps its NaN, the others get what they get without it, and each window's costs
+    still add up to the batch's."""
     windows = [np.array(ids, np.int32) for ids in ([1, 2, 3], [4, 5], [6, 999, 7], [8, 9, 10, 11], [12, 13])]
     slots = max_segments_for(64)
     shapes = []
@@ -261,9 +262,24 @@ def test_a_nan_in_one_window_stays_in_that_window_when_rows_are_packed(per_token
             assert np.isnan(out).all()
         else:
             assert np.asarray(out).ravel().tolist() == [float(w.sum())] * (len(w) if per_token else 1)
-    assert shapes == [(1, 64), (4, 64), (1, 64)] and totals["calls"] == 3  # one packed row, then its 5 windows alone
+    # the packed row; its two halves (a row each); the NaN half's two halves (one of them the bad window alone)
+    assert shapes == [(1, 64)] * 5 and totals["calls"] == 5
+    assert 2 * sum(map(len, windows)) < totals["real_tokens"] < 3 * sum(map(len, windows))
     assert sum(c.ms_per_row for c in costs) == pytest.approx(totals["ms"])
     assert sum(c.computed_tokens_per_row for c in costs) == pytest.approx(totals["computed_tokens"])
+
+
+def test_a_model_that_gives_nan_everywhere_reruns_each_window_about_log2_of_its_row_times():
+    """Broken weights: every window NaN. Halving reruns a row's windows until each is alone, ceil(log2(n)) more
+    runs of each (one window per row from the start would run 40 rows of 64 tokens for each packed row of 40
+    windows: on an accelerator, rows of --max_seq_len each)."""
+    windows = [np.array([1, 2, 3], np.int32) for _ in range(40)]  # 40 windows of 3 tokens: 2 rows of 64 (slots: 8)
+    outputs, costs, totals = run_packed(windows, lambda ids, seg: np.full((ids.shape[0], 8, 1), np.nan, np.float32),
+                                        max_len=64, batch_size=4)
+    assert all(np.isnan(o).all() for o in outputs)
+    first = totals["real_tokens"] / (1 + 3)  # each row of 8 windows: halved 8 -> 4 -> 2 -> 1, three more runs
+    assert first == 3 * 40 and totals["real_tokens"] == 4 * first
+    assert sum(c.ms_per_row for c in costs) == pytest.approx(totals["ms"])
 
 
 def test_run_packed_over_several_row_lengths_maps_every_window_back():

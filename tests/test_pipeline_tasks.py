@@ -247,7 +247,7 @@ def test_a_document_whose_output_is_nan_is_an_error_row_and_its_row_mates_are_sc
 
 @pytest.mark.integration
 def test_embeddings_whose_norm_overflowed_to_zeros_are_error_rows(tmp_path):
-    """A BERT whose last layer norm scales one feature by 1e20: the L2 norm of every embedding overflows and the
+    """A BERT whose last layer norm scales one feature by 1e30: the L2 norm of every embedding overflows and the
     embeddings come out as zeros (transformers' normalize does the same). They were scored: every cosine 0,
     classify the first label. Each is an `infer/zero_output` error row."""
     from safetensors.numpy import load_file, save_file
@@ -258,7 +258,7 @@ def test_embeddings_whose_norm_overflowed_to_zeros_are_error_rows(tmp_path):
     build_hf_bert(tmp_path / "hf")
     [weights_file] = (tmp_path / "hf").glob("*.safetensors")
     weights = load_file(weights_file)
-    weights["bert.encoder.layer.1.output.LayerNorm.weight"][0] = 1e20
+    weights["bert.encoder.layer.1.output.LayerNorm.weight"][0] = 1e30  # (1e30 x)^2 overflows for any |x| > 2e-11
     save_file(weights, weights_file, metadata={"format": "pt"})
     convert_hf_dir(str(tmp_path / "hf"), str(tmp_path / "big"))
     shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(CORPUS[:4])])

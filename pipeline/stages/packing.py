@@ -281,8 +281,11 @@ def run_packed(
     for (a JAX array still being computed): every call is dispatched before the first result is read,
     so the host fills the next call's rows while the device computes. Returns each window's output
     (per_token outputs cut to the window), its share of the batch's time and of the computed tokens in
-    proportion to its tokens, and totals (calls, computed and real tokens, milliseconds). The windows of a row
-    where an output is NaN run again one per row (their costs count both runs). on_call_read gets
+    proportion to its tokens, and totals (calls, computed and real tokens, milliseconds). A NaN in one window's
+    values reaches every window of its row (attention weighs a row-mate's values by 0, and 0 x NaN is NaN): the
+    windows of a row that came back NaN run again in two halves, each in rows of its own, and a half that is still
+    NaN is halved again, down to the window that overflowed (about 2 log2(n) rows for a row of n windows with one
+    such window, log2(n) reruns of everything when the model itself gives NaN); costs count every run. on_call_read gets
     the indices of each call's windows as soon as its result is read (progress per model call). compiling_s: the
     seconds this thread has spent compiling so far; compiling is left out of the batch's time (totals' ms, the
     windows' shares; totals' compile_ms has it), so a run's infer timings do not depend on its compilation cache."""
@@ -295,24 +298,31 @@ def run_packed(
     t0 = time.perf_counter()
     plan = plan_calls(rows, max_len, batch_size, min_rows, min_row_len, tail_fraction)
     saw_nan = _run_calls(windows, plan, call, per_token, outputs, costs, totals, on_call_read)
-    # A NaN in one window's values reaches every window of its row (attention's weight 0 times NaN is NaN): the
-    # windows of such rows run again one per row, so only the window that overflowed keeps its NaN.
-    shared = [i for row in rows if len(row.windows) > 1 and any(np.isnan(outputs[j]).any() for j in row.windows)
-              for i in row.windows] if saw_nan else []
-    if shared:
-        alone = [PackedRow((i,), _shortest_row(len(windows[i]), lengths)) for i in shared]
-        counted = {i: costs[i].computed_tokens_per_row for i in shared}
-        _run_calls(windows, plan_calls(alone, max_len, batch_size, min_rows, min_row_len, tail_fraction), call,
-                   per_token, outputs, costs, totals, None)
-        for i in shared:
-            costs[i].computed_tokens_per_row += counted[i]
+    runs = [1] * len(windows)  # how many times each window ran
+    if saw_nan:
+        groups = [list(row.windows) for row in rows if len(row.windows) > 1 and _any_nan(outputs, row.windows)]
+        while groups:  # halves of the rows that came back NaN, each in rows of its own, until the NaN is cornered
+            halves = [half for group in groups for half in (group[: len(group) // 2], group[len(group) // 2 :])]
+            again = [PackedRow(tuple(half[k] for k in row.windows), row.row_len) for half in halves
+                     for row in plan_rows([len(windows[i]) for i in half], lengths)]
+            counted = {i: costs[i].computed_tokens_per_row for half in halves for i in half}
+            _run_calls(windows, plan_calls(again, max_len, batch_size, min_rows, min_row_len, tail_fraction), call,
+                       per_token, outputs, costs, totals, None)
+            for i, tokens in counted.items():
+                costs[i].computed_tokens_per_row += tokens
+                runs[i] += 1
+            groups = [half for half in halves if len(half) > 1 and _any_nan(outputs, half)]
     if compiling_s is not None:
         totals["compile_ms"] = (compiling_s() - compiled_before) * 1000.0
     totals["ms"] = max(0.0, (time.perf_counter() - t0) * 1000.0 - totals["compile_ms"])
-    ran_twice = set(shared)
+    ran_tokens = max(1, sum(len(w) * n for w, n in zip(windows, runs)))
     for i, window in enumerate(windows):
-        costs[i].ms_per_row = totals["ms"] * len(window) * (1 + (i in ran_twice)) / max(1, totals["real_tokens"])
+        costs[i].ms_per_row = totals["ms"] * len(window) * runs[i] / ran_tokens
     return outputs, costs, totals  # type: ignore[return-value]
+
+
+def _any_nan(outputs: list, indices: Sequence[int]) -> bool:
+    return any(np.isnan(outputs[i]).any() for i in indices)
 
 
 def _run_calls(windows: Sequence[np.ndarray], plan: list[tuple[int, Sequence[PackedRow], int]],
