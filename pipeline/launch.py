@@ -85,10 +85,13 @@ def shadow_gate_failure(summary: dict[str, Any]) -> str | None:
     gate = summary.get("shadow")
     if gate is None or gate.get("passed") is not False:
         return None
+    nan = gate.get("documents_nan") or 0
+    nan_text = f"; {nan} of them NaN from the shadow kernel alone" if nan else ""
     return (
         f"shadow gate FAILED: {gate['documents_over_tolerance']} of {gate['documents']} shadowed documents differ by "
-        f"more than the tolerance {gate['tolerance']:g} (max |output difference| {gate['output_max_abs_diff']:.3g}, "
-        f"{gate['worst_ratio_to_tolerance']:.3g}x the tolerance) between {summary['kernel']['resolved']} and the shadow "
+        f"more than the tolerance {gate['tolerance']:g} (max |output difference| {gate['output_max_abs_diff']:.3g} over "
+        f"the others, {gate['worst_ratio_to_tolerance']:.3g}x the tolerance{nan_text}) between "
+        f"{summary['kernel']['resolved']} and the shadow "
         f"{gate['impl']}; the outputs are published for inspection (scores columns shadow_*); fix the kernel, or pass "
         f"--shadow_tolerance only if this difference is expected"
     )

@@ -59,6 +59,25 @@ def test_tolerances_and_totals():
     assert math.isnan(shadow.measure([np.zeros(2)], [np.zeros(2)], {}, {"embedding": [1.0]}).score_abs)
 
 
+def test_a_shadow_kernel_giving_nan_is_counted_and_named_not_hidden_by_max():
+    """max(0.1, NaN) keeps 0.1: a shadow kernel whose output was NaN failed the gate with figures under tolerance
+    (1 over, max difference 1.2e-7, mean NaN) and a message that never said NaN. The NaN documents are counted."""
+    fine = shadow.measure([np.ones(4, np.float32)], [np.ones(4, np.float32) + 1e-7], {"embedding": [0.5] * 4},
+                          {"embedding": [0.5] * 4})
+    broken = shadow.measure([np.ones(4, np.float32)], [np.full(4, np.nan, np.float32)], {"embedding": [0.5] * 4},
+                            {"embedding": [np.nan] * 4})
+    combine = shadow.ShadowTotals(1e-5)
+    totals = combine.extract_output(combine.merge_accumulators(
+        [combine.add_input(combine.create_accumulator(), fine), combine.add_input(combine.create_accumulator(), broken)]))
+    assert totals["documents"] == 2 and totals["documents_over_tolerance"] == 1 and totals["documents_nan"] == 1
+    assert totals["passed"] is False and totals["output_mean_abs_diff"] == pytest.approx(1e-7, rel=0.2)
+    from pipeline import launch
+
+    message = launch.shadow_gate_failure({"shadow": {**totals, "tolerance": 1e-5, "impl": "blockwise"},
+                                          "kernel": {"resolved": "xla"}})
+    assert "1 of them NaN from the shadow kernel alone" in message
+
+
 # ---- end to end: docscore run with a shadow kernel (DirectRunner, MiniLM) ------------------------
 
 from conftest import SENTENCES, common_flags, read_summary, read_table, run_docscore, write_jsonl  # noqa: E402

@@ -105,7 +105,7 @@ class ShadowTotals(beam.CombineFn):
         self._tolerance = tolerance
 
     def create_accumulator(self):
-        return {"documents": 0, "over": 0, "flips": 0, "out_max": 0.0, "out_mean_sum": 0.0, "score_max": 0.0,
+        return {"documents": 0, "over": 0, "flips": 0, "nan": 0, "out_max": 0.0, "out_mean_sum": 0.0, "score_max": 0.0,
                 "score_sum": 0.0, "worst_ratio": 0.0}
 
     def add_input(self, acc, divergence: Divergence):
@@ -113,6 +113,9 @@ class ShadowTotals(beam.CombineFn):
         acc["documents"] += 1
         acc["over"] += 0 if passes(divergence, tolerance) else 1
         acc["flips"] += int(divergence.label_flip)
+        if np.isnan(divergence.output_max_abs):  # the shadow kernel's output is NaN (the primary's never is here)
+            acc["nan"] += 1
+            return acc
         acc["out_max"] = max(acc["out_max"], divergence.output_max_abs)
         acc["out_mean_sum"] += divergence.output_mean_abs
         if not np.isnan(divergence.score_abs):
@@ -124,7 +127,7 @@ class ShadowTotals(beam.CombineFn):
     def merge_accumulators(self, accumulators):
         merged = self.create_accumulator()
         for acc in accumulators:
-            for key in ("documents", "over", "flips", "out_mean_sum", "score_sum"):
+            for key in ("documents", "over", "flips", "nan", "out_mean_sum", "score_sum"):
                 merged[key] += acc[key]
             for key in ("out_max", "score_max", "worst_ratio"):
                 merged[key] = max(merged[key], acc[key])
@@ -136,8 +139,9 @@ class ShadowTotals(beam.CombineFn):
             "documents": n,
             "documents_over_tolerance": acc["over"],
             "label_flips": acc["flips"],
+            "documents_nan": acc["nan"],
             "output_max_abs_diff": acc["out_max"] if n else None,  # no document compared: no difference measured
-            "output_mean_abs_diff": acc["out_mean_sum"] / n if n else None,
+            "output_mean_abs_diff": acc["out_mean_sum"] / (n - acc["nan"]) if n > acc["nan"] else None,
             "score_max_abs_diff": acc["score_max"] if n else None,
             "score_mean_abs_diff": acc["score_sum"] / n if n else None,
             "worst_ratio_to_tolerance": acc["worst_ratio"] if n else None,
