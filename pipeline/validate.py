@@ -279,14 +279,11 @@ def glob_matches_output(eo: EvalOptions, output: str) -> bool:
     return any(pattern.match(path) for path in written)
 
 
-def multi_processing(eo: EvalOptions) -> bool:
-    return eo.get_all_options().get("direct_running_mode") == "multi_processing"
-
-
 def check_label_embeddings(eo: EvalOptions, task, labels: dict[str, str], loaded, batch, max_len: int) -> None:
     """The task's label embeddings as its workers compute them at load (tasks/classify.py refuses one that is NaN
-    or zeros), where the run's model calls are this process's: the job then reuses what they compiled. Elsewhere
-    the workers' load refuses them, failing the job before it scores anything."""
+    or zeros), for a local run (its model is loaded here as its workers load it; in-process workers reuse what this
+    compiled, worker processes compile it again). Remote workers' load refuses them, failing the job before it
+    scores anything."""
     def embed(texts):
         return embed_texts(loaded, texts, max_len=max_len, batch_size=batch.batch_size,
                            min_row_len=batch.shortest_row(max_len), tail_fraction=batch.tail_call_fraction,
@@ -673,7 +670,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         batch, rows_notice = rows_for_local_devices(batch)
     if same_backend:
         check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend, loaded.parallel.data_size)
-    if task.takes_labels and same_backend and runs_locally(eo) and not multi_processing(eo):
+    if task.takes_labels and same_backend:  # the model was loaded here as the run's workers load it
         check_label_embeddings(eo, task, labels, loaded, batch, max_len)
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)

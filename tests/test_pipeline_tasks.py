@@ -270,16 +270,17 @@ def test_embeddings_whose_norm_overflowed_to_zeros_are_error_rows(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_label_description_the_model_embeds_as_nan_is_refused_before_data(tmp_path, no_data_read, capsys):
+@pytest.mark.parametrize("mode", [[], ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]])
+def test_a_label_description_the_model_embeds_as_nan_is_refused_before_data(tmp_path, no_data_read, capsys, mode):
     """classify with a label whose description holds the token that overflows: its embedding was NaN, and every
     document got the first label with a NaN score and an accuracy over those (exit 0). Refused before any data is
-    read, naming --labels, the label and the fix."""
+    read, naming --labels, the label and the fix, in worker processes too (they failed the job with tracebacks)."""
     clean, bad = bert_with_an_inf_token(tmp_path)
     shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t, "label": "a"} for i, t in enumerate(clean)])
     out = tmp_path / "out"
     code = run_docscore("--input", shard, *common_flags("lab", out), "--task", "classify", "--attention", "native",
                         "--model", tmp_path / "hf_inf" / "docscore", "--max_seq_len", "64",
-                        "--labels", f"a={clean[0]};b={bad}")
+                        "--labels", f"a={clean[0]};b={bad}", *mode)
     assert code == 2 and not out.exists()
     [message] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("docscore run:")]
     assert message.startswith(f"docscore run: --labels: the model embeds the description of 'b' ({bad!r}) as NaN: a "
