@@ -65,14 +65,35 @@ def shadowed_package(error: ImportError) -> str | None:
     found = getattr(sys.modules.get(top), "__file__", None)
     ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     elsewhere = found is None or os.path.dirname(os.path.dirname(os.path.abspath(found))) != ours
-    overwritten = error.name == top and not isinstance(error, ModuleNotFoundError)  # its __init__ lacks a name
-    if not (elsewhere or overwritten):
-        return None
+    if not (elsewhere or installed_over(top, found)):
+        return None  # docscore's own package: a genuine import error, whose traceback must show
     where = found or "a folder without __init__.py"
     return (f"the package {top!r} this Python imports ({where}) is not docscore's ({error}): another distribution or "
             f"folder named {top!r} shadows or replaced it (Hugging Face's `kernels` installs one): uninstall that one "
             f"(`pip uninstall {top}`; where it was installed over docscore's, then reinstall docscore's wheel with "
             "`pip install --force-reinstall --no-deps`), or run where that folder is not on the Python path")
+
+
+def installed_over(top: str, found: str | None) -> bool:
+    """Whether `found`, the top-level package `top`'s __init__.py, is not the file docscore's installed distribution
+    wrote there (its RECORD's hash): another distribution wrote over it. False where that cannot be told (an
+    editable install, whose RECORD does not list the source files)."""
+    import base64
+    import hashlib
+    import importlib.metadata
+
+    try:
+        files = importlib.metadata.files("docscore") or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    for record in files:
+        if str(record) == f"{top}/__init__.py" and record.hash and found:
+            if not os.path.exists(record.locate()) or not os.path.samefile(record.locate(), found):
+                return False
+            with open(found, "rb") as f:
+                digest = base64.urlsafe_b64encode(hashlib.new(record.hash.mode, f.read()).digest()).rstrip(b"=").decode()
+            return digest != record.hash.value
+    return False
 
 
 def installed_version() -> str:

@@ -181,6 +181,28 @@ def test_built_sdist_and_wheel_hold_every_module_and_install_importable(tmp_path
     outside = {m: f for m, f in files.items() if not Path(f).resolve().is_relative_to(site.resolve())}
     assert not outside, f"imported from outside the installed sdist: {outside}"
 
+    # another distribution writing its kernels/__init__.py over docscore's (Hugging Face's `kernels` does): named,
+    # as its RECORD's hash no longer matches, not an ImportError traceback
+    (site / "kernels" / "__init__.py").write_text("version = '0.17'\n")
+    done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", "in.jsonl", "--output", "out"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"the package 'kernels' this Python imports ({site / 'kernels' / '__init__.py'}) is not docscore's" in done.stderr
+
+
+def test_a_genuine_import_error_in_docscores_own_code_keeps_its_traceback(tmp_path):
+    """Only a package that is not docscore's gets the one-line message: an import bug in docscore's own modules
+    (here a name its own models package lacks) shows its traceback, not advice to uninstall `models`."""
+    src = tmp_path / "src"
+    for top in PACKAGES:
+        shutil.copytree(ROOT / top, src / top, ignore=shutil.ignore_patterns("__pycache__"))
+    convert = src / "pipeline" / "convert.py"
+    convert.write_text(convert.read_text().replace("import sys\n", "import sys\n\nfrom models import no_such_helper\n", 1))
+    done = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(src)})
+    assert done.returncode == 1 and "Traceback" in done.stderr, done.stderr
+    assert "cannot import name 'no_such_helper' from 'models'" in done.stderr and "is not docscore's" not in done.stderr
+
 
 def test_python_m_pipeline_in_a_python_without_docscores_dependencies_says_which_python_to_use(tmp_path):
     """`python -m pipeline` from the repository with a Python docscore is not installed in (here: site-packages
