@@ -651,6 +651,10 @@ def test_report_header_shows_what_the_run_cost(finished_run):
         "(an older docscore wrote this run: its definitions may differ, docs/summary.md \"Older runs\")")
     oldest = {k: v for k, v in older.items() if k != "device"}
     assert report.device_text(history.history_row(oldest), oldest) == "- (not recorded by the older docscore that wrote this run)"
+    # an older run over several processes: that is why, as for a run of today
+    processes = {**older, "device": {**older["device"], "busy_fraction": None, "host_us_per_doc": None, "busy_processes": 4}}
+    assert report.device_text(history.history_row(processes), processes) == (
+        "- (not known for a run over several processes or remote workers)")
     batching = summary["batching"]
     assert facts["batching"] == (f"{batching['batch_size']} rows a call, {batching['calls_per_beam_batch']} calls a "
                                  f"Beam batch ({batching['beam_batch_tokens']} tokens), 1 parallel bundle(s)")

@@ -557,8 +557,10 @@ def device_text(row: dict[str, Any], summary: dict[str, Any]) -> str:
     """'0.54 of the pipeline's wall time; host 64.0 us a document' (one process's; summed over processes: -)."""
     older = "format_version" not in summary  # docs/summary.md, "Older runs"
     if row["device_busy_fraction"] is None:
-        return "- (not recorded by the older docscore that wrote this run)" if older else (
-            "- (not known for a run over several processes or remote workers)")
+        several = ((summary_value(summary, "device.busy_processes") or 0) > 1
+                   or progress.runner_name(summary_value(summary, "runner.runner")) not in progress.LOCAL_RUNNERS)
+        return "- (not known for a run over several processes or remote workers)" if several or not older else (
+            "- (not recorded by the older docscore that wrote this run)")
     return (f"{row['device_busy_fraction']:.2f} of the pipeline's wall time with a model call in flight; "
             f"host {_fmt(row['host_us_per_doc'])} us a document"
             + (" (an older docscore wrote this run: its definitions may differ, docs/summary.md \"Older runs\")"
