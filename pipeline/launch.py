@@ -26,6 +26,7 @@ from pipeline.interrupt import exit_on_interrupt, how_ended
 from pipeline.io import run_commit, run_lease, sinks
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.runs import publish
+from pipeline.runs.summary import with_launcher_compiles
 from pipeline.telemetry import progress
 from pipeline.telemetry.progress import direct_workers, metric_values, runner_name, runs_locally
 from pipeline.telemetry.stats import error_fraction
@@ -356,7 +357,8 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     # the report is derived from it
     published = sinks.published_paths(out)
     try:
-        summary = publish.enrich_published_summary(out, metric_values(result, "docscore"), phase_starts,
+        metrics = with_launcher_compiles(metric_values(result, "docscore"), plan.kernel, plan.compiles)
+        summary = publish.enrich_published_summary(out, metrics, phase_starts,
                                                    finish=lambda s: with_gates(s, eo.max_error_fraction))
     except Exception as e:  # the run is committed; only the launcher's additions are missing
         print(f"docscore run {eo.run_id}: the run is published, but the launcher's additions to its summary "

@@ -56,6 +56,8 @@ class RunPlan:
     shadow: shadow.ShadowSpec | None = None  # --shadow_attention: a second kernel on a share of batches
     notices: tuple[str, ...] = ()  # choices that work but cost: the launcher prints them before the job
     sharding: dict | None = None  # how the model is laid out over the devices (models/sharding.py MeshLayout.summary)
+    # what validation compiled for the run (a local run's label embeddings): [count, seconds, cached count, seconds]
+    compiles: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
 
 def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
@@ -279,20 +281,24 @@ def glob_matches_output(eo: EvalOptions, output: str) -> bool:
     return any(pattern.match(path) for path in written)
 
 
-def check_label_embeddings(eo: EvalOptions, task, labels: dict[str, str], loaded, batch, max_len: int) -> None:
+def check_label_embeddings(eo: EvalOptions, task, labels: dict[str, str], loaded, batch,
+                           max_len: int) -> tuple[float, float, float, float]:
     """The task's label embeddings as its workers compute them at load (tasks/classify.py refuses one that is NaN
     or zeros), for a local run (its model is loaded here as its workers load it; in-process workers reuse what this
     compiled, worker processes compile it again). Remote workers' load refuses them, failing the job before it
-    scores anything."""
+    scores anything. Returns what it compiled (LoadedModel.compiles_by_this_thread's difference), which the run's
+    summary counts."""
     def embed(texts):
         return embed_texts(loaded, texts, max_len=max_len, batch_size=batch.batch_size,
                            min_row_len=batch.shortest_row(max_len), tail_fraction=batch.tail_call_fraction,
                            stride=eo.stride, max_windows=eo.max_chunks)
 
+    before = loaded.compiles_by_this_thread()
     try:
         task.prepare(labels, embed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    return tuple(float(x) for x in loaded.compiles_by_this_thread() - before)
 
 
 def check_labels_read_apart(labels: dict[str, str], tokenizer, max_len: int, stride: int, max_chunks: int) -> None:
@@ -670,8 +676,9 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         batch, rows_notice = rows_for_local_devices(batch)
     if same_backend:
         check_batch_memory(eo, loaded.config, batch, max_len, kernel, backend, loaded.parallel.data_size)
+    compiles = (0.0, 0.0, 0.0, 0.0)
     if task.takes_labels and same_backend:  # the model was loaded here as the run's workers load it
-        check_label_embeddings(eo, task, labels, loaded, batch, max_len)
+        compiles = check_label_embeddings(eo, task, labels, loaded, batch, max_len)
     notice = bfloat16_notice(eo, backend)
     check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
     gold_notice = text_gold_notice(shards[0], read_spec) if task.numeric_gold else None
@@ -697,6 +704,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         batch=batch,
         sharding=loaded.parallel.summary() if same_backend else {
             "mesh": None, "reason": f"chosen by each {backend} worker from its devices' memory (models/sharding.py)"},
+        compiles=compiles,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import platform
 from importlib import metadata
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline.telemetry.progress import LOCAL_RUNNERS, direct_workers, runner_name
@@ -119,6 +120,21 @@ def summary_from_stats(facts: dict[str, Any], stats: dict[str, Any], finished: f
     if facts.get("shadow") is not None:
         summary["shadow"] = {**facts["shadow"], **stats.get("shadow", {}), "batches": None, "time_ms": None}
     return summary
+
+
+def with_launcher_compiles(metrics: dict[str, Any], kernel: str, compiles: Sequence[float]) -> dict[str, Any]:
+    """The job's Beam metrics plus what the launcher compiled for the run before it (validation's label
+    embeddings, LoadedModel.compiles_by_this_thread's [count, seconds, cached count, seconds]), under the names
+    the workers count theirs, so the summary's `compile` holds every compile of the command."""
+    count, seconds, cached, cached_seconds = compiles
+    if not count:
+        return metrics
+    namespace = f"docscore_inference_{kernel}/"
+    added = dict(metrics)
+    for name, value in (("compiles", int(count)), ("compile_ms", int(round(seconds * 1000))),
+                        ("compiles_cached", int(cached)), ("compile_cached_ms", int(round(cached_seconds * 1000)))):
+        added[namespace + name] = added.get(namespace + name, 0) + value
+    return added
 
 
 def add_metrics(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
