@@ -1,7 +1,8 @@
 """The Beam graph of `docscore run`: shards -> documents -> tokens -> RunInference -> scores rows -> tables
 + run stats -> Publish (tables and summary.json, pipeline/runs/publish.py). build_pipeline() is the whole
 graph, so a local run, a Dataflow dry run and a Flex Template build the same job (pipeline/launch.py runs it;
-a local run may leave out one reshuffle: spreads_documents). Must not hold reading, scoring or writing logic (their modules do), nor run or wait for the job.
+a local run may leave out one reshuffle: spreads_documents). Must not hold reading, scoring or writing logic
+(their modules do), nor run or wait for the job.
 """
 from __future__ import annotations
 
