@@ -581,3 +581,23 @@ def test_stage_timings_of_summaries_of_different_format_versions_are_not_gated(t
                          run_summary=dict(summary("new2", "similarity", infer_p50=1.8), format_version=1))
     code, result = run_compare(capsys, new, both_new, "--max_stage_slowdown", "1.5")
     assert code == 0 and not result["notes"], result
+
+
+@pytest.mark.parametrize("entry", ["../elsewhere/scores/run_id=x/part-0.parquet", "/etc/passwd",
+                                   "scores/run_id=other/part-0123456789ab-00000-of-00002.parquet"])
+def test_a_summary_naming_files_outside_its_run_is_refused_not_followed(tmp_path, capsys, entry):
+    """report and compare read the files a run's summary names: an edited or foreign summary (a shared bucket) named
+    any table on the machine (`..`, an absolute path, another run's partition) and its rows were reported as this
+    run's. Such a summary is damaged: exit 2 naming the entry."""
+    from pipeline.runs.report import main as report_main
+
+    a = write_run(str(tmp_path / "out"), "a", score_rows("a", "embed", 4, embeddings=np.eye(4).tolist()))
+    b = write_run(str(tmp_path / "out"), "b", score_rows("b", "embed", 4, embeddings=np.eye(4).tolist()))
+    path = tmp_path / "out" / "runs" / "run_id=b" / "summary.json"
+    summary_b = json.loads(path.read_text())
+    summary_b["files"]["scores"][0] = entry
+    path.write_text(json.dumps(summary_b))
+    assert compare([a, b]) == 2
+    assert f"names {entry!r}, which is not a file of run b's partitions" in capsys.readouterr().err
+    assert report_main([str(tmp_path / "out"), "--run_id", "b"]) == 2
+    assert "is damaged" in capsys.readouterr().err

@@ -329,13 +329,35 @@ def committed_summary(output: str, run_id: str) -> dict[str, Any] | None:
     shown = summary_path(output, run_id)
     fs, path = fsspec.core.url_to_fs(shown)
     try:
-        return read_summary(fs, path)
+        summary = read_summary(fs, path)
+        outside = files_outside_the_run(summary, run_id)
+        if outside:  # readers would open it: a summary must name only its own run's files
+            raise ValueError(f"it names {outside!r}, which is not a file of run {run_id}'s partitions")
+        return summary
     except FileNotFoundError:
         return None
     except ValueError as e:  # json's decode error is one
         raise DamagedSummary(f"{shown} is damaged ({type(e).__name__}: {str(e)[:200]}): it is the commit record of "
                              f"run {run_id!r}, so the run cannot be read; restore it, or publish the run again "
                              f"(`docscore run` with --run_id {run_id})") from None
+
+
+def files_outside_the_run(summary: dict[str, Any], run_id: str) -> str | None:
+    """The first entry of the summary's `files` that is not TABLE/run_id=ID/NAME of this run (a path with .. or
+    a leading /, another run's partition: an edited or foreign summary), or None."""
+    files = summary.get(FILES_KEY)
+    if files is None:
+        return None
+    if not isinstance(files, dict):
+        return repr(files)[:100]
+    for table, names in files.items():
+        folder = "runs" if table == "history" else table
+        for name in names if isinstance(names, list) else [names]:
+            parts = name.split("/") if isinstance(name, str) else []
+            if (len(parts) != 3 or parts[0] != folder or parts[1] != partition_name(run_id)
+                    or parts[2] in ("", ".", "..") or "\\" in name):
+                return str(name)
+    return None
 
 
 def summary_to_replace(output: str, run_id: str) -> dict[str, Any] | None:
