@@ -613,6 +613,23 @@ def test_class_labels_from_the_data_never_break_the_label_chart():
     png, title = outcome_chart(scores, "classify")
     assert title == "Label distribution" and png.startswith(b"\x89PNG")
     assert chart_text("$\\alpha$") == "\\$\\alpha\\$" and len(chart_text("x" * 5000)) == CHART_TEXT_CHARS
+    assert chart_text("red\x1b[31m\x00") == "red\ufffd[31m\ufffd"  # matplotlib's glyph warnings echoed them raw
+
+
+def test_a_label_chart_of_scripts_the_font_lacks_draws_without_a_warning_per_glyph():
+    """CJK or emoji labels (DejaVu Sans lacks them) and control characters: one UserWarning per missing glyph went
+    to the console, quoting the raw characters (escape sequences included)."""
+    import warnings
+
+    import pyarrow as pa
+
+    from pipeline.runs.report import outcome_chart
+
+    scores = pa.table({"label": ["東京", "\U0001F600", "a\x1b[2J"], "gold_label": ["東京", "a\x1b[2J", "x"]})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        png, _ = outcome_chart(scores, "classify")
+    assert png and not [w for w in caught if "Glyph" in str(w.message)], [str(w.message) for w in caught]
 
 
 def test_label_chart_counts_predicted_and_gold_over_the_same_records():
@@ -627,6 +644,28 @@ def test_label_chart_counts_predicted_and_gold_over_the_same_records():
     assert (counts.labels, counts.predicted, counts.gold, counts.counted, counts.scored) == (["a", "b"], [1, 1], [1, 1], 2, 5)
     no_gold = label_counts(pa.table({"label": ["a", "a", "b", None], "gold_label": pa.array([None] * 4, pa.string())}))
     assert (no_gold.labels, no_gold.predicted, no_gold.gold, no_gold.counted) == (["a", "b"], [2, 1], [], 3)
+
+
+def test_thousands_of_gold_labels_fold_into_one_other_label_not_a_square_matrix():
+    """Free-text gold labels (or float ones run as classify): the confusion matrix had a row and a column per
+    label, 305 MB of HTML for 4,000. The most frequent labels are shown one by one, the rest as one label, in the
+    matrix and the chart; the counts keep every document."""
+    import pyarrow as pa
+
+    from pipeline.runs.report import SHOWN_LABELS, confusion_counts, label_counts, other_labels
+
+    gold = ["sports"] * 50 + ["politics"] * 30 + [f"g{i}" for i in range(4000)]
+    predicted = ["sports"] * 40 + ["politics"] * 10 + ["politics"] * 30 + ["sports"] * 4000
+    scores = pa.table({"label": predicted, "gold_label": gold})
+    labels, counts, folded = confusion_counts(scores)
+    assert len(labels) == SHOWN_LABELS and folded == labels[-1] == other_labels(4002 - (SHOWN_LABELS - 1))
+    assert {"sports", "politics"} <= set(labels) and sum(counts.values()) == len(gold)
+    assert counts[("sports", "sports")] == 40 and counts[("politics", "politics")] == 30
+    assert counts[(folded, "sports")] == 4000 - (SHOWN_LABELS - 3)  # g-labels not among the most frequent
+    chart = label_counts(scores)
+    assert len(chart.labels) == SHOWN_LABELS and sum(chart.gold) == sum(chart.predicted) == len(gold)
+    small = confusion_counts(pa.table({"label": ["a", "b"], "gold_label": ["a", "a"]}))
+    assert small == (["a", "b"], {("a", "a"): 1, ("a", "b"): 1}, None)
 
 
 def test_report_header_shows_what_the_run_cost(finished_run):

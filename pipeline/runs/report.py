@@ -12,6 +12,9 @@ import html
 import io
 import posixpath
 import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import fsspec
@@ -202,7 +205,9 @@ def _figure(width: float = 6.4, height: float = 3.6, margins: tuple[float, float
 
 def _png(fig: Figure) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
+    with warnings.catch_warnings():  # a label in a script the font lacks (CJK, emoji) is drawn as boxes, not a warning each
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        fig.savefig(buffer, format="png")
     return buffer.getvalue()
 
 
@@ -287,8 +292,9 @@ CHART_TEXT_CHARS = 40  # a class label on an axis: longer ones are cut (the tabl
 
 def chart_text(value: Any) -> str:
     """Text from the data as matplotlib shows it literally: `$` would start mathtext (a label such as
-    `$\\foo{$` failed the whole report), and a label of thousands of characters collapses the axes."""
-    text = str(value)
+    `$\\foo{$` failed the whole report), a label of thousands of characters collapses the axes, and control
+    characters (an escape sequence) reached the terminal in matplotlib's missing-glyph warnings."""
+    text = "".join(c if c.isprintable() else "\ufffd" for c in str(value))  # control characters from the data
     if len(text) > CHART_TEXT_CHARS:
         text = text[: CHART_TEXT_CHARS - 1] + "\u2026"
     return text.replace("$", r"\$")
@@ -305,7 +311,8 @@ class LabelCounts:
 
 def label_counts(scores: pa.Table) -> LabelCounts:
     """Predicted and gold counts per label over the same records: with gold labels, only the records that have
-    one (predicted bars over every record beside gold bars over some would read as over-prediction)."""
+    one (predicted bars over every record beside gold bars over some would read as over-prediction). At most
+    SHOWN_LABELS labels, the most frequent; the rest are one bar, other_labels(n)."""
     predicted = scores["label"].to_pylist()
     gold = scores["gold_label"].to_pylist() if "gold_label" in scores.schema.names else [None] * len(predicted)
     pairs = [(p, g) for p, g in zip(predicted, gold) if p is not None and g is not None]
@@ -313,9 +320,27 @@ def label_counts(scores: pa.Table) -> LabelCounts:
         predicted, gold = [p for p, _ in pairs], [g for _, g in pairs]
     else:
         predicted, gold = [p for p in predicted if p is not None], []
-    labels = sorted(set(predicted) | set(gold))
-    return LabelCounts(labels, [predicted.count(l) for l in labels], [gold.count(l) for l in labels] if gold else [],
+    shown, fold = shown_labels(Counter(predicted) + Counter(gold))
+    predicted_by, gold_by = Counter(map(fold, predicted)), Counter(map(fold, gold))
+    return LabelCounts(shown, [predicted_by[l] for l in shown], [gold_by[l] for l in shown] if gold else [],
                        len(predicted), scores.num_rows)
+
+
+SHOWN_LABELS = 25  # labels a chart or confusion matrix shows one by one (gold labels from the data can be thousands)
+
+
+def other_labels(n: int) -> str:
+    return f"({n} other labels)"
+
+
+def shown_labels(frequency: Counter) -> tuple[list[str], Callable[[str], str]]:
+    """The labels to show, sorted (every one, or the SHOWN_LABELS - 1 most frequent and other_labels(n) last), and
+    the function mapping a label to the one it is shown as."""
+    kept = {label for label, _ in sorted(frequency.items(), key=lambda kv: (-kv[1], kv[0]))[: SHOWN_LABELS - 1]}
+    if len(frequency) <= SHOWN_LABELS:
+        return sorted(frequency), lambda label: label
+    other = other_labels(len(frequency) - len(kept))
+    return sorted(kept) + [other], lambda label: label if label in kept else other
 
 
 def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | None, str]:
@@ -437,16 +462,28 @@ def shadow_section(run: RunData) -> str:
 # ---- classify: how the predictions meet the gold labels ------------------------------------------
 
 
-def confusion_counts(scores: pa.Table | None) -> tuple[list[str], dict[tuple[str, str], int]]:
+def confusion_counts(scores: pa.Table | None) -> tuple[list[str], dict[tuple[str, str], int], str | None]:
     """(labels, {(gold, predicted): documents}) over the scored rows that carry a gold label; labels are every
-    gold or predicted label among them, sorted. Empty when no row has a gold label."""
+    gold or predicted label among them, sorted, or past SHOWN_LABELS the most frequent and one other_labels(n),
+    which stands for the rest in the counts too (a matrix of every label grew as their square: 305 MB of HTML
+    for 4,000 free-text gold labels), and that label (None when every label is shown). Empty when no row has a
+    gold label."""
     if scores is None or not {"label", "gold_label"} <= set(scores.schema.names):
-        return [], {}
+        return [], {}, None
     pairs = scores.select(["gold_label", "label"]).filter(pc.is_valid(scores["gold_label"]))
     grouped = pairs.group_by(["gold_label", "label"]).aggregate([([], "count_all")])
-    counts = {(row["gold_label"], row["label"]): row["count_all"] for row in grouped.to_pylist()}
-    labels = sorted({label for pair in counts for label in pair if label is not None})
-    return labels, counts
+    by_pair = {(row["gold_label"], row["label"]): row["count_all"] for row in grouped.to_pylist()}
+    frequency: Counter = Counter()
+    for (gold, predicted), n in by_pair.items():
+        frequency[gold] += n
+        if predicted is not None:
+            frequency[predicted] += n
+    labels, fold = shown_labels(frequency)
+    counts: Counter = Counter()
+    for (gold, predicted), n in by_pair.items():
+        counts[(fold(gold), None if predicted is None else fold(predicted))] += n
+    folded = labels[-1] if len(frequency) > len(labels) else None
+    return labels, dict(counts), folded
 
 
 def per_class_rates(labels: list[str], counts: dict[tuple[str, str], int]) -> list[dict[str, Any]]:
@@ -467,24 +504,26 @@ def classification_section(run: RunData) -> str:
     """classify with gold labels: the confusion matrix and per-class precision / recall."""
     if chart_of(summary_value(run.summary, history.DESCRIPTION["task"])) != "labels":
         return ""
-    labels, counts = confusion_counts(run.scores)
+    labels, counts, folded = confusion_counts(run.scores)
     if not labels:
         return "<h2>Confusion matrix</h2><p class='note'>no scored document has a gold label</p>"
     head = "<tr><th>gold \\ predicted</th>" + "".join(f"<th>{html.escape(p)}</th>" for p in labels) + "</tr>"
     body = "".join(
         f"<tr><th>{html.escape(g)}</th>" + "".join(
-            f"<td class='{'hit' if g == p else 'miss' if counts.get((g, p)) else ''}'>{counts.get((g, p), 0)}</td>"
+            f"<td class='{'hit' if g == p != folded else 'miss' if counts.get((g, p)) else ''}'>{counts.get((g, p), 0)}</td>"
             for p in labels) + "</tr>"
         for g in labels)
-    rates = per_class_rates(labels, counts)
+    rates = per_class_rates([label for label in labels if label != folded], counts)
     rate_head = "<tr><th>label</th><th>precision</th><th>recall</th><th>support (gold)</th><th>predicted</th></tr>"
     rate_body = "".join(
         f"<tr><th>{html.escape(r['label'])}</th>" + "".join(
             f"<td>{html.escape(_fmt(r[k]))}</td>" for k in ("precision", "recall", "support", "predicted")) + "</tr>"
         for r in rates)
     n = sum(counts.values())
+    shown = (f"; the {len(labels) - 1} most frequent labels one by one, the others together as "
+             f"{html.escape(folded)}") if folded else ""
     return (f"<h2>Confusion matrix</h2><p class='note'>{n} scored documents with a gold label; rows: gold label, "
-            f"columns: predicted label</p><table class='grid confusion'>{head}{body}</table>"
+            f"columns: predicted label{shown}</p><table class='grid confusion'>{head}{body}</table>"
             f"<h2>Per-class precision and recall</h2><table class='grid per-class'>{rate_head}{rate_body}</table>")
 
 
