@@ -121,16 +121,38 @@ def main(argv: list[str] | None = None) -> int:
     # it for `python -m pipeline`). Restored afterwards for a caller that runs main in-process.
     before = os.environ.get("PYTHONSAFEPATH")
     os.environ["PYTHONSAFEPATH"] = "1"
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = TerminalText(sys.stdout), TerminalText(sys.stderr)
     try:
         with exit_on_interrupt(lambda: "docscore: interrupted"):  # until the subcommand says more
             return _dispatch(list(sys.argv[1:] if argv is None else argv))
     except BrokenPipeError:  # the reader went away (`docscore --help | head`)
         return reader_gone()
     finally:
+        sys.stdout, sys.stderr = streams
         if before is None:
             os.environ.pop("PYTHONSAFEPATH", None)
         else:
             os.environ["PYTHONSAFEPATH"] = before
+
+
+# Control characters as escapes (\x1b), but tab, line feed and carriage return (progress bars use \r).
+CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A, 0x0D)}
+
+
+class TerminalText:
+    """A text stream that writes control characters as escapes: messages quote data (field names, file names,
+    labels, paths), and an escape sequence in it would act on the reader's terminal (clear it, hide lines, make a
+    link) instead of being read. Everything else passes to the wrapped stream."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(text.translate(CONTROL_ESCAPES))
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def entry() -> int:

@@ -133,3 +133,15 @@ def test_docscore_version_prints_the_installed_version_the_summary_records():
 
     done = docscore("--version")
     assert done.returncode == 0 and done.stdout == f"docscore {version('docscore')}\n", done.stdout + done.stderr
+
+
+def test_escape_sequences_in_data_reach_the_terminal_as_text(tmp_path):
+    """A record's field names, a file name, a label are quoted in messages: an escape sequence in them (clear the
+    screen, an OSC 8 link "Click here to fix" to another site) acted on the reader's terminal. Control characters
+    are written as escapes; the message is otherwise the same."""
+    shard = tmp_path / "in" / "a.jsonl"
+    shard.parent.mkdir()
+    shard.write_text('{"body": "x", "\\u001b]8;;http://evil.example/\\u001b\\\\Click here\\u001b]8;;\\u001b\\\\": 1}\n')
+    done = docscore("run", "--input", shard, "--output", tmp_path / "out")
+    assert done.returncode == 2 and "\x1b" not in done.stderr, repr(done.stderr)
+    assert "\\x1b]8;;http://evil.example/\\x1b\\Click here" in done.stderr, done.stderr
