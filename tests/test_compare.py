@@ -517,7 +517,8 @@ def test_a_run_that_scored_nothing_is_past_the_count_limit_not_a_usage_error(tmp
 
 def test_a_run_is_named_by_the_summary_json_path_docscore_run_prints(tmp_path, capsys):
     rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
-    a, b = write_run(str(tmp_path), "a", rows), write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows])
+    a = write_run(str(tmp_path), "a", rows)
+    write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows])
     summary_b = str(tmp_path / "runs" / "run_id=b" / "summary.json")
     assert compare([a, summary_b]) == 0, capsys.readouterr()
     assert "within every limit" in capsys.readouterr().out
