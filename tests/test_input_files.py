@@ -62,6 +62,26 @@ def test_a_directory_reads_each_real_file_once_whatever_links_name_it(tmp_path):
     assert shards_of(str(d / "*latest.jsonl")) == [str(d / "also_latest.jsonl"), str(d / "latest.jsonl")]
 
 
+def test_links_to_files_outside_a_folder_input_are_read_with_a_notice(tmp_path):
+    """An unpacked upload can hold a link to /etc/passwd: it was read silently, its lines into the errors table's raw
+    column. The run still reads links (a user's own on purpose) and says which lead outside the input."""
+    from pipeline.validate import linked_outside_notice
+
+    d = tmp_path / "d"
+    write_jsonl(d / "a.jsonl", [{"text": "a"}])
+    write_jsonl(tmp_path / "secret.jsonl", [{"text": "s"}])
+    (d / "inside.jsonl").symlink_to(d / "a.jsonl")
+    (d / "leak.jsonl").symlink_to(tmp_path / "secret.jsonl")
+    for pattern in (str(d), str(d / "*.jsonl"), str(d / "**" / "*.jsonl")):
+        notice = linked_outside_notice(pattern, shards_of(pattern))
+        assert notice == (f"--input {pattern}: 1 shard is a link to a file outside it (leak.jsonl -> "
+                          f"{tmp_path / 'secret.jsonl'}), read like the others (a line that cannot be parsed goes to "
+                          "the errors table's raw column); remove such links if they were not meant to be read")
+    (d / "leak.jsonl").unlink()
+    assert linked_outside_notice(str(d), shards_of(str(d))) is None  # a link inside the folder is no news
+    assert linked_outside_notice(str(tmp_path / "secret.jsonl"), [str(tmp_path / "secret.jsonl")]) is None
+
+
 @pytest.mark.parametrize("name, kind", [("pipe.jsonl", "a named pipe (FIFO)"), ("socket.jsonl", "a socket"),
                                         ("to_pipe.jsonl", "a named pipe (FIFO)"), ("broken.jsonl", "a broken symbolic link")])
 def test_an_input_naming_a_file_that_is_not_regular_is_a_configuration_error(name, kind, tmp_path):
