@@ -58,12 +58,9 @@ def build_pipeline(p: beam.Pipeline, eo: EvalOptions, plan: RunPlan, out: sinks.
     handler = FlaxModelHandler(
         plan.model_spec,
         task=eo.task,
-        max_len=plan.window_spec.max_len,
-        batch_size=plan.batch.batch_size,
+        **plan.batch.call_shapes(plan.window_spec.max_len),
         calls_per_beam_batch=plan.batch.calls_per_beam_batch,
         kernel=plan.kernel,
-        min_row_len=plan.batch.shortest_row(plan.window_spec.max_len),
-        tail_fraction=plan.batch.tail_call_fraction,
         progress_dir=counter_dir,
         labels=plan.labels,
         label_windows=(plan.window_spec.stride, plan.window_spec.max_chunks),

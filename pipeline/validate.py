@@ -27,7 +27,7 @@ from pipeline import dataflow_checks, process_setup, tasks
 from pipeline.io import run_commit, sinks, sources, tfds_reader
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels
 from pipeline.stages import batching, shadow
-from pipeline.stages.inference import ModelSpec, embed_texts, shared_model
+from pipeline.stages.inference import ModelSpec, shared_model, texts_embedder
 from pipeline.stages.postprocess import gold_value
 from pipeline.stages.preprocess import WindowSpec
 from pipeline.telemetry import memory
@@ -288,14 +288,9 @@ def check_label_embeddings(eo: EvalOptions, task, labels: dict[str, str], loaded
     compiled, worker processes compile it again). Remote workers' load refuses them, failing the job before it
     scores anything. Returns what it compiled (LoadedModel.compiles_by_this_thread's difference), which the run's
     summary counts."""
-    def embed(texts):
-        return embed_texts(loaded, texts, max_len=max_len, batch_size=batch.batch_size,
-                           min_row_len=batch.shortest_row(max_len), tail_fraction=batch.tail_call_fraction,
-                           stride=eo.stride, max_windows=eo.max_chunks)
-
     before = loaded.compiles_by_this_thread()
     try:
-        task.prepare(labels, embed)
+        task.prepare(labels, texts_embedder(loaded, batch.call_shapes(max_len), (eo.stride, eo.max_chunks)))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return tuple(float(x) for x in loaded.compiles_by_this_thread() - before)

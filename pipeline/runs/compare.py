@@ -265,9 +265,9 @@ def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict
     }
     result["labels"] = {"a": label_set(a.summary), "b": label_set(b.summary)}
     result["timing"] = compare_timing(a.summary, b.summary)
-    result["notes"] = [f"run A: {n}" for n in a.notes] + [f"run B: {n}" for n in b.notes]
-    if timing_format_problem(result["timing"]):
-        result["notes"].append(timing_format_problem(result["timing"]))
+    timing_problem = timing_format_problem(result["timing"])
+    result["notes"] = [f"run A: {n}" for n in a.notes] + [f"run B: {n}" for n in b.notes] + (
+        [timing_problem] if timing_problem else [])
     launches = {"a": a.summary.get(run_commit.LAUNCH_KEY), "b": b.summary.get(run_commit.LAUNCH_KEY)}
     result["launch_ids"] = launches
     # one run: the same launch (a copy elsewhere included), or the same partition of a run without launch ids

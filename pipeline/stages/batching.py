@@ -45,6 +45,12 @@ class BatchSettings:
     def shortest_row(self, max_len: int) -> int:
         return self.min_row_len or max_len
 
+    def call_shapes(self, max_len: int) -> dict[str, int]:
+        """The shapes of a run's model calls for windows of max_len tokens, as run_model and FlaxModelHandler take
+        them: every call of the run (documents, labels, shadow) gets the same ones, so they compile once."""
+        return {"max_len": max_len, "batch_size": self.batch_size, "min_row_len": self.shortest_row(max_len),
+                "tail_fraction": self.tail_call_fraction}
+
     def beam_batch_tokens(self, max_len: int) -> int:
         return beam_batch_tokens(self.batch_size, max_len, self.calls_per_beam_batch)
 

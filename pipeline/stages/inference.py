@@ -129,6 +129,13 @@ def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, 
     return np.stack(result)
 
 
+def texts_embedder(loaded, call_shapes: dict[str, int], windows: tuple[int, int]) -> Callable[[list[str]], np.ndarray]:
+    """texts -> their embeddings through `loaded` in calls of `call_shapes` (BatchSettings.call_shapes), a long text
+    split into windows by (stride, max windows): what a task prepares at load (classify: its labels)."""
+    stride, max_windows = windows
+    return lambda texts: embed_texts(loaded, texts, stride=stride, max_windows=max_windows, **call_shapes)
+
+
 @dataclasses.dataclass
 class ScoringModel:
     """What load_model returns: the loaded model plus task state computed once per load."""
@@ -240,9 +247,7 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         return model
 
     def _embed_with(self, loaded: Any) -> Callable[[list[str]], np.ndarray]:
-        """texts -> their embeddings through `loaded`: what a task prepares at load (classify: its labels)."""
-        stride, max_windows = self._label_windows
-        return lambda texts: embed_texts(loaded, texts, stride=stride, max_windows=max_windows, **self._call_shapes)
+        return texts_embedder(loaded, self._call_shapes, self._label_windows)
 
     def get_metrics_namespace(self) -> str:
         return f"docscore_inference_{self._kernel}"
