@@ -58,6 +58,22 @@ def truncate_raw(raw: Any) -> str:
     return raw[:RAW_PREVIEW_CHARS]
 
 
+def utf8_size(text: str) -> int | None:
+    """Bytes of `text` in UTF-8 (ASCII text is not encoded), or None when it holds a lone surrogate
+    (JSON allows the escape "\\ud800"; no Parquet or UTF-8 writer accepts the result)."""
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
+def printable(text: str) -> str:
+    """`text` with any lone surrogate replaced: no Parquet or UTF-8 writer accepts one."""
+    return text.encode("utf-8", errors="replace").decode("utf-8")
+
+
 class Batch(list):
     """Records that travel between pipeline stages as ONE Beam element (documents, tokenized documents,
     model outputs, table rows). Beam's default coder encodes a plain list item by item (one pickle per

@@ -24,7 +24,7 @@ from models import sharding
 from models.builtin import BUILTINS
 from models.tokenizer import MIN_SEQ_LEN
 from pipeline import dataflow_checks, process_setup, tasks
-from pipeline.io import run_commit, sinks, sources, tfds_reader
+from pipeline.io import input_files, run_commit, sinks, sources, tfds_reader
 from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels
 from pipeline.stages import batching, shadow
 from pipeline.stages.inference import ModelSpec, shared_model, texts_embedder
@@ -203,7 +203,7 @@ PEEKED_RECORDS = 20
 def first_record_fields(shard: str, read_spec: sources.ReadSpec, peek: int = PEEKED_RECORDS) -> set[str] | None:
     """The field names of a shard's schema, or of the first `peek` JSONL records together (so one bad
     first record cannot fail the run); None when they cannot be known without reading more data."""
-    fmt = sources.shard_format(shard)
+    fmt = input_files.shard_format(shard)
     try:
         if fmt == "parquet":
             import pyarrow.parquet as pq
@@ -234,7 +234,7 @@ def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec
     them among others with them is bad input, not a bad flag: its records become error rows."""
     problems = []
     for shard in shards[:PEEKED_SHARDS]:
-        fmt = sources.shard_format(shard)
+        fmt = input_files.shard_format(shard)
         if fmt == "text":  # one record: the whole text, no other field
             problem = missing_task_field(eo, f"{shard} is a plain text file (its text is one record, with no other field)")
         elif (fields := first_record_fields(shard, read_spec)) is None:
@@ -324,9 +324,9 @@ def check_writable_location(flag: str, location: str, kinds: str) -> None:
     except OSError as e:
         if sources.is_transient(e) and "://" in location:  # aiohttp's refused connection is an OSError too
             raise ConfigError(sources.unreachable_message(f"{flag} {location}", e)) from None
-        if isinstance(e, FileNotFoundError) and fsspec.core.split_protocol(location)[0] in sources.GCS_PROTOCOLS:
+        if isinstance(e, FileNotFoundError) and fsspec.core.split_protocol(location)[0] in input_files.GCS_PROTOCOLS:
             bucket = fsspec.core.url_to_fs(location)[1].split("/", 1)[0]
-            raise ConfigError(sources.missing_bucket_message(f"{flag} {location}", bucket)) from None
+            raise ConfigError(input_files.missing_bucket_message(f"{flag} {location}", bucket)) from None
         raise ConfigError(f"{flag} {location} is not writable ({e}); choose a directory you can write to") from None
     except ValueError as e:
         raise ConfigError(f"{flag} {location}: {e}; use {kinds}") from None
@@ -383,7 +383,7 @@ def absent_field(flag: str, name: str, shard: str, fields: Sequence[str], read_s
     """`flag` names a field the shard's peeked records (or schema) do not have: what was looked at, why a name
     that looks present is not (a dotted path, a partition folder in the shard's path), and `fix`."""
     shown = ", ".join(sorted(fields)[:20])
-    peeked = peeked_records(shard, read_spec) if read_spec and sources.shard_format(shard) == "jsonl" else None
+    peeked = peeked_records(shard, read_spec) if read_spec and input_files.shard_format(shard) == "jsonl" else None
     message = f"{flag}: {shard} has no such field{peeked or ''} ({'fields seen' if peeked else 'it has'}: {shown})"
     folder = next((part for part in shard.split("/")[:-1] if part.startswith(f"{name}=")), None)
     if folder:  # Hive-style partitions (lang=en/part-0.parquet): the value lives in the path, not in the records
@@ -596,7 +596,7 @@ def check_before_data(eo: EvalOptions) -> tuple[str, str, batching.BatchSettings
 
 
 def find_shards(eo: EvalOptions):
-    """--input's shards (sources.find_input), the folders skipped, and a tfds: dataset's description; a path
+    """--input's shards (input_files.find_input), the folders skipped, and a tfds: dataset's description; a path
     that does not exist, cannot be listed or reached is a ConfigError naming --input."""
     try:
         tfds = None
@@ -604,7 +604,7 @@ def find_shards(eo: EvalOptions):
             if not eo.tfds_data_dir:
                 raise ConfigError(f"--input {eo.input}: pass --tfds_data_dir DIR (the data_dir it was prepared in)")
             tfds = tfds_reader.locate_dataset(eo.input, eo.tfds_data_dir)
-        shards, skipped = (tfds.shard_paths(eo.split), []) if tfds is not None else sources.find_input(eo.input)
+        shards, skipped = (tfds.shard_paths(eo.split), []) if tfds is not None else input_files.find_input(eo.input)
     except (FileNotFoundError, PermissionError, ValueError, KeyError) as e:
         message = str(e).strip("'\"")
         if isinstance(e, FileNotFoundError) and eo.config and not fsspec.core.split_protocol(eo.input)[0] \
@@ -658,7 +658,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         text_field=eo.text_field, id_field=eo.id_field or None, tfds=tfds, max_record_bytes=eo.max_record_bytes,
         checked_fields=tuple(name for name, read in (("query", task.with_query), ("label", task.gathers == "gold_pairs"))
                              if read) + task.record_fields,
-        sizes=sources.shard_sizes(shards),
+        sizes=input_files.shard_sizes(shards),
     )
     check_output_outside_input(eo, shards)
 
@@ -757,7 +757,7 @@ def first_labels(shard: str, read_spec: sources.ReadSpec, peek: int) -> list[Any
     """The `label` field of the first `peek` records of a JSONL or Parquet shard, as the reader reads them, less
     the labels that make their record an error row (a list, an object, a lone surrogate): no record with them is
     scored. [] for other formats, or a shard that cannot be read (the reader reports that as an error row)."""
-    fmt = sources.shard_format(shard)
+    fmt = input_files.shard_format(shard)
     try:
         if fmt == "parquet":
             import pyarrow.parquet as pq
@@ -868,8 +868,8 @@ def skipped_notice(pattern: str, skipped: list[str]) -> str | None:
         return None
     names = ", ".join(os.path.basename(p) for p in skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
     return (f"--input {pattern}: {len(skipped)} file{'s' if len(skipped) > 1 else ''} in no format docscore reads "
-            f"{'were' if len(skipped) > 1 else 'was'} left out ({names}); it reads {sources.SUPPORTED.rsplit(', ', 1)[0]}"
-            f"{sources.first_fix(skipped)}")  # z.jsonl.zst: what to do with it
+            f"{'were' if len(skipped) > 1 else 'was'} left out ({names}); it reads {input_files.SUPPORTED.rsplit(', ', 1)[0]}"
+            f"{input_files.first_fix(skipped)}")  # z.jsonl.zst: what to do with it
 
 
 def linked_outside_notice(pattern: str, shards: Sequence[str]) -> str | None:

@@ -57,8 +57,8 @@ SENTENCES = [
 LONG_TEXT = " ".join(SENTENCES[:5])  # 66 tokens: three 32-token windows with stride 8
 
 def shards_of(pattern: str, **kwargs) -> list[str]:
-    """The shards `--input pattern` finds (pipeline.io.sources.find_input)."""
-    from pipeline.io.sources import find_input
+    """The shards `--input pattern` finds (pipeline.io.input_files.find_input)."""
+    from pipeline.io.input_files import find_input
 
     return find_input(pattern, **kwargs).shards
 

@@ -162,7 +162,7 @@ def test_gs_inputs_that_exist_are_discovered_and_an_empty_match_is_still_named_s
         shards_of(gcs.url("in", "*.parquet"))
     with pytest.raises(ValueError, match=f"cannot read {gcs.url('in', 'notes.yaml')};"):  # named as the user wrote it
         shards_of(gcs.url("in", "*"))
-    from pipeline.io.sources import find_input
+    from pipeline.io.input_files import find_input
 
     assert find_input(gcs.url("in")).skipped == [gcs.url("in", "notes.yaml")]  # a directory lists what it leaves out
 
@@ -170,7 +170,7 @@ def test_gs_inputs_that_exist_are_discovered_and_an_empty_match_is_still_named_s
 def test_gs_names_holding_glob_characters_and_folder_placeholders(gcs):
     """An object or folder named a[1] is that object or folder (as a local path is), not a pattern matching
     nothing; the zero-byte `sub/` keys a console makes for folders are neither shards nor files left out."""
-    from pipeline.io.sources import find_input
+    from pipeline.io.input_files import find_input
 
     fs = fsspec.filesystem("gs")
     fs.pipe(gcs.url("br", "a[1].jsonl"), b'{"id": 1, "text": "x"}\n')

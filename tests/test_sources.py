@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.io.sources import ReadSpec, find_input, read_shard
+from pipeline.io.input_files import find_input
+from pipeline.io.sources import ReadSpec, read_shard
 from pipeline.records import Document, ErrorRow
 from tests.conftest import shards_of
 
@@ -513,7 +514,7 @@ def test_near_miss_formats_a_glob_or_directory_leaves_out_name_the_fix(tmp_path)
 def test_a_directory_input_names_the_files_it_leaves_out(tmp_path):
     """A directory --input reads the files of readable formats; the others (a .csv, a .json, a .bz2) are left out
     and listed, so the run can say so (validate's notice), while hidden folders stay unlisted."""
-    from pipeline.io.sources import find_input
+    from pipeline.io.input_files import find_input
     from pipeline.validate import skipped_notice
 
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
@@ -589,7 +590,7 @@ def test_a_shard_cut_after_the_run_found_it_is_a_shard_error_beside_what_it_stil
     a shard error says so (the error gate then fails the run); a file that grew is read whole, no error."""
     import dataclasses
 
-    from pipeline.io.sources import shard_sizes
+    from pipeline.io.input_files import shard_sizes
 
     cut, grown = tmp_path / "cut.jsonl", tmp_path / "grown.jsonl"
     for path in (cut, grown):
@@ -611,7 +612,7 @@ def test_a_shard_cut_while_it_is_being_read_is_a_shard_error_at_the_end(tmp_path
     were never seen, so the reader checks the size again when it is done."""
     import dataclasses
 
-    from pipeline.io.sources import shard_sizes
+    from pipeline.io.input_files import shard_sizes
 
     shard = tmp_path / "midway.jsonl"
     shard.write_text("".join(json.dumps({"id": f"m{i}", "text": "x" * 200}) + "\n" for i in range(2000)))

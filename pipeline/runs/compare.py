@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from pipeline import options
 from pipeline.cli import SubcommandParser
-from pipeline.io import run_commit, run_lease, sinks, sources
+from pipeline.io import input_files, run_commit, run_lease, sinks, sources
 from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs.history import STAGE_TIMING, WALL_S, summary_value
 from pipeline.telemetry.timing import STAGES
@@ -523,7 +523,7 @@ def json_destination_problem(path: str, runs: Sequence[RunRef] = ()) -> str | No
         return "--json is empty or white space (an unset variable?); pass a file path, or '-' for stdout"
     def store(url: str) -> str:
         protocol = fsspec.core.split_protocol(url)[0] or "file"
-        return "gs" if protocol in sources.GCS_PROTOCOLS else protocol
+        return "gs" if protocol in input_files.GCS_PROTOCOLS else protocol
 
     fs, local = fsspec.core.url_to_fs(path)
     for ref in runs:
