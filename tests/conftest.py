@@ -190,7 +190,7 @@ def corpus(tmp_path):
 @pytest.fixture
 def no_data_read(monkeypatch):
     """Fail the test if any shard is read by the pipeline; record schema peeks by validation."""
-    from pipeline import validate
+    from pipeline import input_checks
     from pipeline.io import sources
 
     peeks = []
@@ -198,9 +198,9 @@ def no_data_read(monkeypatch):
     def read_shard(*_args, **_kwargs):
         raise AssertionError("a shard was read before the configuration error was reported")
 
-    real_peek = validate.first_record_fields
+    real_peek = input_checks.first_record_fields
     monkeypatch.setattr(sources, "read_shard", read_shard)
-    monkeypatch.setattr(validate, "first_record_fields", lambda *a, **k: peeks.append(a) or real_peek(*a, **k))
+    monkeypatch.setattr(input_checks, "first_record_fields", lambda *a, **k: peeks.append(a) or real_peek(*a, **k))
     return peeks
 
 

@@ -265,10 +265,10 @@ def test_a_bom_and_a_crlf_do_not_count_toward_max_record_bytes(tmp_path):
 
 
 def check(tmp_path, shards: list, *flags: str, checked: tuple[str, ...] = ()) -> None:
-    """validate.check_fields for `docscore run --input tmp_path FLAGS`, with the fields the task reads (`checked`,
+    """input_checks.check_fields for `docscore run --input tmp_path FLAGS`, with the fields the task reads (`checked`,
     as validate_plan sets them)."""
     from pipeline.options import parse_options
-    from pipeline.validate import check_fields
+    from pipeline.input_checks import check_fields
 
     _, eo = parse_options(["--input", str(tmp_path), "--output", str(tmp_path / "out"), *flags])
     spec = sources.ReadSpec(text_field=eo.text_field, id_field=eo.id_field or None, checked_fields=checked)
@@ -337,7 +337,7 @@ def test_a_missing_field_message_says_what_was_looked_at_and_why_a_name_that_loo
     """Before: '--id_field=uid: F has no such field (it has: text)' for records 25-29 having uid; a dotted name and a
     Hive partition folder (lang=en/) got the same words, with no hint that neither is read."""
     from pipeline.options import ConfigError
-    from pipeline.validate import unread_gold_notice
+    from pipeline.input_checks import unread_gold_notice
 
     late = tmp_path / "late_uid.jsonl"
     late.write_text("".join(json.dumps({"text": f"t{i}", **({"uid": i} if i >= 25 else {})}) + "\n" for i in range(30)))

@@ -192,7 +192,7 @@ def test_a_gs_object_whose_name_holds_double_colons_is_read_as_that_object(gcs, 
     input's shard became read/unreadable_shard 'gone since the run found it'), and naming it was exit 2 ('does not
     exist'). README: a path that exists as written is that object, `::` and all."""
     from pipeline.io.sources import ReadSpec, read_shard
-    from pipeline.validate import first_record_fields
+    from pipeline.input_checks import first_record_fields
 
     fs = fsspec.filesystem("gs")
     url = gcs.url("cc", "notes::v2.jsonl")

@@ -65,7 +65,7 @@ def test_a_directory_reads_each_real_file_once_whatever_links_name_it(tmp_path):
 def test_links_to_files_outside_a_folder_input_are_read_with_a_notice(tmp_path):
     """An unpacked upload can hold a link to /etc/passwd: it was read silently, its lines into the errors table's raw
     column. The run still reads links (a user's own on purpose) and says which lead outside the input."""
-    from pipeline.validate import linked_outside_notice
+    from pipeline.io.input_files import linked_outside_notice
 
     d = tmp_path / "d"
     write_jsonl(d / "a.jsonl", [{"text": "a"}])

@@ -398,7 +398,7 @@ def test_classify_gold_labels_that_name_no_class_get_a_notice(tmp_path):
     import pyarrow.parquet as pq
 
     from pipeline.io.sources import ReadSpec
-    from pipeline.validate import unknown_gold_notice
+    from pipeline.input_checks import unknown_gold_notice
 
     records = [{"id": "a", "text": "x", "label": "Sports"}, {"id": "b", "text": "y", "label": "politics"},
                {"id": "c", "text": "z", "label": 3}, {"id": "d", "text": "w"}]
@@ -427,7 +427,7 @@ def test_validations_peek_reads_labels_as_the_reader_does(tmp_path):
     import pyarrow.parquet as pq
 
     from pipeline.io.sources import ReadSpec
-    from pipeline.validate import text_gold_notice, unknown_gold_notice
+    from pipeline.input_checks import text_gold_notice, unknown_gold_notice
 
     decimals = tmp_path / "d.parquet"
     pq.write_table(pa.table({"text": ["x", "y"], "label": pa.array([decimal.Decimal("3.00"), decimal.Decimal("4.00")],
@@ -461,7 +461,7 @@ def test_a_shard_without_the_text_field_among_others_is_bad_input_not_a_bad_flag
     """check_fields looks at the first record of several shards: a wrong --text_field (no shard has it) is refused
     whatever the file names' order; one shard without it beside shards with it is left to become error rows."""
     from pipeline.io.sources import ReadSpec
-    from pipeline.validate import check_fields
+    from pipeline.input_checks import check_fields
 
     good = write_shard(tmp_path / "b.jsonl", {"id": "1", "text": "a document"})
     odd = write_shard(tmp_path / "a.jsonl", {"id": "2", "body": "no text field"})

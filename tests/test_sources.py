@@ -290,7 +290,7 @@ def test_a_local_file_name_holding_double_colons_is_read_as_that_file(tmp_path):
     assert texts == {"notes::v2.jsonl": ["the jsonl shard"], "notes::v2.jsonl.gz": ["the gzip shard"],
                      "readme::draft.txt": ["the text file"], "rows::v2.parquet": ["the parquet shard"]}
     # validation's look at the fields reads the same files (it looked at `notes`, and the --text_field check with it)
-    from pipeline.validate import first_record_fields
+    from pipeline.input_checks import first_record_fields
 
     (tmp_path / "notes").write_text('{"body": "WRONG FILE"}\n')
     assert first_record_fields(str(tmp_path / "notes::v2.jsonl"), SPEC) == {"id", "text"}
@@ -441,7 +441,7 @@ def test_an_input_whose_every_peeked_jsonl_shard_cannot_be_split_is_refused_befo
     """Validation's peek sees what the reader would: when no peeked shard can be split into records (UTF-16, CR-only
     line ends), the run is exit 2 naming the file and the fix; one readable shard beside them runs (their rows say it)."""
     from pipeline.options import ConfigError, parse_options
-    from pipeline.validate import check_fields
+    from pipeline.input_checks import check_fields
 
     (tmp_path / "a.jsonl").write_bytes(JSONL.encode("utf-16"))
     (tmp_path / "b.jsonl").write_bytes(JSONL.replace("\n", "\r").encode())
@@ -457,7 +457,7 @@ def test_an_input_whose_every_peeked_jsonl_shard_cannot_be_split_is_refused_befo
 def test_a_remote_name_holding_double_colons_is_read_as_that_object():
     """Before: a memory:// or gs:// shard named `notes::v2.jsonl` was opened as the chained URL `notes` then
     `v2.jsonl` (read/unreadable_shard 'gone since the run found it'), and naming it was exit 2 ('does not exist')."""
-    from pipeline.validate import first_record_fields
+    from pipeline.input_checks import first_record_fields
 
     fs = fsspec.filesystem("memory")
     fs.pipe_file("/docscore-colons/notes::v2.jsonl", b'{"id": "c", "text": "the shard"}\n')
@@ -495,7 +495,7 @@ def test_a_file_of_a_near_miss_format_is_refused_naming_the_fix(tmp_path, name, 
 
 
 def test_near_miss_formats_a_glob_or_directory_leaves_out_name_the_fix(tmp_path):
-    from pipeline.validate import skipped_notice
+    from pipeline.io.input_files import skipped_notice
 
     (tmp_path / "b.csv").write_text("x")
     (tmp_path / "z.jsonl.zst").write_bytes(b"x")
@@ -515,7 +515,7 @@ def test_a_directory_input_names_the_files_it_leaves_out(tmp_path):
     """A directory --input reads the files of readable formats; the others (a .csv, a .json, a .bz2) are left out
     and listed, so the run can say so (validate's notice), while hidden folders stay unlisted."""
     from pipeline.io.input_files import find_input
-    from pipeline.validate import skipped_notice
+    from pipeline.io.input_files import skipped_notice
 
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
     for name in ("d.csv", "e.json", "f.jsonl.bz2", "_tmp/z.csv", ".git/config"):

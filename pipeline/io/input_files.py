@@ -10,6 +10,7 @@ import fnmatch
 import os
 import posixpath
 import stat
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import fsspec
@@ -366,3 +367,34 @@ def shard_sizes(shards: list[str]) -> dict[str, int]:
     """{shard: size} of the local shards, for ReadSpec.sizes (remote ones are not checked)."""
     sizes = {path: local_size(path) for path in shards}
     return {path: size for path, size in sizes.items() if size is not None}
+
+
+def skipped_notice(pattern: str, skipped: list[str]) -> str | None:
+    """What a directory --input holds besides shards, which the run leaves out (a .csv, a .json, a .bz2)."""
+    if not skipped:
+        return None
+    names = ", ".join(os.path.basename(p) for p in skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+    return (f"--input {pattern}: {len(skipped)} file{'s' if len(skipped) > 1 else ''} in no format docscore reads "
+            f"{'were' if len(skipped) > 1 else 'was'} left out ({names}); it reads {SUPPORTED.rsplit(', ', 1)[0]}"
+            f"{first_fix(skipped)}")  # z.jsonl.zst: what to do with it
+
+
+def linked_outside_notice(pattern: str, shards: Sequence[str]) -> str | None:
+    """Local shards of a folder or glob --input that are links to files outside it (an unpacked upload can hold
+    one to /etc/passwd): they are read like the others, so the run says which, without refusing links the user
+    made on purpose. None for a single file --input, a remote one, or no such link."""
+    if fsspec.core.split_protocol(pattern)[0] not in (None, "file") or list(shards) == [pattern]:
+        return None
+    path = fsspec.core.split_protocol(pattern)[1]
+    glob_at = min((path.index(c) for c in "*?[" if c in path), default=None)
+    root = os.path.realpath(path if glob_at is None else os.path.dirname(path[:glob_at]) or ".")
+    targets = [(shard, os.path.realpath(fsspec.core.split_protocol(shard)[1])) for shard in shards]
+    outside = [(shard, target) for shard, target in targets if os.path.commonpath([root, target]) != root]
+    if not outside:
+        return None
+    shard, target = outside[0]
+    more = f" and {len(outside) - 1} more" if len(outside) > 1 else ""
+    links = f"{len(outside)} shards are links to files" if len(outside) > 1 else "1 shard is a link to a file"
+    return (f"--input {pattern}: {links} outside it ({os.path.basename(shard)} -> {target}{more}), read like the "
+            "others (a line that cannot be parsed goes to the errors table's raw column); remove such links if they "
+            "were not meant to be read")
