@@ -455,3 +455,38 @@ def test_the_command_clock_starts_when_its_process_starts():
     after = time.time()
     assert done.returncode == 0, done.stderr[-2000:]
     assert before - 0.02 <= float(done.stdout) <= after
+
+
+@pytest.mark.parametrize("output_format,task", [("parquet", "embed"), ("jsonl", "classify"), ("parquet", "similarity")])
+def test_the_graph_type_checks_with_its_annotations_read(tmp_path, monkeypatch, output_format, task):
+    """Beam 2.78 reads string annotations (`from __future__ import annotations`) as type hints, where the pinned
+    2.77 ignores them: each step's annotations must agree with the types the graph declares (a `list[Document]`
+    parameter fed a Batch failed every run's pipeline construction on 2.78). Beam reads them here as 2.78 does."""
+    import inspect
+
+    import apache_beam as beam
+    from apache_beam.typehints import decorators
+
+    from pipeline.graph import build_pipeline
+    from pipeline.io import sinks
+    from pipeline.options import parse_options
+    from pipeline.validate import validate
+
+    plain = decorators.get_signature
+
+    def resolved(fn):  # the annotations evaluated in the function's module, as Beam 2.78 resolves them
+        try:
+            return inspect.signature(fn, eval_str=True)
+        except Exception:  # a builtin, or a name only a TYPE_CHECKING import holds: as Beam reads it today
+            return plain(fn)
+
+    monkeypatch.setattr(decorators, "get_signature", resolved)
+    rows = [{"id": "d0", "text": SENTENCES[0], "query": SENTENCES[1], "label": "a"}]
+    shard = write_jsonl(tmp_path / "a.jsonl", rows)
+    task_flags = {"classify": ["--labels", "a=first letter;b=second letter"]}.get(task, [])
+    options, eo = parse_options(["--input", str(shard), *common_flags("types", tmp_path / "out"), "--task", task,
+                                 *task_flags, "--output_format", output_format, "--attention", "native"])
+    p = beam.Pipeline(options=options)
+    assert options.view_as(beam.options.pipeline_options.TypeOptions).pipeline_type_check
+    outputs = build_pipeline(p, eo, validate(eo), sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format))
+    assert set(outputs) == {"scores", "errors", "stats", "published"}

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from apache_beam.io import fileio
 
 from pipeline.io import run_commit
-from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, finite_or_none
+from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA, Batch, finite_or_none
 
 TABLES = {"scores": SCORES_SCHEMA, "errors": ERRORS_SCHEMA}
 PART_PREFIX = "part"
@@ -91,7 +91,7 @@ def write_table(rows: beam.PCollection, table: str, spec: OutputSpec) -> beam.PC
     )
 
 
-def json_lines(rows: list[dict[str, Any]]) -> list[str]:
+def json_lines(rows: Batch) -> list[str]:
     """A list of rows as one block of JSON lines (WriteToText ends it with the last newline); none when empty."""
     return ["\n".join(json_line(row) for row in rows)] if rows else []
 

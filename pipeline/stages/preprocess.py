@@ -224,7 +224,7 @@ class Tokenize(beam.DoFn):
 
         self._tokenizer = models.load_tokenizer(self._model_spec.name, cache_dir=self._model_spec.cache_dir)
 
-    def process(self, docs: list[Document]):
+    def process(self, docs: Batch):
         tokenized = []
         for item in tokenize_documents(docs, self._tokenizer, self._window_spec, with_query=self._with_query):
             if isinstance(item, ErrorRow):
