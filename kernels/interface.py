@@ -6,6 +6,10 @@ it must not choose between implementations (that is kernels/policy.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import warnings
+from types import ModuleType
 from typing import Any, Callable, Protocol
 
 import jax
@@ -51,6 +55,28 @@ class Implementation:
     # None, all [L, L] of them (scores and probabilities, as XLA's attention); (q, k), one block of at most q x k;
     # (0, 0), none (a flash kernel keeps its tiles on chip).
     score_block: tuple[int, int] | None = None
+
+
+def ops_module(name: str) -> ModuleType:
+    """A kernel's JAX ops module (jax.experimental.pallas.ops...), imported when the kernel is first traced: its
+    lowering would add to the start of every command on hosts that never run it. jax warns of the GPU one's
+    deprecation (in favour of tokamax, not a dependency); missing_module checks it exists before data is read."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return importlib.import_module(name)
+
+
+@functools.cache
+def missing_module(name: str) -> str | None:
+    """Why the installed jax cannot import the ops module `name`, or None. A kernel's is_supported refuses with it,
+    so a jax upgrade that moved or removed the module refuses the kernel before any data is read (explicit
+    choices) or passes to the next kernel (flash, auto), instead of failing on the workers mid-job."""
+    try:
+        ops_module(name)
+    except ImportError as e:
+        return (f"the installed jax {jax.__version__} cannot import {name} ({type(e).__name__}: {str(e)[:200]}); "
+                "install the jax version docscore pins (setup.py)")
+    return None
 
 
 def dtype_name(dtype: Any) -> str:

@@ -9,15 +9,14 @@ reimplement the kernel itself nor import private jax names.
 """
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 
-from kernels.interface import Implementation
+from kernels.interface import Implementation, missing_module, ops_module
 from kernels.masking import zero_padding_rows
 
 NAME = "pallas_gpu"
+OPS_MODULE = "jax.experimental.pallas.ops.gpu.attention"
 BACKENDS = ("gpu",)
 DTYPES = ("float16", "bfloat16")
 MAX_HEAD_DIM = 128  # the kernel sizes its warps for head_dim <= 64 and <= 128 (4 or 8 warps)
@@ -31,7 +30,9 @@ LIMITS = (f"NVIDIA GPU (Triton); float16 or bfloat16; head_dim <= {MAX_HEAD_DIM}
 
 def is_supported(*, dtype: str | None = None, head_dim: int | None = None,
                  q_len: int | None = None, kv_len: int | None = None, **_) -> tuple[bool, str]:
-    """The Pallas GPU kernel's limits (checked only for the keys given)."""
+    """The Pallas GPU kernel's limits (checked only for the keys given), and its JAX module's presence."""
+    if (missing := missing_module(OPS_MODULE)) is not None:
+        return False, missing
     if dtype is not None and dtype not in DTYPES:
         return False, f"dtype {dtype} is not supported (pallas_gpu needs float16 or bfloat16)"
     if head_dim is not None and head_dim > MAX_HEAD_DIM:
@@ -43,12 +44,8 @@ def is_supported(*, dtype: str | None = None, head_dim: int | None = None,
 
 
 def _gpu_attention():
-    """JAX's Pallas GPU attention module, imported when the kernel is first traced: its Triton lowering would
-    add ~0.3 s to the start of every command on hosts that never run it."""
-    with warnings.catch_warnings():  # jax 0.11 deprecates the module in favour of tokamax (not a dependency)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas.ops.gpu import attention
-    return attention
+    """JAX's Pallas GPU attention module (its Triton lowering adds ~0.3 s to an import)."""
+    return ops_module(OPS_MODULE)
 
 
 def _blocks(length: int, block_q: int, block_k: int) -> tuple[int, int, int]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.interface import Implementation
+from kernels.interface import Implementation, missing_module, ops_module
 from kernels.masking import zero_padding_rows
 from kernels.tpu_layout import LENGTH_MULTIPLE, block, padded_segment_ids, round_up, to_bnth
 
 NAME = "pallas_tpu"
+OPS_MODULE = "jax.experimental.pallas.ops.tpu.flash_attention"
 BACKENDS = ("tpu",)
 DTYPES = ("float32", "bfloat16")
 LIMITS = ("TPU only; float32 or bfloat16; head_dim <= 128 or a multiple of 128; any length "
@@ -21,7 +22,9 @@ LIMITS = ("TPU only; float32 or bfloat16; head_dim <= 128 or a multiple of 128; 
 
 
 def is_supported(*, dtype: str | None = None, head_dim: int | None = None, **_) -> tuple[bool, str]:
-    """The Pallas TPU kernel's own limits (checked only for the keys given)."""
+    """The Pallas TPU kernel's own limits (checked only for the keys given), and its JAX module's presence."""
+    if (missing := missing_module(OPS_MODULE)) is not None:
+        return False, missing
     if dtype is not None and dtype not in DTYPES:
         return False, f"dtype {dtype} is not supported (pallas_tpu needs float32 or bfloat16)"
     if head_dim is not None and head_dim > 128 and head_dim % 128:
@@ -33,8 +36,7 @@ def pallas_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                          segment_ids: jax.Array | None = None, causal: bool = False,
                          scale: float | None = None) -> jax.Array:
     """Contract attention (BTNH) through jax.experimental.pallas.ops.tpu.flash_attention."""
-    # Imported when traced: the TPU lowering would add to the start of every command on hosts without a TPU.
-    from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+    tpu_flash = ops_module(OPS_MODULE)  # imported when traced: its TPU lowering would slow every command's start
 
     batch, q_len, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]

@@ -16,11 +16,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.interface import Implementation
+from kernels.interface import Implementation, missing_module, ops_module
 from kernels.masking import zero_padding_rows
 from kernels.tpu_layout import LENGTH_MULTIPLE, block, padded_segment_ids, round_up, to_bnth
 
 NAME = "splash_tpu"
+OPS_MODULE = "jax.experimental.pallas.ops.tpu.splash_attention"
 BACKENDS = ("tpu",)
 DTYPES = ("float32", "bfloat16")
 LIMITS = ("TPU only; float32 or bfloat16; any length (padded to a multiple of "
@@ -30,7 +31,9 @@ LIMITS = ("TPU only; float32 or bfloat16; any length (padded to a multiple of "
 
 def is_supported(*, dtype: str | None = None, **_) -> tuple[bool, str]:
     """The splash kernel's limits (checked only for the keys given): its dtypes. Any head_dim and
-    grouping the contract allows, and q_len != kv_len without segment ids, run."""
+    grouping the contract allows, and q_len != kv_len without segment ids, run. And its JAX module's presence."""
+    if (missing := missing_module(OPS_MODULE)) is not None:
+        return False, missing
     if dtype is not None and dtype not in DTYPES:
         return False, f"dtype {dtype} is not supported (splash_tpu needs float32 or bfloat16)"
     return True, ""
@@ -39,8 +42,7 @@ def is_supported(*, dtype: str | None = None, **_) -> tuple[bool, str]:
 def _splash():
     """JAX's splash attention module, imported when the kernel is built: its TPU lowering would add to the
     start of every command on hosts without a TPU."""
-    from jax.experimental.pallas.ops.tpu import splash_attention
-    return splash_attention
+    return ops_module(OPS_MODULE)
 
 
 def make_kernel(heads: int, q_pad: int, kv_pad: int, causal: bool, *, block_q: int | None = None,

@@ -401,3 +401,32 @@ def test_without_a_local_gpu_the_gpu_kernels_are_checked_by_shape_only():
     here (pipeline/dataflow_checks.py checks the workers' GPU kind)."""
     assert kernels.policy.local_gpu_capability() is None
     assert resolve("flash", backend="gpu", dtype="bfloat16") == "cudnn"
+
+
+@pytest.mark.parametrize("impl,backend", [("pallas_gpu", "gpu"), ("splash_tpu", "tpu"), ("pallas_tpu", "tpu")])
+def test_a_kernel_whose_jax_module_is_gone_is_refused_before_data(monkeypatch, impl, backend):
+    """The Pallas kernels import their JAX ops module when first traced; a jax upgrade that moved or removed it
+    refuses the kernel when the run is resolved (naming jax's version), and flash/auto pass to the next kernel,
+    instead of an ImportError on the workers mid-job."""
+    import sys
+
+    import jax
+
+    from kernels import table
+    from kernels.interface import missing_module
+
+    module = sys.modules[table.IMPLEMENTATIONS[impl].call.__module__].OPS_MODULE
+    info = {"dtype": "bfloat16", "has_segments": True}
+    assert resolve(impl, backend=backend, **info) == impl
+    missing_module.cache_clear()
+    monkeypatch.setitem(sys.modules, module, None)  # `import` of it now raises ImportError, as for a module jax dropped
+    try:
+        with pytest.raises(KernelUnsupportedError, match=f"jax {jax.__version__} cannot import {module}"):
+            resolve(impl, backend=backend, **info)
+        try:  # flash: the backend's other flash kernel, or a refusal that names the missing module
+            assert resolve("flash", backend=backend, **info) != impl
+        except KernelUnsupportedError as e:
+            assert module in str(e)
+        assert resolve("auto", backend=backend, **info) not in (impl, None)
+    finally:
+        missing_module.cache_clear()
