@@ -43,6 +43,10 @@ class DocTokenizer:
     def from_str(cls, text: str, *, max_seq_len: int, path: str = "tokenizer.json") -> "DocTokenizer":
         try:
             tokenizer = tokenizers.Tokenizer.from_str(text)
+        except (AttributeError, TypeError, ImportError, NameError) as err:  # the library, not the file
+            raise ModelLoadError(f"{path}: the installed tokenizers {getattr(tokenizers, '__version__', '?')} cannot "
+                                 f"read tokenizer files as docscore calls it ({type(err).__name__}: {err}); install "
+                                 "the tokenizers version docscore pins (setup.py)") from None
         except Exception as err:  # the Rust parser raises a bare Exception
             raise ModelLoadError(f"{path}: not a Hugging Face tokenizers file ({err}); save a fast "
                                  "tokenizer with tokenizer.save_pretrained or Tokenizer.save") from None

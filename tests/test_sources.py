@@ -223,6 +223,22 @@ def test_a_store_that_cannot_be_reached_is_raised_for_the_runner_not_turned_into
     assert [e.error_type for e in errors] == ["unreadable_shard"]
 
 
+def test_transient_errors_are_told_apart_without_gcsfs_retry_module(monkeypatch):
+    """gcsfs.retry is not documented API: a gcsfs that moved it must leave the storage error itself (is_transient
+    answering from the connection errors alone), not replace it with an ImportError."""
+    import sys
+
+    from gcsfs.retry import HttpError
+
+    from pipeline.io.sources import is_transient
+
+    monkeypatch.setitem(sys.modules, "gcsfs.retry", None)  # `from gcsfs.retry import ...` now raises ImportError
+    assert is_transient(ConnectionResetError("reset by peer"))
+    assert is_transient(TimeoutError("timed out"))
+    assert not is_transient(HttpError({"code": 403, "message": "Forbidden"}))
+    assert not is_transient(FileNotFoundError("gone"))
+
+
 def _string_column_with_invalid_utf8(cells: list[bytes]) -> pa.Array:
     """A Parquet string column holding the given bytes as they are (pyarrow's writers refuse invalid UTF-8)."""
     offsets = [0]

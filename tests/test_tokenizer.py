@@ -107,3 +107,17 @@ def test_tokenizer_without_special_tokens():
 def test_not_a_tokenizer_file_is_a_clear_error():
     with pytest.raises(ModelLoadError, match="bad/tokenizer.json: not a Hugging Face tokenizers file"):
         DocTokenizer.from_str("{not json", max_seq_len=8, path="bad/tokenizer.json")
+
+
+def test_a_tokenizers_library_without_the_api_is_not_blamed_on_the_file(monkeypatch):
+    """tokenizers 1.0's pre-release has no Tokenizer.from_str: a sound tokenizer.json must not be called a bad file."""
+    import types
+
+    import models.tokenizer
+
+    good = Tokenizer(tok_models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).to_str()
+    DocTokenizer.from_str(good, max_seq_len=8)
+    monkeypatch.setattr(models.tokenizer, "tokenizers", types.SimpleNamespace(Tokenizer=object, __version__="1.0.0rc3"))
+    with pytest.raises(ModelLoadError, match=r"installed tokenizers 1\.0\.0rc3 cannot read tokenizer files") as caught:
+        DocTokenizer.from_str(good, max_seq_len=8, path="good/tokenizer.json")
+    assert "not a Hugging Face tokenizers file" not in str(caught.value)

@@ -262,9 +262,14 @@ def is_transient(error: BaseException) -> bool:
     shard, so it is raised for the runner to retry the bundle (or fail the job, nothing published) instead of
     becoming error rows of a run that then publishes as complete without them."""
     import aiohttp  # gcsfs's HTTP client, a dependency of every install
-    from gcsfs.retry import is_retriable
 
-    return isinstance(error, (ConnectionError, TimeoutError, aiohttp.ClientError)) or is_retriable(error)
+    if isinstance(error, (ConnectionError, TimeoutError, aiohttp.ClientError)):
+        return True
+    try:  # gcsfs's own rule (which answers it retries), from a module gcsfs does not document
+        from gcsfs.retry import is_retriable
+    except ImportError:  # a gcsfs that moved it: the storage error itself must still reach the user
+        return False
+    return is_retriable(error)
 
 
 def unreachable_message(what: str, error: BaseException) -> str:
