@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from pipeline.interrupt import exit_on_interrupt, exit_with_on_signal, reader_gone
+from pipeline.interrupt import exit_on_interrupt, exit_with_on_signal, hold_standard_streams, reader_gone
 
 OWN_PACKAGES = ("pipeline", "models", "kernels", "runners")
 # subcommand -> (module with main(argv) -> int, one-line help)
@@ -160,6 +160,7 @@ def entry() -> int:
     still alive then (jax, Beam and matplotlib modules, the model: millions) is frozen out of Python's garbage
     collector first, so the interpreter's shutdown does not rescan them all: about 1 s after a run
     (benchmarks/README.md, "Start-up"). A caller that runs main() in-process keeps collecting as before."""
+    hold_standard_streams()
     code = main()
     exit_with_on_signal(code)  # the command is done: a late signal must not turn its outcome into 130/143
     gc.freeze()

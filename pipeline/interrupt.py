@@ -3,7 +3,8 @@ it) with exit 143, each with one line saying what it left, wherever the main thr
 Beam's run often), where it is printed as "Exception ignored" and dropped, and the command goes on. A reader
 of stdout that goes away (`docscore --help | head`) ends a command quietly too (`reader_gone`). A second
 signal while the first is being handled is ignored (the first says the one line); one after the command has
-finished keeps its exit code (`exit_with_on_signal`).
+finished keeps its exit code (`exit_with_on_signal`). A command started with a standard stream closed gets
+/dev/null there (`hold_standard_streams`).
 Imports nothing heavy: the `docscore` command installs it before it imports a subcommand.
 """
 from __future__ import annotations
@@ -125,3 +126,22 @@ def stop_child_processes() -> None:
         with contextlib.suppress(psutil.Error):
             child.kill()
     psutil.wait_procs(children, timeout=5)
+
+
+def hold_standard_streams() -> None:
+    """Give a process started with stdin, stdout or stderr closed (`docscore run >&-`, a scheduler that closes
+    them) /dev/null there. Python leaves such a sys.stdout None, so the first message would raise (exit 1 after a
+    published run), and the next file the process opens would take the free descriptor: a worker process's or a
+    library's output to it would land inside that file."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one, unless a lower one is free too
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8"))

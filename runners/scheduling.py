@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.interrupt import exit_on_interrupt, reader_gone
+from pipeline.interrupt import exit_on_interrupt, hold_standard_streams, reader_gone
 from pipeline.options import ConfigError, ConfigLoader, EvalOptions
 from runners.cron import check_cron, check_time_zone, cron_times, fire_before, fires_after
 
@@ -450,4 +450,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    hold_standard_streams()
     sys.exit(main())

@@ -391,6 +391,29 @@ def test_help_into_a_closed_pipe_ends_quietly():
     assert (done.returncode, done.stderr) == (141, "")
 
 
+
+@pytest.mark.integration
+def test_a_command_started_with_its_streams_closed_keeps_its_exit_codes(tmp_path):
+    """A scheduler that closes stdout and stderr (`docscore run ... >&- 2>&-`): Python leaves sys.stdout None, and
+    the first message raised, so a published run exited 1 and a bad flag 1. Now: 0 and 2, and the run's tables are
+    whole (a file opened first would have taken the free descriptors and any output to them)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import common_flags, read_summary, read_table, write_jsonl
+
+    def closed(*args: str) -> int:  # the command started with stdin, stdout and stderr closed
+        return subprocess.run(["sh", "-c", 'exec "$@" <&- >&- 2>&-', "sh", sys.executable, "-m", "pipeline", *args],
+                              timeout=600).returncode
+
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": f"document number {i}"} for i in range(3)])
+    assert closed("--version") == 0
+    assert closed("run", "--input", str(shard), "--output", str(tmp_path / "bad"), "--task", "nope") == 2
+    out = tmp_path / "out"
+    assert closed("run", "--input", str(shard), *common_flags("closed", out), "--no_progress") == 0
+    assert read_summary(out, "closed")["counts"]["scored"] == 3
+    assert sorted(read_table(out, "scores", "closed")[0]["doc_id"]) == ["d0", "d1", "d2"]
+
 def test_classify_gold_labels_that_name_no_class_get_a_notice(tmp_path):
     """Gold labels compared as text with the --labels names: `Sports` for `sports`, or a number, would count as
     wrong predictions without a word. JSONL and Parquet shards alike; none when every gold label is a class."""
