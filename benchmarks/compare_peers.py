@@ -571,11 +571,12 @@ def write_results(args, docs, tokens, results, load_before, load_after, rounds, 
                  f"{len(docs) / r['command_s']:.1f}" if "command_s" in r else "-", f"{pe:.3f}" if pe else "-", str(r.get("compiles", "-")),
                  f"{cos:.5f}" if cos is not None else "-", f"{r['load']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    tuning = [ratio(results, (system, "float32", args.attention[0]), (f"{system}-off", "float32", args.attention[0]))
+              for system in ("c", "d")]
     lines += ["", f"Goals: {GOALS}.", "",
               "CPU tuning on vs off (DOCSCORE_CPU_TUNING=0: no mallopt, no XLA flags; same process-start otherwise): "
-              f"(c) {ratio(results, ('c', 'float32', args.attention[0]), ('c-off', 'float32', args.attention[0]))}x, "
-              f"(d) {ratio(results, ('d', 'float32', args.attention[0]), ('d-off', 'float32', args.attention[0]))}x "
-              f"({args.attention[0]}, float32).", ""]
+              + (f"(c) {tuning[0]}x, (d) {tuning[1]}x ({args.attention[0]}, float32)." if tuning != ["-", "-"]
+                 else "not measured in this run (--no_tuning_off, or systems c and d not run)."), ""]
     lines += marginal
     lines += utilization_lines(docs, results, dot_rates)
     for dtype in args.dtypes:

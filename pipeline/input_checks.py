@@ -136,7 +136,7 @@ def column_type_problem(eo: EvalOptions, shard: str, read_spec: sources.ReadSpec
                "pass --text_field with the column holding the text, or write the text as strings")]
     if eo.id_field and eo.id_field != DEFAULT_ID_FIELD:
         checks.append((f"--id_field={eo.id_field}", eo.id_field, lambda t: not pa.types.is_nested(t),
-                       "never an id (a struct, list or map id falls back to SOURCE#RECORD_INDEX in every row)",
+                       "never an id (a struct, list or map id is not read)",
                        "pass --id_field with a column of scalars, or leave it out"))
     task = f"--task={eo.task}"
     if "query" in read_spec.checked_fields:
@@ -158,8 +158,10 @@ def column_type_problem(eo: EvalOptions, shard: str, read_spec: sources.ReadSpec
     for flag, name, fits, never, fix in checks:
         types = [field.type for field in schema if field.name == name]
         if len(types) == 1 and not fits(types[0]):  # two such columns are the reader's read/ambiguous_column
-            return (f"{flag}: the column {name!r} of {shard} is {str(types[0])[:120]}, which is {never}, so every row "
-                    f"would be an error row; {fix}")
+            lost = ("every row's doc_id would fall back to SOURCE#RECORD_INDEX" if flag.startswith("--id_field")
+                    else "every row would be an error row")
+            return (f"{flag}: the column {name!r} of {shard} is {str(types[0])[:120]}, which is {never}, so {lost}; "
+                    f"{fix}")
     return None
 
 
