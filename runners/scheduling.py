@@ -207,6 +207,9 @@ def run_refusal(run: dict[str, Any], region: str | None = None) -> str | None:
         if model_known and eo.model in BUILTINS:  # a gs:// model cannot be read offline
             check_model(eo, backend)
     except (ConfigError, ValueError) as e:
+        if "--labels" in str(e):  # the flag's message; a schedule sets it as the Flex Template parameter
+            return (f"{e}; in a schedule's run section the labels are the `classify_labels` key "
+                    "(classify_labels: \"name=description;name=description\")")
         return str(e)
     return None
 

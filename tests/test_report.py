@@ -697,3 +697,17 @@ def test_report_header_shows_what_the_run_cost(finished_run):
     batching = summary["batching"]
     assert facts["batching"] == (f"{batching['batch_size']} rows a call, {batching['calls_per_beam_batch']} calls a "
                                  f"Beam batch ({batching['beam_batch_tokens']} tokens), 1 parallel bundle(s)")
+
+
+def test_every_history_column_is_described_in_the_docs():
+    """docs/queries.md's table of the history columns names each column HISTORY_SCHEMA has (a stage's p50/p95 by
+    the STAGE_ pattern), so an analyst can read what a column holds; a column added to the schema fails here."""
+    from pipeline.runs.history import HISTORY_SCHEMA
+    from pipeline.telemetry.timing import STAGES
+
+    text = (REPO / "docs" / "queries.md").read_text()
+    section = text.split("## The history table's columns", 1)[1].split("\n## ", 1)[0]
+    described = set(re.findall(r"^\| `([a-z_]+)`", section, re.M))
+    stage_columns = {f"{stage}_{stat}_ms" for stage in STAGES for stat in ("p50", "p95")}
+    assert "`STAGE_p50_ms`, `STAGE_p95_ms`" in section and all(stage in section for stage in STAGES)
+    assert set(HISTORY_SCHEMA.names) - stage_columns == described

@@ -354,8 +354,11 @@ def test_run_values_docscore_run_refuses_are_refused(tmp_path, line, message):
 
 
 def test_classify_without_labels_is_refused(tmp_path):
+    """The refusal names the schedule's own key: `labels:` in a run section is refused as no parameter."""
     text = "\n".join(line for line in CLASSIFY.splitlines() if not line.startswith("  classify_labels:")) + "\n"
-    assert "--task=classify needs at least two labels" in refusal(tmp_path, text)
+    message = refusal(tmp_path, text)
+    assert "--task=classify needs at least two labels" in message
+    assert "in a schedule's run section the labels are the `classify_labels` key" in message
 
 
 def test_a_run_with_a_config_file_leaves_the_pipeline_checks_to_the_launch(tmp_path):

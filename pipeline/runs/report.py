@@ -550,8 +550,10 @@ def gate_banner(summary: dict[str, Any]) -> str:
     for passed, css, verdict in ((False, "failed", "FAILED"), (None, "notrun", "NOT RUN")):
         for name, gate in gates.items():
             if isinstance(gate, dict) and "passed" in gate and gate["passed"] is passed and gate.get("message"):
-                banners.append(f"<div class='banner {css}' role='alert'><strong>{html.escape(name)} gate {verdict}</strong>"
-                               f": {html.escape(gate['message'])}</div>")
+                title = f"{name} gate {verdict}"
+                message = str(gate["message"]).removeprefix(f"{title}: ")  # a message that says it already
+                banners.append(f"<div class='banner {css}' role='alert'><strong>{html.escape(title)}</strong>"
+                               f": {html.escape(message)}</div>")
     return "".join(banners)
 
 
