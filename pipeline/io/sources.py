@@ -363,6 +363,8 @@ def open_shard(path: str, compression: str | None = None):
     reads `::` in a name (notes::v2.jsonl, gs://b/notes::v2.jsonl) as a chained URL and opens another file."""
     protocol = fsspec.core.split_protocol(path)[0]
     fs = LocalFileSystem() if protocol is None else fsspec.filesystem(protocol)
+    if not isinstance(fs, LocalFileSystem):  # the object as it is now, not as a listing in this process cached it
+        fs.invalidate_cache(path)  # (gcsfs lists a key holding // as a folder of size 0, and would read nothing)
     return fsspec.core.OpenFile(fs, path, "rb", compression=compression)  # closes the file under a gzip reader too
 
 
