@@ -342,6 +342,14 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
             failed = f"the pipeline ended in state {result.state}"
     except Exception as e:
         failed = f"the pipeline failed ({job_error_text(e)})"
+    committed = launch_committed(eo, out) if failed and not eo.output.startswith(sinks.BQ_PREFIX) else False
+    if failed and committed is not False:  # it failed after its commit (the store lost while cleaning up), or may have
+        print(f"docscore run {eo.run_id}: {failed}, "
+              + ("after the run was published" if committed else
+                 "and whether the run was published cannot be checked (its summary cannot be read)")
+              + f"; the launcher's additions to its summary (Beam metrics, command time, gates) and the report were not "
+              f"written (`docscore report {eo.output}/runs/run_id={eo.run_id}` writes the report)", file=sys.stderr)
+        return unwritten_gates_exit(eo) if committed else 1
     if failed:  # the job did not commit: the previous run stays what readers see
         left = ""
         if not eo.output.startswith(sinks.BQ_PREFIX) and runs_locally(options):
@@ -356,14 +364,21 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     # the job committed the run; add what only the launcher knows, the gates' outcomes included, before
     # the report is derived from it
     published = sinks.published_paths(out)
+    judged: list[dict[str, Any]] = []  # the summary with its gates, once judged: its exit code stands if writing it fails
+
+    def finish(committed_summary: dict[str, Any]) -> dict[str, Any]:
+        judged.append(with_gates(committed_summary, eo.max_error_fraction))
+        return judged[-1]
+
     try:
         metrics = with_launcher_compiles(metric_values(result, "docscore"), plan.kernel, plan.compiles)
-        summary = publish.enrich_published_summary(out, metrics, phase_starts,
-                                                   finish=lambda s: with_gates(s, eo.max_error_fraction))
+        summary = publish.enrich_published_summary(out, metrics, phase_starts, finish=finish)
     except Exception as e:  # the run is committed; only the launcher's additions are missing
         print(f"docscore run {eo.run_id}: the run is published, but the launcher's additions to its summary "
-              f"(Beam metrics, command time, gates) were not written ({type(e).__name__}: {e})", file=sys.stderr)
-        return unwritten_gates_exit(eo)
+              f"(Beam metrics, command time, gates) and the report were not written ({type(e).__name__}: "
+              f"{str(e)[:300]}); `docscore report {eo.output}/runs/run_id={eo.run_id}` writes the report",
+              file=sys.stderr)
+        return unwritten_gates_exit(eo, judged[-1] if judged else None)
     if summary is None:  # BigQuery: the run's summary is its PREFIX_runs row
         print(f"docscore run {eo.run_id}: published " + ", ".join(published.values()))
         return 0
@@ -381,13 +396,26 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     return failures[0][0] if failures else 0
 
 
-def unwritten_gates_exit(eo: EvalOptions) -> int:
-    """The gates of a committed run whose summary could not be given them: judged on the summary as committed,
-    so a scheduler still sees a failed gate's exit code (0 when even that summary cannot be read)."""
+def launch_committed(eo: EvalOptions, out: sinks.OutputSpec) -> bool | None:
+    """Whether this launch's run is the committed one (a job can fail after its commit); None when the committed
+    summary cannot be read (the store the job lost)."""
     try:
         summary = run_commit.committed_summary(eo.output, eo.run_id)
-    except Exception:  # the store is gone too: nothing more to judge
-        return 0
+    except Exception:
+        return None
+    return summary is not None and summary.get(run_commit.LAUNCH_KEY) == out.launch
+
+
+def unwritten_gates_exit(eo: EvalOptions, judged: dict[str, Any] | None = None) -> int:
+    """The gates of a committed run whose summary could not be given them: judged on `judged` (the summary with its
+    gates, as the launcher worked them out before writing it failed) or else on the summary as committed, so a
+    scheduler still sees a failed gate's exit code (0 when even that summary cannot be read)."""
+    summary = judged
+    if summary is None:
+        try:
+            summary = run_commit.committed_summary(eo.output, eo.run_id)
+        except Exception:  # the store is gone too: nothing more to judge
+            return 0
     if summary is None:
         return 0
     failures = failed_gates(with_gates(summary, eo.max_error_fraction))

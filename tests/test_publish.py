@@ -441,3 +441,74 @@ def test_any_launch_removes_other_run_ids_replaced_files_unless_a_live_launch_ho
     assert sorted(run_lease.remove_replaced(spec.output, "day2", own_launch="next")) == sorted(retired)
     assert on_disk(tmp_path / "out") == {f for names in summary["files"].values() for f in names}
     assert visible(spec) == NEW
+
+
+def _half_bad_corpus(path: Path) -> Path:
+    """Six records, three of them not JSON: the error gate's default (--max_error_fraction 0.1) fails them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"id": f"d{i}", "text": SENTENCES[i]}) if i % 2 == 0 else "{not json" for i in range(6)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _flags(run_id: str, out: Path) -> list[str]:  # common_flags without its --max_error_fraction 1
+    flags = common_flags(run_id, out)
+    cut = flags.index("--max_error_fraction")
+    return flags[:cut] + flags[cut + 2:] + ["--attention", "native", "--no_progress"]
+
+
+def test_a_store_lost_while_cleaning_up_after_the_commit_fails_nothing(tmp_path, monkeypatch, capsys):
+    """The commit done, removing the staging folder lost the store: the job failed, and the launcher said
+    "nothing was published" (exit 1) over a published run. What is left, the run's next launch removes."""
+    from tests.conftest import read_summary, run_docscore
+
+    def lost(staging):
+        raise ConnectionResetError("the store went away")
+
+    monkeypatch.setattr(run_commit, "remove_staging", lost)
+    shard = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": SENTENCES[i]} for i in range(3)])
+    assert run_docscore("--input", shard, *common_flags("r1", tmp_path / "out"), "--attention", "native") == 0
+    summary = read_summary(tmp_path / "out", "r1")
+    assert summary["counts"]["scored"] == 3 and summary["gates"]["error_fraction"]["passed"] is True
+    assert "nothing was published" not in capsys.readouterr().err
+
+
+def test_a_job_failing_after_its_commit_says_the_run_is_published_and_exits_by_its_gates(tmp_path, monkeypatch, capsys):
+    """A job that fails after its commit published its run: the launcher says so and exits with the committed run's
+    gate (4 here), neither "nothing was published" nor 1, and does not discard the committed files."""
+    from tests.conftest import run_docscore
+
+    def broken(staging):
+        raise RuntimeError("a bug after the commit")
+
+    monkeypatch.setattr(run_commit, "remove_staging", broken)
+    out = tmp_path / "out"
+    assert run_docscore("--input", _half_bad_corpus(tmp_path / "in" / "docs.jsonl"), *_flags("r1", out)) == 4
+    err = capsys.readouterr().err
+    assert "after the run was published" in err and "nothing was published" not in err
+    assert "docscore report" in err
+    assert len(read_table(out, "scores", "r1")[0]) == 3  # the committed files are still there
+
+
+def test_a_store_lost_while_the_gates_are_written_still_exits_by_the_gates(tmp_path, monkeypatch, capsys):
+    """The launcher judged the error gate failed, then writing the summary (and reading it back) lost the store:
+    it exited 0, so a scheduler saw a success for a run that failed its gate."""
+    from tests.conftest import run_docscore
+
+    lost = []
+    real_committed = run_commit.committed_summary
+
+    def rewrite(output, summary):
+        lost.append(True)
+        raise ConnectionResetError("the store went away")
+
+    def committed(output, run_id):
+        if lost:
+            raise ConnectionResetError("the store went away")
+        return real_committed(output, run_id)
+
+    monkeypatch.setattr(run_commit, "rewrite_summary", rewrite)
+    monkeypatch.setattr(run_commit, "committed_summary", committed)
+    assert run_docscore("--input", _half_bad_corpus(tmp_path / "in" / "docs.jsonl"), *_flags("r1", tmp_path / "out")) == 4
+    err = capsys.readouterr().err
+    assert "the run is published, but the launcher's additions" in err and "docscore report" in err

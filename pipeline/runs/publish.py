@@ -18,7 +18,7 @@ import apache_beam as beam
 import fsspec
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
-from pipeline.io import run_commit, run_lease, sinks
+from pipeline.io import run_commit, run_lease, sinks, sources
 from pipeline.runs import history
 from pipeline.runs.summary import add_metrics, summary_from_stats, with_command_wall
 
@@ -58,8 +58,14 @@ def publish_run(spec: sinks.OutputSpec, facts: dict[str, Any], stats: dict[str, 
         committed = run_commit.summary_to_replace(spec.output, spec.run_id)
         if committed is None or committed.get(run_commit.LAUNCH_KEY) != spec.launch:
             committed = commit_launch(spec, summary, written)
-    run_commit.clean_after_commit(spec.output, spec.run_id)
-    run_commit.remove_staging(spec.staging)
+    try:  # the run is published: what this leaves, a later launch of the run removes, so a store lost now fails nothing
+        run_commit.clean_after_commit(spec.output, spec.run_id)
+        run_commit.remove_staging(spec.staging)
+    except Exception as e:
+        if not (isinstance(e, OSError) or sources.is_transient(e)):
+            raise
+        _LOG.warning("docscore run %s: published; cleaning up after the commit failed (%s: %s): the run's next launch "
+                     "removes what is left", spec.run_id, type(e).__name__, str(e)[:300])
     if derived:
         write_derived(spec, committed)
     return committed
