@@ -399,3 +399,42 @@ def test_run_model_packs_the_rows_of_the_backends_batch_settings(minilm, monkeyp
         assert set(shapes) == {(TEST_BATCH, 128)} and len(shapes) > 1
     np.testing.assert_allclose(pooled_by_doc(encoded, outputs), direct_embeddings(minilm, texts, max_len=128),
                                atol=2e-5)
+
+
+def _segment_sums_nan_at_999(calls):
+    """A fake model: each segment's id sum, as p @ v with p = 0 outside the segment, so a 999 token (NaN) makes
+    its whole packed row NaN; records each call's shape and whether it held the 999."""
+    def model(input_ids, segment_ids):
+        calls.append((input_ids.shape, bool((input_ids == 999).any())))
+        slots = max_segments_for(input_ids.shape[1])
+        values = np.where(input_ids == 999, np.nan, input_ids).astype(np.float32)
+        same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] > 0)
+        per_position = np.einsum("rij,rj->ri", same.astype(np.float32), values)
+        first = [[int(np.argmax(row == s + 1)) for s in range(slots)] for row in segment_ids]
+        return np.take_along_axis(per_position, np.array(first), axis=1)[:, :, None]
+    return model
+
+
+def test_a_nan_in_an_early_call_reruns_its_row_even_when_the_last_call_is_clean():
+    """Whether a batch saw a NaN is gathered over all of its calls: a NaN row in the first call (the 64-token
+    rows run before the 128-token ones) must still be rerun in halves when the last call comes back clean,
+    or the innocent window packed with the bad one is published as a nan_output error row."""
+    windows = [np.array([1, 2, 3], np.int32), np.array([4, 999, 5], np.int32),  # share a 64-token row
+               np.arange(1, 127, dtype=np.int32), np.arange(2, 128, dtype=np.int32)]  # a 128-token row each
+    calls = []
+    outputs, _, totals = run_packed(windows, _segment_sums_nan_at_999(calls), max_len=128, batch_size=1)
+    assert calls[:3] == [((1, 64), True), ((1, 128), False), ((1, 128), False)]  # the NaN is not in the last call
+    assert np.isnan(outputs[1]).all()
+    assert [float(outputs[i][0]) for i in (0, 2, 3)] == [6.0, float(windows[2].sum()), float(windows[3].sum())]
+    assert totals["calls"] == 4  # the rerun: the two windows of the NaN row, each in a row of its own
+
+
+def test_a_row_of_exactly_two_windows_with_one_nan_is_rerun():
+    """The smallest row worth rerunning holds two windows: its NaN window is cornered by one halving, and the
+    innocent row-mate gets its own value instead of the NaN (a nan_output error row)."""
+    windows = [np.array([1, 2, 3], np.int32), np.array([4, 999], np.int32)]
+    calls = []
+    outputs, _, totals = run_packed(windows, _segment_sums_nan_at_999(calls), max_len=64, batch_size=4)
+    assert calls[0] == ((1, 64), True)  # one packed row of both windows
+    assert outputs[0].tolist() == [6.0] and np.isnan(outputs[1]).all()
+    assert totals["calls"] == 3  # the packed row, then each window alone (tail calls of one row)
