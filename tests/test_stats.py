@@ -1,8 +1,10 @@
 """pipeline.telemetry.stats.RunStatsFn: the one combine that assembles the run stats, split over accumulators the
 way a runner splits it (add to several, merge, extract), and through a real DirectRunner."""
 import json
+import math
 
 import apache_beam as beam
+import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that
 
@@ -85,6 +87,51 @@ def test_a_tagged_partial_merges_like_the_parts_themselves():
         one_by_one = fn.add_input(one_by_one, ("read", "doc"))
     assert read_part[1]["read"] == one_by_one["read"] == 5
 
+
+
+def _scored(doc_id: str, prediction, gold) -> DocStats:
+    doc = _doc(doc_id, 1.0)
+    doc.prediction, doc.gold = prediction, gold
+    return doc
+
+
+def test_records_without_gold_are_left_out_of_classify_and_choice_accuracy():
+    """A labelled task's run may hold records without a label: they are scored, but accuracy is over the records
+    that have gold only (two of four here, both right), or the unlabelled half would count as wrong answers."""
+    fn = RunStatsFn("classify")
+    acc = fn.create_accumulator()
+    for i, (prediction, gold) in enumerate([("a", "a"), ("b", "b"), ("a", None), ("b", None)]):
+        fn.add_input(acc, ("doc", _scored(str(i), prediction, gold)))
+    stats = json.loads(fn.extract_output(acc))
+    assert stats["counts"]["scored"] == 4
+    assert stats["task_metrics"]["n_gold"] == 2 and stats["task_metrics"]["accuracy"] == 1.0
+
+    fn = RunStatsFn("choice")
+    acc = fn.create_accumulator()
+    for i, (prediction, gold) in enumerate([(("0", "0", "1"), "0"), (("1", "1", "1"), None), (("1", "0", "0"), None)]):
+        fn.add_input(acc, ("doc", _scored(str(i), prediction, gold)))
+    metrics = json.loads(fn.extract_output(acc))["task_metrics"]
+    assert metrics == {"n_docs": 3, "n_gold": 1, "accuracy": 1.0, "accuracy_per_token": 1.0, "accuracy_per_byte": 0.0}
+
+
+def test_merged_accumulators_keep_every_gold_pair_and_both_loglik_sums():
+    """A runner adds documents to several accumulators and merges them: every accumulator's gold pairs (classify's
+    accuracy) and both of loglik's sums (log-likelihood and scored tokens, hence perplexity) must survive the
+    merge, whichever accumulator a document went to."""
+    fn = RunStatsFn("classify")
+    accumulators = [fn.create_accumulator(), fn.create_accumulator()]
+    for i, (prediction, gold) in enumerate([("a", "a"), ("a", "b"), ("b", "b"), ("b", "b"), ("a", "a")]):
+        fn.add_input(accumulators[i % 2], ("doc", _scored(str(i), prediction, gold)))
+    metrics = json.loads(fn.extract_output(fn.merge_accumulators(accumulators)))["task_metrics"]
+    assert metrics["n_gold"] == 5 and metrics["accuracy"] == 4 / 5
+
+    fn = RunStatsFn("loglik")
+    accumulators = [fn.create_accumulator(), fn.create_accumulator()]
+    for i, (loglik, tokens) in enumerate([(-10.0, 4), (-6.0, 2), (-4.0, 4)]):  # (total log-likelihood, tokens)
+        fn.add_input(accumulators[i % 2], ("doc", _scored(str(i), loglik, tokens)))
+    metrics = json.loads(fn.extract_output(fn.merge_accumulators(accumulators)))["task_metrics"]
+    assert (metrics["n_docs"], metrics["total_loglik"], metrics["loglik_tokens"]) == (3, -20.0, 10)
+    assert metrics["corpus_perplexity"] == pytest.approx(math.exp(20.0 / 10))
 
 def test_compute_run_stats_on_the_direct_runner():
     def check(outputs):
