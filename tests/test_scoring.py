@@ -118,6 +118,33 @@ def test_accuracy_and_macro_f1_by_hand():
     assert scoring.macro_f1(pred, gold) == pytest.approx((f1_a + f1_b + f1_c) / 3)
 
 
+
+def test_macro_f1_counts_a_label_only_ever_predicted():
+    """As sklearn's macro F1 (f1_score(gold, predicted, average="macro") is 1/3 here): a label the model predicts
+    but no gold names (c) is a class with F1 0, and the mean is over a, b and c; over the gold labels alone it
+    would be 1/2, a wrong prediction of an unseen label costing less than a wrong one of a seen label."""
+    predicted, gold = ["a", "a", "c"], ["a", "a", "b"]
+    assert scoring.macro_f1(predicted, gold) == pytest.approx((1.0 + 0.0 + 0.0) / 3)
+    assert scoring.classify_metrics(list(zip(predicted, gold)))["macro_f1"] == pytest.approx(1 / 3)
+
+
+def test_two_gold_pairs_have_a_correlation():
+    """Two pairs are the fewest a correlation is defined for: +1 or -1 (scipy's), not None, so a run with two
+    labelled similarity records still reports its correlations."""
+    assert scoring.pearson([0.1, 0.9], [0.0, 1.0]) == pytest.approx(1.0)
+    assert scoring.pearson([0.1, 0.9], [1.0, 0.0]) == pytest.approx(-1.0)
+    assert scoring.spearman([0.1, 0.9], [1.0, 0.0]) == pytest.approx(-1.0)
+    m = scoring.similarity_metrics([(0.1, 0.0), (0.9, 1.0)])
+    assert m["n_gold"] == 2 and m["pearson"] == pytest.approx(1.0) and m["spearman"] == pytest.approx(1.0)
+
+
+def test_softmax_of_very_negative_log_likelihoods_is_finite():
+    """A long candidate's log-likelihood is hundreds of nats below 0: exp(-800) underflows to 0, so the max is
+    subtracted first (as scipy.special.softmax), or every probability would be 0 / 0 = NaN."""
+    with np.errstate(all="raise"):  # an underflow to 0 / 0 is an error here, not a warning
+        probs = scoring.softmax(np.array([-800.0, -801.0]))
+    assert probs == pytest.approx([1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1))])
+
 def test_task_metrics_and_corpus_perplexity():
     m = scoring.similarity_metrics([(0.9, "1.0"), (0.1, 0), (0.5, "x"), (0.4, 0.5)])
     assert m["n_gold"] == 3 and m["spearman"] == pytest.approx(1.0)
