@@ -384,6 +384,30 @@ def test_metrics_are_the_accuracy_of_each_normalisation():
     assert choice.metrics(GoldTotals(2, [], 0.0, 0))["accuracy"] is None
 
 
+
+def test_each_normalisations_accuracy_is_reported_under_its_own_name():
+    """The three accuracies differ when the picks do: per token right twice, per byte once (the metrics test
+    above has them equal, so swapping the names went unnoticed)."""
+    pairs = [(("0", "0", "1"), "0"), (("1", "1", "0"), "1"), (("0", "1", "0"), "0")]
+    assert choice.metrics(GoldTotals(3, pairs, 0.0, 0)) == {
+        "n_docs": 3, "n_gold": 3, "accuracy": 1.0, "accuracy_per_token": pytest.approx(2 / 3),
+        "accuracy_per_byte": pytest.approx(1 / 3)}
+    # from a scored record: candidate 1 by log-likelihood and per byte, candidate 0 (the gold) per token
+    a, b = np.log([0.9, 0.5, 0.5, 0.25, 7.0]), np.log([0.9, 0.5, 0.2, 7.0])
+    fields = choice.score(Outputs([a, b], choice.ChoiceSpans(tokens=(2, 1), bytes=(2, 20), gold=0)), None)
+    prediction, gold = choice.prediction(fields, 0)
+    metrics = choice.metrics(GoldTotals(1, [(prediction, gold)], 0.0, 0))
+    assert (metrics["accuracy"], metrics["accuracy_per_token"], metrics["accuracy_per_byte"]) == (0.0, 1.0, 0.0)
+
+
+def test_the_score_of_long_candidates_is_a_probability_not_nan():
+    """Long candidates have log-likelihoods around -800, whose exp underflows to 0: the chosen candidate's
+    probability among them is still e / (1 + e) for logliks -800 and -801, not NaN (0 / 0)."""
+    spans = choice.ChoiceSpans(tokens=(1, 1), bytes=(1, 1), gold=0)
+    fields = choice.score(Outputs([np.array([0.0, -800.0, 0.0]), np.array([0.0, -801.0, 0.0])], spans), None)
+    assert fields["label"] == "0"
+    assert fields["score"] == pytest.approx(1 / (1 + np.exp(-1.0)))
+
 @pytest.mark.integration
 def test_a_gold_under_another_name_gets_a_notice_not_silence(tmp_path, tiny_gpt2_dir, capsys):
     """lm-evaluation-harness's records keep the gold in `gold`: the run says it is not read instead of leaving the
