@@ -1,4 +1,5 @@
-"""Task scoring and summary metrics as pure functions, checked against hand computations."""
+"""Task scoring and summary metrics as pure functions, checked against hand computations, and the rows and error rows
+postprocess makes of them."""
 from __future__ import annotations
 
 import math
@@ -177,3 +178,54 @@ def test_gold_labels_are_read_as_the_class_names_are():
         1, 2, 2.5, "sports", None, None, None, "true", 10**20]
     assert scoring.classify_metrics([("1", gold_value(1.0)), ("2", gold_value(" 2"))])["accuracy"] == 1.0
     assert scoring.as_number("1_0") is None and scoring.as_number(" 0.5 ") == 0.5  # float() would read 1_0 as 10
+
+
+def _similarity_doc(query_embedding, fields=None):
+    """One similarity document scored by postprocess: a text of one 10-token window and a query of one 6-token
+    window, with the model's outputs for them (the query's as given)."""
+    from pipeline.records import Document
+    from pipeline.stages.inference import InferenceOutput
+    from pipeline.stages.preprocess import TokenizedDoc
+
+    doc = Document("d", "", "s.jsonl", 0, fields or {})
+    tokenized = TokenizedDoc(doc, [np.arange(10)], 8, False, 0.0, query_windows=[np.arange(6)])
+    output = InferenceOutput([np.full(4, 0.5, np.float32)], [np.asarray(query_embedding, np.float32)], 1.0, 16.0,
+                             "m", "xla", "f", "cpu")
+    return tokenized, output
+
+
+def test_a_nan_query_embedding_is_an_error_row_not_a_nan_score():
+    """A query whose embedding overflowed to NaN makes the similarity NaN: the document is an infer/nan_output
+    error row, as a NaN in its text's windows is, not a scored row whose score is NaN."""
+    from pipeline.stages.postprocess import ScoreSpec, score_documents
+
+    tokenized, output = _similarity_doc(np.full(4, np.nan))
+    rows, stats, errors = score_documents(ScoreSpec(task="similarity", run_id="r"), [tokenized], [output])
+    assert rows == [] and stats == []
+    assert [(e.stage, e.error_type, e.doc_id) for e in errors] == [("infer", "nan_output", "d")]
+
+
+def test_a_similarity_row_counts_its_text_chunks_and_its_query_tokens():
+    """n_chunks is the text's windows (the document's chunks; one here), while the model's tokens (window_tokens,
+    hence padding_efficiency) include the query's windows, which the model computed too."""
+    from pipeline.stages.postprocess import ScoreSpec, score_documents
+
+    tokenized, output = _similarity_doc(np.full(4, 0.5), {"label": 0.5})
+    [row], [stats], errors = score_documents(ScoreSpec(task="similarity", run_id="r"), [tokenized], [output])
+    assert errors == [] and row["score"] == pytest.approx(1.0)
+    assert row["n_chunks"] == 1 and row["n_tokens"] == 8
+    assert stats.window_tokens == 10 + 6
+
+
+def test_a_record_without_a_label_has_a_null_gold_label():
+    """gold_label is null for a record without a label (not the string 'None', which would read as a class
+    named None) and the label's text for one that has it."""
+    from pipeline.stages.postprocess import ScoreSpec, score_documents
+
+    spec = ScoreSpec(task="similarity", run_id="r")
+    gold_labels = []
+    for fields in ({}, {"label": 0.5}):
+        tokenized, output = _similarity_doc(np.full(4, 0.5), fields)
+        [row], _, _ = score_documents(spec, [tokenized], [output])
+        gold_labels.append(row["gold_label"])
+    assert gold_labels == [None, "0.5"]
