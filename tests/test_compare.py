@@ -165,6 +165,45 @@ def test_embedding_cosine_drift(tmp_path, capsys):
     assert code == 1
 
 
+
+def test_a_zero_embedding_in_run_b_fails_the_embedding_drift_limit(tmp_path, capsys):
+    """An all-zero embedding (its norm overflowed) has no direction: its cosine with A's is undefined, so the drift
+    is NaN, not 0, and NaN fails the limit (NaN > limit is False, so it is checked on its own): a run B that
+    broke a document's embedding must not pass the gate as if nothing drifted."""
+    emb_a = np.eye(4, 8)
+    emb_b = emb_a.copy()
+    emb_b[0] = 0.0
+    a = write_run(str(tmp_path), "a", score_rows("a", "embed", 4, embeddings=emb_a))
+    b = write_run(str(tmp_path), "b", score_rows("b", "embed", 4, embeddings=emb_b))
+    code, result = run_compare(capsys, a, b)
+    assert result["embedding_drift"]["compared"] == 4 and np.isnan(result["embedding_drift"]["mean"])
+    assert code == 1 and any("--max_embedding_drift" in v for v in result["violations"])
+
+
+def test_a_nan_score_in_run_b_fails_the_score_drift_limit(tmp_path, capsys):
+    """A NaN score makes the mean drift NaN: that fails --max_mean_drift rather than comparing False against it."""
+    scores_a = np.arange(5) / 10
+    scores_b = scores_a.copy()
+    scores_b[2] = np.nan
+    a = write_run(str(tmp_path), "a", score_rows("a", "similarity", 5, scores=scores_a))
+    b = write_run(str(tmp_path), "b", score_rows("b", "similarity", 5, scores=scores_b))
+    code, result = run_compare(capsys, a, b)
+    assert np.isnan(result["score_drift"]["mean"])
+    assert code == 1 and any("--max_mean_drift" in v for v in result["violations"])
+
+
+def test_a_value_exactly_at_its_limit_passes(tmp_path, capsys):
+    """A limit is the most allowed: 1 label flip in 20 documents is exactly the default 5% and passes; 2 fail."""
+    labels_a = [LABELS[i % 3] for i in range(20)]
+    a = write_run(str(tmp_path), "a", score_rows("a", "classify", 20, scores=np.full(20, 0.5), labels=labels_a))
+    for flips, expected in ((1, 0), (2, 1)):
+        labels_b = [LABELS[(i + 1) % 3] if i < flips else label for i, label in enumerate(labels_a)]
+        b = write_run(str(tmp_path), f"b{flips}", score_rows(f"b{flips}", "classify", 20, scores=np.full(20, 0.5),
+                                                             labels=labels_b))
+        code, result = run_compare(capsys, a, b)
+        assert result["label_flips"]["fraction"] == flips / 20
+        assert code == expected, result["violations"]
+
 def test_stage_timing_change(tmp_path, capsys):
     rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
     a = write_run(str(tmp_path), "a", rows, run_summary=summary("a", "embed", infer_p50=10.0, wall_s=30.0))
