@@ -177,6 +177,26 @@ def test_max_record_bytes_applies_to_every_format(tmp_path):
         assert [d.text for d in items if isinstance(d, Document)] == ([] if name == "c.txt" else [small])
 
 
+
+def test_a_text_of_exactly_max_record_bytes_is_a_document_and_one_byte_more_is_too_large(tmp_path):
+    """--max_record_bytes is the largest record scored: a .txt file and a Parquet text cell of exactly that many
+    UTF-8 bytes (two-byte characters here: bytes, not characters, are counted) are documents; one byte more is a
+    record_too_large row."""
+    limit = 200
+    exact, over = "\u00e9" * (limit // 2), "\u00e9" * (limit // 2) + "a"
+    assert (len(exact.encode()), len(over.encode())) == (limit, limit + 1)
+    spec = sources.ReadSpec(max_record_bytes=limit)
+    (tmp_path / "exact.txt").write_text(exact, encoding="utf-8")
+    (tmp_path / "over.txt").write_text(over, encoding="utf-8")
+    pq.write_table(pa.table({"id": ["exact", "over"], "text": [exact, over]}), tmp_path / "cells.parquet")
+    [doc] = sources.read_shard(str(tmp_path / "exact.txt"), spec)
+    assert isinstance(doc, Document) and doc.text == exact
+    [row] = sources.read_shard(str(tmp_path / "over.txt"), spec)
+    assert isinstance(row, ErrorRow) and row.error_type == "record_too_large"
+    doc, row = sources.read_shard(str(tmp_path / "cells.parquet"), spec)
+    assert isinstance(doc, Document) and (doc.doc_id, doc.text) == ("exact", exact)
+    assert isinstance(row, ErrorRow) and (row.doc_id, row.error_type) == ("over", "record_too_large")
+
 class RecordingTokenizer:
     """The real tokenizer, recording how many characters each call was given."""
 
