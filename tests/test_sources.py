@@ -327,6 +327,18 @@ def test_ids_that_cannot_tell_a_record_apart_fall_back_to_the_position_and_bytes
     assert "'id'" in row.message
 
 
+
+def test_an_invalid_utf8_row_names_the_first_undecodable_field():
+    """A record with several fields that are not UTF-8 is one invalid_utf8 row naming the first of them in the
+    order the fields are read (the text, the id, then query and label), not the last one looked at."""
+    from pipeline.io.sources import decoded_record
+
+    row = decoded_record({"id": b"\xfc", "text": b"\xff", "query": b"\xfe", "label": b"\xfd"}, "s", 3, SPEC)
+    assert (type(row), row.error_type) == (ErrorRow, "invalid_utf8")
+    assert row.message.startswith("'text' holds bytes that are not valid UTF-8"), row.message
+    row = decoded_record({"id": "ok", "text": "t", "query": b"\xfe", "label": b"\xfd"}, "s", 3, SPEC)
+    assert row.message.startswith("'query' holds bytes"), row.message
+
 def test_parquet_binary_id_and_text_columns_are_read_as_utf8_text(tmp_path):
     """Before: a binary id became "b'bin-a'" and a binary (un-annotated UTF-8) text column was bad_field_type
     on every row."""
