@@ -275,6 +275,20 @@ def test_a_failed_launch_is_discarded_and_the_old_run_is_untouched(tmp_path):
     assert not [p for p in (tmp_path / "out").rglob(f"*{spec.launch}*")], "the failed launch left files"
 
 
+
+def test_discarding_the_launch_that_committed_leaves_its_run_published(tmp_path):
+    """A caller that judged a launch failed after it had committed (the job died after its commit) calls
+    discard_launch for it: the published run is its own, so nothing goes: its scores and errors parts and its
+    history file stay, and readers still see the new run."""
+    spec, written = stage_run(tmp_path)
+    summary = publish.publish_run(spec, FACTS, STATS, written, derived=False)
+    kept = on_disk(tmp_path / "out")
+    history = f"runs/run_id={spec.run_id}/{run_commit.history_name(spec.launch)}"
+    assert history in kept and set(summary["files"]["scores"]) <= kept
+    run_commit.discard_launch(spec.output, spec.run_id, spec.launch, spec.staging)
+    assert on_disk(tmp_path / "out") == kept
+    assert visible(spec) == NEW
+
 # ---- the summary: in the job, then enriched by a waiting launcher ----------------------------------
 
 FACTS = {
