@@ -190,6 +190,23 @@ def test_one_mask_definition():
                                                                 [True, True, True, False]]
 
 
+
+def test_local_window_mask_against_pairs_written_out():
+    """The sliding window is checked against its own definition, not the reference (which calls the same
+    causal_mask): with window w query i sees exactly the w keys i - w < j <= i, itself included, as transformers'
+    sliding_window_overlay (kv_idx > q_idx - sliding_window) on its causal mask, for Mistral and Qwen2."""
+    assert causal_mask(np.arange(5), np.arange(5), window=2).tolist() == [[True, False, False, False, False],
+                                                                          [True, True, False, False, False],
+                                                                          [False, True, True, False, False],
+                                                                          [False, False, True, True, False],
+                                                                          [False, False, False, True, True]]
+    assert causal_mask(np.arange(4), np.arange(4), window=1).tolist() == np.eye(4, dtype=bool).tolist()
+    q, kv = np.arange(9), np.arange(12)
+    for window in range(1, 11):
+        expected = [[i - window < j <= i for j in kv] for i in q]
+        assert causal_mask(q, kv, window=window).tolist() == expected, window
+        assert causal_mask(q, kv, window=window).sum(axis=1).tolist() == [min(i + 1, window) for i in q]
+
 def pallas_gpu_interpreted(q, k, v, **kw):
     return pallas_gpu_attention(q, k, v, interpret=True, **kw)
 
