@@ -4,6 +4,7 @@ retries 503s and dropped connections without losing or duplicating data."""
 from __future__ import annotations
 
 import hashlib
+import re
 
 import fsspec
 import pytest
@@ -165,6 +166,9 @@ def test_gs_inputs_that_exist_are_discovered_and_an_empty_match_is_still_named_s
     from pipeline.io.input_files import find_input
 
     assert find_input(gcs.url("in")).skipped == [gcs.url("in", "notes.yaml")]  # a directory lists what it leaves out
+    with pytest.raises(FileNotFoundError, match=r"it matches only folders \(" + re.escape(gcs.url("in", "sub")) + r"\)"
+                       + r".*add the files' part, e\.g\. " + re.escape(gcs.url("in", "s*", "*"))):
+        shards_of(gcs.url("in", "s*"))  # as for a local glob of folders: the fix, not only "matches no shard"
 
 
 def test_gs_names_holding_glob_characters_and_folder_placeholders(gcs):

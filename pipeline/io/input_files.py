@@ -129,10 +129,12 @@ def find_input(pattern: str, *, tfds_data_dir: str | None = None, split: str = "
         others = [as_written(p) for p in skipped]
         holds = (f"; it holds only files of other formats: {', '.join(others[:3])}"
                  + (f" and {len(others) - 3} more" if len(others) > 3 else "")) if others else ""
-        folders = ([p for p in sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1])) if os.path.isdir(p)]
-                   if local and not one_path and not holds else [])  # a local glob of folders: fsspec keeps files only
+        is_folder = os.path.isdir if local else fs.isdir
+        folders = ([p for p in sorted(fs.glob(fsspec.core.url_to_fs(pattern)[1])) if is_folder(p)]
+                   if not one_path and not holds else [])  # a glob of folders: what it matched was left out above
         if folders:
-            shown = [printable(os.path.relpath(f) if not os.path.isabs(pattern) else f) for f in folders[:3]]
+            shown = [printable(as_written(f) if not local else os.path.relpath(f) if not os.path.isabs(pattern) else f)
+                     for f in folders[:3]]
             holds = (f"; it matches only folders ({', '.join(shown)}"
                      + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
                      + f"), and a glob names files: add the files' part, e.g. {posixpath.join(pattern, '*')}, "
