@@ -233,12 +233,16 @@ def test_report_command_finds_the_latest_run_and_explains_a_wrong_path(finished_
     assert "run 'r9' did not finish" in capsys.readouterr().err
     assert report.main([""]) == 2  # `docscore report "$OUT"` with OUT unset
     assert "no run given (an empty argument)" in capsys.readouterr().err
-    # any of the run's directories names it, as for compare, and so does the summary.json path `docscore run`
-    # prints at its end; a --run_id saying otherwise is refused, not ignored
+    # any of the run's directories names it, as for compare, and so do the summary.json and report.html paths
+    # `docscore run` prints at its end (compare took report.html, report refused it); a --run_id saying otherwise
+    # is refused, not ignored
+    from pipeline.runs.compare import RunRef
+
     for run_path in [f"{output}/{table}/run_id=r1" for table in ("runs", "scores", "errors")] + [
-            f"{output}/runs/run_id=r1/summary.json"]:
+            f"{output}/runs/run_id=r1/summary.json", f"{output}/runs/run_id=r1/report.html"]:
         assert report.main([run_path]) == 0, capsys.readouterr().err
         assert capsys.readouterr().out.strip() == run_commit.report_path(output, "r1")
+        assert (RunRef.parse(run_path).output_dir, RunRef.parse(run_path).run_id) == (output, "r1")
     assert report.main([f"{output}/runs/run_id=r1", "--run_id", "r9"]) == 2
     assert "but --run_id says 'r9'" in capsys.readouterr().err
     # a --run_id that is no partition name cannot lead the report out of DIR

@@ -88,6 +88,23 @@ def partition_run_id(path: str) -> str | None:
     return base[len(PARTITION_PREFIX):] or None if base.startswith(PARTITION_PREFIX) else None
 
 
+RUN_FILES = (SUMMARY_FILE, REPORT_FILE)  # the files of DIR/runs/run_id=ID that `docscore run` prints
+
+
+def named_run(path: str) -> tuple[str, str] | None:
+    """(output DIR, run_id) of a path naming one run: one of its partitions (DIR/scores|errors|runs/run_id=ID) or
+    a file of DIR/runs/run_id=ID that `docscore run` prints (summary.json, report.html); None for any other path.
+    What `docscore report` and `docscore compare` take as a run."""
+    path = path.rstrip("/") or "/"
+    folder = posixpath.dirname(path)
+    if posixpath.basename(path) in RUN_FILES and posixpath.basename(posixpath.dirname(folder)) == "runs":
+        path = folder
+    run_id = partition_run_id(path)
+    if run_id is None or posixpath.basename(posixpath.dirname(path)) not in (*TABLES, "runs"):
+        return None
+    return posixpath.dirname(posixpath.dirname(path)), run_id
+
+
 def partition(output: str, table: str, run_id: str) -> str:
     """DIR/<table>/run_id=ID (table: scores, errors or runs; _staging for the launches' staging)."""
     return posixpath.join(output.rstrip("/"), table, partition_name(run_id))

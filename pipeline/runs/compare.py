@@ -29,7 +29,6 @@ from pipeline.records import ERRORS_SCHEMA, SCORES_SCHEMA
 from pipeline.runs.history import STAGE_TIMING, WALL_S, summary_value
 from pipeline.telemetry.timing import STAGES
 
-RUN_FILES = (run_commit.SUMMARY_FILE, run_commit.REPORT_FILE)  # the files of DIR/runs/run_id=ID that `docscore run` prints
 SCORE_COLUMNS = ("doc_id", "source", "record_index", "task", "score", "label", "embedding")
 KEYS = {"source_record": ("source", "record_index"), "doc_id": ("doc_id",)}
 EXIT_OK, EXIT_THRESHOLD, EXIT_USAGE = 0, 1, 2
@@ -56,15 +55,12 @@ class RunRef:
     def parse(cls, text: str) -> "RunRef":
         if text.startswith(sinks.BQ_PREFIX):
             raise CompareError(bigquery_message(text, "compare"))
-        path = text.rstrip("/")
-        if posixpath.basename(path) in RUN_FILES and posixpath.basename(posixpath.dirname(posixpath.dirname(path))) == "runs":
-            path = posixpath.dirname(path)  # DIR/runs/run_id=ID/summary.json (or report.html) names run ID
-        run_id, table = run_commit.partition_run_id(path), posixpath.basename(posixpath.dirname(path))
-        if run_id is None or table not in (*run_commit.TABLES, "runs"):
+        named = run_commit.named_run(text)
+        if named is None:
             raise CompareError(
                 f"{text!r} is not a run partition; pass DIR/scores/run_id=ID (or DIR/errors/..., DIR/runs/..., or "
                 f"the run's summary.json) as printed by `docscore run`")
-        return cls(posixpath.dirname(posixpath.dirname(path)), run_id)
+        return cls(*named)
 
     def partition(self, table: str) -> str:
         return run_commit.partition(self.output_dir, table, self.run_id)

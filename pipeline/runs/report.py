@@ -67,8 +67,8 @@ class RunData:
 def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
     """RUN_DIR argument -> (output DIR, run_id).
 
-    Accepts one of the run's directories (DIR/runs/run_id=ID, or its scores or errors partition, as compare
-    does), its summary.json (the path `docscore run` prints at its end), or the output DIR with run_id given,
+    Accepts what compare accepts as a run (run_commit.named_run: one of the run's partitions, its summary.json or
+    report.html, the paths `docscore run` prints at its end), or the output DIR with run_id given,
     or the output DIR alone (then the run that finished last; a damaged summary.json of another run is
     skipped, named on stderr).
     """
@@ -77,15 +77,11 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
     if not path.strip():
         raise ReportError("no run given (an empty argument): pass the output DIR, a run's folder or its summary.json")
     path = path.rstrip("/") or "/"
-    folder = posixpath.dirname(path)
-    if (posixpath.basename(path) == run_commit.SUMMARY_FILE and run_commit.partition_run_id(folder)
-            and posixpath.basename(posixpath.dirname(folder)) == "runs"):
-        path = folder  # DIR/runs/run_id=ID/summary.json names run ID
-    named = run_commit.partition_run_id(path)
-    if named and posixpath.basename(posixpath.dirname(path)) in ("runs", "scores", "errors"):
-        if run_id and run_id != named:
-            raise ReportError(f"{path} is run {named!r} but --run_id says {run_id!r}; pass one of them")
-        return posixpath.dirname(posixpath.dirname(path)), named
+    named = run_commit.named_run(path)
+    if named:
+        if run_id and run_id != named[1]:
+            raise ReportError(f"{path} is run {named[1]!r} but --run_id says {run_id!r}; pass one of them")
+        return named
     if run_id:
         if not run_commit.safe_run_id(run_id):
             raise ReportError(f"--run_id={run_id!r} is not a run_id docscore writes (letters, digits, '.', '_' or '-', starting with a letter or digit; "
