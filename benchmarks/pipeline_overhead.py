@@ -176,8 +176,8 @@ def child(args) -> dict[str, float]:
     born = pipeline.launch.process_start_time()  # the command's own clock (summary.json's command_wall_s)
     seconds: dict[str, float] = {"imports": time.time() - born, "model_calls": 0.0}
     running: set[str] = set()  # the phases under way
-    for module, name in ((pipeline.launch, "validate"), (pipeline.launch, "build_pipeline"),
-                         (pipeline.telemetry.progress, "run_with_progress"), (pipeline.runs.publish, "write_derived")):
+    owners = (pipeline.launch, pipeline.launch, pipeline.telemetry.progress, pipeline.runs.publish)
+    for module, name in zip(owners, PHASES):
         def timed(*a, _f=getattr(module, name), _name=name, **k):
             start = time.perf_counter()
             running.add(_name)

@@ -45,7 +45,7 @@ def default_cache_dir() -> str:
 def local_cache_dir(cache_dir: str | None) -> str:
     """Where models are converted and copied: cache_dir, or the default when it is None or remote (a gs://
     --cache_dir holds the compilation cache that a job's workers share; models are cached on each machine)."""
-    return cache_dir if cache_dir and not is_remote(cache_dir) else default_cache_dir()
+    return cache_dir.removeprefix("file://") if cache_dir and not is_remote(cache_dir) else default_cache_dir()
 
 
 def is_remote(path: str) -> bool:

@@ -1,7 +1,8 @@
 """The `docscore` command: dispatches a subcommand to the module that owns it.
 
-Holds only the table of subcommands; each owning module exposes `main(argv) -> int`.
-Must not parse the subcommands' own flags (their modules do).
+Holds the table of subcommands (each owning module exposes `main(argv) -> int`) and what every subcommand's
+process shares: the parser class they use (SubcommandParser), control characters written as escapes (TerminalText),
+--version, and the message for a docscore package shadowed by another. Must not parse the subcommands' own flags.
 """
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ class CpuTuning:
 
 @dataclasses.dataclass
 class TuningReport:
-    """What apply_cpu_tuning did (goes to logs and benchmarks)."""
+    """What apply_cpu_tuning did and left out, for a caller that checks it (the tests do; the command does not print it)."""
 
     mallopt: dict[str, int] = dataclasses.field(default_factory=dict)
     env_set: dict[str, str] = dataclasses.field(default_factory=dict)  # environment variables this process set

@@ -481,7 +481,8 @@ def check_output(eo: EvalOptions) -> None:
 
 def validate_plan(eo: EvalOptions) -> RunPlan:
     """All checks, cheapest first: the options, the input's files, the output, the model (loaded once per process,
-    reused by the pipeline) and what needs it, then the one look at data (a schema or the first records' fields)."""
+    reused by the pipeline) and what needs it, then the looks at data: the first records' fields (a schema), and the first
+    shard's first labels for the gold notices."""
     backend, kernel, batch = check_before_data(eo)
     task, labels = tasks.get(eo.task), parse_labels(eo.classify_labels)
     where = backend_origin(eo, backend)
@@ -507,7 +508,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
     if task.takes_labels and same_backend:  # the model was loaded here as the run's workers load it
         compiles = check_label_embeddings(eo, task, labels, loaded, batch, max_len)
     notice = bfloat16_notice(eo, backend)
-    input_checks.check_fields(eo, shards, read_spec)  # last: the only check that looks at data (a schema or first record)
+    input_checks.check_fields(eo, shards, read_spec)  # last, with the notices: the checks that look at data (first records)
     gold_notice = input_checks.text_gold_notice(shards[0], read_spec) if task.numeric_gold else None
     if task.takes_labels and not gold_notice:
         gold_notice = input_checks.unknown_gold_notice(shards[0], read_spec, tuple(labels))

@@ -54,6 +54,17 @@ def test_models_stay_in_the_local_cache_when_cache_dir_is_on_gcs(tmp_path, monke
     assert not (tmp_path / "gs:").exists()
 
 
+def test_a_file_url_cache_dir_is_that_local_folder(tmp_path, monkeypatch):
+    """--cache_dir file:///x is the folder /x for models as for the compilation cache: the model conversion took the
+    URL for a path (a folder 'file:' under the working directory, then 'cannot read safetensors')."""
+    from models.loader import local_model_dir
+
+    monkeypatch.chdir(tmp_path)
+    path, name = local_model_dir("minilm-l6", f"file://{tmp_path / 'cache'}")
+    assert name == "minilm-l6" and path.startswith(str(tmp_path / "cache")) and os.path.isdir(path)
+    assert not (tmp_path / "file:").exists()
+
+
 @pytest.mark.integration
 def test_a_cache_dir_that_cannot_hold_the_cache_is_refused_before_any_data_is_read(gcs, tmp_path, monkeypatch, corpus,
                                                                                     no_data_read, capsys):

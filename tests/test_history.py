@@ -107,7 +107,7 @@ def test_the_views_read_an_output_directory_whose_name_holds_quotes_or_glob_char
     con = duckdb.connect()
     con.execute(run_commit.duckdb_views_sql(out, views=("scores",)))
     assert con.sql("SELECT run_id, count(*) FROM scores GROUP BY run_id").fetchall() == [("a", 4)]
-    assert run_commit.committed_run_ids(out) == ["a"]  # what history and `docscore report DIR` list
+    assert run_commit.committed_run_ids(out) == ["a"]  # the runs with a committed summary, by their folders
 
 
 def test_a_copied_partition_is_not_counted_again_by_the_views(tmp_path):

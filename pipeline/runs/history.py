@@ -41,6 +41,7 @@ BACKEND_WORKERS = "backend.workers"  # list of backends the workers ran on
 BACKEND_LAUNCHER = "backend.launcher"
 COUNTS = {"input_records": "counts.records", "scored": "counts.scored", "errors": "counts.errors"}
 ERRORS_BY_TYPE = "counts.errors_by_type"  # {"stage/error_type": n}
+ERROR_FRACTION = "counts.error_fraction"
 NUMBERS = {
     "docs_per_s": "throughput.docs_per_s",
     "tokens_per_s": "throughput.tokens_per_s",
@@ -138,8 +139,8 @@ def history_row(summary: dict[str, Any]) -> dict[str, Any]:
             "history: the run summary has no run_id; pass the dict written to DIR/runs/run_id=ID/summary.json"
         )
     counts = {name: _int(summary_value(summary, path)) for name, path in COUNTS.items()}
-    error_rate = None
-    if counts["input_records"]:
+    error_rate = _float(summary_value(summary, ERROR_FRACTION))  # the error gate's value
+    if error_rate is None and counts["input_records"]:  # a summary from before counts.error_fraction
         error_rate = (counts["errors"] or 0) / counts["input_records"]
     workers = summary_value(summary, BACKEND_WORKERS)
     backend = ",".join(map(str, workers)) if workers else summary_value(summary, BACKEND_LAUNCHER)

@@ -340,7 +340,7 @@ def shown_labels(frequency: Counter) -> tuple[list[str], Callable[[str], str]]:
 
 
 def outcome_chart(scores: pa.Table | None, task: str | None) -> tuple[bytes | None, str]:
-    """The task's chart (Task.chart): labels (classify): predicted (and gold) label counts; scores
+    """The task's chart (Task.chart): labels (classify, choice): predicted (and gold) label counts; scores
     (similarity, loglik): a histogram of its chart_column; lengths (embed): tokens per document."""
     if scores is None or scores.num_rows == 0:
         return None, "Scores"

@@ -183,6 +183,7 @@ def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attentio
     segment one-hot. Within 0.9-1.3x of what XLA's compiled programs report for MiniLM and GPT-2 on CPU
     (tests/test_batch_memory.py); calls of shorter packed rows hold the same tokens and fewer scores."""
     from models.heads import logits_block_positions
+    from pipeline.stages.packing import max_segments_for
 
     rows, length = int(batch_size), int(seq_len)
     tokens = rows * length
@@ -193,7 +194,7 @@ def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attentio
     if dtype == "bfloat16":
         layer += 2 * (4 * h * h + 2 * h * i)
     if config.is_encoder:
-        head = (tokens * h + tokens * max(1, length // 8)) * ACTIVATION_BYTES
+        head = (tokens * h + tokens * max_segments_for(length)) * ACTIVATION_BYTES  # the pooling's segment one-hot
     else:
         block = logits_block_positions(rows, max(length - 1, 1), config.vocab_size)
         head = (tokens * h + 2 * rows * block * config.vocab_size) * ACTIVATION_BYTES

@@ -400,7 +400,7 @@ def runner_name(runner: Any) -> str:
 
 def runs_locally(options: PipelineOptions) -> bool:
     """The job runs in or beside this process (DirectRunner and friends), so the launcher waits for it.
-    Lives here, beside LOCAL_RUNNERS, so that validate.py and publish.py both import it downwards."""
+    Lives here, beside LOCAL_RUNNERS, so that launch.py, graph.py, validate.py and dataflow_checks.py import it downwards."""
     return runner_name(options.view_as(StandardOptions).runner) in LOCAL_RUNNERS
 
 
