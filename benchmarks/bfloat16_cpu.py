@@ -40,7 +40,7 @@ def best_ms(fn, repeats: int) -> float:
 def child(dtype: str, repeats: int) -> dict[str, float]:
     from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 
-    apply_cpu_tuning(CpuTuning(attention="native", dtype=dtype, xla_flags=False))  # the parent set XLA_FLAGS
+    apply_cpu_tuning(CpuTuning(dtype=dtype, xla_flags=False))  # the parent set XLA_FLAGS
     import jax
     import jax.numpy as jnp
     import numpy as np

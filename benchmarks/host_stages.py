@@ -41,7 +41,7 @@ def main() -> None:
 
     if args.host == "accelerator":
         os.environ.update(accelerator_host_env())
-    apply_cpu_tuning(CpuTuning(attention="native"))  # first thing, as `docscore run` does
+    apply_cpu_tuning(CpuTuning())  # first thing, as `docscore run` does
 
     import pyarrow as pa
 

@@ -57,7 +57,7 @@ def main() -> None:
 
     from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 
-    apply_cpu_tuning(CpuTuning(attention="flash"))  # the same flags as native (process_setup.CPU_XLA_FLAGS)
+    apply_cpu_tuning(CpuTuning())  # the same flags for every kernel
     import numpy as np
 
     import models

@@ -108,7 +108,7 @@ def main() -> None:
 
     from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 
-    apply_cpu_tuning(CpuTuning(attention="native", dtype=args.dtype))
+    apply_cpu_tuning(CpuTuning(dtype=args.dtype))
     activation_alone(args.rounds)
     activation_in_model(args.dtype, args.rounds)
     embedding_column(args.docs, args.rounds)

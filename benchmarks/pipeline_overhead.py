@@ -165,7 +165,7 @@ def stand_in_in_workers(args) -> None:
 def child(args) -> dict[str, float]:
     from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 
-    apply_cpu_tuning(CpuTuning(attention=args.attention, dtype=args.dtype))
+    apply_cpu_tuning(CpuTuning(dtype=args.dtype))
     import numpy as np
 
     import pipeline.launch

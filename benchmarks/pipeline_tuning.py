@@ -32,7 +32,7 @@ def child(setting: str, attention: str, dtype: str, calls: int, rounds: int, bat
     names, flags = SETTINGS[setting]
     process_setup.apply_mallopt(names)
     if flags:
-        process_setup.add_xla_flags(process_setup.xla_flags_for(attention))
+        process_setup.add_xla_flags(process_setup.xla_flags_for())
     import numpy as np
 
     import models

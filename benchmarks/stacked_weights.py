@@ -31,7 +31,7 @@ def main() -> None:
 
     from pipeline.process_setup import CpuTuning, apply_cpu_tuning
 
-    apply_cpu_tuning(CpuTuning(attention="native", dtype=args.dtype, compilation_cache=False))
+    apply_cpu_tuning(CpuTuning(dtype=args.dtype, compilation_cache=False))
     import jax
     import numpy as np
     from flax import nnx

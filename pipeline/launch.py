@@ -214,7 +214,7 @@ def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
         except OSError as e:
             raise ConfigError(f"{compilation_cache_setting(eo.cache_dir)}: cannot hold the compilation cache {cache} "
                               f"({type(e).__name__}: {e}); choose a directory you can write to") from None
-        apply_cpu_tuning(CpuTuning(attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
+        apply_cpu_tuning(CpuTuning(dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
         plan = validate(eo)
     except ConfigError as e:
         print(f"docscore run: {e}", file=sys.stderr)

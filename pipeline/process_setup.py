@@ -43,20 +43,14 @@ MALLOPT_VALUES = {
     "M_ARENA_MAX": (M_ARENA_MAX, 1, "MALLOC_ARENA_MAX"),
 }
 
-# XLA CPU flags per attention implementation (the kernel the run resolves to on CPU), for a CPU where
-# YNNPACK's dots pay off (ynn_dots_pay_off): at the pipeline's <= 256-token rows the dense layers dominate, so
-# both kernels get the flag (benchmarks/PERF_NOTES.md, "process_setup.py"; on and off end to end: RESULTS.md).
+# XLA CPU flags, for a CPU where YNNPACK's dots pay off (ynn_dots_pay_off): the same for every attention kernel,
+# since at the pipeline's <= 256-token rows the dense layers dominate (benchmarks/PERF_NOTES.md, "process_setup.py";
+# on and off end to end: RESULTS.md).
 YNN_INDIVIDUAL_DOT = "--xla_cpu_experimental_ynn_fusion_type=individual_dot"
-CPU_XLA_FLAGS = {
-    "xla": (YNN_INDIVIDUAL_DOT,),
-    "blockwise": (YNN_INDIVIDUAL_DOT,),
-}
 # Where YNNPACK's dots do not pay off: an empty list of YNN fusion types, so every dot stays in XLA's own
 # code (jaxlib 0.10.2 sends dots to YNNPACK even without a flag), which is faster there (benchmarks/README.md,
 # "Dots in or out of YNNPACK, by CPU").
 YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
-# --attention value -> the CPU implementation it means for the pipeline's window lengths (<= 512).
-CPU_IMPL_OF = {"native": "xla", "auto": "xla", "flash": "blockwise"}
 
 ONE_ARENA = "M_ARENA_MAX"
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # the tokenizers library's switch for its own threads
@@ -69,10 +63,9 @@ NATIVE_BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 @dataclasses.dataclass(frozen=True)
 class CpuTuning:
-    """What to apply. attention: the --attention value (or an implementation name); cache_dir: the
-    docscore cache dir (the compilation cache goes under it unless JAX_COMPILATION_CACHE_DIR is set)."""
+    """What to apply. cache_dir: the docscore cache dir (the compilation cache goes under it unless
+    JAX_COMPILATION_CACHE_DIR is set)."""
 
-    attention: str = "auto"
     dtype: str = "float32"  # the --dtype value: bfloat16 gets other XLA flags on a CPU without bfloat16 instructions
     cache_dir: str | None = None
     malloc: bool = True
@@ -113,7 +106,7 @@ def apply_cpu_tuning(tuning: CpuTuning | None = None) -> TuningReport:
             if ONE_ARENA in report.mallopt and TOKENIZERS_PARALLELISM not in os.environ:
                 os.environ[TOKENIZERS_PARALLELISM] = report.env_set[TOKENIZERS_PARALLELISM] = "false"
         if tuning.xla_flags:
-            report.xla_flags_added = add_xla_flags(xla_flags_for(tuning.attention, tuning.dtype, cpu_features()))
+            report.xla_flags_added = add_xla_flags(xla_flags_for(tuning.dtype, cpu_features()))
     else:
         report.skipped.append(f"{ENV_SWITCH}=0: malloc and XLA flag tuning off")
     if tuning.compilation_cache:
@@ -180,13 +173,10 @@ def apply_mallopt(names: tuple[str, ...] = tuple(MALLOPT_VALUES)) -> tuple[dict[
     return applied, skipped
 
 
-def xla_flags_for(attention: str, dtype: str = "float32", features: frozenset[str] | None = None) -> tuple[str, ...]:
-    """The XLA CPU flags chosen for the kernel an --attention value means on CPU, in `dtype`, on a CPU with
-    these feature flags (cpu_features(); None: unknown)."""
-    impl = CPU_IMPL_OF.get(attention, attention)
-    if impl not in CPU_XLA_FLAGS:
-        return ()
-    return CPU_XLA_FLAGS[impl] if ynn_dots_pay_off(dtype, features) else (YNN_OFF,)
+def xla_flags_for(dtype: str = "float32", features: frozenset[str] | None = None) -> tuple[str, ...]:
+    """The XLA CPU flags chosen for `dtype` on a CPU with these feature flags (cpu_features(); None: unknown),
+    whatever the attention kernel."""
+    return (YNN_INDIVIDUAL_DOT,) if ynn_dots_pay_off(dtype, features) else (YNN_OFF,)
 
 
 def ynn_dots_pay_off(dtype: str, features: frozenset[str] | None) -> bool:
@@ -225,8 +215,8 @@ def describe_cpu_choice(features: frozenset[str] | None) -> str:
         return "CPU feature list unknown (no /proc/cpuinfo): jaxlib's default flags"
     native = has_native_bfloat16(features)
     return (f"AVX-512 {'yes' if 'avx512f' in features else 'no'}, bfloat16 instructions {'yes' if native else 'no'}; "
-            f"docscore's XLA flags: float32 {' '.join(xla_flags_for('native', 'float32', features)) or '-'}, "
-            f"bfloat16 {' '.join(xla_flags_for('native', 'bfloat16', features)) or '-'}")
+            f"docscore's XLA flags: float32 {' '.join(xla_flags_for('float32', features)) or '-'}, "
+            f"bfloat16 {' '.join(xla_flags_for('bfloat16', features)) or '-'}")
 
 
 def add_xla_flags(flags: tuple[str, ...] | list[str]) -> list[str]:

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
 import json, sys
 from pipeline.process_setup import CpuTuning, apply_cpu_tuning
-report = apply_cpu_tuning(CpuTuning(attention="native", cache_dir=sys.argv[1]))
+report = apply_cpu_tuning(CpuTuning(cache_dir=sys.argv[1]))
 import jax, jax.numpy as jnp
 from models.loader import PERSISTENT_CACHE_HITS
 jax.jit(lambda x: jnp.tanh(x) @ x.T + 1.0).lower(jnp.ones((32, 32))).compile()

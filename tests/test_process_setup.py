@@ -33,10 +33,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def test_xla_flags_are_chosen_per_kernel_and_the_users_value_wins(monkeypatch):
-    assert process_setup.xla_flags_for("native") == process_setup.CPU_XLA_FLAGS["xla"]
-    assert process_setup.xla_flags_for("flash") == process_setup.CPU_XLA_FLAGS["blockwise"]
-    assert process_setup.xla_flags_for("pallas_tpu") == ()
+def test_xla_flags_are_chosen_per_dtype_and_the_users_value_wins(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=default --xla_cpu_enable_fast_math=false")
     assert process_setup.add_xla_flags([process_setup.YNN_INDIVIDUAL_DOT]) == []
     assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_experimental_ynn_fusion_type=default",
@@ -144,7 +141,7 @@ def test_one_malloc_arena_only_where_the_model_runs_on_this_cpu(tmp_path):
 CACHE_PROBE = """
     import json, os
     from pipeline.process_setup import CpuTuning, apply_cpu_tuning
-    report = apply_cpu_tuning(CpuTuning(attention="native"))
+    report = apply_cpu_tuning(CpuTuning())
     import jax, jax.numpy as jnp
     hits = []
     jax.monitoring.register_event_listener(lambda event, **kw: hits.append(event) if event.endswith("/cache_hits") else None)
@@ -163,7 +160,7 @@ def test_compilation_cache_under_the_docscore_cache_dir_serves_a_second_process(
     assert first["cache_dir"] == str(cache) and any(cache.iterdir())
     assert first["hits"] == 0
     # the XLA flag chosen for this CPU reached XLA (an unknown flag would abort the process) and was the one added
-    chosen = list(process_setup.xla_flags_for("native", "float32", process_setup.cpu_features()))
+    chosen = list(process_setup.xla_flags_for("float32", process_setup.cpu_features()))
     assert first["added"] == chosen and chosen[0] in first["flags"].split()
     second = run_python(CACHE_PROBE, env)
     assert second["hits"] >= 1 and second["value"] == first["value"]
@@ -227,14 +224,13 @@ def test_dots_leave_ynnpack_where_it_was_measured_slower(tmp_path):
     """individual_dot where YNNPACK paid off (AVX-512; bfloat16 instructions for bfloat16), YNN_OFF on x86
     without them, jaxlib's own choice (individual_dot) on CPUs not measured."""
     def flags(text: str | None, dtype: str) -> tuple[str, ...]:
-        return process_setup.xla_flags_for("native", dtype, None if text is None else features_of(tmp_path, text))
+        return process_setup.xla_flags_for(dtype, None if text is None else features_of(tmp_path, text))
 
     on, off = (process_setup.YNN_INDIVIDUAL_DOT,), (process_setup.YNN_OFF,)
     assert flags(ZEN3, "float32") == off and flags(ZEN3, "bfloat16") == off
     assert flags(ZEN4, "float32") == on and flags(ZEN4, "bfloat16") == on
     assert flags(ICE_LAKE, "float32") == on and flags(ICE_LAKE, "bfloat16") == off
     assert flags(GRAVITON3, "bfloat16") == on and flags(OLD_ARM, "bfloat16") == on and flags(None, "bfloat16") == on
-    assert process_setup.xla_flags_for("pallas_tpu", "bfloat16", features_of(tmp_path, ZEN3)) == ()
 
 
 @pytest.mark.integration

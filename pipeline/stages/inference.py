@@ -77,7 +77,7 @@ def shared_model(spec: ModelSpec):
         if spec not in _MODELS:
             import models
 
-            apply_cpu_tuning(CpuTuning(attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir))  # before jax starts here
+            apply_cpu_tuning(CpuTuning(dtype=spec.dtype, cache_dir=spec.cache_dir))  # before jax starts here
             _MODELS[spec] = models.load(spec.name, attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir,
                                          matmul_precision=spec.matmul_precision, max_seq_len=spec.max_seq_len)
             _MODELS[spec].while_compiling = device_time.PROCESS_CLOCK.idle  # compiling is host time, not device time
