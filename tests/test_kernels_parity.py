@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels import attention
+from kernels import attention, table
 from kernels.blockwise import blockwise_attention
 from kernels.cudnn import cudnn_attention, one_segment_lengths
 from kernels.masking import causal_mask, segment_mask
@@ -26,6 +26,8 @@ pytestmark = pytest.mark.integration  # README.md, "Development"
 HEADS = 12
 TOLERANCE = {"float32": 2e-5, "bfloat16": 2e-2}
 LENGTHS = (1, 7, 128, 129, 300, 1000)
+# every kernel that runs on CPU meets the reference cases below; the others have their interpreted cases further down
+CPU_KERNELS = tuple(name for name, impl in table.IMPLEMENTATIONS.items() if "cpu" in impl.backends)
 
 
 def segment_rows(length: int) -> np.ndarray:
@@ -84,11 +86,11 @@ def attention_via(impl: str):
     return lambda q, k, v, **kw: attention(q, k, v, impl=impl, **kw)
 
 
-# xla and blockwise through the public entry point: every length, each with two of the four
+# the CPU kernels (xla, blockwise) through the public entry point: every length, each with two of the four
 # (causal, segments) settings so each setting meets several lengths; kv_heads cycle through
 # 12/4/1 so both kernels meet every grouping. Length 1000 (slow in the float64 reference) only
 # for blockwise, where it spans two key/value blocks with a ragged tail.
-CASES = [(impl, length, causal, segments) for impl in ("xla", "blockwise")
+CASES = [(impl, length, causal, segments) for impl in CPU_KERNELS
          for i, length in enumerate(LENGTHS) if length < 1000 or impl == "blockwise"
          for causal, segments in (((False, False), (True, True)), ((False, True), (True, False)))[i % 2]
          if length < 1000 or causal]
@@ -101,7 +103,7 @@ def test_matches_reference_float32(impl, length, causal, segments):
                             causal=causal, segments=segments, seed=length)
 
 
-@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+@pytest.mark.parametrize("impl", CPU_KERNELS)
 def test_multi_query_head_dim_64(impl):
     check_against_reference(attention_via(impl), length=129, kv_heads=1, causal=True,
                             segments=True, head_dim=64, seed=64)
@@ -114,7 +116,7 @@ def test_matches_reference_bfloat16(impl, length, causal):
                             segments=True, dtype="bfloat16", seed=length + 1)
 
 
-@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+@pytest.mark.parametrize("impl", CPU_KERNELS)
 def test_cross_lengths_and_scale(impl):
     check_against_reference(attention_via(impl), length=300, kv_len=129, kv_heads=4,
                             causal=True, segments=False, scale=0.3, seed=300)
@@ -366,7 +368,7 @@ def test_splash_tpu_interpreted_long(causal):
                             seed=1000)
 
 
-@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+@pytest.mark.parametrize("impl", CPU_KERNELS)
 @pytest.mark.parametrize("window", [1, 17, 40])
 def test_local_window_matches_reference_with_packing_and_grouped_query(impl, window):
     """A sliding window (Mistral, Qwen2): query i sees keys i - window < j <= i of its own segment. Blockwise
@@ -390,3 +392,11 @@ def test_local_window_matches_reference_with_packing_and_grouped_query(impl, win
     for bad in (0, -3, 2.5, True):  # a window that bounds nothing, or no position count: refused, never all zeros
         with pytest.raises(ValueError, match="window must be None or a static whole number"):
             attention(q, k, v, impl=impl, window=bad, causal=True)
+
+
+def test_every_kernel_in_the_table_has_parity_cases_here():
+    """A kernel added to kernels/table.py meets the float64 reference in this file: a CPU kernel through CPU_KERNELS,
+    any other through its own interpreted cases (a test named for it)."""
+    named = {name for name in table.IMPLEMENTATIONS if any(name in test for test in globals() if test.startswith("test_"))}
+    missing = sorted(set(table.IMPLEMENTATIONS) - set(CPU_KERNELS) - named)
+    assert missing == [], f"tests/test_kernels_parity.py has no parity test for {missing}: add interpreted cases"

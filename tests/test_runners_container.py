@@ -113,20 +113,35 @@ def allowed(name: str) -> re.Pattern:
     ("preset", tuple(n for n in PRESET_NAMES if n.startswith("dataflow-")), "local"),
 ])
 def test_choice_parameters_allow_exactly_the_pipelines_choices(name, choices, wrong):
+    """A choice added to the pipeline (a task, a dtype, ...) is one the Flex Template's regex and helpText name too."""
     pattern = allowed(name)
-    assert all(pattern.fullmatch(c) for c in choices)
+    missing = [c for c in choices if not pattern.fullmatch(c)]
+    assert missing == [], f"runners/flex_template_metadata.json: parameter {name!r}'s regex refuses {missing}; add them"
     assert not pattern.fullmatch(wrong)
+    if name == "task":
+        unnamed = [c for c in choices if c not in help_text(name)]
+        assert unnamed == [], f"runners/flex_template_metadata.json: parameter {name!r}'s helpText omits {unnamed}"
+
+
+def help_text(name: str) -> str:
+    (parameter,) = [p for p in METADATA["parameters"] if p["name"] == name]
+    return parameter["helpText"]
 
 
 def test_attention_and_run_id_parameters_follow_the_pipeline():
+    """A kernel added to kernels/table.py is one the template's attention parameters take and name."""
     from kernels import table
     from kernels.policy import POLICY_WORDS
     from pipeline.io.run_commit import RUN_ID_PATTERN
 
     attention = allowed("attention")
-    assert all(attention.fullmatch(w) for w in (*POLICY_WORDS, *table.IMPLEMENTATIONS))
+    refused = [w for w in (*POLICY_WORDS, *table.IMPLEMENTATIONS) if not attention.fullmatch(w)]
+    assert refused == [], f"runners/flex_template_metadata.json: parameter 'attention''s regex refuses {refused}; add them"
+    unnamed = [name for name in table.IMPLEMENTATIONS if name not in help_text("attention")]
+    assert unnamed == [], f"runners/flex_template_metadata.json: parameter 'attention''s helpText omits {unnamed}"
     assert allowed("run_id").pattern == RUN_ID_PATTERN.pattern
-    assert allowed("shadow_attention").pattern == attention.pattern
+    assert allowed("shadow_attention").pattern == attention.pattern, \
+        "runners/flex_template_metadata.json: 'shadow_attention' must take the kernels 'attention' takes"
 
 
 # Each numeric parameter's values at and around the limits pipeline/validate.py sets, and ones its parser refuses

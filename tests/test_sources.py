@@ -679,3 +679,18 @@ def test_a_folder_under_input_that_cannot_be_listed_is_refused_not_silently_left
         find_input(str(tmp_path / "in"))
     locked.discard(str(tmp_path / "in" / "sub"))
     assert [p.rsplit("/", 1)[-1] for p in find_input(str(tmp_path / "in")).shards] == ["docs.jsonl", "top.jsonl"]
+
+
+def test_every_input_format_has_a_reader_and_a_row_in_readmes_formats_table():
+    """A format is one SUFFIXES entry (input_files.py) and one reader (sources.READERS); README's table of formats
+    lists its file endings (docs/DESIGN.md, "An input format")."""
+    from pathlib import Path
+
+    from pipeline.io.input_files import SUFFIXES
+    from pipeline.io.sources import READERS
+
+    assert set(READERS) == {*SUFFIXES, "array_record"}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("| format | files | one document per |", 1)[1].split("\n\n", 1)[0]
+    missing = [suffix for suffixes in SUFFIXES.values() for suffix in suffixes if suffix.removesuffix(".gz") not in table]
+    assert missing == [], f"README.md's table of input formats does not list {missing}"

@@ -101,6 +101,22 @@ EMBED_NORM = Task(name="embed_norm", model=ENCODER, score=embed_norm_score, pred
                   gathers="sums", metrics=embed_norm_metrics, chart="scores", chart_axis="window agreement")
 
 
+def test_the_docs_name_every_registered_task():
+    """A task added to the registry is one a user can find: README's synopsis and table of tasks, DESIGN.md's
+    synopsis and docs/summary.md's `task` key name it (docs/DESIGN.md, "A task")."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme, design = (root / "README.md").read_text(), (root / "docs" / "DESIGN.md").read_text()
+    summary_doc = (root / "docs" / "summary.md").read_text()
+    synopsis = "[--task " + "|".join(tasks.TASKS) + "]"
+    assert synopsis in readme and synopsis in design, f"README.md and docs/DESIGN.md's synopses should read {synopsis}"
+    table = readme.split("### Tasks", 1)[1].split("\n\n", 2)[1]
+    task_key = next(line for line in summary_doc.splitlines() if line.startswith("| `task` |"))
+    for name in tasks.TASKS:
+        assert f"| `{name}` |" in table, f"README.md's table of tasks has no row for {name}"
+        assert name in task_key, f"docs/summary.md's `task` row does not name {name}"
+
 def test_a_new_task_is_one_module_and_one_registry_line():
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(tasks.TASKS, "embed_norm", EMBED_NORM)

@@ -19,26 +19,24 @@ from fsspec.implementations.local import LocalFileSystem
 from pipeline.io import tfds_reader
 from pipeline.records import printable, utf8_size
 
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
-PARQUET_SUFFIXES = (".parquet",)
-TEXT_SUFFIXES = (".txt", ".md")
-ARRAY_RECORD_MARK = ".array_record"
+# Each format docscore reads by its files' name endings: one entry per format (its reader is in sources.py
+# read_shard's `readers`), which shard_format and every message listing the formats read.
+SUFFIXES = {
+    "jsonl": (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz"),
+    "parquet": (".parquet",),
+    "text": (".txt", ".md"),
+}
+READABLE = tuple(suffix for suffixes in SUFFIXES.values() for suffix in suffixes)
+ARRAY_RECORD_MARK = ".array_record"  # TFDS shards (name.array_record-00000-of-00004), read through tfds:NAME only
 GCS_PROTOCOLS = ("gs", "gcs")  # gcsfs's protocols: check_bucket speaks the GCS JSON API
-SUPPORTED = ", ".join(JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES) + ", tfds:NAME"
+SUPPORTED = ", ".join(READABLE) + ", tfds:NAME"
 
 
 def shard_format(path: str) -> str | None:
-    """jsonl | parquet | text | array_record, or None for a file we do not read."""
+    """A SUFFIXES format or array_record, or None for a file we do not read."""
     name = path.rsplit("/", 1)[-1].lower()
-    if name.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    if name.endswith(PARQUET_SUFFIXES):
-        return "parquet"
-    if name.endswith(TEXT_SUFFIXES):
-        return "text"
-    if ARRAY_RECORD_MARK in name:
-        return "array_record"
-    return None
+    fmt = next((fmt for fmt, suffixes in SUFFIXES.items() if name.endswith(suffixes)), None)
+    return fmt or ("array_record" if ARRAY_RECORD_MARK in name else None)
 
 
 class InputFiles(NamedTuple):
@@ -157,7 +155,7 @@ def refuse_array_record(pattern: str, found: list[str]) -> None:
             + (f" (and {len(shards) - 1} more)" if len(shards) > 1 else "")
             + " is a TFDS array_record shard, read only through its dataset: pass --input tfds:NAME "
             "--tfds_data_dir DIR (the data_dir it was prepared in), or an --input matching only "
-            f"{', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES)} files"
+            f"{', '.join(READABLE)} files"
         )
 
 

@@ -223,7 +223,6 @@ def _raw(record: Any) -> str:
 def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     """Stream one shard; never raises: unreadable parts become ErrorRows."""
     fmt = shard_format(path)
-    readers = {"jsonl": _read_jsonl, "parquet": _read_parquet, "text": _read_text, "array_record": _read_array_record}
     if fmt is None:
         yield ErrorRow(path, None, "read", "unknown_format", f"cannot read {path}; supported: {SUPPORTED}")
         return
@@ -231,7 +230,7 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
     if changed:
         yield changed
     try:
-        for item in readers[fmt](path, spec):
+        for item in READERS[fmt](path, spec):
             yield _printable_error(item) if isinstance(item, ErrorRow) else item
     except Exception as e:  # a shard that cannot be opened or breaks mid-way
         if is_transient(e):
@@ -652,6 +651,10 @@ def _read_array_record(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRo
 
     yield from _timed(records(), path, spec)
 
+
+
+# input_files.shard_format's formats -> their readers (one per input_files.SUFFIXES entry, and TFDS's array_record)
+READERS = {"jsonl": _read_jsonl, "parquet": _read_parquet, "text": _read_text, "array_record": _read_array_record}
 
 class ReadShard(beam.DoFn):
     """Beam adapter: a shard path in, lists of up to `chunk_docs` Documents out (one element per list, so
