@@ -156,6 +156,9 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     if not head_dim_given and config.hidden_size % config.num_heads:
         raise ModelLoadError(f"{path}: hidden size {config.hidden_size} is not a multiple of "
                              f"{config.num_heads} attention heads")
+    if config.family == "llama" and config.head_dim % 2:  # rotary embeddings turn pairs of dimensions
+        raise ModelLoadError(f"{path}: head_dim {config.head_dim} (hidden_size / num_attention_heads, or head_dim) is "
+                             "odd; rotary position embeddings need an even head_dim, as transformers does")
     return config
 
 
@@ -194,9 +197,10 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:40] + "..."
 
 
-def _activation(name: str) -> str:
+def _activation(key: str, name: Any) -> str:
+    """The activation config.json's `key` names, or a refusal naming the key (what to change)."""
     if not isinstance(name, str) or name not in ACTIVATIONS:
-        raise ModelLoadError(f"activation {name!r} is not supported (supported: {sorted(ACTIVATIONS)})")
+        raise ModelLoadError(f"{key} {_shown(name)} is not supported (supported: {sorted(ACTIVATIONS)})")
     return ACTIVATIONS[name]
 
 
@@ -226,19 +230,18 @@ def _bert(hf: dict[str, Any]) -> ModelConfig:
         family="bert", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
         intermediate_size=hf["intermediate_size"], max_positions=positions, position_offset=offset,
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=_activation(hf.get("hidden_act", "gelu")),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=_activation("hidden_act", hf.get("hidden_act", "gelu")),
         type_vocab_size=hf.get("type_vocab_size", 2))
 
 
 def _distilbert(hf: dict[str, Any]) -> ModelConfig:
-    """DistilBertModel: BERT's post-norm blocks under other names, no token types, LayerNorm eps fixed at 1e-12."""
-    if hf.get("sinusoidal_pos_embds"):
-        raise ModelLoadError("sinusoidal_pos_embds=true is not supported; docscore's DistilBERT reads learned position "
-                             "embeddings (the checkpoint's position_embeddings)")
+    """DistilBertModel: BERT's post-norm blocks under other names, no token types, LayerNorm eps fixed at 1e-12.
+    Its position table is read from the checkpoint either way: with sinusoidal_pos_embds, transformers fills it with
+    the sinusoids and saves it as position_embeddings."""
     return ModelConfig(
         family="bert", vocab_size=hf["vocab_size"], hidden_size=hf["dim"], num_layers=hf["n_layers"],
         num_heads=hf["n_heads"], intermediate_size=hf["hidden_dim"], max_positions=hf["max_position_embeddings"],
-        layer_norm_eps=1e-12, activation=_activation(hf.get("activation", "gelu")), type_vocab_size=0)
+        layer_norm_eps=1e-12, activation=_activation("activation", hf.get("activation", "gelu")), type_vocab_size=0)
 
 
 def _gpt2(hf: dict[str, Any]) -> ModelConfig:
@@ -253,7 +256,7 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
         family="gpt2", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=hf["n_layer"],
         num_heads=hf["n_head"], intermediate_size=inner,
         max_positions=hf["n_positions"], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        activation=_activation(hf.get("activation_function", "gelu_new")),
+        activation=_activation("activation_function", hf.get("activation_function", "gelu_new")),
         scale_attn_by_inverse_layer_idx=bool(hf.get("scale_attn_by_inverse_layer_idx", False)))
 
 
@@ -303,8 +306,11 @@ def _rope(hf: dict[str, Any]) -> Rope:
     if kind not in ROPE_TYPES:
         raise ModelLoadError(f"{field}.{kind_key} {_shown(kind)} is not supported; docscore's Llama decoder "
                              f"computes rotary positions of rope_type {', '.join(map(repr, ROPE_TYPES))} only")
-    if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ModelLoadError("partial_rotary_factor other than 1.0 is not supported")
+    where = field if params.get("partial_rotary_factor") is not None else None
+    partial = params.get("partial_rotary_factor") if where else hf.get("partial_rotary_factor")
+    if partial is not None and partial != 1.0:  # null is unset, as transformers reads it
+        raise ModelLoadError(f"{f'{where}.' if where else ''}partial_rotary_factor {_shown(partial)} is not supported; "
+                             "docscore rotates every dimension of a head (1.0)")
     def positive(key: str, value: Any) -> float:
         """A rope setting as a positive, finite number, or a refusal naming it (0, a negative or NaN value makes
         every rotary frequency, and so every score, NaN)."""
@@ -363,8 +369,9 @@ def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     if model_type == "mistral":
         window = hf.get("sliding_window", DEFAULT_SLIDING_WINDOW)
         if window is not None and marked is not None and len(marked) != layers:
-            raise ModelLoadError(f"layer_types {_shown(layer_types)} mixes full and sliding attention, which "
-                                 "transformers' MistralForCausalLM ignores (its window applies to every layer); "
+            full = [i for i in range(layers) if i not in marked]
+            raise ModelLoadError(f"layer_types marks layers {full[:8]} full_attention, but transformers' "
+                                 "MistralForCausalLM ignores layer_types (its sliding_window applies to every layer); "
                                  "remove layer_types or set sliding_window to null")
         sliding = tuple(range(layers)) if window is not None else ()
     else:  # qwen2, qwen3

@@ -77,6 +77,32 @@ def test_every_size_out_of_bounds_is_refused_naming_the_file_and_key(config, key
     assert "docscore convert" in message, message
 
 
+LLAMA = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 96, "max_position_embeddings": 64, "hidden_act": "silu"}
+
+
+def test_a_config_transformers_computes_otherwise_is_refused_naming_the_key_and_value():
+    """Refusals say which key to change: an odd head_dim (rotary embeddings turn pairs of dimensions; it converted,
+    then every document was an infer/TypeError row), an unsupported activation by its own key, a partial rotary
+    factor with its value; a null partial_rotary_factor is unset, as transformers reads it."""
+    def refusal(config: dict) -> str:
+        with pytest.raises(ModelLoadError) as caught:
+            config_from_hf(config, "/models/x/config.json")
+        return str(caught.value)
+
+    assert "head_dim 15" in refusal({**LLAMA, "hidden_size": 60}) and "even" in refusal({**LLAMA, "hidden_size": 60})
+    assert "head_dim 9" in refusal({**LLAMA, "head_dim": 9})
+    for config, key in ((BERT, "hidden_act"), (GPT2, "activation_function"),
+                        ({"model_type": "distilbert", "vocab_size": 100, "dim": 32, "n_layers": 2, "n_heads": 4,
+                          "hidden_dim": 64, "max_position_embeddings": 64}, "activation")):
+        assert f'{key} "quick_gelu" is not supported' in refusal({**config, key: "quick_gelu"})
+    assert 'partial_rotary_factor 0.5 is not supported' in refusal({**LLAMA, "partial_rotary_factor": 0.5})
+    assert 'rope_parameters.partial_rotary_factor 0.5' in refusal(
+        {**LLAMA, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}})
+    assert config_from_hf({**LLAMA, "partial_rotary_factor": None}) == config_from_hf(LLAMA)
+    mistral = {**LLAMA, "model_type": "mistral", "sliding_window": 16, "layer_types": ["full_attention"] * 2}
+    assert "layer_types marks layers [0, 1] full_attention" in refusal(mistral)
+
 def test_sizes_at_their_bounds_and_real_models_are_accepted(minilm):
     assert config_from_hf({**BERT, "num_hidden_layers": MAX_SIZES["num_layers"]}).num_layers == MAX_SIZES["num_layers"]
     gpt2_xl = {**GPT2, "vocab_size": 50257, "n_embd": 1600, "n_layer": 48, "n_head": 25, "n_inner": None, "n_positions": 1024}

@@ -1,7 +1,7 @@
 """DistilBERT encoders (BERT's post-norm blocks under other tensor names, no token types): a small random
 sentence-transformers model built in transformers (no download), converted with `docscore convert` and run through
 `docscore run --task embed`, whose embeddings (documents packed in rows) must equal SentenceTransformer.encode's; its
-task-head checkpoints convert with a note, and sinusoidal positions are refused."""
+task-head checkpoints convert with a note, and a model with sinusoidal positions (saved as its position table) too."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,7 +37,7 @@ def build_tokenizer():
     return tokenizer
 
 
-def build_st(out: Path, model_class: str = "DistilBertModel") -> Path:
+def build_st(out: Path, model_class: str = "DistilBertModel", **config_keys) -> Path:
     """A random DistilBERT sentence-transformers model (mean pooling, normalised) saved as safetensors."""
     import torch
     import transformers
@@ -46,7 +46,8 @@ def build_st(out: Path, model_class: str = "DistilBertModel") -> Path:
     out.mkdir(parents=True)
     torch.manual_seed(0)
     config = transformers.DistilBertConfig(vocab_size=tokenizer.get_vocab_size(), dim=32, n_layers=2, n_heads=4,
-                                           hidden_dim=64, max_position_embeddings=64, initializer_range=0.2)
+                                           hidden_dim=64, max_position_embeddings=64, initializer_range=0.2,
+                                           **config_keys)
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():  # norms start at ones; scales of their own catch a norm read into the wrong place
         for name, weight in model.named_parameters():
@@ -84,12 +85,24 @@ def test_a_task_head_checkpoint_converts_with_a_note(tmp_path, capsys):
     assert "DistilBertForSequenceClassification's task head was not converted" in capsys.readouterr().err
 
 
-def test_dimension_keys_are_distilberts_and_sinusoidal_positions_are_refused():
+def test_sinusoidal_positions_are_the_saved_table_and_embed_as_sentence_transformers(tmp_path):
+    """With sinusoidal_pos_embds, transformers fills the position table with sinusoids and saves it: reading the
+    checkpoint's table is exact (docscore refused such models)."""
+    from sentence_transformers import SentenceTransformer
+
+    src = build_st(tmp_path / "st", sinusoidal_pos_embds=True)
+    assert convert_main(["--hf", str(src), "--out", str(tmp_path / "model")]) == 0
+    texts = SENTENCES[:4]
+    expected = SentenceTransformer(str(src), device="cpu").encode(texts, normalize_embeddings=True)
+    ours = embed_run(tmp_path, tmp_path / "model", texts, "native")
+    assert np.abs(ours - expected).max() < 1e-5
+
+
+def test_dimension_keys_are_distilberts():
     base = {"model_type": "distilbert", "vocab_size": 100, "dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64,
             "max_position_embeddings": 64}
     config = config_from_hf(base)
     assert (config.hidden_size, config.num_layers, config.intermediate_size, config.layer_norm_eps) == (32, 2, 64, 1e-12)
     with pytest.raises(models.ModelLoadError, match="n_layers is 0; it must be a whole number"):
         config_from_hf({**base, "n_layers": 0})
-    with pytest.raises(models.ModelLoadError, match="sinusoidal_pos_embds=true is not supported"):
-        config_from_hf({**base, "sinusoidal_pos_embds": True})
+    assert config_from_hf({**base, "sinusoidal_pos_embds": True}) == config  # the table is in the checkpoint
