@@ -2,8 +2,8 @@
 
 Online softmax over key/value blocks inside a loop over query blocks: never materialises the
 [q_len, kv_len] scores (memory grows linearly with length). Pads to block multiples and slices
-back; skips blocks with nothing to attend to (causal upper triangle, padding, other segments);
-grouped-query by reshaping q, never repeating K/V. A length that fits one block runs that block
+back; skips blocks with nothing to attend to (causal upper triangle, outside a local window, padding,
+other segments); grouped-query by reshaping q, never repeating K/V. A length that fits one block runs that block
 without a loop (it compiles faster), and keys that fit one block take one plain softmax
 step instead of the online update. Must not branch in Python on traced values.
 """
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernels.interface import Implementation
-from kernels.masking import MASKED_SCORE, causal_mask, segment_mask
+from kernels.masking import MASKED_SCORE, causal_mask, segment_mask, window_mask
 
 NAME = "blockwise"
 BACKENDS = ("cpu", "gpu", "tpu")
@@ -69,8 +69,11 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
     def kv_mask(q_index, q_seg_blk, kv_index, kv_seg_blk):
         mask = segment_mask(q_seg_blk, kv_seg_blk)
+        q_positions, kv_positions = q_index * bq + jnp.arange(bq), kv_index * bk + jnp.arange(bk)
         if causal:  # static flag: Python branch on configuration, not on traced values
-            mask &= causal_mask(q_index * bq + jnp.arange(bq), kv_index * bk + jnp.arange(bk), window)[None]
+            mask &= causal_mask(q_positions, kv_positions, window)[None]
+        elif window:  # an encoder's local attention: key blocks wholly outside it are skipped as causal's are
+            mask &= window_mask(q_positions, kv_positions, window)[None]
         return mask
 
     def one_q_block(args):

@@ -25,9 +25,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     impl: "auto" | "native" | "flash" | an implementation name (kernels/table.py IMPLEMENTATIONS).
     packed: False promises every row of segment_ids is one segment followed by padding, which lets
     kernels that take lengths instead of segments run (cudnn); a row breaking it comes back NaN there.
-    window (with causal): query i sees only keys i - window < j <= i, a sliding-window model's local
-    attention (Mistral, Qwen2); kernels without it (Implementation.local_window) are refused, unless the
-    window is at least the rows' length: it then masks nothing and is dropped (interface.effective_window).
+    window: query i sees only keys less than `window` positions away, |i - j| < window: with causal,
+    i - window < j <= i (a sliding-window decoder: Mistral, Qwen2), without it i - window < j < i + window (an
+    encoder's local attention: ModernBERT); kernels without it (Implementation.local_window) are refused, unless
+    the window is at least the rows' length: it then masks nothing and is dropped (interface.effective_window).
     Under a mesh of several devices in context (jax.sharding.get_abstract_mesh(); models trace under
     theirs) a custom-call kernel (Pallas, cuDNN) runs under jax.shard_map: batch on "data", heads on
     "model" (kernels/mesh.py says how grouped-query and axes that do not divide are split).
@@ -108,5 +109,3 @@ def check_static_arguments(causal: bool, scale: float | None, window: int | None
                              f"{type(scale).__name__} (a learned temperature can multiply q instead)") from None
     if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1):
         raise ValueError(f"attention's window must be None or a static whole number of positions >= 1; got {window!r}")
-    if window and not causal:
-        raise ValueError("attention's local window needs causal=True (it bounds how far back a query looks)")

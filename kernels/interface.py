@@ -47,7 +47,9 @@ class Implementation:
     is_supported: Callable[..., tuple[bool, str]]
     call: AttentionCall
     custom_call: bool = False
-    local_window: bool = False  # takes window= (a sliding-window model's local causal attention)
+    # takes window= (|i - j| < window): a sliding-window decoder's, with causal, and an encoder's local attention
+    # (ModernBERT), without; a kernel that could take only one of them refuses the other in is_supported
+    local_window: bool = False
     # The oldest NVIDIA GPU it compiles for, as (major, minor) compute capability; the policy refuses it on an older
     # local GPU before any data is read (cuDNN's fused attention and Pallas' Triton need Ampere, 8.0).
     min_gpu_capability: tuple[int, int] | None = None
@@ -85,8 +87,8 @@ def dtype_name(dtype: Any) -> str:
 
 
 def effective_window(window: int | None, q_len: int | None, kv_len: int | None = None) -> int | None:
-    """`window`, or None where it cannot hide a key: query i sees keys i - window < j <= i, so a window at least
-    as long as the rows masks nothing (a sliding-window model converted at its window, `docscore convert`'s
+    """`window`, or None where it cannot hide a key: query i sees keys with |i - j| < window (causal or not), so a
+    window at least as long as the rows masks nothing (a sliding-window model converted at its window, `docscore convert`'s
     default, has windows no longer than that), and every kernel can then run it, local window or not."""
     longest = max(q_len or 0, kv_len or 0)
     return None if window and longest and window >= longest else window

@@ -25,21 +25,31 @@ def causal_mask(q_positions, kv_positions, window: int | None = None):
     `window` only the last `window` of them, i - window < j <= i (Mistral's and Qwen2's sliding window)."""
     sees = q_positions[:, None] >= kv_positions[None, :]
     if window:
-        sees = sees & (q_positions[:, None] - kv_positions[None, :] < window)
+        sees = sees & window_mask(q_positions, kv_positions, window)
     return sees
+
+
+def window_mask(q_positions, kv_positions, window: int):
+    """[q, kv] booleans: a query at position i sees keys less than `window` positions away, |i - j| < window.
+    Under causal_mask that is a decoder's sliding window (the last `window` keys, itself included); alone, an
+    encoder's local attention (window - 1 keys on each side: ModernBERT's local layers keep |i - j| <=
+    local_attention // 2, so window = local_attention // 2 + 1)."""
+    distance = q_positions[:, None] - kv_positions[None, :]
+    return (distance < window) & (-distance < window)
 
 
 def allowed(q_segments: jax.Array | None, kv_segments: jax.Array | None,
             q_positions: jax.Array, kv_positions: jax.Array, causal: bool,
             window: int | None = None) -> jax.Array | None:
-    """Boolean mask [batch or 1, q, kv] of segment_mask and (when causal) causal_mask with its local
-    window; None when every pair may attend."""
+    """Boolean mask [batch or 1, q, kv] of segment_mask, (when causal) causal_mask and (with a local `window`)
+    window_mask; None when every pair may attend."""
     mask = None
     if q_segments is not None:
         mask = segment_mask(q_segments, kv_segments)
-    if causal:
-        causal_pairs = causal_mask(q_positions, kv_positions, window)[None]
-        mask = causal_pairs if mask is None else mask & causal_pairs
+    if causal or window:
+        pairs = (causal_mask(q_positions, kv_positions, window) if causal
+                 else window_mask(q_positions, kv_positions, window))[None]
+        mask = pairs if mask is None else mask & pairs
     return mask
 
 

@@ -123,7 +123,7 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
     if info.get("window") and not impl.local_window:
         rows = f" in rows of {info['q_len']} tokens (rows no longer than the window would not need it)" if info.get("q_len") else ""
         return False, (f"it has no local (sliding-window) attention, which this model's window of {info['window']} "
-                       f"needs{rows}")
+                       f"{'' if info.get('causal', True) else 'positions each way '}needs{rows}")
     return impl.is_supported(**info)
 
 

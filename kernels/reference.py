@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.masking import causal_mask, segment_mask
+from kernels.masking import causal_mask, segment_mask, window_mask
 
 
 def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
@@ -28,6 +28,8 @@ def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
         mask &= segment_mask(seg, seg)
     if causal:
         mask &= causal_mask(np.arange(q_len), np.arange(kv_len), window)
+    elif window:  # an encoder's local attention: |i - j| < window on both sides
+        mask &= window_mask(np.arange(q_len), np.arange(kv_len), window)
     mask = mask[:, None]
     scores = np.where(mask, scores, -np.inf)
     row_max = scores.max(axis=-1, keepdims=True)

@@ -15,7 +15,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels import attention, table
 from kernels.blockwise import blockwise_attention
 from kernels.cudnn import cudnn_attention, one_segment_lengths
-from kernels.masking import causal_mask, segment_mask
+from kernels.masking import causal_mask, segment_mask, window_mask
 from kernels.pallas_gpu import pallas_gpu_attention
 from kernels.pallas_tpu import pallas_tpu_attention
 from kernels.splash_tpu import splash_tpu_attention
@@ -209,6 +209,22 @@ def test_local_window_mask_against_pairs_written_out():
         assert causal_mask(q, kv, window=window).tolist() == expected, window
         assert causal_mask(q, kv, window=window).sum(axis=1).tolist() == [min(i + 1, window) for i in q]
 
+
+def test_symmetric_window_mask_against_pairs_written_out():
+    """Without causal, a window is an encoder's local attention: query i sees keys |i - j| < w, w - 1 on each side
+    and itself, which is transformers' sliding_window_bidirectional_overlay (abs(q_idx - kv_idx) <= sliding_window)
+    with ModernBERT's sliding_window = local_attention // 2 = w - 1."""
+    assert window_mask(np.arange(5), np.arange(5), 2).tolist() == [[True, True, False, False, False],
+                                                                   [True, True, True, False, False],
+                                                                   [False, True, True, True, False],
+                                                                   [False, False, True, True, True],
+                                                                   [False, False, False, True, True]]
+    q, kv = np.arange(9), np.arange(12)
+    for window in range(1, 11):
+        assert window_mask(q, kv, window).tolist() == [[abs(i - j) <= window - 1 for j in kv] for i in q], window
+        # under the causal mask the same window is the decoder's sliding window
+        assert (causal_mask(q, kv) & window_mask(q, kv, window)).tolist() == causal_mask(q, kv, window=window).tolist()
+
 def pallas_gpu_interpreted(q, k, v, **kw):
     return pallas_gpu_attention(q, k, v, interpret=True, **kw)
 
@@ -370,9 +386,11 @@ def test_splash_tpu_interpreted_long(causal):
 
 @pytest.mark.parametrize("impl", CPU_KERNELS)
 @pytest.mark.parametrize("window", [1, 17, 40])
-def test_local_window_matches_reference_with_packing_and_grouped_query(impl, window):
-    """A sliding window (Mistral, Qwen2): query i sees keys i - window < j <= i of its own segment. Blockwise
-    at 700 tokens spans several key blocks, so whole blocks fall outside the window and are skipped."""
+@pytest.mark.parametrize("causal", [True, False])
+def test_local_window_matches_reference_with_packing_and_grouped_query(impl, window, causal):
+    """A sliding window (Mistral, Qwen2; causal): query i sees keys i - window < j <= i of its own segment; an
+    encoder's local window (ModernBERT; not causal) keys i - window < j < i + window. Blockwise at 700 tokens spans
+    several key blocks, so whole blocks fall outside the window and are skipped."""
     def windowed(q, k, v, **kw):
         return attention(q, k, v, impl=impl, window=window, **kw)
 
@@ -382,13 +400,12 @@ def test_local_window_matches_reference_with_packing_and_grouped_query(impl, win
     length = 700 if impl == "blockwise" else 200
     seg = segment_rows(length)
     q, k, v = make_inputs(3, len(seg), length, length, 4, 32, "float32")
-    out = np.asarray(jax.jit(lambda q, k, v, s: windowed(q, k, v, segment_ids=s, causal=True))(q, k, v, jnp.asarray(seg)))
-    ref = reference(*(np.asarray(x) for x in (q, k, v)), segment_ids=seg, causal=True)
+    out = np.asarray(jax.jit(lambda q, k, v, s: windowed(q, k, v, segment_ids=s, causal=causal))(q, k, v, jnp.asarray(seg)))
+    ref = reference(*(np.asarray(x) for x in (q, k, v)), segment_ids=seg, causal=causal)
     assert np.abs(out - ref).max() <= TOLERANCE["float32"]
-    full = reference_attention(*(np.asarray(x) for x in (q, k, v)), segment_ids=seg, causal=True)
+    assert (out[seg == 0] == 0.0).all()
+    full = reference_attention(*(np.asarray(x) for x in (q, k, v)), segment_ids=seg, causal=causal)
     assert np.abs(ref - full).max() > 1e-3  # the window changed what was attended to
-    with pytest.raises(ValueError, match="needs causal"):
-        attention(q, k, v, impl=impl, window=window)
     for bad in (0, -3, 2.5, True):  # a window that bounds nothing, or no position count: refused, never all zeros
         with pytest.raises(ValueError, match="window must be None or a static whole number"):
             attention(q, k, v, impl=impl, window=bad, causal=True)

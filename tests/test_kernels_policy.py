@@ -256,6 +256,37 @@ def test_a_window_as_long_as_the_rows_masks_nothing_so_kernels_without_one_run_i
                                 atol=1e-3)  # a window shorter than the rows does hide keys
 
 
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_an_encoders_local_window_is_refused_by_kernels_without_one_before_any_data(backend):
+    """ModernBERT's local layers (a window without causal, |i - j| < window): shape info alone (what validation has
+    before data is read) refuses every kernel without a local window by name and reason, auto passes them for xla
+    (or blockwise past xla's length), and a window as long as the rows is dropped as a decoder's is."""
+    info = dict(heads=12, kv_heads=12, head_dim=64, dtype="bfloat16", causal=False, has_segments=True,
+                q_len=1024, kv_len=1024)
+    assert resolve("auto", backend, **info, window=65) == "xla"
+    assert resolve("auto", backend, **{**info, "q_len": 8192, "kv_len": 8192}, window=65) == "blockwise"
+    assert resolve("native", backend, **info, window=65) == "xla"
+    assert resolve("blockwise", backend, **info, window=65) == "blockwise"
+    for name in table.IMPLEMENTATIONS:
+        if table.IMPLEMENTATIONS[name].local_window or backend not in table.IMPLEMENTATIONS[name].backends:
+            continue
+        with pytest.raises(KernelUnsupportedError, match=f"--attention={name} cannot run on {backend}: it has no "
+                                                         "local .sliding-window. attention, which this model's window "
+                                                         "of 65 positions each way needs in rows of 1024 tokens"):
+            resolve(name, backend, **info, window=65)
+        # a window as long as the rows is dropped: the kernel then answers as for the same rows without a window
+        outcomes = []
+        for window in (1024, None):
+            try:
+                outcomes.append(resolve(name, backend, **info, window=window))
+            except KernelUnsupportedError as refusal:
+                outcomes.append(str(refusal))
+        assert outcomes[0] == outcomes[1] and "sliding-window" not in outcomes[0]
+    if backend != "cpu":
+        with pytest.raises(KernelUnsupportedError, match="--attention=flash .* cannot run on .*sliding-window"):
+            resolve("flash", backend, **info, window=65)
+
+
 @pytest.mark.parametrize("impl,length,expected", [
     ("auto", 16, "xla"), ("auto", CPU_LIMIT + 8, "blockwise"), ("native", 16, "xla"),
     ("flash", 16, "blockwise"),
