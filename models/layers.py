@@ -31,12 +31,14 @@ ACTIVATIONS = {
     "gelu": gelu_erf,
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,
+    "silu": jax.nn.silu,  # the Llama family's gated MLP
 }
 
 
-def layer_norm(features: int, eps: float, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    """LayerNorm computed in float32 whatever the matmul dtype (two-pass variance, as PyTorch)."""
-    return nnx.LayerNorm(features, epsilon=eps, dtype=jnp.float32, use_fast_variance=False, rngs=rngs)
+def layer_norm(features: int, eps: float, rngs: nnx.Rngs, *, bias: bool = True) -> nnx.LayerNorm:
+    """LayerNorm computed in float32 whatever the matmul dtype (two-pass variance, as PyTorch); without a bias
+    where the checkpoint has none (ModernBERT's norm_bias false)."""
+    return nnx.LayerNorm(features, epsilon=eps, dtype=jnp.float32, use_fast_variance=False, use_bias=bias, rngs=rngs)
 
 
 def linear(features_in: int, features_out: int, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:

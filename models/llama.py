@@ -17,7 +17,7 @@ from flax import nnx
 
 from kernels import attention
 from models.config import ModelConfig, Rope
-from models.layers import COMPUTE_DTYPES, positions_in_segments, run_blocks
+from models.layers import ACTIVATIONS, COMPUTE_DTYPES, positions_in_segments, run_blocks
 
 
 def dense(features_in: int, features_out: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
@@ -78,9 +78,10 @@ class RMSNorm(nnx.Module):
 
 class GroupedQueryAttention(nnx.Module):
     """q/k/v projections (kv_heads <= heads), Qwen3's RMSNorm over each head of q and k, rotary positions on q
-    and k, the injected causal kernel, output projection."""
+    and k, the injected kernel (causal; ModernBERT's encoder not), output projection."""
 
-    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs, window: int = 0):
+    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs, window: int = 0,
+                 causal: bool = True, rope: Rope | None = None):
         hidden, heads, kv_heads, head_dim = config.hidden_size, config.num_heads, config.kv_heads, config.head_dim
         self.query = dense(hidden, heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
         self.key = dense(hidden, kv_heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
@@ -89,8 +90,9 @@ class GroupedQueryAttention(nnx.Module):
         self.query_norm = RMSNorm(head_dim, config.layer_norm_eps) if config.qk_norm else None
         self.key_norm = RMSNorm(head_dim, config.layer_norm_eps) if config.qk_norm else None
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.rope, self.dtype, self.attention_impl = config.rope, dtype, attention_impl
-        self.window = window  # 0: the whole segment; else Mistral/Qwen2's sliding window
+        self.rope, self.dtype, self.attention_impl = rope or config.rope, dtype, attention_impl
+        self.window = window  # 0: the whole segment; else Mistral/Qwen2's sliding window, ModernBERT's local one
+        self.causal = causal
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         batch, length, _ = x.shape
@@ -103,21 +105,23 @@ class GroupedQueryAttention(nnx.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = self.value(x).reshape(batch, length, self.kv_heads, self.head_dim)
         context = attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
-                            segment_ids=segment_ids, causal=True, scale=self.head_dim ** -0.5,
+                            segment_ids=segment_ids, causal=self.causal, scale=self.head_dim ** -0.5,
                             impl=self.attention_impl, window=self.window or None)
         return self.output(context.reshape(batch, length, self.heads * self.head_dim))
 
 
 class GatedFeedForward(nnx.Module):
-    """down(silu(gate(x)) * up(x)), the product in float32."""
+    """down(act(gate(x)) * up(x)), the product in float32; act is SiLU (Llama) or ModernBERT's GeGLU's GELU."""
 
-    def __init__(self, hidden: int, intermediate: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(self, hidden: int, intermediate: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs,
+                 activation: str = "silu"):
         self.gate = dense(hidden, intermediate, bias=bias, dtype=dtype, rngs=rngs)
         self.up = dense(hidden, intermediate, bias=bias, dtype=dtype, rngs=rngs)
         self.down = dense(intermediate, hidden, bias=bias, dtype=dtype, rngs=rngs)
+        self.activation = activation
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+        return self.down(ACTIVATIONS[self.activation](self.gate(x)) * self.up(x))
 
 
 class LlamaBlock(nnx.Module):

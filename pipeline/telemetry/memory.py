@@ -155,13 +155,15 @@ class CallEstimate:
 
 def parameter_count(config) -> int:
     """Parameters of a models.ModelConfig, counted from the shapes its family's module holds
-    (models/architecture.py param_shapes, no weights made): one layer is traced and counted num_layers times, so
-    a config of hundreds of layers costs what one does."""
+    (models/architecture.py param_shapes, no weights made): the first two layers are traced and the second counted
+    for every later one (ModernBERT's first has no attention norm), so a config of hundreds of layers costs what
+    two do."""
     from models.architecture import flat_params, param_shapes
 
-    one = flat_params(param_shapes(dataclasses.replace(config, num_layers=1)))
-    layer = sum(math.prod(leaf.shape) for name, leaf in one.items() if name.startswith("layers/"))
-    return sum(math.prod(leaf.shape) for leaf in one.values()) + (config.num_layers - 1) * layer
+    traced = min(config.num_layers, 2)
+    shapes = flat_params(param_shapes(dataclasses.replace(config, num_layers=traced)))
+    last = sum(math.prod(leaf.shape) for name, leaf in shapes.items() if name.startswith(f"layers/{traced - 1}/"))
+    return sum(math.prod(leaf.shape) for leaf in shapes.values()) + (config.num_layers - traced) * last
 
 
 def score_block(attention: str) -> tuple[int, int] | None:
