@@ -15,8 +15,9 @@ from models.bert import BertEncoder
 from models.config import ModelConfig
 from models.gpt2 import GPT2Decoder
 from models.llama import LlamaDecoder
+from models.modernbert import ModernBertEncoder
 
-MODULES = {"bert": BertEncoder, "gpt2": GPT2Decoder, "llama": LlamaDecoder}
+MODULES = {"bert": BertEncoder, "modernbert": ModernBertEncoder, "gpt2": GPT2Decoder, "llama": LlamaDecoder}
 
 
 def abstract_model(config: ModelConfig, *, attention_impl: str, dtype: str) -> tuple[nnx.GraphDef, nnx.State]:

@@ -1,7 +1,7 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
-Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT; GPT-2 decoder; Llama-family decoder:
-Llama, Mistral, Qwen2, Qwen3),
+Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT; ModernBERT encoder;
+GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from models.errors import ModelLoadError
 
-Family = Literal["bert", "gpt2", "llama"]
+Family = Literal["bert", "modernbert", "gpt2", "llama"]
+ENCODER_FAMILIES = ("bert", "modernbert")  # bidirectional models whose outputs are embeddings
 
 # Hugging Face activation name -> our name (the module maps our name to a function).
 ACTIVATIONS = {
@@ -27,7 +28,7 @@ ACTIVATIONS = {
 # DistilBERT is BERT without token types under other names; Mistral,
 # Qwen2 and Qwen3 are Llama's architecture with a few config switches.
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert", "gpt2": "gpt2",
-            "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama"}
+            "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "modernbert": "modernbert"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert")
 
@@ -41,6 +42,9 @@ HF_KEYS = {
              "intermediate_size": "n_inner", "max_positions": "n_positions"},
     "distilbert": {"vocab_size": "vocab_size", "hidden_size": "dim", "num_layers": "n_layers", "num_heads": "n_heads",
                    "intermediate_size": "hidden_dim", "max_positions": "max_position_embeddings"},
+    "modernbert": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+                   "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
+                   "max_positions": "max_position_embeddings"},
     "llama": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
               "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
               "head_size": "head_dim", "intermediate_size": "intermediate_size",
@@ -87,14 +91,18 @@ class ModelConfig:
     scale_attn_by_inverse_layer_idx: bool = False  # gpt2 only
     num_kv_heads: int = 0                          # llama: grouped-query key/value heads (0: num_heads)
     head_size: int = 0                             # llama: config.json's head_dim (0: hidden_size // num_heads)
-    rope: Rope = Rope()                            # llama
-    qkv_bias: bool = False                         # llama: Qwen2's q/k/v biases, or attention_bias
+    rope: Rope = Rope()                            # llama, modernbert (its global layers')
+    local_rope: Rope | None = None                 # modernbert: its local layers' rotary settings (None: rope's)
+    qkv_bias: bool = False                         # llama: Qwen2's q/k/v biases, or attention_bias; modernbert's Wqkv
     qk_norm: bool = False                          # llama: Qwen3's RMSNorm of each head's q and k before rotary
-    output_bias: bool = False                      # llama: attention_bias also biases o_proj
-    mlp_bias: bool = False                         # llama
+    output_bias: bool = False                      # llama: attention_bias also biases o_proj; modernbert's Wo
+    mlp_bias: bool = False                         # llama, modernbert
+    norm_bias: bool = True                         # modernbert: its LayerNorms have biases (norm_bias)
     tie_word_embeddings: bool = False              # llama (GPT-2 is always tied)
-    sliding_window: int = 0                        # llama: Mistral/Qwen2 local attention span (0: none)
-    sliding_layers: tuple[int, ...] = ()           # llama: the layers that attend within sliding_window
+    # local attention: the kernels' window (|i - j| < sliding_window; kernels/interface.py), 0: none. llama:
+    # Mistral/Qwen2's span (causal); modernbert: local_attention // 2 + 1 (each way)
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()           # llama, modernbert: the layers that attend within sliding_window
     model_type: str = ""                           # config.json's model_type (names its keys: hf_keys)
 
     @property
@@ -113,16 +121,23 @@ class ModelConfig:
     @property
     def default_seq_len(self) -> int:
         """Window length `docscore convert` picks when none is given: the positions, or a sliding-window
-        model's window (past it, memory grows while each token still sees only the window)."""
-        return min(self.max_positions, self.sliding_window) if self.sliding_window else self.max_positions
+        decoder's window (past it, memory grows while each token still sees only the window). An encoder's local
+        window does not bound it: its global layers see the whole text (ModernBERT)."""
+        if self.sliding_window and not self.is_encoder:
+            return min(self.max_positions, self.sliding_window)
+        return self.max_positions
 
     def layer_window(self, layer: int) -> int:
         """The local attention window of `layer` (0: it attends to its whole segment)."""
         return self.sliding_window if layer in self.sliding_layers else 0
 
+    def layer_rope(self, layer: int) -> Rope:
+        """The rotary settings of `layer`: ModernBERT's local layers have their own (local_rope_theta)."""
+        return self.local_rope if self.local_rope is not None and layer in self.sliding_layers else self.rope
+
     @property
     def is_encoder(self) -> bool:
-        return self.family == "bert"
+        return self.family in ENCODER_FAMILIES
 
 
 def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig:
@@ -135,7 +150,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     if family is None:
         raise ModelLoadError(
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
-            f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert' or 'distilbert', encoder), the GPT-2 family (model_type 'gpt2', "
+            f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert' or 'distilbert', encoder), ModernBERT (model_type "
+            f"'modernbert', encoder), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2' or 'qwen3', decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
@@ -143,7 +159,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
         raise ModelLoadError(f"{path}: a quantized checkpoint (quantization_config quant_method {method!r}) is not "
                              "supported; docscore reads float weights: convert the model's unquantized release")
     try:
-        config = {"bert": _distilbert if model_type == "distilbert" else _bert, "gpt2": _gpt2, "llama": _llama}[family](hf)
+        config = {"bert": _distilbert if model_type == "distilbert" else _bert, "gpt2": _gpt2, "llama": _llama,
+                  "modernbert": _modernbert}[family](hf)
         config = dataclasses.replace(config, model_type=model_type)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: {model_type} config lacks the field {missing}; "
@@ -156,7 +173,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     if not head_dim_given and config.hidden_size % config.num_heads:
         raise ModelLoadError(f"{path}: hidden size {config.hidden_size} is not a multiple of "
                              f"{config.num_heads} attention heads")
-    if config.family == "llama" and config.head_dim % 2:  # rotary embeddings turn pairs of dimensions
+    if config.family in ("llama", "modernbert") and config.head_dim % 2:  # rotary embeddings turn pairs of dimensions
         raise ModelLoadError(f"{path}: head_dim {config.head_dim} (hidden_size / num_attention_heads, or head_dim) is "
                              "odd; rotary position embeddings need an even head_dim, as transformers does")
     return config
@@ -181,7 +198,8 @@ def check_bounds(config: ModelConfig, path: str = "config.json") -> None:
                 "re-create the model directory with `docscore convert`")
     eps = config.layer_norm_eps
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-        key = {"bert": "layer_norm_eps", "gpt2": "layer_norm_epsilon", "llama": "rms_norm_eps"}[config.family]
+        key = {"bert": "layer_norm_eps", "gpt2": "layer_norm_epsilon", "llama": "rms_norm_eps",
+               "modernbert": "norm_eps"}[config.family]
         raise ModelLoadError(f"{path}: {key} is {_shown(eps)}; it must be a number between 0 and 1 (e.g. 1e-12); "
                              "set it to the model's real value, or re-create the model directory with `docscore convert`")
 
@@ -242,6 +260,93 @@ def _distilbert(hf: dict[str, Any]) -> ModelConfig:
         family="bert", vocab_size=hf["vocab_size"], hidden_size=hf["dim"], num_layers=hf["n_layers"],
         num_heads=hf["n_heads"], intermediate_size=hf["hidden_dim"], max_positions=hf["max_position_embeddings"],
         layer_norm_eps=1e-12, activation=_activation("activation", hf.get("activation", "gelu")), type_vocab_size=0)
+
+
+# ModernBertConfig's defaults where a config.json leaves the key out
+MODERNBERT_ROPE_THETA = {"full_attention": 160_000.0, "sliding_attention": 10_000.0}
+MODERNBERT_THETA_KEYS = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
+MODERNBERT_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _modernbert(hf: dict[str, Any]) -> ModelConfig:
+    """ModernBertModel (and its *ForMaskedLM etc. base): pre-norm blocks with bias-free LayerNorms (unless
+    norm_bias), no norm before layer 0's attention, fused Wqkv, rotary positions with one theta for global and one
+    for local layers, a GeGLU MLP, a final norm. Read as transformers 5 reads it: layer_types, else every
+    global_attn_every_n_layers-th layer (from 0) global and the others local; a local layer sees keys
+    |i - j| <= local_attention // 2 (transformers' sliding_window), the kernels' window local_attention // 2 + 1."""
+    layers = hf["num_hidden_layers"]
+    layer_types = hf.get("layer_types")
+    if layer_types is None:
+        every = hf.get("global_attn_every_n_layers", 3)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ModelLoadError(f"global_attn_every_n_layers is {_shown(every)}; it must be a whole number >= 1 (every "
+                                 "that many layers, from layer 0, attends globally)")
+        layer_types = ["sliding_attention" if i % every else "full_attention"
+                       for i in range(layers if type(layers) is int and 0 < layers <= MAX_SIZES["num_layers"] else 0)]
+    elif not isinstance(layer_types, list) or sorted(set(map(str, layer_types)) - set(MODERNBERT_LAYER_TYPES)):
+        others = (sorted(set(map(str, layer_types)) - set(MODERNBERT_LAYER_TYPES)) if isinstance(layer_types, list)
+                  else [f"a JSON {type(layer_types).__name__}, not a list"])
+        raise ModelLoadError(f"layer_types holds {', '.join(map(repr, others[:3]))}, which is not supported; each "
+                             "layer must be 'full_attention' or 'sliding_attention'")
+    elif type(layers) is int and len(layer_types) != layers:
+        raise ModelLoadError(f"layer_types has {len(layer_types)} entries for num_hidden_layers {layers}; it names "
+                             "one attention type per layer")
+    sliding = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    window = 0
+    if sliding:
+        span = hf.get("local_attention", 128)
+        if isinstance(span, bool) or not isinstance(span, int) or span < 0:
+            raise ModelLoadError(f"local_attention is {_shown(span)}; it must be a whole number >= 0 (the span of a "
+                                 "local layer's attention)")
+        window = span // 2 + 1  # transformers keeps |i - j| <= local_attention // 2
+    hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and type(hidden) is int and type(heads) is int and heads > 0 and head_dim != hidden // heads:
+        raise ModelLoadError(f"head_dim {_shown(head_dim)} is not supported; ModernBERT's attention heads are "
+                             f"hidden_size / num_attention_heads ({hidden // heads}) wide, and transformers would "
+                             "rotate them by head_dim: remove head_dim")
+    bias = hf.get("attention_bias", False)
+    ropes = _modernbert_ropes(hf)
+    return ModelConfig(
+        family="modernbert", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=layers, num_heads=heads,
+        intermediate_size=hf["intermediate_size"], max_positions=hf["max_position_embeddings"],
+        layer_norm_eps=hf.get("norm_eps", 1e-5),
+        activation=_activation("hidden_activation", hf.get("hidden_activation", "gelu")),
+        rope=ropes["full_attention"], local_rope=ropes["sliding_attention"], qkv_bias=bool(bias), output_bias=bool(bias),
+        mlp_bias=bool(hf.get("mlp_bias", False)), norm_bias=bool(hf.get("norm_bias", False)),
+        sliding_window=window, sliding_layers=sliding)
+
+
+def _modernbert_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
+    """Each layer type's Rope, as ModernBertConfig reads them: rope_parameters[type] (transformers 5), whose
+    rope_theta, when absent, is global_rope_theta / local_rope_theta (earlier configs), else 160,000 / 10,000;
+    rope_scaling applies to both. Only the default rotary type is computed here."""
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if not isinstance(value, dict):
+            raise ModelLoadError(f"{key} is {_shown(value)}; expected a JSON object")
+    if params and not all(kind in MODERNBERT_LAYER_TYPES for kind in params):
+        raise ModelLoadError(f"rope_parameters holds {sorted(map(str, params))[:4]}; ModernBERT's are per layer type "
+                             f"({' and '.join(MODERNBERT_LAYER_TYPES)}), as transformers 5 saves them")
+    ropes = {}
+    for kind in MODERNBERT_LAYER_TYPES:
+        own = params.get(kind) or {}
+        if not isinstance(own, dict):
+            raise ModelLoadError(f"rope_parameters.{kind} is {_shown(own)}; expected a JSON object")
+        merged = {**own, **scaling}
+        where = "rope_scaling" if scaling else f"rope_parameters.{kind}"
+        rope_type = merged.get("rope_type", merged.get("type", "default"))
+        if rope_type != "default":
+            raise ModelLoadError(f"{where}.rope_type {_shown(rope_type)} is not supported; docscore's ModernBERT "
+                                 "computes the default rotary positions only")
+        theta_key = f"rope_parameters.{kind}.rope_theta" if "rope_theta" in merged else MODERNBERT_THETA_KEYS[kind]
+        theta = merged.get("rope_theta", hf.get(MODERNBERT_THETA_KEYS[kind], MODERNBERT_ROPE_THETA[kind]))
+        number = None if isinstance(theta, bool) else _as_float(theta)
+        if number is None or not 0 < number < math.inf:
+            raise ModelLoadError(f"{theta_key} is {_shown(theta)}; it must be a positive, finite number")
+        ropes[kind] = Rope(theta=number)
+    return ropes
 
 
 def _gpt2(hf: dict[str, Any]) -> ModelConfig:

@@ -1,6 +1,6 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
-*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT), GPT-2 and Llama (Llama,
-Mistral, Qwen2, Qwen3) families.
+*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT), ModernBERT, GPT-2 and
+Llama (Llama, Mistral, Qwen2, Qwen3) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree (the command's flags: pipeline/convert.py).
 Reads safetensors only (never pickle); must not run models.
@@ -175,15 +175,61 @@ def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
     return params
 
 
+# ModernBertForMaskedLM's prediction head and decoder (tied to the embedding), and the prediction head the
+# classification models put before their classifier: at the checkpoint's root, beside the model under "model."
+MODERNBERT_HEADS = ("head.", "decoder.")
+
+
+def modernbert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Hugging Face ModernBertModel names -> our ModernBertEncoder tree: the fused Wqkv split into q, k, v (rows
+    [q; k; v], each heads x head_dim, as transformers views them), the MLP's Wi into its activated half (our
+    gate: transformers' `input`, the first half) and the half it multiplies (our up: its `gate`); LayerNorms
+    without bias unless norm_bias; no attention norm in layer 0."""
+    def dense(name: str, bias: bool) -> dict[str, np.ndarray]:
+        weights = {"kernel": src.take(f"{name}.weight").T}
+        return {**weights, "bias": src.take(f"{name}.bias")} if bias else weights
+
+    def norm(name: str) -> dict[str, np.ndarray]:
+        scale = {"scale": src.take(f"{name}.weight")}
+        return {**scale, "bias": src.take(f"{name}.bias")} if config.norm_bias else scale
+
+    def split(params: dict[str, np.ndarray], parts: int) -> list[dict[str, np.ndarray]]:
+        kernels = np.split(params["kernel"], parts, axis=1)
+        biases = np.split(params["bias"], parts) if "bias" in params else [None] * parts
+        return [{"kernel": k} if b is None else {"kernel": k, "bias": b} for k, b in zip(kernels, biases)]
+
+    def layer(i: int) -> dict[str, Any]:
+        p = f"layers.{i}."
+        query, key, value = split(dense(p + "attn.Wqkv", config.qkv_bias), 3)
+        gate, up = split(dense(p + "mlp.Wi", config.mlp_bias), 2)
+        block = {
+            "attention": {"query": query, "key": key, "value": value, "output": dense(p + "attn.Wo", config.output_bias)},
+            "feed_forward_norm": norm(p + "mlp_norm"),
+            "feed_forward": {"gate": gate, "up": up, "down": dense(p + "mlp.Wo", config.mlp_bias)},
+        }
+        return {"attention_norm": norm(p + "attn_norm"), **block} if i else block
+
+    params = {
+        "embeddings": {"word": {"embedding": src.take("embeddings.tok_embeddings.weight")},
+                       "norm": norm("embeddings.norm")},
+        "layers": {i: layer(i) for i in range(config.num_layers)},
+        "final_norm": norm("final_norm"),
+    }
+    src.taken.update(k for k in src.tensors if k.startswith(MODERNBERT_HEADS))  # heads docscore does not compute
+    return params
+
+
 FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelConfig], dict[str, Any]]]] = {
     "bert": (("bert.", "roberta.", ""), bert_params),  # BertForX under "bert.", RobertaForX under "roberta.",
                                                       # the bare model at the root
     "gpt2": (("transformer.", ""), gpt2_params),   # GPT2LMHeadModel under "transformer.", GPT2Model at the root
     "llama": (("model.", ""), llama_params),        # *ForCausalLM under "model.", the bare model at the root
+    "modernbert": (("model.", ""), modernbert_params),  # ModernBertForX under "model.", the bare model at the root
     "distilbert": (("distilbert.", ""), distilbert_params),  # a model_type whose names are its own (params_reader)
 }
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
 MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
+           "modernbert": "embeddings.tok_embeddings.weight",
            "distilbert": "embeddings.word_embeddings.weight"}
 
 

@@ -16,7 +16,8 @@ def main(argv: list[str]) -> int:
     parser = SubcommandParser(
         prog="docscore convert",
         description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
-                    "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT, GPT-2 or Llama/Mistral/Qwen2/Qwen3 family) into a docscore "
+                    "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT, ModernBERT, GPT-2 or Llama/Mistral/Qwen2/Qwen3 family) into "
+                    "a docscore "
                     "model directory (Orbax params).")
     parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
     parser.add_argument("--out", required=True, help="docscore model directory to write: a local path that does not "
@@ -24,8 +25,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max_seq_len", type=int, default=None,
                         help="longest model input in tokens (default: sentence_bert_config.json's "
                              "max_seq_length, or the tokenizer_config.json model_max_length of a directory "
-                             "sentence-transformers 6 saved, else the model's position count, or its sliding window "
-                             "when it has one and the window is shorter)")
+                             "sentence-transformers 6 saved, else the model's position count, or a decoder's sliding "
+                             "window when it has one and the window is shorter)")
     args = parser.parse_args(argv)
     empty = [flag for flag, value in (("--hf", args.hf), ("--out", args.out)) if not value.strip()]
     if empty:  # an unset variable: '' would be read as this folder ("already exists")

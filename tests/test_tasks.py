@@ -45,7 +45,7 @@ def test_each_task_says_what_it_needs_and_computes():
     assert [t.tokenize is not None for t in tasks.TASKS.values()] == [False, False, False, False, True]
     assert loglik.chart_column == "perplexity" and similarity.chart_axis == "score (cosine)"
     assert ENCODER.refuse("embed", "gpt", "gpt2") == (
-        "--task=embed needs an encoder (BERT-family) model but --model gpt is gpt2; "
+        "--task=embed needs an encoder (BERT-family or ModernBERT) model but --model gpt is gpt2; "
         "use --task=loglik with it, or an encoder such as --model minilm-l6")
     assert DECODER.refuse("loglik", "minilm-l6", "bert").startswith("--task=loglik needs a decoder (GPT-2 or Llama-family) model")
 

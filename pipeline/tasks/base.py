@@ -32,8 +32,9 @@ class ModelFamily:
 
 ENCODER = ModelFamily(
     "bert",
-    "--task={task} needs an encoder (BERT-family) model but --model {model} is {family}; "
+    "--task={task} needs an encoder (BERT-family or ModernBERT) model but --model {model} is {family}; "
     "use --task=loglik with it, or an encoder such as --model minilm-l6",
+    also=("modernbert",),
 )
 DECODER = ModelFamily(
     "gpt2",
