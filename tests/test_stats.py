@@ -157,3 +157,24 @@ def test_empty_run_still_yields_its_stats():
         errors = p | "Errors" >> beam.Create([]).with_output_types(ErrorRow)
         read = p | "Read" >> beam.Create([]).with_output_types(list[str])
         assert_that((docs, errors, read) | ComputeRunStats("embed"), check)
+
+
+def test_a_run_without_records_has_no_error_fraction_nor_padding_efficiency():
+    """docs/summary.md: error_fraction (the --max_error_fraction gate's value) and padding_efficiency are null when
+    there is nothing to divide by; a made-up 0.0 would read as a run that met the gate, or a number it never had."""
+    fn = RunStatsFn("embed")
+    stats = json.loads(fn.extract_output(fn.create_accumulator()))
+    assert stats["counts"]["error_fraction"] is None and stats["tokens"]["padding_efficiency"] is None
+    assert stats["counts"]["records"] == stats["tokens"]["computed_tokens"] == 0
+
+
+def test_records_read_but_never_written_are_not_accounted_for():
+    """Three documents read, one scored, no error row: two records went missing between the readers and the
+    tables, which `accounted` must say (it is false also when fewer were read than written, as tested above)."""
+    fn = RunStatsFn("embed")
+    acc = fn.create_accumulator()
+    for part in [("read", "a"), ("read", "b"), ("read", "c"), ("doc", _doc("a", 1.0))]:
+        acc = fn.add_input(acc, part)
+    counts = json.loads(fn.extract_output(acc))["counts"]
+    assert (counts["records_read"], counts["records"], counts["accounted"]) == (3, 1, False)
+    assert counts["error_fraction"] == 0.0  # one record, no error: a real zero
