@@ -137,12 +137,13 @@ def test_compute_run_stats_on_the_direct_runner():
     def check(outputs):
         assert len(outputs) == 1
         counts = json.loads(outputs[0])["counts"]
-        assert (counts["scored"], counts["errors"], counts["duplicate_doc_ids"], counts["duplicate_rows"]) == (3, 1, 1, 1)
-        assert counts["records_read"] == 4 and counts["accounted"] is True
+        assert (counts["scored"], counts["errors"], counts["duplicate_doc_ids"], counts["duplicate_rows"]) == (3, 3, 1, 1)
+        assert counts["records_read"] == 6 and counts["accounted"] is True
+        assert counts["shard_errors"] == 1  # the unreadable shard's row (no record index), not the records' parse errors
 
     with BeamPipeline() as p:
         docs = p | "Docs" >> beam.Create([[_doc("a", 1.0), _doc("a", 2.0)], [_doc("b", 3.0)]])  # lists of DocStats
-        errors = p | "Errors" >> beam.Create([_error("parse", 3)])
+        errors = p | "Errors" >> beam.Create([_error("parse", 3), _error("parse", 4), _error("read", None)])
         read = p | "Read" >> beam.Create([["a", "a"], ["b"]])  # the readers' document lists (their sizes are what matters)
         assert_that((docs, errors, read) | ComputeRunStats("embed"), check)
 
