@@ -64,6 +64,29 @@ def test_a_sparse_summary_gives_nulls_and_no_run_id_is_refused():
         history.history_row({"counts": {}})
 
 
+
+def test_the_optional_sections_fill_their_columns():
+    """The gates, the shadow kernel, the device's busy share and every worker backend reach their columns, each
+    from its own key of the summary (a column read from a neighbouring key, or left out, passed every test)."""
+    summary = {
+        **summary_in_layout("r1", scored=9, errors=1, docs_per_s=1.0, accuracy=None),
+        "backend": {"launcher": "cpu", "workers": ["cpu", "gpu"]},  # workers of two kinds: both are named
+        "shadow": {"impl": "blockwise", "documents": 6, "batches": 2, "output_max_abs_diff": 0.001,
+                   "score_max_abs_diff": 0.0005, "passed": True},
+        "gates": {"error_fraction": {"limit": 0.2, "value": 0.1, "passed": True}},
+        "device": {"busy_s": 40.0, "busy_processes": 1, "busy_fraction": 0.4, "host_us_per_doc": 6.0e6},
+        "compile": {"count": 3, "time_ms": 1500, "cold_count": 2, "cached_count": 1},
+        "command_wall_s": 130.0, "batching": {"batch_size": 16},
+    }
+    row = history.history_row(summary)
+    assert row["backend"] == "cpu,gpu"
+    assert (row["shadow_attention_impl"], row["shadow_documents"], row["shadow_passed"]) == ("blockwise", 6, True)
+    assert (row["shadow_output_max_abs_diff"], row["shadow_score_max_abs_diff"]) == (0.001, 0.0005)
+    assert (row["max_error_fraction"], row["error_gate_passed"]) == (0.2, True)
+    assert (row["device_busy_fraction"], row["host_us_per_doc"], row["command_wall_s"]) == (0.4, 6.0e6, 130.0)
+    assert (row["compile_cold_count"], row["compile_cached_count"], row["batch_size"]) == (2, 1, 16)
+    assert history.history_table([summary]).to_pylist() == [row]  # the row fits HISTORY_SCHEMA as it is
+
 def test_each_launch_writes_its_own_file_and_only_committed_rows_are_read(tmp_path):
     out = str(tmp_path)
     r1 = history.write_history_row(out, summary_in_layout("r1", scored=9, errors=1, docs_per_s=1.0, accuracy=0.5), "aaaa")
