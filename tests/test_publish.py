@@ -18,7 +18,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.io import run_commit, sinks
 from pipeline.runs import publish
-from pipeline.runs.summary import add_metrics, summary_from_stats
+from pipeline.runs.summary import (FORMAT_VERSION, add_metrics, summary_from_stats, with_command_wall,
+                                   with_launcher_compiles)
 from pipeline.telemetry.progress import runs_locally
 from tests.conftest import SENTENCES, common_flags, read_table, write_jsonl
 
@@ -340,6 +341,45 @@ def test_summary_leaves_metric_parts_null_until_the_launcher_adds_them():
     assert enriched["shadow"]["batches"] == 3 and enriched["shadow"]["time_ms"] == 4.5
     assert enriched["counts"] == summary["counts"] and enriched["metrics"] == metrics
 
+
+
+def test_the_launchers_own_compiles_are_added_to_the_workers_under_the_kernels_names():
+    """Validation compiles on the launcher before the job (label embeddings): its [count, seconds, cached count,
+    cached seconds] add to the workers' counters of the resolved kernel, each to its own, so `compile` holds every
+    compile of the command; a launcher that compiled nothing leaves the metrics as they are."""
+    ns = "docscore_inference_pallas_tpu/"
+    workers = {f"{ns}compiles": 2, f"{ns}compile_ms": 900, f"{ns}compiles_cached": 1, f"{ns}compile_cached_ms": 100,
+               "docscore_inference_xla/compiles": 7}
+    added = with_launcher_compiles(workers, "pallas_tpu", [3, 1.5, 1, 0.25])
+    assert added == {**workers, f"{ns}compiles": 5, f"{ns}compile_ms": 2400, f"{ns}compiles_cached": 2,
+                     f"{ns}compile_cached_ms": 350}
+    assert workers[f"{ns}compiles"] == 2  # the job's metrics are not changed in place
+    assert with_launcher_compiles({}, "xla", [1, 0.5, 0, 0.0]) == {
+        "docscore_inference_xla/compiles": 1, "docscore_inference_xla/compile_ms": 500,
+        "docscore_inference_xla/compiles_cached": 0, "docscore_inference_xla/compile_cached_ms": 0}
+    assert with_launcher_compiles(workers, "pallas_tpu", [0, 0.0, 0, 0.0]) is workers
+    summary = add_metrics(summary_from_stats(FACTS, STATS, finished=110.0), added)
+    assert (summary["compile"]["count"], summary["compile"]["cold_count"], summary["compile"]["cold_ms"]) == (5, 3, 2050)
+
+
+def test_the_commands_wall_time_and_its_phases():
+    """command_wall_s runs from the process's start to `now`; each marked phase lasts until the next marked one
+    (a phase not marked, here prepare, is inside the one before it), the last until `now`."""
+    summary = summary_from_stats(FACTS, STATS, finished=110.0)
+    assert summary["format_version"] == FORMAT_VERSION  # what compare reads before it sets two runs' figures side by side
+    timed = with_command_wall(summary, {"job": 96.0, "start": 90.0, "validate": 91.5, "launcher": 111.0}, 112.25)
+    assert timed["command_wall_s"] == 22.25
+    assert timed["command_phases_s"] == {"start": 1.5, "validate": 4.5, "job": 15.0, "launcher": 1.25}
+    assert list(timed["command_phases_s"]) == ["start", "validate", "job", "launcher"]  # in the command's order
+    assert timed["wall_s"] == summary["wall_s"] and "command_wall_s" not in summary
+
+
+def test_host_time_per_document_is_never_negative():
+    """busy_s and wall_s come from different clocks (the job's model calls, the launcher's start and the job's
+    finish): a busy time a little past the wall time is no host time, not a negative one."""
+    local = {**summary_from_stats(FACTS, STATS, finished=110.0), "runner": {"runner": "DirectRunner"}}
+    device = add_metrics(local, {"docscore/device_busy_us": 10_500_000})["device"]
+    assert device["busy_processes"] == 1 and device["host_us_per_doc"] == 0.0 and device["busy_fraction"] == 1.05
 
 def test_waiting_launcher_rewrites_the_enriched_summary_and_history_row_of_its_own_launch(tmp_path):
     spec, written = stage_run(tmp_path)
