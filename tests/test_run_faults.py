@@ -218,6 +218,88 @@ def test_a_readers_probe_of_a_local_lease_does_not_refuse_a_launch(tmp_path):
         held.release()
 
 
+
+def test_an_object_store_lease_is_renewed_well_before_it_expires_and_not_once_taken_over():
+    """A gs:// lease holds an expiry its holder pushes forward while it runs: a renewal that came only once the
+    expiry had passed would let a second launch take over a run that is still writing. memory:// is an object
+    store as gs:// is (no flock); the renewal loop is run here in the test's thread, one round at a time."""
+    import threading
+
+    out = "memory://docscore-renew-test/out"
+    fs, path = fsspec.core.url_to_fs(run_lease.lease_path(out, "r1"))
+
+    class Rounds(threading.Event):
+        """An Event whose wait() says how long the loop would sleep and lets it run `n` rounds."""
+
+        def __init__(self, n):
+            super().__init__()
+            self.n, self.timeouts = n, []
+
+        def wait(self, timeout=None):
+            self.timeouts.append(timeout)
+            self.n -= 1
+            return self.n < 0
+
+    try:
+        lease = run_lease.acquire(out, "r1", "one", ttl_s=90.0)
+        lease._stop.set()  # the background renewer stops; its rounds are run below instead
+        me = {k: v for k, v in run_lease.holder(out, "r1").items() if k != "expires"}
+        before = run_lease.holder(out, "r1")["expires"]
+        rounds = Rounds(1)
+        run_lease._renew(fs, path, me, 90.0, rounds)
+        assert run_lease.holder(out, "r1")["expires"] > before and run_lease.holder(out, "r1")["launch"] == "one"
+        assert all(0 < timeout <= 90.0 / 3 for timeout in rounds.timeouts)  # two renewals may fail before it expires
+        taken = {"launch": "two", "expires": time.time() + 90.0}
+        fs.pipe_file(path, json.dumps(taken).encode())  # another launch took it over (the holder was cut off)
+        run_lease._renew(fs, path, me, 90.0, Rounds(3))
+        assert run_lease.holder(out, "r1") == taken
+    finally:
+        fsspec.filesystem("memory").rm("/docscore-renew-test", recursive=True)
+
+
+
+def test_a_launch_whose_object_store_lease_is_gone_or_taken_over_neither_commits_nor_removes_the_new_lease():
+    """A launch cut off past its lease's expiry (another took it over, or the object is gone mid take-over) must be
+    refused at its commit, and its release must leave the new holder's lease in place (removing it would let a
+    third launch take the run_id the second is writing)."""
+    out = "memory://docscore-takeover-test/out"
+    fs, path = fsspec.core.url_to_fs(run_lease.lease_path(out, "r1"))
+    try:
+        lease = run_lease.acquire(out, "r1", "one", ttl_s=90.0)
+        lease._stop.set()  # cut off: it renews no more
+        run_lease.check_holder(out, "r1", "one")
+        fs.rm_file(path)
+        with pytest.raises(run_lease.LeaseHeld, match=r"this launch \(one\) no longer holds the lease"):
+            run_lease.check_holder(out, "r1", "one")
+        taken = {"launch": "two", "expires": time.time() + 90.0}
+        fs.pipe_file(path, json.dumps(taken).encode())
+        with pytest.raises(run_lease.LeaseHeld, match="no longer holds"):
+            run_lease.check_holder(out, "r1", "one")
+        lease.release()
+        assert run_lease.holder(out, "r1") == taken and run_lease.is_held(out, "r1")
+        run_lease.release_if_held_by(out, "r1", "two")
+        assert run_lease.holder(out, "r1") == {}
+    finally:
+        fsspec.filesystem("memory").rm("/docscore-takeover-test", recursive=True)
+
+def test_an_object_store_launchs_staging_is_kept_while_any_of_its_files_is_recent(monkeypatch):
+    """On gs:// a launch nobody waits for holds no lease: its staging counts as dead only once its most recent
+    write is STALE_REMOTE_S old. A launch that staged its first files long ago and is still writing keeps them."""
+    out = "memory://docscore-stale-test/out"
+    fs = fsspec.filesystem("memory")
+    ages = {"done/scores/part-0.parquet": 3 * run_lease.STALE_REMOTE_S, "done/scores/part-1.parquet": 2 * run_lease.STALE_REMOTE_S,
+            "writing/scores/part-0.parquet": 3 * run_lease.STALE_REMOTE_S, "writing/scores/part-1.parquet": 60.0}
+    try:
+        for tail in ages:
+            fs.pipe_file(f"/docscore-stale-test/out/_staging/run_id=r1/{tail}", b"staged")
+        monkeypatch.setattr(run_commit, "file_age_s", lambda _, p: next(a for tail, a in ages.items() if p.endswith(tail)))
+        removed = run_lease.remove_stale(out, own_launch="next")
+        assert [p.rsplit("/", 1)[1] for p in removed] == ["done"]
+        assert sorted(p.rsplit("/", 1)[1] for p in fs.find("/docscore-stale-test/out/_staging")) == [
+            "part-0.parquet", "part-1.parquet"]  # the launch still writing: both its files
+    finally:
+        fs.rm("/docscore-stale-test", recursive=True)
+
 @pytest.mark.integration
 def test_a_gs_lease_is_exclusive_until_released_or_expired(gcs_emulator, tmp_path):  # noqa: F811
     with gcs_target(gcs_emulator, tmp_path, fault_rate=0) as target:
