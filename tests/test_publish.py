@@ -454,7 +454,8 @@ def test_a_launch_removes_the_replaced_runs_files_once_the_grace_period_is_over(
     assert run_lease.remove_replaced(spec.output, spec.run_id, own_launch="next") == []
     assert retired <= on_disk(tmp_path / "out")
     other.rmdir()
-    assert sorted(run_lease.remove_replaced(spec.output, spec.run_id, own_launch="next")) == sorted(retired)
+    with run_lease.acquire(spec.output, spec.run_id, "next"):  # as launch.py calls it: holding the run's lease
+        assert sorted(run_lease.remove_replaced(spec.output, spec.run_id, own_launch="next")) == sorted(retired)
     assert on_disk(tmp_path / "out") == {f for names in summary["files"].values() for f in names}
 
 
