@@ -715,3 +715,67 @@ def test_every_history_column_is_described_in_the_docs():
     stage_columns = {f"{stage}_{stat}_ms" for stage in STAGES for stat in ("p50", "p95")}
     assert "`STAGE_p50_ms`, `STAGE_p95_ms`" in section and all(stage in section for stage in STAGES)
     assert set(HISTORY_SCHEMA.names) - stage_columns == described
+
+
+def test_the_output_dir_alone_reports_the_run_that_finished_last(tmp_path):
+    """`docscore report DIR`: of several runs, the one whose finished_at is the latest, whatever its run_id or the
+    order its folder is listed in."""
+    import numpy as np
+
+    from tests.test_compare import score_rows, summary, write_run
+
+    out = str(tmp_path / "out")
+    for run_id, finished in (("a-late", "2026-12-02T08:00:00+00:00"), ("b-early", "2026-12-01T09:30:00+00:00"),
+                             ("c-middle", "2026-12-01T23:59:59.500000+00:00")):
+        write_run(out, run_id, score_rows(run_id, "embed", 2, embeddings=np.eye(2, 4)),
+                  run_summary={**summary(run_id, "embed"), "finished_at": finished})
+    assert report.locate_run(out) == (out, "a-late")
+
+
+def test_the_pages_tables_say_what_the_summary_says():
+    """The header's runner and error rate, and the stage table's columns, from a summary in the layout
+    pipeline/runs/summary.py writes: each figure in its own column, the rate in percent, the runner named once."""
+    from tests.test_history import summary_in_layout
+
+    summary = {**summary_in_layout("r1", scored=90, errors=10, docs_per_s=1.5, accuracy=0.75),
+               "runner": {"runner": "DirectRunner", "direct_running_mode": "multi_threading", "direct_num_workers": 4}}
+    facts = dict(report.header_facts(summary))
+    assert facts["error rate"] == "10.00%" and facts["records / scored / errors"] == "100 / 90 / 10"
+    assert facts["runner"] == "DirectRunner (direct_running_mode=multi_threading, direct_num_workers=4)"
+    assert report.runner_text({"runner": {"runner": "DataflowRunner"}}) == "DataflowRunner"
+    rows = PageOutline(report.stage_table(summary)).table("grid")
+    assert rows[0] == ["stage", "total ms", "p50 ms", "p95 ms", "p99 ms"]
+    assert {row[0]: row[1:] for row in rows[1:]}["infer"] == ["5000", "2.5", "9", "12"]
+
+
+def test_per_class_rates_and_the_error_rows_listed():
+    """Precision is over the documents predicted as a label, recall over those whose gold label it is; the error
+    rows' note says how many were left out only when some were."""
+    from pipeline.records import ERRORS_SCHEMA
+
+    counts = {("a", "a"): 3, ("a", "b"): 1, ("b", "a"): 2, ("b", "b"): 4, ("c", "b"): 1}
+    rates = {r["label"]: r for r in report.per_class_rates(["a", "b", "c"], counts)}
+    assert (rates["a"]["precision"], rates["a"]["recall"], rates["a"]["support"], rates["a"]["predicted"]) == (3 / 5, 3 / 4, 4, 5)
+    assert (rates["b"]["precision"], rates["b"]["recall"]) == (4 / 6, 4 / 6)
+    assert (rates["c"]["precision"], rates["c"]["recall"], rates["c"]["support"]) == (None, 0.0, 1)  # never predicted
+
+    def errors(n):
+        return pa.Table.from_pylist([{"source": "s.jsonl", "record_index": i, "stage": "parse", "error_type": "E",
+                                      "message": "bad"} for i in range(n)],
+                                    schema=pa.schema([ERRORS_SCHEMA.field(c) for c in report.ERROR_COLUMNS]))
+
+    listed = report.ERRORS_LISTED
+    assert "first" not in report.errors_table(errors(listed))
+    assert len(PageOutline(report.errors_table(errors(listed))).table("grid")) == listed + 1
+    assert f"first {listed} of {listed + 1} error rows" in report.errors_table(errors(listed + 1))
+
+
+def test_as_many_labels_as_are_shown_are_all_shown_one_by_one():
+    """SHOWN_LABELS labels (a 25-class classify) are each shown; one more folds the least frequent into one."""
+    from collections import Counter
+
+    n = report.SHOWN_LABELS
+    labels, fold = report.shown_labels(Counter({f"l{i:02d}": 100 - i for i in range(n)}))
+    assert labels == [f"l{i:02d}" for i in range(n)] and fold("l07") == "l07"
+    labels, fold = report.shown_labels(Counter({f"l{i:02d}": 100 - i for i in range(n + 1)}))
+    assert labels == [f"l{i:02d}" for i in range(n - 1)] + [report.other_labels(2)] and fold(f"l{n:02d}") == labels[-1]
