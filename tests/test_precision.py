@@ -156,6 +156,8 @@ def test_tf32_for_gpu_workers_reaches_their_model_spec_and_the_summary(gcs_corpu
                            "--dataflow_service_options", "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver"])
     plan = validate(eo)
     assert plan.model_spec.matmul_precision == "tf32"
-    model = launch_facts(eo, plan, 0.0)["model"]
+    facts = launch_facts(eo, plan, 0.0)
+    model = facts["model"]
+    assert facts["runner"] == {"runner": "DataflowRunner"}  # not the DirectRunner's defaults Beam gives every run
     assert model["matmul_precision"] == "TF32_TF32_F32"
     assert model["sharding"]["mesh"] is None and "each gpu worker" in model["sharding"]["reason"]  # not this CPU's

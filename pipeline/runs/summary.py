@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the job's Publish step imports this module: keep it light
     from pipeline.validate import RunPlan
 
 VERSIONED = ("docscore", "apache-beam", "jax", "jaxlib", "flax", "orbax-checkpoint", "numpy", "pyarrow", "tokenizers", "fsspec", "gcsfs")
-RUNNER_KEYS = ("direct_running_mode", "direct_num_workers")  # beside the runner's name
+RUNNER_KEYS = ("direct_running_mode", "direct_num_workers")  # beside a DirectRunner's name
 
 
 def versions() -> dict[str, str]:
@@ -33,6 +33,14 @@ def versions() -> dict[str, str]:
 
 def _utc(timestamp: float) -> str:
     return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).isoformat()
+
+
+def runner_facts(options: dict[str, Any]) -> dict[str, Any]:
+    """The runner's class name, with the DirectRunner's own options beside it: Beam gives every run their defaults,
+    and a Dataflow run's report said 'direct_running_mode=in_memory, direct_num_workers=1'."""
+    name = runner_name(options.get("runner"))
+    direct = name.endswith("DirectRunner")
+    return {"runner": name, **{k: v for k, v in options.items() if direct and k in RUNNER_KEYS and v is not None}}
 
 
 def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, Any]:
@@ -51,9 +59,7 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
         "config": config,
         # Beam's class name whichever spelling was given (no --runner: DirectRunner), so the history table's
         # runner column says one name for one runner
-        "runner": {"runner": runner_name(eo.get_all_options().get("runner")),
-                   **{k: v for k, v in eo.get_all_options().items()
-                      if k in RUNNER_KEYS and v is not None}},
+        "runner": runner_facts(eo.get_all_options()),
         "versions": versions(),
         "backend": {
             "target": plan.target_backend,
