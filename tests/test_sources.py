@@ -2,8 +2,11 @@
 corrupt shards give an ErrorRow with record_index None, nothing raises."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import gzip
 import json
+import os
 
 import fsspec
 import pyarrow as pa
@@ -694,3 +697,40 @@ def test_every_input_format_has_a_reader_and_a_row_in_readmes_formats_table():
     table = readme.split("| format | files | one document per |", 1)[1].split("\n\n", 1)[0]
     missing = [suffix for suffixes in SUFFIXES.values() for suffix in suffixes if suffix.removesuffix(".gz") not in table]
     assert missing == [], f"README.md's table of input formats does not list {missing}"
+
+
+@contextlib.contextmanager
+def no_free_file_descriptors():
+    """This process out of file descriptors, as under `ulimit -n` with many shards: the soft RLIMIT_NOFILE lowered
+    and every descriptor under it taken (opening a file then fails with EMFILE); both restored after."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    taken: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 4096), hard))
+    try:
+        while True:
+            try:
+                taken.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as e:
+                assert e.errno == errno.EMFILE, e
+                break
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_shard_this_machine_has_no_file_descriptor_for_is_raised_not_an_error_row(tmp_path):
+    """EMFILE says nothing about the shard: as a read/unreadable_shard row the run would publish (exit 4, or 0 with
+    --max_error_fraction 1) without the shard's records, replacing the previous run of the run_id. Raised, the runner
+    retries the bundle or the job fails with nothing published. A shard the user may not read stays a row."""
+    shard = tmp_path / "docs.jsonl"
+    shard.write_text(json.dumps({"id": "a", "text": "some text"}) + "\n")
+    assert split(list(read_shard(str(tmp_path / "gone.jsonl"), SPEC)))[1]  # every module reading imports, loaded while it can be
+    with no_free_file_descriptors(), pytest.raises(OSError) as caught:
+        list(read_shard(str(shard), SPEC))
+    assert caught.value.errno == errno.EMFILE
+    assert [e.error_type for e in split(list(read_shard(str(shard), SPEC)))[1]] == []  # descriptors back: read
+

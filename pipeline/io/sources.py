@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import errno
 import gzip
 import itertools
 import json
@@ -233,7 +234,7 @@ def read_shard(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRow]:
         for item in READERS[fmt](path, spec):
             yield _printable_error(item) if isinstance(item, ErrorRow) else item
     except Exception as e:  # a shard that cannot be opened or breaks mid-way
-        if is_transient(e):
+        if is_transient(e) or out_of_resources(e):
             raise
         what = shard_failure(e, "could not be read")
         yield _printable_error(ErrorRow(path, None, "read", read_error_type(e), f"{fmt} shard {what} ({type(e).__name__}: {e})"))
@@ -269,6 +270,18 @@ def is_transient(error: BaseException) -> bool:
     except ImportError:  # a gcsfs that moved it: the storage error itself must still reach the user
         return False
     return is_retriable(error)
+
+
+# errnos that say this machine ran out of something (file descriptors: `ulimit -n` with many shards open at once;
+# kernel memory), not that the shard is bad
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
+def out_of_resources(error: BaseException) -> bool:
+    """The machine could not open or read the shard for want of a resource (RESOURCE_ERRNOS): raised, as an
+    unreachable store is (is_transient), for the runner to retry the bundle or the job to fail with nothing
+    published; as an error row the run would publish without the shard's records, replacing the previous run."""
+    return isinstance(error, OSError) and error.errno in RESOURCE_ERRNOS
 
 
 def unreachable_message(what: str, error: BaseException) -> str:
