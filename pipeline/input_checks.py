@@ -2,12 +2,15 @@
 
 Reads the schema (Parquet footer, TFDS features) or the first PEEKED_RECORDS JSONL records of each of the first
 PEEKED_SHARDS shards: a field --text_field, --id_field or the task needs that no shard has is a configuration error
-(check_fields); gold labels the task will not score as the user expects are notices. A shard that cannot be read
-is never an error here: its reader reports it as an error row.
+(check_fields), and so is an input whose every shard looked at this user may not open (the run would read nothing);
+gold labels the task will not score as the user expects are notices. Any other shard that cannot be read is never an
+error here: its reader reports it as an error row.
 """
 from __future__ import annotations
 
 import itertools
+import os
+import pwd
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,7 +58,9 @@ def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec
     problems = []
     for shard in shards[:PEEKED_SHARDS]:
         fmt = input_files.shard_format(shard)
-        if fmt == "text":  # one record: the whole text, no other field
+        if (problem := unopenable_problem(eo, shard)) is not None:
+            pass
+        elif fmt == "text":  # one record: the whole text, no other field
             problem = missing_task_field(eo, f"{shard} is a plain text file (its text is one record, with no other field)")
         elif (fields := first_record_fields(shard, read_spec)) is None:
             problem = unsplittable_problem(eo, shard) if fmt == "jsonl" else None
@@ -170,6 +175,28 @@ def unsplittable_problem(eo: EvalOptions, shard: str) -> str | None:
     bytes under a plain name), as a problem of --input, or None."""
     problem = sources.unsplittable_shard(shard)
     return f"--input {eo.input}: {shard}: {problem}" if problem else None
+
+
+def unopenable_problem(eo: EvalOptions, shard: str) -> str | None:
+    """A shard this user may not open (permission denied), as a problem of --input, or None. A problem only when every
+    shard looked at has one (check_fields): the run would read nothing and publish a run of error rows in place of the
+    run_id's previous one; beside readable shards it is its reader's read/unreadable_shard row."""
+    try:
+        with sources.open_shard(shard):
+            return None
+    except PermissionError as e:
+        return (f"--input {eo.input}: {shard} cannot be read by this user ({current_user()}: "
+                f"{e.strerror or type(e).__name__}); make the files readable to it, or run as a user that can read them")
+    except Exception:  # gone, a store that answers otherwise: the reader's to report
+        return None
+
+
+def current_user() -> str:
+    """This process's user name (its uid where it has none), for messages about file permissions."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (a container's)
+        return f"uid {os.geteuid()}"
 
 
 def missing_task_field(eo: EvalOptions, what_shard_has: str, fields: Sequence[str] = ()) -> str | None:

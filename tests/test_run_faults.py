@@ -667,3 +667,37 @@ def test_a_job_ended_for_a_lost_worker_during_an_interrupt_keeps_the_interrupts_
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "docscore run r: interrupted; nothing was published", done.stderr
+
+
+def as_an_ordinary_user() -> list[str]:
+    """A command prefix under which file modes bind a process as they bind an ordinary user: none for one; for root
+    (which ignores modes through CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH) setpriv without those two capabilities."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    try:
+        works = subprocess.run([*prefix, "true"], capture_output=True, timeout=60).returncode == 0
+    except FileNotFoundError:
+        works = False
+    if not works:
+        pytest.skip("running as root without setpriv (util-linux) to drop CAP_DAC_OVERRIDE: no file root cannot read")
+    return prefix
+
+
+@pytest.mark.integration
+def test_an_input_this_user_may_read_none_of_is_exit_2_and_the_published_run_stays(tmp_path):
+    """Shards whose permissions this user lacks: each became a read/unreadable_shard row, so a launch that read
+    nothing published a run of error rows over the run_id's complete run (exit 4; exit 0 with --max_error_fraction 1,
+    as here). Now refused before the job (exit 2), naming a shard and the fix; one readable shard among them keeps
+    the others as error rows (README)."""
+    out = tmp_path / "out"
+    assert run_docscore("--input", corpus(tmp_path / "good" / "docs.jsonl", "g", 3), *common_flags(RUN_ID, out), *FLAGS) == 0
+    before = visible(out)
+    for i in range(2):
+        corpus(tmp_path / "locked" / f"part-{i}.jsonl", "l", 2).chmod(0)
+    run = subprocess.run([*as_an_ordinary_user(), sys.executable, "-m", "pipeline", "run", "--input", str(tmp_path / "locked"),
+                          *common_flags(RUN_ID, out), *FLAGS], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"{tmp_path / 'locked' / 'part-0.jsonl'} cannot be read by this user" in run.stderr, run.stderr[-2000:]
+    assert "Permission denied" in run.stderr and "nor does the other shard looked at" in run.stderr, run.stderr[-2000:]
+    assert visible(out) == before
