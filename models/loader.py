@@ -25,7 +25,7 @@ from models.architecture import abstract_model, flat_params, param_shapes
 from models.builtin import BUILTINS, builtin_dir, discard_copy
 from models.checkpoint import fingerprint, restore_params, stored_shapes
 from models.config import ModelConfig, hf_keys, read_config
-from models.errors import DamagedModelDir, ModelLoadError
+from models.errors import DamagedModelDir, MachineShortOf, ModelLoadError, short_of, shortage
 from models.heads import next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES, stack_blocks, stack_params, stacked_abstract
 from models.model_dir import CONFIG, PARAMS, TOKENIZER, fetch_remote, is_remote, local_cache_dir, read_metadata, read_text
@@ -228,7 +228,8 @@ def load(name_or_path: str, *, attention: str = "auto", dtype: str = "float32",
             return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision,
                                   max_seq_len=max_seq_len)
         except ModelLoadError as err:  # drop the bad copy so a fixed upload is fetched next time
-            shutil.rmtree(path, ignore_errors=True)
+            if not isinstance(err, MachineShortOf):  # nothing is wrong with the copy
+                shutil.rmtree(path, ignore_errors=True)
             raise ModelLoadError(f"{name_or_path} (copied to {path}): {err}") from None
     return load_model_dir(path, attention=attention, dtype=dtype, name=name, precision_choice=matmul_precision,
                           max_seq_len=max_seq_len)
@@ -318,6 +319,8 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
     try:
         params = restore_params(params_dir, nnx.to_pure_dict(state))
     except Exception as err:  # Orbax/tensorstore raise many types for a damaged checkpoint
+        if shortage(err):  # this process's limit, not the checkpoint's damage
+            raise short_of(params_dir, err, shortage(err)) from None
         raise DamagedModelDir(f"{params_dir}: corrupt or incomplete Orbax checkpoint ({type(err).__name__}: "
                               f"{str(err)[:300]}); re-create the directory with `docscore convert`") from None
     actual = fingerprint(params, config_text.encode(), tokenizer_text.encode())

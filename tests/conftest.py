@@ -4,6 +4,8 @@ small corpora, and a helper that runs `docscore run` in-process and reads its ou
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -228,3 +230,30 @@ def transformers_logprobs(hf_dir, ids: np.ndarray, segments: np.ndarray) -> np.n
         for t in range(int(segments[row].sum()) - 1):
             expected[row, t] = logprobs[row, t, ids[row, t + 1]]
     return expected
+
+
+
+@contextlib.contextmanager
+def no_free_file_descriptors(leave: int = 0):
+    """This process out of file descriptors, as under `ulimit -n` with many shards: the soft RLIMIT_NOFILE lowered
+    and every descriptor under it taken but `leave` (opening more files at once then fails with EMFILE); both
+    restored after."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    taken: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 4096), hard))
+    try:
+        while True:
+            try:
+                taken.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as e:
+                assert e.errno == errno.EMFILE, e
+                break
+        for _ in range(leave):
+            os.close(taken.pop())
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

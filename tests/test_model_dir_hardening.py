@@ -354,3 +354,21 @@ def test_a_cut_checkpoint_is_one_line_not_event_loop_tracebacks(minilm, tmp_path
     assert done.returncode == 2, done.stderr[-3000:]
     assert "corrupt or incomplete Orbax checkpoint" in done.stderr
     assert "Event loop is closed" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
+
+
+@pytest.mark.integration
+def test_a_process_out_of_file_descriptors_keeps_the_built_in_models_copy_and_says_so(tmp_path):
+    """Under `ulimit -n` too low for the run, reading docscore's copy of minilm-l6 failed with EMFILE, which was
+    taken for damage: the good copy was discarded, converting it again failed the same way, and the run ended
+    advising free space and permissions. The copy stays, and the message names the limit."""
+    from tests.conftest import no_free_file_descriptors
+
+    fresh = models.load("minilm-l6", attention="native", cache_dir=str(tmp_path / "cache"))
+    copy = Path(fresh.path)
+    inode = copy.stat().st_ino
+    with no_free_file_descriptors(leave=2), pytest.raises(ModelLoadError) as caught:  # one file at a time: Orbax fails
+        models.load("minilm-l6", attention="native", cache_dir=str(tmp_path / "cache"))
+    assert "ran out of open files" in str(caught.value) and "ulimit -n" in str(caught.value), caught.value
+    assert type(caught.value).__name__ == "MachineShortOf"
+    assert [p.name for p in copy.parent.iterdir()] == [copy.name] and copy.stat().st_ino == inode
+    assert models.load("minilm-l6", attention="native", cache_dir=str(tmp_path / "cache")).fingerprint == fresh.fingerprint

@@ -2,7 +2,6 @@
 corrupt shards give an ErrorRow with record_index None, nothing raises."""
 from __future__ import annotations
 
-import contextlib
 import errno
 import gzip
 import json
@@ -16,7 +15,7 @@ import pytest
 from pipeline.io.input_files import find_input
 from pipeline.io.sources import ReadSpec, read_shard
 from pipeline.records import Document, ErrorRow
-from tests.conftest import shards_of
+from tests.conftest import no_free_file_descriptors, shards_of
 
 SPEC = ReadSpec(text_field="text", id_field="id")
 
@@ -698,28 +697,6 @@ def test_every_input_format_has_a_reader_and_a_row_in_readmes_formats_table():
     missing = [suffix for suffixes in SUFFIXES.values() for suffix in suffixes if suffix.removesuffix(".gz") not in table]
     assert missing == [], f"README.md's table of input formats does not list {missing}"
 
-
-@contextlib.contextmanager
-def no_free_file_descriptors():
-    """This process out of file descriptors, as under `ulimit -n` with many shards: the soft RLIMIT_NOFILE lowered
-    and every descriptor under it taken (opening a file then fails with EMFILE); both restored after."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    taken: list[int] = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 4096), hard))
-    try:
-        while True:
-            try:
-                taken.append(os.open(os.devnull, os.O_RDONLY))
-            except OSError as e:
-                assert e.errno == errno.EMFILE, e
-                break
-        yield
-    finally:
-        for fd in taken:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_shard_this_machine_has_no_file_descriptor_for_is_raised_not_an_error_row(tmp_path):
