@@ -159,6 +159,28 @@ def test_a_rerun_that_fills_the_disk_exits_1_and_the_previous_run_stays_whole(tm
     assert not (out / "_staging").exists()
 
 
+def fill(disk: Path, leave: int) -> None:
+    """Fill the file system of `disk` but `leave` bytes."""
+    with open(disk / "filler", "wb") as f:
+        f.write(b"\0" * max(0, shutil.disk_usage(disk).free - leave))
+
+
+@pytest.mark.integration
+def test_a_nearly_full_temporary_directory_costs_the_progress_display_not_the_run(tmp_path, small_disk):
+    """TMPDIR with a page or two left: Python's tempfile takes it (its probe fits), the progress counter files of
+    the job's counting steps fill it, and their ENOSPC failed the job ('CountRead', exit 1) though the counts only
+    feed the progress display. The run completes, with one warning."""
+    fill(small_disk, leave=8 * 1024)
+    out = tmp_path / "out"
+    shard = corpus(tmp_path / "in" / "docs.jsonl", "t", 5)
+    run = subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(shard), *common_flags(RUN_ID, out),
+                          *FLAGS], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TMPDIR": str(small_disk)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stderr.count(f"progress: the counts cannot be written to {small_disk}/") == 1, run.stderr[-2000:]
+    assert visible(out)[1] == {f"t{i}" for i in range(5)}
+
+
 @pytest.mark.integration
 def test_a_second_launch_of_a_running_run_id_is_refused_until_the_holder_dies(tmp_path, capsys, no_data_read):
     out = tmp_path / "out"

@@ -14,6 +14,7 @@ rewrites one small JSON file there and the reporter sums them. On a remote runne
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -60,6 +61,9 @@ class ProgressSample:
 # ---- counting inside the pipeline -------------------------------------------------------------
 
 
+_UNWRITABLE_DIRS: set[str] = set()  # counter directories a CounterFile of this process could not write to
+
+
 class CounterFile:
     """The counts of one DoFn instance, rewritten to DIR/<unique>.json every `flush_s` while they change.
 
@@ -81,6 +85,7 @@ class CounterFile:
         self._written: dict[str, int] | None = None
         self._flusher: threading.Thread | None = None
         self._closed = threading.Event()
+        self._failed = False
 
     def add(self, kind: str, n: int = 1) -> None:
         with self._lock:
@@ -91,18 +96,32 @@ class CounterFile:
             self._flusher.start()
 
     def flush(self) -> None:
-        """Write the counts if they changed since the last write."""
+        """Write the counts if they changed since the last write. A write that fails (a full temporary directory)
+        stops this file's writes with one warning: the counts only feed the progress display, and the job's own
+        results do not depend on them."""
         with self._lock:
             counts = dict(self.counts)
-            if counts == self._written:
+            if counts == self._written or self._failed:
                 return
             if self._name is None:
                 self._name = f"{os.getpid()}-{uuid.uuid4().hex}.json"
             path = os.path.join(self.directory, self._name)
             tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(counts, f)
-            os.replace(tmp, path)
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(counts, f)
+                os.replace(tmp, path)
+            except OSError as e:
+                self._failed = True
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+                # once per process (every counting DoFn has a file); none when the reporter removed the directory
+                if os.path.isdir(self.directory) and self.directory not in _UNWRITABLE_DIRS:
+                    _UNWRITABLE_DIRS.add(self.directory)
+                    logging.getLogger(__name__).warning(
+                        "progress: the counts cannot be written to %s (%s: %s); the progress shown undercounts from here,"
+                        " the run goes on", self.directory, type(e).__name__, e)
+                return
             self._written = counts
 
     def close(self) -> None:
@@ -110,11 +129,8 @@ class CounterFile:
         self.flush()
 
     def _flush_every(self) -> None:
-        while not self._closed.wait(self.flush_s):
-            try:
-                self.flush()
-            except OSError:  # the reporter removed the directory at the end of the run
-                return
+        while not self._closed.wait(self.flush_s) and not self._failed:
+            self.flush()
 
 
 def read_counter_files(directory: str) -> ProgressCounts:
@@ -417,16 +433,26 @@ OWNER_FILE = "owner"  # {"pid", "create_time", "host"} of the launcher that made
 
 
 def local_counter_dir(options: PipelineOptions) -> str | None:
-    """A fresh temporary directory for counter files when the runner runs on this machine, else None. The
-    folders of earlier runs whose launcher is gone (killed runs never remove theirs) are removed first."""
+    """A fresh temporary directory for counter files when the runner runs on this machine, else None (and None with a
+    warning when the temporary directory cannot take one). The folders of earlier runs whose launcher is gone (killed
+    runs never remove theirs) are removed first."""
     if not runs_locally(options):
         return None
     remove_dead_counter_dirs()
     me = psutil.Process()
-    directory = tempfile.mkdtemp(prefix=f"{COUNTER_DIR_PREFIX}{me.pid}-")
     owner = {"pid": me.pid, "create_time": me.create_time(), "host": socket.gethostname()}
-    with open(os.path.join(directory, OWNER_FILE), "w") as f:
-        json.dump(owner, f)
+    directory = None
+    try:
+        directory = tempfile.mkdtemp(prefix=f"{COUNTER_DIR_PREFIX}{me.pid}-")
+        with open(os.path.join(directory, OWNER_FILE), "w") as f:
+            json.dump(owner, f)
+    except OSError as e:  # a full temporary directory: the progress is counted from Beam's metrics instead
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)
+        logging.getLogger(__name__).warning("progress: no counts can be kept in the temporary directory %s (%s: %s); "
+                                            "the run goes on, its progress shown only at its end",
+                                            tempfile.gettempdir(), type(e).__name__, e)
+        return None
     return directory
 
 
