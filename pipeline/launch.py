@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import gc
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -359,7 +361,7 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
                 left = (f"; its files could not be removed ({type(e).__name__}: {str(e)[:200]}): the next launch of "
                         "this run_id removes them")
         print(f"docscore run {eo.run_id}: {failed}; nothing was published (the previous run of this run_id, "
-              f"if any, is what readers see){left}", file=sys.stderr)
+              f"if any, is what readers see){left}{no_space_hint(eo.output, failed)}", file=sys.stderr)
         return 1
     # the job committed the run; add what only the launcher knows, the gates' outcomes included, before
     # the report is derived from it
@@ -394,6 +396,44 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     for _, message in failures:
         print(f"docscore run {eo.run_id}: {message}", file=sys.stderr)
     return failures[0][0] if failures else 0
+
+
+NO_SPACE = tuple(f"[Errno {code}] {os.strerror(code)}" for code in (errno.ENOSPC, errno.EDQUOT))
+
+
+def no_space_hint(output: str, failure: str) -> str:
+    """For a job that failed for want of disk space (ENOSPC or a quota, which name no file): where it writes on this
+    machine, --output's tables and the temporary directory's files, with the room each has now (this launch's files
+    removed), and the fix; "" for any other failure."""
+    if not any(text in failure for text in NO_SPACE):
+        return ""
+    places, seen = [], set()
+    protocol, output_path = fsspec.core.split_protocol(output)
+    candidates = ([(f"--output {output}", output_path)] if protocol in (None, "file") else []) + [
+        (f"the temporary directory {tempfile.gettempdir()} (TMPDIR)", tempfile.gettempdir())]
+    for name, path in candidates:
+        path = os.path.abspath(path)
+        while not os.path.exists(path) and path != os.path.dirname(path):
+            path = os.path.dirname(path)
+        try:
+            device, free = os.stat(path).st_dev, shutil.disk_usage(path).free
+        except OSError:
+            continue
+        if device not in seen:
+            seen.add(device)
+            places.append(f"{name} ({readable_size(free)} free now)")
+    where = " and ".join(places) or "its output"
+    return f"; a disk it writes to is full: {where}; free space there, or choose another --output (or TMPDIR), and run again"
+
+
+def readable_size(n: int) -> str:
+    """Bytes in the largest binary unit that keeps the number at least 1: 8.0 KiB, 74.2 GiB."""
+    size, unit = float(n), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
 
 
 def launch_committed(eo: EvalOptions, out: sinks.OutputSpec) -> bool | None:

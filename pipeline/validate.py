@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import re
@@ -265,6 +266,9 @@ def check_writable_location(flag: str, location: str, kinds: str) -> None:
         if isinstance(e, FileNotFoundError) and fsspec.core.split_protocol(location)[0] in input_files.GCS_PROTOCOLS:
             bucket = fsspec.core.url_to_fs(location)[1].split("/", 1)[0]
             raise ConfigError(input_files.missing_bucket_message(f"{flag} {location}", bucket)) from None
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConfigError(f"{flag} {location}: its disk is full ({e.strerror}); free space there, or choose "
+                              "another directory") from None
         raise ConfigError(f"{flag} {location} is not writable ({e}); choose a directory you can write to") from None
     except ValueError as e:
         raise ConfigError(f"{flag} {location}: {e}; use {kinds}") from None

@@ -153,6 +153,8 @@ def test_a_rerun_that_fills_the_disk_exits_1_and_the_previous_run_stays_whole(tm
     last = rerun.stderr.strip().splitlines()[-1]
     assert last.startswith(f"docscore run {RUN_ID}: the pipeline failed (RuntimeError: OSError: [Errno 28] No space left on device")
     assert "nothing was published" in last
+    # ENOSPC names no file: the message says where the job writes, with the room left, and the fix
+    assert f"a disk it writes to is full: --output {out} (" in last and "free space there" in last, last
     assert "Original traceback is" not in rerun.stderr  # Beam's second copy of the traceback it printed
     assert visible(out) == before
     assert shutil.disk_usage(small_disk).free >= free_before - 64 * 1024, "the failed rerun left its files behind"
@@ -163,6 +165,32 @@ def fill(disk: Path, leave: int) -> None:
     """Fill the file system of `disk` but `leave` bytes."""
     with open(disk / "filler", "wb") as f:
         f.write(b"\0" * max(0, shutil.disk_usage(disk).free - leave))
+
+
+@pytest.mark.integration
+def test_an_output_on_a_full_disk_is_exit_2_saying_so_and_leaves_nothing_there(tmp_path, small_disk, capsys):
+    """A disk with no room left takes no probe file: the run was refused as 'not writable' (choose a directory you can
+    write to) and left its empty probe file in the output beside the published run."""
+    out = small_disk / "out"
+    assert run_docscore("--input", corpus(tmp_path / "a" / "docs.jsonl", "a", 3), *common_flags(RUN_ID, out), *FLAGS) == 0
+    before, files = visible(out), sorted(p for p in out.rglob("*"))
+    fill(small_disk, leave=0)
+    capsys.readouterr()
+    assert run_docscore("--input", corpus(tmp_path / "b" / "docs.jsonl", "b", 3), *common_flags(RUN_ID, out), *FLAGS) == 2
+    err = capsys.readouterr().err
+    assert f"--output {out}: its disk is full (No space left on device); free space there" in err, err
+    assert visible(out) == before and sorted(p for p in out.rglob("*")) == files
+
+
+def test_a_failure_for_want_of_space_says_where_the_job_writes_and_how_much_room_is_left(tmp_path):
+    from pipeline.launch import no_space_hint
+
+    hint = no_space_hint(str(tmp_path / "out" / "not yet"), "the pipeline failed (OSError: [Errno 28] No space left on device)")
+    assert hint.startswith(f"; a disk it writes to is full: --output {tmp_path / 'out' / 'not yet'} ("), hint
+    assert "free now)" in hint and "free space there, or choose another --output (or TMPDIR)" in hint
+    assert no_space_hint(str(tmp_path), "the pipeline failed (OSError: [Errno 13] Permission denied)") == ""
+    assert no_space_hint("gs://bucket/out", "OSError: [Errno 122] Disk quota exceeded").startswith(
+        "; a disk it writes to is full: the temporary directory ")  # a bucket has no disk of this machine
 
 
 @pytest.mark.integration

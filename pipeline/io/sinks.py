@@ -5,6 +5,7 @@ staged files one committed run, when pipeline/runs/publish.py says so.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import posixpath
@@ -224,7 +225,12 @@ def check_writable(output: str) -> None:
         raise ValueError(f"no file system writes this kind of path{hint}: {str(e)[:200]}") from None
     fs.makedirs(root, exist_ok=True)
     probe = posixpath.join(root, f".docscore-probe-{uuid.uuid4().hex[:8]}")
-    fs.pipe_file(probe, b"ok")
+    try:
+        fs.pipe_file(probe, b"ok")
+    except BaseException:  # made, then not written (a full disk): not left in the user's output
+        with contextlib.suppress(Exception):
+            fs.rm_file(probe)
+        raise
     fs.rm_file(probe)
 
 
