@@ -25,7 +25,7 @@ from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 from pipeline.graph import build_pipeline
 from pipeline.interrupt import exit_on_interrupt, how_ended
-from pipeline.io import run_commit, run_lease, sinks
+from pipeline.io import run_commit, run_lease, sinks, sources
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.runs import publish
 from pipeline.runs.summary import with_launcher_compiles
@@ -384,7 +384,14 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     if summary is None:  # BigQuery: the run's summary is its PREFIX_runs row
         print(f"docscore run {eo.run_id}: published " + ", ".join(published.values()))
         return 0
-    reporter.write_samples(progress.samples_path(eo.output, eo.run_id), out.launch)
+    try:
+        reporter.write_samples(progress.samples_path(eo.output, eo.run_id), out.launch)
+    except Exception as e:  # the run is committed: its exit code must not say the job failed
+        if not (isinstance(e, OSError) or sources.is_transient(e)):
+            raise
+        print(f"docscore run {eo.run_id}: note: the run is published, but its progress samples (the report's "
+              f"throughput chart) were not written to {progress.samples_path(eo.output, eo.run_id)} "
+              f"({type(e).__name__}: {str(e)[:300]})", file=sys.stderr)
     derived = publish.write_derived(out, summary)  # the report
     if "report" in derived:
         published["report"] = derived["report"]

@@ -751,3 +751,17 @@ def test_an_input_this_user_may_read_none_of_is_exit_2_and_the_published_run_sta
     assert f"{tmp_path / 'locked' / 'part-0.jsonl'} cannot be read by this user" in run.stderr, run.stderr[-2000:]
     assert "Permission denied" in run.stderr and "nor does the other shard looked at" in run.stderr, run.stderr[-2000:]
     assert visible(out) == before
+
+
+@pytest.mark.integration
+def test_progress_samples_that_cannot_be_written_after_the_commit_do_not_make_a_published_run_exit_1(tmp_path, capsys):
+    """progress.json is written after the commit; a failure there (a full disk by then, a folder in its place, as
+    here) ended the command in a traceback and exit 1, which says the job failed and nothing was published, and the
+    report went unwritten. The run stays what it is: published, exit 0, with its report and a note."""
+    out = tmp_path / "out"
+    (out / "runs" / f"run_id={RUN_ID}" / "progress.json").mkdir(parents=True)
+    assert run_docscore("--input", corpus(tmp_path / "a" / "docs.jsonl", "a", 3), *common_flags(RUN_ID, out), *FLAGS) == 0
+    err = capsys.readouterr().err
+    assert "the run is published, but its progress samples (the report's throughput chart) were not written" in err, err
+    assert visible(out)[1] == {"a0", "a1", "a2"}
+    assert (out / "runs" / f"run_id={RUN_ID}" / "report.html").is_file()
