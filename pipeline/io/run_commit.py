@@ -546,10 +546,15 @@ def _move_local(src: str, dest: str) -> None:
     except OSError as e:
         if e.errno != errno.EXDEV:
             raise
-        # staging on another file system: copy under a temporary name, then rename
-        tmp = f"{dest}.{uuid.uuid4().hex[:8]}.docscore-tmp"
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
+        # staging on another file system: copy under a temporary name (one OWNED_NAME matches, so a copy cut off
+        # by a kill is cleaned up later), then rename
+        tmp = posixpath.join(posixpath.dirname(dest), f".{posixpath.basename(dest)}.{uuid.uuid4().hex[:8]}.docscore-tmp")
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
+        except BaseException:  # a full disk: no half copy left beside the run's files
+            _remove_quietly(tmp)
+            raise
         os.remove(src)
 
 
