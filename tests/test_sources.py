@@ -662,8 +662,6 @@ def test_a_folder_under_input_that_cannot_be_listed_is_refused_not_silently_left
     """Its files would be missing from the run with no row saying so (an unreadable file is an error row): the input
     is refused naming the folder. A hidden folder (_tmp/, .git/) is skipped as before. Tests run as root, for whom
     chmod 000 hides nothing, so the listing is refused as it is for another user."""
-    import os
-
     for folder in ("in/sub", "in/_tmp", "in/lost+found"):
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / "docs.jsonl").write_text('{"id": "a", "text": "x"}\n')
