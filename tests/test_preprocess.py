@@ -118,3 +118,26 @@ def test_a_text_the_tokenizer_fails_on_is_an_untokenizable_error_row_quoting_it(
     assert (out[1].stage, out[1].error_type, out[1].doc_id) == ("tokenize", "untokenizable", "bad")
     assert out[1].message.startswith("the model's tokenizer cannot encode this record's text (Exception: ")
     assert "unk_id" in out[1].message
+
+
+def test_a_long_text_is_cut_at_the_last_whitespace_of_any_kind_after_the_pieces_start():
+    """long_text's cuts: the last (or, for a context's tail, the first) of every CUT_SPACES kind, never at the
+    piece's own start (a piece beginning at the previous cut's space and holding no other would be empty, and
+    encode_text would read it forever), and never at characters a tokenizer does not split words at."""
+    from pipeline.stages.long_text import CUT_SPACES, space_after, space_before
+
+    assert set(CUT_SPACES) == {" ", "\n", "\t", "\r"}
+    text = "ab cd\tef\ngh\rij"
+    assert space_before(text, len(text)) == text.index("\r")
+    assert space_before(text, text.index("\r")) == text.index("\n")
+    assert space_before(text, text.index("\n")) == text.index("\t")
+    assert space_before(text, text.index("\t")) == text.index(" ")
+    assert space_after(text, 0) == text.index(" ")
+    assert space_after(text, text.index(" ") + 1) == text.index("\t")
+    assert space_after(text, text.index("\n")) == text.index("\n")  # at `start` itself
+    assert space_after("\nab cd", 0) == 0
+    assert space_after("abcd", 0) is None
+    run = " " + "x" * 10  # the only space is where the piece starts: no cut in it
+    assert space_before(run, len(run), 0) is None
+    assert space_before("ab" + run, len(run) + 2, 1) == 2
+    assert space_before("a\x1cb\u00a0c\u3000d", 7) is None  # BERT deletes \x1c; Metaspace keeps Unicode spaces
