@@ -189,3 +189,27 @@ def test_hidden_names_are_skipped_below_a_glob_but_a_file_named_explicitly_is_re
     assert shards_of(str(d / "*" / "_ok" / "*.jsonl")) == [str(d / "sub" / "_ok" / "w.jsonl")]
     assert shards_of(str(d / "sub" / ".cach*" / "*.jsonl")) == [str(d / "sub" / ".cache" / "y.jsonl")]
     assert shards_of(str(d / "**" / "_ok" / "*.jsonl")) == [str(d / "sub" / "_ok" / "w.jsonl")]
+
+
+def test_format_suffixes_are_read_whatever_their_case(tmp_path):
+    """Files exported by tools that write upper-case names (DOCS.JSONL, Notes.TXT) are shards, not skipped files."""
+    from pipeline.io.input_files import find_input, shard_format
+
+    assert [shard_format(n) for n in ("A.JSONL", "b.Jsonl.GZ", "c.PARQUET", "d.TXT", "e.Md", "f.CSV")] == [
+        "jsonl", "jsonl", "parquet", "text", "text", None]
+    d = tmp_path / "d"
+    write_jsonl(d / "DOCS.JSONL", [{"text": "upper"}])
+    write_jsonl(d / "docs.jsonl", [{"text": "lower"}])
+    assert find_input(str(d)) == ([str(d / "DOCS.JSONL"), str(d / "docs.jsonl")], [])
+
+
+def test_a_link_into_a_sibling_folder_whose_name_extends_the_inputs_is_outside_it(tmp_path):
+    """`data` and `data_private` share a prefix, not a folder: a link from one to the other leads outside."""
+    from pipeline.io.input_files import linked_outside_notice
+
+    d = tmp_path / "data"
+    write_jsonl(d / "a.jsonl", [{"text": "a"}])
+    write_jsonl(tmp_path / "data_private" / "secret.jsonl", [{"text": "s"}])
+    (d / "leak.jsonl").symlink_to(tmp_path / "data_private" / "secret.jsonl")
+    notice = linked_outside_notice(str(d), shards_of(str(d)))
+    assert notice is not None and f"(leak.jsonl -> {tmp_path / 'data_private' / 'secret.jsonl'})" in notice
