@@ -201,6 +201,7 @@ def test_backend_defaults_to_jax_and_cuda_means_gpu():
     assert jax.default_backend() == "cpu"
     assert resolve("flash") == "blockwise"
     assert resolve("flash", backend="cuda") == "cudnn"
+    assert resolve("native", backend="ROCm") == "xla"  # JAX_PLATFORMS's other GPU name, in any case
 
 
 def test_auto_logs_each_choice_once(caplog, monkeypatch):
