@@ -121,3 +121,32 @@ def test_a_tokenizers_library_without_the_api_is_not_blamed_on_the_file(monkeypa
     with pytest.raises(ModelLoadError, match=r"installed tokenizers 1\.0\.0rc3 cannot read tokenizer files") as caught:
         DocTokenizer.from_str(good, max_seq_len=8, path="good/tokenizer.json")
     assert "not a Hugging Face tokenizers file" not in str(caught.value)
+
+
+@pytest.mark.parametrize("stride", [0, 3])
+def test_a_text_that_exactly_fills_its_windows_gets_no_extra_window(minilm, stride):
+    """A text whose last window ends exactly at its last token is whole: one more window would hold only the
+    special tokens (or only the overlap) and pull the document's mean embedding towards them."""
+    ids = minilm.encode_ids([long_text(60)])[0]
+    content = 16 - 2
+    for n in (content, 2 * content - stride, 3 * content - 2 * stride):
+        doc = minilm.windows(ids[:n], max_len=16, stride=stride)
+        assert len(doc.windows) == (n - stride) // (content - stride) and not doc.truncated
+        assert doc.windows[-1][-2] == ids[n - 1] and doc.n_tokens == n
+        exact = minilm.windows(ids[:n], max_len=16, stride=stride, max_windows=len(doc.windows))
+        assert len(exact.windows) == len(doc.windows) and not exact.truncated
+
+
+def test_check_vocab_refuses_exactly_the_ids_past_the_embedding_table():
+    """The largest id a tokenizer emits must be < vocab_size: an id equal to it has no embedding row, and the
+    mismatch is refused at load, not found by the first document holding that token."""
+    vocab = {"[UNK]": 0, "a": 1, "b": 2}
+    tokenizer = DocTokenizer.from_str(Tokenizer(tok_models.WordLevel(vocab, unk_token="[UNK]")).to_str(),
+                                      max_seq_len=8, path="m/tokenizer.json")
+    tokenizer.check_vocab(3, "m/config.json")
+    with pytest.raises(ModelLoadError, match="emits ids up to 2 but m/config.json has vocab_size 2"):
+        tokenizer.check_vocab(2, "m/config.json")
+    tokenizer.tokenizer.add_special_tokens(["<extra>"])  # id 3: an added token counts too
+    assert tokenizer.max_token_id() == 3
+    with pytest.raises(ModelLoadError, match="emits ids up to 3"):
+        tokenizer.check_vocab(3, "m/config.json")
