@@ -490,3 +490,21 @@ def test_the_graph_type_checks_with_its_annotations_read(tmp_path, monkeypatch, 
     assert options.view_as(beam.options.pipeline_options.TypeOptions).pipeline_type_check
     outputs = build_pipeline(p, eo, validate(eo), sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format))
     assert set(outputs) == {"scores", "errors", "stats", "published"}
+
+
+def test_every_accelerator_runs_one_row_length_in_full_calls_and_the_calls_get_the_runs_settings():
+    """A TPU, like a GPU, compiles for tens of seconds per program: rows of max_len only, full-size calls only, and
+    two parallel bundles (one tokenizes while the other's calls run). call_shapes is what every model call of the
+    run (documents, labels, shadow) is given, so it carries the backend's settings; the flags are checked."""
+    for backend in ("gpu", "tpu"):
+        accelerator = batching.settings_for(backend)
+        assert (accelerator.shortest_row(512), accelerator.tail_call_fraction, accelerator.local_threads) == (512, 1, 2)
+        assert accelerator.call_shapes(512) == {"max_len": 512, "batch_size": accelerator.batch_size,
+                                                "min_row_len": 512, "tail_fraction": 1}
+    assert batching.settings_for("cpu", batch_size=4).call_shapes(256) == {"max_len": 256, "batch_size": 4,
+                                                                           "min_row_len": 64, "tail_fraction": 8}
+    assert batching.settings_for("cpu", local_threads=3).local_threads == 3
+    for flag, value in (("batch_size", 0), ("direct_num_workers", 0)):
+        with pytest.raises(ValueError, match=f"--{flag}=0 must be >= 1"):
+            batching.settings_for("cpu", **{"local_threads" if flag == "direct_num_workers" else flag: value})
+    assert [batching.rows_for_devices(rows, 4) for rows in (1, 4, 5, 8)] == [4, 4, 8, 8]  # up, never down
