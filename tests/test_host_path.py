@@ -492,6 +492,48 @@ def test_the_graph_type_checks_with_its_annotations_read(tmp_path, monkeypatch, 
     assert set(outputs) == {"scores", "errors", "stats", "published"}
 
 
+def test_each_document_gets_its_own_windows_queries_costs_labels_and_shadow_outputs():
+    """document_outputs splits one batch's run_model outputs (every document's windows, then its query windows)
+    back into documents: a slice off by one document gives a row another document's embedding, time or tokens."""
+    import types
+
+    from pipeline.records import Document
+    from pipeline.stages.inference import ScoringModel, document_outputs
+    from pipeline.stages.packing import WindowCost
+    from pipeline.stages.preprocess import TokenizedDoc
+
+    def doc(name, windows, queries):
+        return TokenizedDoc(Document(name, "", "s", 0), [np.zeros(4, np.int32)] * windows, 4 * windows, False, 0.0,
+                            query_windows=[np.zeros(3, np.int32)] * queries)
+
+    docs = [doc("a", 2, 1), doc("b", 1, 0), doc("c", 3, 2)]
+    rows = 2 + 1 + 1 + 3 + 2
+    outputs = [np.full(2, i, np.float32) for i in range(rows)]
+    shadow_outputs = [np.full(2, 100 + i, np.float32) for i in range(rows)]
+    timings = [WindowCost(ms_per_row=2.0**i, computed_tokens_per_row=10.0 * i) for i in range(rows)]
+    labels = np.eye(2, dtype=np.float32)
+    model = ScoringModel(loaded=types.SimpleNamespace(model_id="m", attention="xla", fingerprint="f"), backend="cpu",
+                         label_names=("x", "y"), label_embeddings=labels,
+                         shadow_loaded=types.SimpleNamespace(attention="blockwise"), shadow_label_embeddings=-labels)
+    per_doc = document_outputs(docs, outputs, timings, model, shadow_outputs)
+
+    def firsts(arrays):
+        return [int(a[0]) for a in arrays]
+
+    assert [(firsts(o.window_outputs), firsts(o.query_outputs)) for o in per_doc] == [
+        ([0, 1], [2]), ([3], []), ([4, 5, 6], [7, 8])]
+    assert [o.infer_ms for o in per_doc] == [1 + 2 + 4, 8, 16 + 32 + 64 + 128 + 256]
+    assert [o.computed_tokens for o in per_doc] == [0 + 10 + 20, 30, 40 + 50 + 60 + 70 + 80]
+    assert {(o.model_id, o.attention_impl, o.fingerprint, o.backend, o.label_names) for o in per_doc} == {
+        ("m", "xla", "f", "cpu", ("x", "y"))}
+    assert all(o.label_embeddings is labels and o.shadow.label_embeddings is not labels for o in per_doc)
+    assert [(firsts(o.shadow.window_outputs), firsts(o.shadow.query_outputs), o.shadow.attention_impl)
+            for o in per_doc] == [([100, 101], [102], "blockwise"), ([103], [], "blockwise"),
+                                  ([104, 105, 106], [107, 108], "blockwise")]
+    np.testing.assert_array_equal(per_doc[0].shadow.label_embeddings, -labels)
+    assert all(o.shadow is None for o in document_outputs(docs, outputs, timings, model))
+
+
 def test_every_accelerator_runs_one_row_length_in_full_calls_and_the_calls_get_the_runs_settings():
     """A TPU, like a GPU, compiles for tens of seconds per program: rows of max_len only, full-size calls only, and
     two parallel bundles (one tokenizes while the other's calls run). call_shapes is what every model call of the
