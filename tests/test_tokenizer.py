@@ -87,6 +87,8 @@ def test_max_seq_len_and_bad_arguments(minilm):
         minilm.encode_windows(["x"], max_len=256, stride=254)
     with pytest.raises(ValueError, match="max_windows=0"):
         minilm.encode_windows(["x"], max_len=256, stride=0, max_windows=0)
+    with pytest.raises(ValueError, match="max_len=2 leaves no room for text after 2 special tokens"):
+        minilm.encode_windows(["x"], max_len=2)
 
 
 def test_tokenizer_without_special_tokens():
@@ -150,3 +152,19 @@ def test_check_vocab_refuses_exactly_the_ids_past_the_embedding_table():
     assert tokenizer.max_token_id() == 3
     with pytest.raises(ModelLoadError, match="emits ids up to 3"):
         tokenizer.check_vocab(3, "m/config.json")
+
+
+def test_special_tokens_go_first_when_the_probe_text_has_no_token():
+    """A vocabulary without "a" (this BPE knows digits only) drops the probe text: its specials (here a BOS, as
+    Llama's template adds) are then all put before each window's text, never after it."""
+    from tokenizers import processors
+
+    tokenizer = Tokenizer(tok_models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(["0123 4567 89"] * 5, trainers.BpeTrainer(vocab_size=40, special_tokens=["<s>"],
+                                                                             show_progress=False))
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    doc_tok = DocTokenizer.from_str(tokenizer.to_str(), max_seq_len=8)
+    assert (doc_tok.prefix.tolist(), doc_tok.suffix.tolist()) == ([0], [])
+    [doc] = doc_tok.encode_windows(["0123 4567 89 0123"], max_len=4)
+    assert all(w[0] == 0 and 0 not in w[1:] for w in doc.windows) and len(doc.windows) > 1
