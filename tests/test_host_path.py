@@ -573,3 +573,17 @@ def test_run_inference_answers_each_list_of_documents_with_its_own_outputs(minil
         for window, got in zip(doc.windows + doc.query_windows, output.window_outputs + output.query_outputs, strict=True):
             alone = minilm.embed_packed(window[None], np.ones((1, len(window)), np.int32), 1)
             np.testing.assert_allclose(got, np.asarray(alone).reshape(-1), atol=2e-5)
+
+
+def test_a_tasks_texts_are_embedded_window_by_window_with_the_windows_it_is_given(minilm):
+    """texts_embedder (classify's label descriptions): each text the normalised mean of its windows, split with the
+    (stride, max windows) it is given, as a document's text is (conftest.direct_embeddings calls the model itself)."""
+    from pipeline.stages.inference import texts_embedder
+    from tests.conftest import LONG_TEXT, direct_embeddings
+
+    texts = [SENTENCES[0], LONG_TEXT, SENTENCES[3]]  # LONG_TEXT: three windows of 32 tokens with stride 8
+    shapes = batching.settings_for("cpu", batch_size=8).call_shapes(TEST_MAX_LEN)
+    for stride, max_windows in ((8, 8), (0, 2)):
+        embed = texts_embedder(minilm, shapes, (stride, max_windows))
+        np.testing.assert_allclose(embed(texts), direct_embeddings(minilm, texts, stride=stride, max_windows=max_windows),
+                                   atol=2e-5)
