@@ -552,20 +552,23 @@ def test_every_accelerator_runs_one_row_length_in_full_calls_and_the_calls_get_t
     assert [batching.rows_for_devices(rows, 4) for rows in (1, 4, 5, 8)] == [4, 4, 8, 8]  # up, never down
 
 
-def test_run_inference_answers_each_list_of_documents_with_its_own_outputs(minilm):
+def test_run_inference_answers_each_list_of_documents_with_its_own_outputs(tmp_path, minilm):
     """A Beam batch of several lists: each PredictionResult holds the outputs of its own list's documents, in order,
-    their windows' embeddings and then their queries' (similarity), as the model gives each window alone."""
+    their windows' embeddings and then their queries' (similarity), as the model gives each window alone; the
+    progress counter counts each document once, however many windows it has."""
     from pipeline.records import Document
     from pipeline.stages.inference import FlaxModelHandler, ModelSpec
     from pipeline.stages.preprocess import WindowSpec, tokenize_documents
+    from pipeline.telemetry import progress
 
     texts = [(SENTENCES[0], SENTENCES[1]), (" ".join(SENTENCES[2:6]), SENTENCES[6]), (SENTENCES[7], " ".join(SENTENCES[8:]))]
     docs = [Document(f"d{i}", text, "src", i, fields={"query": query}) for i, (text, query) in enumerate(texts)]
     tokenized = tokenize_documents(docs, minilm.tokenizer, WindowSpec(TEST_MAX_LEN, 8, 8), with_query=True)
     assert [(len(t.windows), len(t.query_windows)) for t in tokenized] == [(1, 1), (3, 1), (1, 3)]
     handler = FlaxModelHandler(ModelSpec("minilm-l6", attention="native"), task="similarity", max_len=TEST_MAX_LEN,
-                               batch_size=8, calls_per_beam_batch=32, kernel="xla")
+                               batch_size=8, calls_per_beam_batch=32, kernel="xla", progress_dir=str(tmp_path))
     results = handler.run_inference([Batch(tokenized[:1]), Batch(tokenized[1:])], handler.load_model())
+    assert progress.read_counter_files(str(tmp_path)).done == len(tokenized)
     assert [r.example for r in results] == [tokenized[:1], tokenized[1:]]
     outputs = [o for r in results for o in r.inference]
     assert len(outputs) == len(tokenized)
