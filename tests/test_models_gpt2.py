@@ -45,7 +45,12 @@ def build_hf_gpt2(out: Path, *, scale_by_layer: bool = False) -> None:
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=96, initializer_range=0.2,
                                      vocab_size=tokenizer.get_vocab_size(), bos_token_id=0, eos_token_id=0,
                                      scale_attn_by_inverse_layer_idx=scale_by_layer)
-    transformers.GPT2LMHeadModel(config).eval().save_pretrained(out)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # layer norms start at ones and zeros: values of their own catch a norm read in the wrong place
+        for name, weight in model.named_parameters():
+            if ".ln_" in name or name.startswith("transformer.ln_"):
+                weight.add_(0.2 * torch.randn_like(weight))
+    model.save_pretrained(out)
     tokenizer.save(str(out / "tokenizer.json"))
 
 
