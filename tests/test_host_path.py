@@ -572,10 +572,14 @@ def test_run_inference_answers_each_list_of_documents_with_its_own_outputs(tmp_p
     assert [r.example for r in results] == [tokenized[:1], tokenized[1:]]
     outputs = [o for r in results for o in r.inference]
     assert len(outputs) == len(tokenized)
-    for doc, output in zip(tokenized, outputs):
-        for window, got in zip(doc.windows + doc.query_windows, output.window_outputs + output.query_outputs, strict=True):
-            alone = minilm.embed_packed(window[None], np.ones((1, len(window)), np.int32), 1)
-            np.testing.assert_allclose(got, np.asarray(alone).reshape(-1), atol=2e-5)
+    windows = [w for doc in tokenized for w in doc.windows + doc.query_windows]
+    got = [e for output in outputs for e in output.window_outputs + output.query_outputs]
+    ids, segments = np.zeros((16, TEST_MAX_LEN), np.int32), np.zeros((16, TEST_MAX_LEN), np.int32)  # a window a row
+    for row, window in enumerate(windows):
+        ids[row, :len(window)], segments[row, :len(window)] = window, 1
+    alone = np.concatenate([minilm.embed_packed(ids[r:r + 8], segments[r:r + 8], 1)[:, 0] for r in (0, 8)])[:len(windows)]
+    assert len(got) == len(windows) == 10
+    np.testing.assert_allclose(np.stack(got), alone, atol=2e-5)
 
 
 def test_a_tasks_texts_are_embedded_window_by_window_with_the_windows_it_is_given(minilm):
