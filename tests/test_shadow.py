@@ -198,3 +198,21 @@ def test_shadowing_with_the_primarys_own_kernel_suggests_a_kernel_that_runs():
     assert other_kernel("blockwise", "cpu", "float32", loaded) == "native"
     assert other_kernel("xla", "gpu", "float32", loaded) == "blockwise"
     assert other_kernel("xla", "gpu", "bfloat16", loaded) == "flash"
+
+
+def test_the_shadow_kernel_embeds_the_label_descriptions_itself():
+    """classify's label embeddings are computed again through the shadow kernel at load, so a shadowed batch
+    compares the two kernels end to end, labels included (not the primary's labels beside the shadow's documents)."""
+    from pipeline import tasks
+    from pipeline.stages.inference import FlaxModelHandler, ModelSpec, texts_embedder
+    from pipeline.stages.packing import MIN_ROW_LEN, TAIL_CALL_FRACTION
+
+    labels = {"sport": "sports and games", "food": "cooking recipes with long descriptions " * 4}
+    handler = FlaxModelHandler(ModelSpec("minilm-l6", attention="native"), task="classify", max_len=32, batch_size=8,
+                               calls_per_beam_batch=32, kernel="xla", labels=labels,
+                               shadow_spec=shadow.ShadowSpec("flash", "blockwise", 1.0, None, "float32"))
+    model = handler.load_model()
+    assert (model.loaded.attention, model.shadow_loaded.attention) == ("xla", "blockwise")
+    shapes = {"max_len": 32, "batch_size": 8, "min_row_len": MIN_ROW_LEN, "tail_fraction": TAIL_CALL_FRACTION}
+    expected = tasks.get("classify").prepare(labels, texts_embedder(model.shadow_loaded, shapes, (0, 8)))
+    np.testing.assert_array_equal(model.shadow_label_embeddings, expected.label_embeddings)
