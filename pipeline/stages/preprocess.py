@@ -185,7 +185,9 @@ def encode_text(tokenizer, text: str, spec: WindowSpec):
     bounded size, each cut at whitespace where it has some, until they yield one token more than spec.max_chunks
     windows hold (so the windows equal those of the whole text, and truncated is true) or the text ends. A
     piece costs the same whatever the text, so a long run the tokenizer makes few tokens of (a hex dump, a
-    20 MB word) is read past, not the end of what is read."""
+    20 MB word) is read past, not the end of what is read. The one exception to equal windows: a run without
+    whitespace longer than a piece is cut inside, and gives a token or a few per piece where the whole text
+    would give its own (README.md says so); tokenizing such a run whole cost seconds and gigabytes."""
     kwargs = {"max_len": spec.max_len, "stride": spec.stride, "max_windows": spec.max_chunks}
     if len(text) <= FULL_TOKENIZE_CHARS:
         return tokenizer.encode_windows([text], **kwargs)[0]
