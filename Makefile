@@ -52,7 +52,7 @@ run: sample
 test: $(VENV)/.test-installed browser
 	$(BIN)/python -m pytest -q tests
 
-# The unit loop for someone changing one module (under a minute): no whole jobs, subprocesses, emulator,
+# The unit loop for someone changing one module (about 2-3 minutes on 2 cores; one file: pytest tests/test_X.py): no whole jobs, subprocesses, emulator,
 # browser or parity checks (pytest.ini lists the markers; README.md, "Development").
 test-fast: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q -m "not slow and not integration" tests
