@@ -22,6 +22,9 @@ MINILM = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 384, "num_hi
           "intermediate_size": 1536, "max_position_embeddings": 512}
 LONG_BERT = {**MINILM, "num_hidden_layers": 2, "max_position_embeddings": 2048}
 GPT2 = {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 2, "n_head": 12, "n_positions": 1024}
+# ModernBERT-base's shapes in 3 layers (one global, two local): a gated MLP's gate, up and their product
+MODERNBERT = {"model_type": "modernbert", "vocab_size": 50368, "hidden_size": 768, "num_hidden_layers": 3,
+              "num_attention_heads": 12, "intermediate_size": 1152, "max_position_embeddings": 8192, "local_attention": 128}
 
 
 def compiled_bytes(config, attention: str, dtype: str, rows: int, length: int) -> int:
@@ -46,8 +49,10 @@ def compiled_bytes(config, attention: str, dtype: str, rows: int, length: int) -
     (LONG_BERT, "blockwise", "float32", 4, 2048),  # one block of scores at a time
     (GPT2, "xla", "float32", 4, 256),         # the [rows, L, vocab] logits dominate
     (GPT2, "xla", "float32", 16, 1024),       # logits of 3.3 GB: a block of positions at a time
+    (MODERNBERT, "blockwise", "float32", 2, 2048),  # no [L, L] scores: the gated MLP's intermediates weigh
+    (MODERNBERT, "xla", "bfloat16", 16, 256),
 ], ids=["minilm-16x256", "minilm-bf16-128x256", "minilm-256x64", "long-xla", "long-blockwise", "gpt2-4x256",
-        "gpt2-blocked-16x1024"])
+        "gpt2-blocked-16x1024", "modernbert-blockwise-2x2048", "modernbert-bf16-16x256"])
 def test_the_estimate_is_close_to_what_xla_compiles(hf, attention, dtype, rows, length):
     if jax.default_backend() != "cpu":
         pytest.skip("calibrated against XLA:CPU's buffer assignment")
