@@ -61,6 +61,8 @@ MAX_SIZES = {"num_layers": 512, "hidden_size": 65_536, "num_heads": 1_024, "num_
 # Rotary scalings the Llama decoder computes exactly as transformers does; others are refused by name.
 ROPE_TYPES = ("default", "linear", "llama3")
 LLAMA_ACTIVATIONS = ("silu", "swish")  # transformers maps both to SiLU
+# The attention types of config.json's layer_types docscore computes (Qwen2's, Qwen3's and ModernBERT's read alike)
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +267,6 @@ def _distilbert(hf: dict[str, Any]) -> ModelConfig:
 # ModernBertConfig's defaults where a config.json leaves the key out
 MODERNBERT_ROPE_THETA = {"full_attention": 160_000.0, "sliding_attention": 10_000.0}
 MODERNBERT_THETA_KEYS = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
-MODERNBERT_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def _modernbert(hf: dict[str, Any]) -> ModelConfig:
@@ -283,14 +284,11 @@ def _modernbert(hf: dict[str, Any]) -> ModelConfig:
                                  "that many layers, from layer 0, attends globally)")
         layer_types = ["sliding_attention" if i % every else "full_attention"
                        for i in range(layers if type(layers) is int and 0 < layers <= MAX_SIZES["num_layers"] else 0)]
-    elif not isinstance(layer_types, list) or sorted(set(map(str, layer_types)) - set(MODERNBERT_LAYER_TYPES)):
-        others = (sorted(set(map(str, layer_types)) - set(MODERNBERT_LAYER_TYPES)) if isinstance(layer_types, list)
-                  else [f"a JSON {type(layer_types).__name__}, not a list"])
-        raise ModelLoadError(f"layer_types holds {', '.join(map(repr, others[:3]))}, which is not supported; each "
-                             "layer must be 'full_attention' or 'sliding_attention'")
-    elif type(layers) is int and len(layer_types) != layers:
-        raise ModelLoadError(f"layer_types has {len(layer_types)} entries for num_hidden_layers {layers}; it names "
-                             "one attention type per layer")
+    else:
+        _check_layer_types(layer_types)
+        if type(layers) is int and len(layer_types) != layers:
+            raise ModelLoadError(f"layer_types has {len(layer_types)} entries for num_hidden_layers {layers}; it "
+                                 "names one attention type per layer")
     sliding = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
     window = 0
     if sliding:
@@ -326,11 +324,11 @@ def _modernbert_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
     for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
         if not isinstance(value, dict):
             raise ModelLoadError(f"{key} is {_shown(value)}; expected a JSON object")
-    if params and not all(kind in MODERNBERT_LAYER_TYPES for kind in params):
+    if params and not all(kind in LAYER_TYPES for kind in params):
         raise ModelLoadError(f"rope_parameters holds {sorted(map(str, params))[:4]}; ModernBERT's are per layer type "
-                             f"({' and '.join(MODERNBERT_LAYER_TYPES)}), as transformers 5 saves them")
+                             f"({' and '.join(LAYER_TYPES)}), as transformers 5 saves them")
     ropes = {}
-    for kind in MODERNBERT_LAYER_TYPES:
+    for kind in LAYER_TYPES:
         own = params.get(kind) or {}
         if not isinstance(own, dict):
             raise ModelLoadError(f"rope_parameters.{kind} is {_shown(own)}; expected a JSON object")
@@ -454,6 +452,15 @@ QWEN2_MAX_WINDOW_LAYERS = 28
 QWEN3_HEAD_DIM = 128  # Qwen3Config's head_dim, not hidden_size // num_attention_heads
 
 
+def _check_layer_types(layer_types: Any) -> None:
+    """Refuse a layer_types that is not a list of LAYER_TYPES, naming what else it holds."""
+    others = (sorted(set(map(str, layer_types)) - set(LAYER_TYPES)) if isinstance(layer_types, list)
+              else [f"a JSON {type(layer_types).__name__}, not a list"])
+    if others:
+        raise ModelLoadError(f"layer_types holds {', '.join(map(repr, others[:3]))}, which is not supported; each "
+                             "layer must be 'full_attention' or 'sliding_attention'")
+
+
 def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     """sliding_window and sliding_layers, as transformers applies them: Mistral's window (4096 when the key
     is absent) on every layer; Qwen2's and Qwen3's only when use_sliding_window, on the layers layer_types says are
@@ -465,11 +472,7 @@ def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     if model_type == "llama":
         return none
     if layer_types is not None:
-        others = (sorted(set(map(str, layer_types)) - {"full_attention", "sliding_attention"})
-                  if isinstance(layer_types, list) else [f"a JSON {type(layer_types).__name__}, not a list"])
-        if others:
-            raise ModelLoadError(f"layer_types holds {', '.join(map(repr, others[:3]))}, which is not supported; each "
-                                 "layer must be 'full_attention' or 'sliding_attention'")
+        _check_layer_types(layer_types)
     marked = None if layer_types is None else tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
     if model_type == "mistral":
         window = hf.get("sliding_window", DEFAULT_SLIDING_WINDOW)
