@@ -121,9 +121,13 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
         return False, (f"it needs an Ampere or newer GPU (compute capability {need}), but the GPU it would run on is "
                        f"{gpu[0]} (compute capability {gpu[1][0]}.{gpu[1][1]})")
     if info.get("window") and not impl.local_window:
-        rows = f" in rows of {info['q_len']} tokens (rows no longer than the window would not need it)" if info.get("q_len") else ""
-        return False, (f"it has no local (sliding-window) attention, which this model's window of {info['window']} "
-                       f"{'' if info.get('causal', True) else 'positions each way '}needs{rows}")
+        window = info["window"]
+        # a causal window counts the query itself among its `window` keys; an encoder's sees window - 1 keys on each
+        # side of it (ModernBERT-base's local_attention 128: 64 each way), which is what its model card says
+        span = f"{window}" if info.get("causal", True) else f"{window - 1} positions each way"
+        rows = (f" in rows of {info['q_len']} tokens (rows of at most {window} tokens would not need it)"
+                if info.get("q_len") else "")
+        return False, f"it has no local (sliding-window) attention, which this model's window of {span} needs{rows}"
     return impl.is_supported(**info)
 
 

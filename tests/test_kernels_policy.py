@@ -273,7 +273,7 @@ def test_an_encoders_local_window_is_refused_by_kernels_without_one_before_any_d
             continue
         with pytest.raises(KernelUnsupportedError, match=f"--attention={name} cannot run on {backend}: it has no "
                                                          "local .sliding-window. attention, which this model's window "
-                                                         "of 65 positions each way needs in rows of 1024 tokens"):
+                                                         "of 64 positions each way needs in rows of 1024 tokens .rows of at most 65 tokens"):
             resolve(name, backend, **info, window=65)
         # a window as long as the rows is dropped: the kernel then answers as for the same rows without a window
         outcomes = []

@@ -209,7 +209,8 @@ def test_kernels_without_a_local_window_are_refused_before_any_data():
     config = config_from_hf(hub_config())
     assert config.sliding_window == 65 and config.max_positions == 8192 and config.default_seq_len == 8192
     with pytest.raises(KernelUnsupportedError, match="local .sliding-window. attention, which this model's window of "
-                                                     "65 positions each way needs in rows of 1024 tokens"):
+                                                     "64 positions each way needs in rows of 1024 tokens .rows of at most 65 "
+                                                     "tokens would not need it."):
         model_kernel("flash", config, 1024, "bfloat16", backend="gpu")
     assert model_kernel("auto", config, 1024, "bfloat16", backend="gpu") == "xla"
     without = dataclasses.replace(config, sliding_window=0, sliding_layers=())
