@@ -265,3 +265,16 @@ def test_a_hub_config_reads_as_transformers_5_reads_it():
 def test_config_values_docscore_does_not_compute_are_refused_by_key_and_value(changes, message):
     with pytest.raises(models.ModelLoadError, match=message):
         config_from_hf(hub_config(**changes))
+
+
+def test_every_weight_matrix_is_split_over_a_model_mesh():
+    """The fused Wqkv and GeGLU Wi are split into the names models/sharding.py's rules know, so ModernBERT-base's
+    matrices (and its embedding) are split over a model axis of 4 devices, and only its LayerNorm scales copied."""
+    from models.architecture import flat_params, param_shapes
+    from models.sharding import partition_spec
+
+    config = dataclasses.replace(config_from_hf(hub_config()), num_layers=2)  # layer 0 (no attention norm) and 1
+    shapes = flat_params(param_shapes(config))
+    copied = sorted(name for name, leaf in shapes.items() if partition_spec(name, leaf.shape, 4) == jax.sharding.PartitionSpec())
+    assert copied and all(name.endswith("norm/scale") for name in copied), copied
+    assert len([name for name in shapes if name.startswith("layers/1/")]) == 9  # q, k, v, output, gate, up, down, 2 norms
