@@ -455,8 +455,8 @@ def dropped_head(src: str) -> str | None:
     heads = task_heads(json_object(os.path.join(src, "config.json")))
     if not heads:
         return None
-    return (f"{', '.join(heads)}'s task head was not converted: docscore computes the base model (embeddings, "
-            "token log-probabilities), and --task classify scores labels zero-shot by similarity, not with "
+    return (f"{', '.join(heads)}'s task head was not converted: docscore computes the base model (an encoder's embeddings, "
+            "a decoder's token log-probabilities), and --task classify scores labels zero-shot by similarity, not with "
             "the trained head")
 
 
