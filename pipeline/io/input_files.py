@@ -19,8 +19,8 @@ from fsspec.implementations.local import LocalFileSystem
 from pipeline.io import tfds_reader
 from pipeline.records import printable, utf8_size
 
-# Each format docscore reads by its files' name endings: one entry per format (its reader is in sources.py
-# read_shard's `readers`), which shard_format and every message listing the formats read.
+# Each format docscore reads by its files' name endings: one entry per format (its reader is sources.py's
+# READERS entry), which shard_format and every message listing the formats read.
 SUFFIXES = {
     "jsonl": (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz"),
     "parquet": (".parquet",),
