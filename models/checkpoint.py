@@ -73,8 +73,8 @@ def stored_shapes(path: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         stored = {name: (tuple(int(n) for n in leaf.shape), np.dtype(leaf.dtype))
                   for name, leaf in flat_params(tree).items()} if tree is not None else {}
     except Exception as err:  # Orbax/tensorstore raise many types for a damaged checkpoint
-        if shortage(err):  # this process's limit, not the checkpoint's damage
-            raise short_of(path, err, shortage(err)) from None
+        if what := shortage(err):  # this process's limit, not the checkpoint's damage
+            raise short_of(path, err, what) from None
         raise DamagedModelDir(f"{path}: corrupt or incomplete Orbax checkpoint ({type(err).__name__}: {str(err)[:300]}); "
                               "re-create the directory with `docscore convert`") from None
     if not stored:

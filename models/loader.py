@@ -319,8 +319,8 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
     try:
         params = restore_params(params_dir, nnx.to_pure_dict(state))
     except Exception as err:  # Orbax/tensorstore raise many types for a damaged checkpoint
-        if shortage(err):  # this process's limit, not the checkpoint's damage
-            raise short_of(params_dir, err, shortage(err)) from None
+        if what := shortage(err):  # this process's limit, not the checkpoint's damage
+            raise short_of(params_dir, err, what) from None
         raise DamagedModelDir(f"{params_dir}: corrupt or incomplete Orbax checkpoint ({type(err).__name__}: "
                               f"{str(err)[:300]}); re-create the directory with `docscore convert`") from None
     actual = fingerprint(params, config_text.encode(), tokenizer_text.encode())

@@ -200,8 +200,8 @@ def read_text(path: str, name: str) -> str:
         raise DamagedModelDir(f"{file}: not UTF-8 text ({err}); the file is damaged: re-create the directory with "
                               "`docscore convert`") from None
     except OSError as err:  # a directory in its place, no permission, an I/O error
-        if shortage(err):  # this process's limit, not the file's damage
-            raise short_of(file, err, shortage(err)) from None
+        if what := shortage(err):  # this process's limit, not the file's damage
+            raise short_of(file, err, what) from None
         raise DamagedModelDir(f"{file}: cannot be read ({err.strerror or err}); make it a readable file, or "
                               "re-create the directory with `docscore convert`") from None
 
