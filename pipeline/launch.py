@@ -23,6 +23,7 @@ import fsspec
 import psutil
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
+from models.memory_room import format_bytes
 from pipeline.graph import build_pipeline
 from pipeline.interrupt import exit_on_interrupt, how_ended
 from pipeline.io import run_commit, run_lease, sinks, sources
@@ -428,19 +429,9 @@ def no_space_hint(output: str, failure: str) -> str:
             continue
         if device not in seen:
             seen.add(device)
-            places.append(f"{name} ({readable_size(free)} free now)")
+            places.append(f"{name} ({format_bytes(free)} free now)")
     where = " and ".join(places) or "its output"
     return f"; a disk it writes to is full: {where}; free space there, or choose another --output (or TMPDIR), and run again"
-
-
-def readable_size(n: int) -> str:
-    """Bytes in the largest binary unit that keeps the number at least 1: 8.0 KiB, 74.2 GiB."""
-    size, unit = float(n), "bytes"
-    for bigger in ("KiB", "MiB", "GiB", "TiB"):
-        if size < 1024:
-            break
-        size, unit = size / 1024, bigger
-    return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
 
 
 def launch_committed(eo: EvalOptions, out: sinks.OutputSpec) -> bool | None:
