@@ -58,11 +58,13 @@ def check_fields(eo: EvalOptions, shards: list[str], read_spec: sources.ReadSpec
     problems = []
     for shard in shards[:PEEKED_SHARDS]:
         fmt = input_files.shard_format(shard)
-        if (problem := unopenable_problem(eo, shard)) is not None:
+        fields = None if fmt == "text" else first_record_fields(shard, read_spec)
+        # a shard whose records or schema were just read opens: only the others are opened to ask (a request on gs://)
+        if (fields is None or fmt == "array_record") and (problem := unopenable_problem(eo, shard)) is not None:
             pass
         elif fmt == "text":  # one record: the whole text, no other field
             problem = missing_task_field(eo, f"{shard} is a plain text file (its text is one record, with no other field)")
-        elif (fields := first_record_fields(shard, read_spec)) is None:
+        elif fields is None:
             problem = unsplittable_problem(eo, shard) if fmt == "jsonl" else None
             if problem is None:  # a shard the reader will report
                 continue
