@@ -5,6 +5,7 @@ Must not read files or pick a kernel; callers pass the resolved attention implem
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -39,6 +40,21 @@ def flat_params(tree: dict[str, Any]) -> dict[str, Any]:
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         flat["/".join(str(getattr(k, "key", k)) for k in path)] = leaf
     return flat
+
+
+def every_param_shape(config: ModelConfig) -> dict[str, Any]:
+    """flat_params of param_shapes(config) for all its layers, traced with two: layer 0 as itself and layer 1 for
+    every later one (ModernBERT's layer 0 has no attention norm), so a config of hundreds of layers costs what two do."""
+    traced = min(config.num_layers, 2)
+    shapes = {}
+    for name, spec in flat_params(param_shapes(dataclasses.replace(config, num_layers=traced))).items():
+        if name.startswith("layers/"):
+            _, index, rest = name.split("/", 2)
+            layers = range(1) if index == "0" else range(1, config.num_layers)
+            shapes.update({f"layers/{i}/{rest}": spec for i in layers})
+        else:
+            shapes[name] = spec
+    return shapes
 
 
 def check_param_shapes(params: dict[str, Any], config: ModelConfig, where: str) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 import kernels
-from models.architecture import abstract_model, flat_params, param_shapes
+from models.architecture import abstract_model, every_param_shape
 from models.builtin import BUILTINS, builtin_dir, discard_copy
 from models.checkpoint import fingerprint, restore_params, stored_shapes
 from models.config import ModelConfig, hf_keys, read_config
@@ -346,7 +346,8 @@ def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tu
                                  config_path: str, params_dir: str) -> None:
     """Raise ModelLoadError naming config.json's key when its sizes do not fit the parameters the checkpoint
     stores (`stored`: name -> (shape, dtype), checkpoint.stored_shapes). Compares the layer count first and
-    then a two-layer shape of the model, so even a config that asks for millions of layers costs nothing."""
+    then the model's shapes as two traced layers give them (every_param_shape), so even a config that asks for millions
+    of layers costs nothing."""
     keys = hf_keys(config)
     fix = "(the config that belongs to these weights), or re-create the directory with `docscore convert`"
     layers = {name.split("/")[1] for name in stored if name.startswith("layers/")}
@@ -354,15 +355,7 @@ def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tu
         held = len(layers) if layers == {str(i) for i in range(len(layers))} else f"{len(layers)} (not numbered 0..n-1)"
         raise DamagedModelDir(f"{config_path}: {keys['num_layers']} is {config.num_layers} but the checkpoint "
                               f"{params_dir} holds {held} layers; set {keys['num_layers']} to {len(layers)} {fix}")
-    expected = {}
-    traced = min(config.num_layers, 2)  # layer 0 as itself, layer 1 for every later one (ModernBERT's 0 has no attention norm)
-    for name, spec in flat_params(param_shapes(dataclasses.replace(config, num_layers=traced))).items():
-        if name.startswith("layers/"):
-            _, index, rest = name.split("/", 2)
-            layers = range(1) if index == "0" else range(1, config.num_layers)
-            expected.update({f"layers/{i}/{rest}": spec for i in layers})
-        else:
-            expected[name] = spec
+    expected = every_param_shape(config)
     missing, extra = sorted(set(expected) - set(stored)), sorted(set(stored) - set(expected))
     if missing or extra:
         raise DamagedModelDir(f"{params_dir}: the checkpoint's parameters are not those of the {config.family} model "

@@ -160,15 +160,11 @@ GATED_MLP_FAMILIES = ("llama", "modernbert")
 
 def parameter_count(config) -> int:
     """Parameters of a models.ModelConfig, counted from the shapes its family's module holds
-    (models/architecture.py param_shapes, no weights made): the first two layers are traced and the second counted
-    for every later one (ModernBERT's first has no attention norm), so a config of hundreds of layers costs what
-    two do."""
-    from models.architecture import flat_params, param_shapes
+    (models/architecture.py every_param_shape, no weights made: two layers traced), as the loader checks a
+    checkpoint against them."""
+    from models.architecture import every_param_shape
 
-    traced = min(config.num_layers, 2)
-    shapes = flat_params(param_shapes(dataclasses.replace(config, num_layers=traced)))
-    last = sum(math.prod(leaf.shape) for name, leaf in shapes.items() if name.startswith(f"layers/{traced - 1}/"))
-    return sum(math.prod(leaf.shape) for leaf in shapes.values()) + (config.num_layers - traced) * last
+    return sum(math.prod(leaf.shape) for leaf in every_param_shape(config).values())
 
 
 def score_block(attention: str) -> tuple[int, int] | None:
