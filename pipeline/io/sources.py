@@ -665,9 +665,9 @@ def _read_array_record(path: str, spec: ReadSpec) -> Iterator[Document | ErrorRo
     yield from _timed(records(), path, spec)
 
 
-
 # input_files.shard_format's formats -> their readers (one per input_files.SUFFIXES entry, and TFDS's array_record)
 READERS = {"jsonl": _read_jsonl, "parquet": _read_parquet, "text": _read_text, "array_record": _read_array_record}
+
 
 class ReadShard(beam.DoFn):
     """Beam adapter: a shard path in, lists of up to `chunk_docs` Documents out (one element per list, so
