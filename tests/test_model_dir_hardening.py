@@ -17,7 +17,7 @@ import pytest
 
 import models
 from models.config import HF_KEYS, MAX_SIZES, config_from_hf
-from models.errors import ModelLoadError
+from models.errors import MachineShortOf, ModelLoadError
 from tests.conftest import run_docscore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -373,7 +373,7 @@ def test_a_process_out_of_file_descriptors_keeps_the_built_in_models_copy_and_sa
     with no_free_file_descriptors(leave=2), pytest.raises(ModelLoadError) as caught:  # one file at a time: Orbax fails
         models.load("minilm-l6", attention="native", cache_dir=str(tmp_path / "cache"))
     assert "ran out of open files" in str(caught.value) and "ulimit -n" in str(caught.value), caught.value
-    assert type(caught.value).__name__ == "MachineShortOf"
+    assert isinstance(caught.value, MachineShortOf)
     del caught  # its context's frames hold Orbax's loop
     gc.collect()
     assert [p.name for p in copy.parent.iterdir()] == [copy.name] and copy.stat().st_ino == inode
