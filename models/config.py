@@ -15,6 +15,9 @@ from models.errors import ModelLoadError
 
 Family = Literal["bert", "modernbert", "gpt2", "llama"]
 ENCODER_FAMILIES = ("bert", "modernbert")  # bidirectional models whose outputs are embeddings
+# families whose MLP is models/llama.py GatedFeedForward, down(act(gate(x)) * up(x)): the memory estimate counts
+# three [tokens, intermediate] tensors for it where BERT's and GPT-2's hold one (pipeline/telemetry/memory.py)
+GATED_MLP_FAMILIES = ("llama", "modernbert")
 
 # Hugging Face activation name -> our name (the module maps our name to a function).
 ACTIVATIONS = {
@@ -140,6 +143,10 @@ class ModelConfig:
     @property
     def is_encoder(self) -> bool:
         return self.family in ENCODER_FAMILIES
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.family in GATED_MLP_FAMILIES
 
 
 def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig:

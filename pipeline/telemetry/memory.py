@@ -153,11 +153,6 @@ class CallEstimate:
         return self.parameters + self.activations
 
 
-# Families whose MLP is models/llama.py GatedFeedForward: down(act(gate(x)) * up(x)) holds gate(x), up(x) and
-# their product, [tokens, intermediate] each, where BERT's holds one (tests/test_batch_memory.py measures both).
-GATED_MLP_FAMILIES = ("llama", "modernbert")
-
-
 def parameter_count(config) -> int:
     """Parameters of a models.ModelConfig, counted from the shapes its family's module holds
     (models/architecture.py every_param_shape, no weights made: two layers traced), as the loader checks a
@@ -179,7 +174,7 @@ def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attentio
     """The memory one model call of batch_size rows x seq_len tokens needs (a models.ModelConfig; the
     resolved kernel name). Activations are one layer's at a time, since inference keeps none across layers:
     four [rows, L, hidden] float32 tensors (the stream, q/k/v, attention output), one [rows, L,
-    intermediate] (three in a gated MLP, GATED_MLP_FAMILIES), and the attention scores and probabilities,
+    intermediate] (three in a gated MLP, ModelConfig.gated_mlp: gate(x), up(x) and their product; tests/test_batch_memory.py measures both), and the attention scores and probabilities,
     [rows, heads, L, L] float32 each, or one block's, or none, as the kernel's `score_block` says; bfloat16 adds
     a copy of the layer's weights.
     Or the output head's when larger: a decoder's logits twice (log-softmax) for one block of positions
@@ -192,7 +187,7 @@ def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attentio
     rows, length = int(batch_size), int(seq_len)
     tokens = rows * length
     h, i = config.hidden_size, config.intermediate_size
-    gated = config.family in GATED_MLP_FAMILIES
+    gated = config.gated_mlp
     block_q, block_k = score_block(attention) or (length, length)
     scores = 2 * rows * config.num_heads * min(length, block_q) * min(length, block_k)
     layer = (4 * tokens * h + (3 if gated else 1) * tokens * i + scores) * ACTIVATION_BYTES
