@@ -1,5 +1,6 @@
-"""What is read off a model's output per segment: sentence embeddings (mean pool over real tokens +
-L2 normalise, as sentence-transformers) and next-token log-probabilities.
+"""What is read off a model's output per segment: sentence embeddings (mean pool over real tokens, or the
+first token's hidden state (CLS pooling), then L2 normalise, as sentence-transformers) and next-token
+log-probabilities.
 
 Pure jax functions of arrays; must not know about modules, kernels or tokenizers.
 """
@@ -17,10 +18,21 @@ def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
     return x / jnp.maximum(norm, eps)
 
 
-def segment_embeddings(hidden: jax.Array, segment_ids: jax.Array, max_segments: int) -> jax.Array:
-    """[B, L, D] -> [B, max_segments, D]: slot s = segment s + 1; zeros where a segment is absent."""
+# How a segment's hidden states become its embedding (sentence-transformers' Pooling pooling_mode): "mean" over
+# its tokens, or "cls", its first token's (each window starts with the tokenizer's specials: [CLS], <s>).
+POOLINGS = ("mean", "cls")
+
+
+def segment_embeddings(hidden: jax.Array, segment_ids: jax.Array, max_segments: int,
+                       pooling: str = "mean") -> jax.Array:
+    """[B, L, D] -> [B, max_segments, D]: slot s = segment s + 1, `pooling` (POOLINGS) of its tokens' hidden
+    states, L2-normalised; zeros where a segment is absent."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
     slots = jnp.arange(1, max_segments + 1, dtype=segment_ids.dtype)
     member = (segment_ids[:, :, None] == slots[None, None, :]).astype(jnp.float32)  # [B, L, S]
+    if pooling == "cls":  # the same sum over one token per segment: its first (a running count of its tokens is 1)
+        member = member * (jnp.cumsum(member, axis=1) == 1)
     total = jnp.einsum("bls,bld->bsd", member, hidden.astype(jnp.float32),
                        precision=jax.lax.Precision.HIGHEST)
     count = jnp.sum(member, axis=1)[:, :, None]

@@ -26,7 +26,7 @@ from models.builtin import BUILTINS, builtin_dir, discard_copy
 from models.checkpoint import fingerprint, restore_params, stored_shapes
 from models.config import ModelConfig, hf_keys, read_config
 from models.errors import DamagedModelDir, MachineShortOf, ModelLoadError, short_of, shortage
-from models.heads import next_token_logprobs, segment_embeddings
+from models.heads import POOLINGS, next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES, stack_blocks, stack_params, stacked_abstract
 from models.model_dir import CONFIG, PARAMS, TOKENIZER, fetch_remote, is_remote, local_cache_dir, read_metadata, read_text
 from models.precision import choice_problem, matmul_precision, with_matmul_precision
@@ -55,9 +55,9 @@ PERSISTENT_CACHE_HITS = CacheHits()
 
 
 def embed_packed_program(graphdef: nnx.GraphDef, state: nnx.State, input_ids: jax.Array, segment_ids: jax.Array,
-                         max_segments: int) -> jax.Array:
-    """What LoadedModel.embed_packed runs: an encoder's segment embeddings."""
-    return segment_embeddings(nnx.merge(graphdef, state)(input_ids, segment_ids), segment_ids, max_segments)
+                         max_segments: int, *, pooling: str = "mean") -> jax.Array:
+    """What LoadedModel.embed_packed runs: an encoder's segment embeddings, pooled as the model was converted."""
+    return segment_embeddings(nnx.merge(graphdef, state)(input_ids, segment_ids), segment_ids, max_segments, pooling)
 
 
 def token_logprobs_program(graphdef: nnx.GraphDef, state: nnx.State, input_ids: jax.Array,
@@ -84,6 +84,7 @@ class LoadedModel:
     path: str = ""
     precision_choice: str | None = None  # --matmul_precision (models/precision.py); None: the dtype's own
     parallel: MeshLayout | None = dataclasses.field(default=None, repr=False)  # None: data parallel over all local devices
+    pooling: str = "mean"  # how embed_packed pools a segment (models/heads.py POOLINGS): metadata.json's pooling
     _compiled: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
     _by_thread: Any = dataclasses.field(default_factory=threading.local, init=False, repr=False)
@@ -91,6 +92,8 @@ class LoadedModel:
     while_compiling: Callable[[], ContextManager[None]] = dataclasses.field(default=contextlib.nullcontext, repr=False)
 
     def __post_init__(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling {self.pooling!r} is not one of {', '.join(POOLINGS)}")
         # The programs receive each block parameter stacked on a leading layer axis (models/layers.py
         # StackedBlocks); load_model_dir stacks on the host, a model built otherwise is stacked here, once.
         graphdef, state = nnx.split(stack_blocks(self.model))
@@ -103,7 +106,8 @@ class LoadedModel:
         precise = lambda fn: self.parallel.traced(with_matmul_precision(fn, self.matmul_precision))
 
         self._functions: dict[str, Callable] = {
-            "embed_packed": jax.jit(precise(functools.partial(embed_packed_program, graphdef)), static_argnums=3),
+            "embed_packed": jax.jit(precise(functools.partial(embed_packed_program, graphdef, pooling=self.pooling)),
+                                    static_argnums=3),
             "token_logprobs": jax.jit(precise(functools.partial(token_logprobs_program, graphdef))),
         }
 
@@ -119,7 +123,8 @@ class LoadedModel:
 
     def embed_packed(self, input_ids: np.ndarray, segment_ids: np.ndarray, max_segments: int) -> np.ndarray:
         """[B, L] packed rows -> [B, max_segments, D] float32: slot s = segment s + 1, zeros when absent; each
-        embedding is its segment's tokens mean pooled and L2-normalised (sentence-transformers)."""
+        embedding is its segment's tokens mean pooled, or its first token's hidden state (`pooling` "cls"),
+        L2-normalised (sentence-transformers)."""
         return self._run("embed_packed", input_ids, segment_ids, int(max_segments))
 
     def token_logprobs(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
@@ -339,7 +344,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
     return LoadedModel(model=nnx.merge(graphdef, state), tokenizer=tokenizer, config=config,
                        fingerprint=metadata.fingerprint, model_id=f"{name}@{metadata.fingerprint[:12]}",
                        attention=impl, dtype=dtype, path=os.path.abspath(path), precision_choice=precision_choice,
-                       parallel=parallel)
+                       parallel=parallel, pooling=metadata.pooling)
 
 
 def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tuple[int, ...], Any]],

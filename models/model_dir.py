@@ -17,6 +17,7 @@ from typing import Any
 
 from models.checkpoint import fingerprint, save_params
 from models.errors import DamagedModelDir, ModelLoadError, short_of, shortage
+from models.heads import POOLINGS
 
 CONFIG, TOKENIZER, PARAMS, METADATA = "config.json", "tokenizer.json", "params", "metadata.json"
 FORMAT = "docscore-model/1"
@@ -32,6 +33,19 @@ class ModelMetadata:
     max_seq_len: int
     source: str
     format: str = FORMAT
+    # how a segment's embedding is pooled (models/heads.py POOLINGS), from the sentence-transformers Pooling module;
+    # a directory written before it was recorded holds mean pooling, which was then the only one converted
+    pooling: str = "mean"
+
+
+def metadata_json(metadata: ModelMetadata) -> str:
+    """metadata.json's text. Mean pooling is left unwritten (its absence means mean): a mean-pooling directory stays
+    the one earlier docscore versions read, and they refuse another pooling as an unknown field rather than
+    computing it as mean."""
+    fields = dataclasses.asdict(metadata)
+    if fields["pooling"] == "mean":
+        del fields["pooling"]
+    return json.dumps(fields, indent=2) + "\n"
 
 
 CACHE_DIR_ENV = "DOCSCORE_CACHE_DIR"
@@ -98,12 +112,13 @@ def remove_unfinished() -> list[str]:
 
 
 def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, tokenizer_text: str,
-                    family: str, max_seq_len: int, source: str, exist_ok: bool = False) -> ModelMetadata:
+                    family: str, max_seq_len: int, source: str, exist_ok: bool = False,
+                    pooling: str = "mean") -> ModelMetadata:
     """Write a complete model directory at `dst`, atomically: built in a temporary sibling, then renamed.
     When `dst` appears meanwhile (another process converted the same model) and exist_ok, keep theirs."""
     dst_path = Path(dst).absolute()
     tmp = dst_path.parent / f".{dst_path.name}.tmp-{uuid.uuid4().hex}"
-    metadata = ModelMetadata(family=family, max_seq_len=int(max_seq_len), source=source,
+    metadata = ModelMetadata(family=family, max_seq_len=int(max_seq_len), source=source, pooling=pooling,
                              fingerprint=fingerprint(params, config_text.encode(), tokenizer_text.encode()))
     dst_path.parent.mkdir(parents=True, exist_ok=True)  # outside the try: the model cache turns its OSError into --cache_dir
     UNFINISHED.add(tmp)
@@ -112,7 +127,7 @@ def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, token
         (tmp / CONFIG).write_text(config_text)
         (tmp / TOKENIZER).write_text(tokenizer_text)
         save_params(str(tmp / PARAMS), params)
-        (tmp / METADATA).write_text(json.dumps(dataclasses.asdict(metadata), indent=2) + "\n")
+        (tmp / METADATA).write_text(metadata_json(metadata))
         os.rename(tmp, dst_path)
     except Exception as err:  # OSError, and Orbax's own errors (a full disk is its ValueError RESOURCE_EXHAUSTED)
         if exist_ok and (dst_path / METADATA).exists():
@@ -172,7 +187,7 @@ def parse_metadata(text: str | bytes, file: str) -> ModelMetadata:
 
 
 def _metadata_problem(metadata: ModelMetadata) -> str | None:
-    for name in ("family", "fingerprint", "source", "format"):
+    for name in ("family", "fingerprint", "source", "format", "pooling"):
         if not isinstance(getattr(metadata, name), str):
             return f"{name} is a {type(getattr(metadata, name)).__name__}, not a string"
     if len(metadata.fingerprint) != 64 or any(c not in "0123456789abcdef" for c in metadata.fingerprint):
@@ -180,6 +195,8 @@ def _metadata_problem(metadata: ModelMetadata) -> str | None:
     size = metadata.max_seq_len
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_SEQ_LEN:
         return f"max_seq_len must be a whole number from 1 to {MAX_SEQ_LEN:,}"
+    if metadata.pooling not in POOLINGS:
+        return f"pooling {metadata.pooling!r} is not one this docscore version computes ({', '.join(POOLINGS)})"
     return None
 
 
@@ -216,8 +233,8 @@ def file_kind(file: str) -> str:
 
 def fetch_remote(url: str, cache_dir: str) -> str:
     """Copy the model directory at `url` (gs:// through gcsfs, or any fsspec URL) into
-    cache_dir/remote/<fingerprint>-<max_seq_len>/ once, atomically; return the local directory. The same weights
-    converted at another max_seq_len share the fingerprint but not the copy."""
+    cache_dir/remote/<fingerprint>-<max_seq_len>[-<pooling>]/ once, atomically; return the local directory. The same
+    weights converted at another max_seq_len or with another pooling share the fingerprint but not the copy."""
     import fsspec
 
     url = url.rstrip("/")
@@ -228,7 +245,8 @@ def fetch_remote(url: str, cache_dir: str) -> str:
         raise ModelLoadError(f"{url}/{METADATA}: missing; {url} is not a docscore model directory "
                              "(upload the output of `docscore convert` there)") from None
     metadata = parse_metadata(text, f"{url}/{METADATA}")
-    local = Path(cache_dir) / "remote" / f"{metadata.fingerprint}-{metadata.max_seq_len}"
+    pooled = "" if metadata.pooling == "mean" else f"-{metadata.pooling}"  # mean: the name earlier versions gave it
+    local = Path(cache_dir) / "remote" / f"{metadata.fingerprint}-{metadata.max_seq_len}{pooled}"
     if (local / METADATA).exists():
         return str(local)
     local.parent.mkdir(parents=True, exist_ok=True)

@@ -271,6 +271,25 @@ def test_the_same_weights_converted_at_two_lengths_are_two_remote_copies(tmp_pat
     assert {n: read_metadata(path).max_seq_len for n, path in copies.items()} == {32: 32, 64: 64}
 
 
+def test_the_same_weights_converted_with_two_poolings_are_two_remote_copies(tmp_path):
+    """A mean and a CLS conversion of one model share the fingerprint (pooling is metadata.json's, not the weights'):
+    each is fetched into its own copy, so a CLS model is not read from a mean one's copy and pooled as mean."""
+    import fsspec
+
+    from models.model_dir import fetch_remote, read_metadata
+
+    fs = fsspec.filesystem("memory")
+    for pooling in ("mean", "cls"):
+        fs.pipe(f"/docscore-test-remote/{pooling}/metadata.json", json.dumps({**METADATA_OK, "pooling": pooling}).encode())
+        fs.pipe(f"/docscore-test-remote/{pooling}/config.json", b"{}")
+    try:
+        copies = {p: fetch_remote(f"memory://docscore-test-remote/{p}", str(tmp_path / "cache")) for p in ("mean", "cls")}
+    finally:
+        fs.rm("/docscore-test-remote", recursive=True)
+    assert copies["mean"].endswith(f"{'0' * 64}-256")  # the name earlier versions gave a mean model's copy
+    assert {p: read_metadata(path).pooling for p, path in copies.items()} == {"mean": "mean", "cls": "cls"}
+
+
 # ---- what the fingerprint is -----------------------------------------------------------------------
 
 def test_a_changed_file_is_caught_and_the_message_says_what_the_fingerprint_can_and_cannot_do(minilm, tmp_path):
