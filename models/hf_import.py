@@ -306,7 +306,7 @@ def tensor_prefix(tensors: dict[str, np.ndarray], family: str, marker: str) -> s
     return ""
 
 
-# sentence-transformers modules whose computation docscore's embeddings are: the encoder, mean pooling,
+# sentence-transformers modules whose computation docscore's embeddings are: the encoder, mean or CLS pooling,
 # L2 normalisation (docscore normalises every embedding)
 SENTENCE_TRANSFORMERS_MODULES = ("Transformer", "Pooling", "Normalize")
 
@@ -345,7 +345,7 @@ def sentence_transformers_modules(src: str) -> dict[str, str]:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else ""
         if kind not in SENTENCE_TRANSFORMERS_MODULES:
             raise ModelLoadError(f"{listing}: module {module!r} is not supported; docscore computes only "
-                                 f"{', '.join(SENTENCE_TRANSFORMERS_MODULES)} (encoder, mean pooling, normalisation), "
+                                 f"{', '.join(SENTENCE_TRANSFORMERS_MODULES)} (encoder, mean or CLS pooling, normalisation), "
                                  "so its embeddings would differ from the sentence-transformers model's")
         found[kind] = str(module.get("path", ""))
     return found
@@ -387,20 +387,30 @@ def pooling_modes(config: dict[str, Any]) -> list[str]:
     return sorted(k for k, v in config.items() if k.startswith("pooling_mode_") and v)
 
 
-MEAN_POOLING = (["mean"], ["pooling_mode_mean_tokens"])
+# Each pooling docscore computes (models/heads.py POOLINGS) as the Pooling config.json spells it: sentence-transformers
+# 6's pooling_mode, or the one pooling_mode_* switch set by earlier versions
+POOLING_MODES = {"mean": (["mean"], ["pooling_mode_mean_tokens"]), "cls": (["cls"], ["pooling_mode_cls_token"])}
 UNSET_MAX_LENGTH = 10 ** 9  # transformers writes model_max_length 1e30 when a tokenizer has none
+
+
+def sentence_transformers_pooling(src: str) -> str:
+    """The pooling (POOLINGS) of a sentence-transformers directory's Pooling module; mean when it has none (a plain
+    Hugging Face model). Any other mode, or several at once, is refused: its embeddings would not be the model's."""
+    pooling = os.path.join(src, sentence_transformers_modules(src).get("Pooling", "1_Pooling"), "config.json")
+    if not os.path.exists(pooling):
+        return "mean"
+    modes = pooling_modes(json_object(pooling))
+    found = next((name for name, spellings in POOLING_MODES.items() if modes in spellings), None)
+    if found is None:
+        raise ModelLoadError(f"{pooling}: pooling {modes} is not supported; docscore computes one pooling, mean or cls "
+                             "(pooling_mode \"mean\" or \"cls\"; pooling_mode_mean_tokens or pooling_mode_cls_token "
+                             "in earlier sentence-transformers versions)")
+    return found
 
 
 def sentence_transformers_max_len(src: str, model_folder: str | None = None) -> tuple[int | None, str]:
     """The longest input of a sentence-transformers directory and where it was read: sentence_bert_config.json's
-    max_seq_length, else (sentence-transformers 6 keeps it there) tokenizer_config.json's model_max_length; refuse
-    pooling other than mean tokens and modules after pooling that docscore does not compute."""
-    pooling = os.path.join(src, sentence_transformers_modules(src).get("Pooling", "1_Pooling"), "config.json")
-    if os.path.exists(pooling):
-        modes = pooling_modes(json_object(pooling))
-        if modes not in MEAN_POOLING:
-            raise ModelLoadError(f"{pooling}: pooling {modes} is not supported; docscore embeddings are mean pooling "
-                                 "over tokens")
+    max_seq_length, else (sentence-transformers 6 keeps it there) tokenizer_config.json's model_max_length."""
     sbert = sentence_bert_config(src, model_folder or src)
     length = json_object(sbert).get("max_seq_length") if os.path.exists(sbert) else None
     if length is not None and (type(length) is not int or length < 1):
@@ -485,7 +495,8 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
         except (OSError, UnicodeDecodeError) as err:
             raise ModelLoadError(f"{path}: cannot be read as UTF-8 text ({type(err).__name__}: {err})") from None
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
-    st_len, st_origin = sentence_transformers_max_len(root, src)  # also refuses pooling and modules it cannot compute
+    pooling = sentence_transformers_pooling(root)  # also refuses modules it cannot compute
+    st_len, st_origin = sentence_transformers_max_len(root, src)
     if st_origin.endswith("model_max_length") and st_len > config.max_positions:
         st_len = config.max_positions  # as sentence-transformers caps a tokenizer's length at the model's positions
     texts["tokenizer.json"] = with_sentence_transformers_text_rules(root, texts["tokenizer.json"], src)
@@ -514,5 +525,5 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
         raise ModelLoadError(str(err)) from None
     return write_model_dir(dst, params=params, config_text=texts["config.json"],
                            tokenizer_text=texts["tokenizer.json"], family=config.family, max_seq_len=seq_len,
-                           source=source or os.path.abspath(root), exist_ok=exist_ok)
+                           source=source or os.path.abspath(root), exist_ok=exist_ok, pooling=pooling)
 

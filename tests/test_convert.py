@@ -3,6 +3,7 @@ transformers, converted and compared with transformers; and each bad input exits
 naming the path and the problem."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import shutil
@@ -356,9 +357,9 @@ def test_a_max_seq_len_docscore_run_would_refuse_is_refused(hf_bert, tmp_path, c
     assert code == 2 and "must be between 8 (what `docscore run` takes)" in err and not (tmp_path / "out").exists()
 
 
-def sentence_transformers_dir(out: Path, **settings) -> Path:
-    """A mean-pooling sentence-transformers directory: a small random BERT with MiniLM's tokenizer made cased,
-    and sentence_bert_config.json with `settings`."""
+def sentence_transformers_dir(out: Path, pooling: dict | None = None, **settings) -> Path:
+    """A sentence-transformers directory: a small random BERT with MiniLM's tokenizer made cased, its Pooling
+    config.json `pooling` (default: mean), and sentence_bert_config.json with `settings`."""
     import torch
     import transformers
     from tokenizers import Tokenizer
@@ -375,7 +376,7 @@ def sentence_transformers_dir(out: Path, **settings) -> Path:
         sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]").save_pretrained(out)
     (out / "1_Pooling").mkdir()
     (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64,
-                                                               "pooling_mode_mean_tokens": True}))
+                                                               **(pooling or {"pooling_mode_mean_tokens": True})}))
     (out / "modules.json").write_text(json.dumps(ST_MODULES))
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, **settings}))
     return out
@@ -407,7 +408,7 @@ def test_sentence_transformers_lower_casing_is_kept_and_a_default_prompt_is_refu
 @pytest.mark.integration
 def test_an_older_sentence_transformers_layout_converts_from_its_root_and_its_transformer_folder_is_refused(tmp_path, capsys):
     """modules.json may put the Transformer module in 0_Transformer/ (older sentence-transformers): the root converts
-    (the model's files from that folder, the pooling from the root's 1_Pooling), a CLS pooling there is refused, and
+    (the model's files from that folder, the pooling from the root's 1_Pooling), a max pooling there is refused, and
     the folder alone, which would drop the root's pooling, is refused naming the root."""
     import shutil
 
@@ -434,9 +435,86 @@ def test_an_older_sentence_transformers_layout_converts_from_its_root_and_its_tr
 
     code, message = convert(old / "0_Transformer", tmp_path / "alone", capsys)
     assert code == 2 and f"is the Transformer module of the sentence-transformers model {old}" in message, message
-    (old / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, "pooling_mode_cls_token": True}))
-    code, message = convert(old, tmp_path / "cls", capsys)
-    assert code == 2 and "pooling ['pooling_mode_cls_token'] is not supported" in message, message
+    (old / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, "pooling_mode_max_tokens": True}))
+    code, message = convert(old, tmp_path / "max", capsys)
+    assert code == 2 and "pooling ['pooling_mode_max_tokens'] is not supported" in message, message
+
+
+CLS_POOLING = {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_embeddings_of_a_cls_or_mean_pooling_model_equal_sentence_transformers(pooling, tmp_path, capsys):
+    """BGE, arctic-embed, gte-modernbert and mxbai-embed pool the CLS token: such a sentence-transformers directory
+    converts with its pooling recorded, and `docscore run --task embed` (several documents packed in each row) and
+    embed_packed (all of them in one row) give SentenceTransformer.encode's embeddings, as for mean pooling."""
+    from sentence_transformers import SentenceTransformer
+
+    from models.model_dir import read_metadata
+    from tests.conftest import SENTENCES
+    from tests.test_models_roberta import embed_run
+
+    src = sentence_transformers_dir(tmp_path / "st", pooling=CLS_POOLING if pooling == "cls" else None)
+    code, message = convert(src, tmp_path / "model", capsys)
+    assert code == 0 and f"max_seq_len 128, {pooling} pooling, fingerprint" in message, message
+    assert read_metadata(str(tmp_path / "model")).pooling == pooling
+    loaded = models.load(str(tmp_path / "model"), attention="native")
+    assert loaded.pooling == pooling
+    texts = SENTENCES[:8]
+    expected = SentenceTransformer(str(src), device="cpu").encode(texts, normalize_embeddings=True).astype(np.float64)
+    ours = embed_run(tmp_path, tmp_path / "model", texts, "native")
+    cosines = np.sum(ours * expected, axis=1)
+    assert cosines.min() >= 0.99999, (pooling, cosines)
+
+    windows = [loaded.tokenizer.encode_windows([t], max_len=128)[0].windows[0] for t in texts]
+    row = np.concatenate(windows)[None]
+    segments = np.concatenate([np.full(len(w), i + 1) for i, w in enumerate(windows)])[None]
+    packed = loaded.embed_packed(row, segments, len(texts))[0].astype(np.float64)
+    assert np.sum(packed * expected, axis=1).min() >= 0.99999
+    # the other pooling's embeddings are far from these: the comparison tells the two apart
+    other = dataclasses.replace(loaded, pooling="mean" if pooling == "cls" else "cls")
+    unlike = other.embed_packed(row, segments, len(texts))[0].astype(np.float64)
+    assert np.sum(unlike * expected, axis=1).max() < 0.99
+
+
+@pytest.mark.parametrize("modes", [{"pooling_mode_max_tokens": True}, {"pooling_mode": "weightedmean"},
+                                   {"pooling_mode": "lasttoken"},
+                                   {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True},
+                                   {"pooling_mode": ["cls", "mean"]}])
+def test_a_pooling_docscore_does_not_compute_is_refused_naming_those_it_does(hf_bert, tmp_path, capsys, modes):
+    src = broken_copy(hf_bert, tmp_path)
+    (src / "1_Pooling").mkdir()
+    (src / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **modes}))
+    (src / "modules.json").write_text(json.dumps(ST_MODULES))
+    code, message = convert(src, tmp_path / "out", capsys)
+    assert code == 2 and "1_Pooling/config.json: pooling [" in message and "is not supported" in message, message
+    assert "docscore computes one pooling, mean or cls" in message, message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_directory_without_a_recorded_pooling_is_mean_and_an_unknown_one_is_refused(hf_bert, tmp_path, capsys):
+    """Directories converted before pooling was recorded hold mean pooling (the only one then converted); a mean
+    directory is still written without the key, as those versions read it; a pooling this version does not
+    compute is refused at load rather than computed as another."""
+    from models.model_dir import METADATA, read_metadata
+
+    src = broken_copy(hf_bert, tmp_path)
+    assert convert(src, tmp_path / "mean", capsys)[0] == 0
+    metadata = json.loads((tmp_path / "mean" / METADATA).read_text())
+    assert "pooling" not in metadata
+    assert read_metadata(str(tmp_path / "mean")).pooling == "mean"
+    assert models.load(str(tmp_path / "mean"), attention="native").pooling == "mean"
+
+    (src / "1_Pooling").mkdir()
+    (src / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, "pooling_mode": "cls"}))
+    (src / "modules.json").write_text(json.dumps(ST_MODULES))
+    assert convert(src, tmp_path / "cls", capsys)[0] == 0
+    assert json.loads((tmp_path / "cls" / METADATA).read_text())["pooling"] == "cls"
+
+    (tmp_path / "mean" / METADATA).write_text(json.dumps({**metadata, "pooling": "max"}))
+    with pytest.raises(models.ModelLoadError, match="pooling 'max' is not one this docscore version computes \\(mean, cls\\)"):
+        read_metadata(str(tmp_path / "mean"))
 
 
 def test_arguments_after_a_bare_double_dash_are_values(tmp_path, capsys):

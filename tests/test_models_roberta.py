@@ -145,7 +145,8 @@ def test_positions_start_after_the_padding_id_and_a_table_too_short_is_refused(m
 def test_a_model_saved_by_sentence_transformers_6_converts_with_its_pooling_and_length(tmp_path):
     """sentence-transformers 6 saves pooling as `pooling_mode: "mean"` and the max length as the tokenizer's
     model_max_length (sentence_bert_config.json has none): such a directory converts at that length, and its
-    embeddings equal SentenceTransformer.encode's; another pooling mode is refused by its value."""
+    embeddings equal SentenceTransformer.encode's, with `pooling_mode: "cls"` too; a mode docscore does not compute
+    is refused by its value."""
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(build_st(tmp_path / "st", "roberta")), device="cpu")
@@ -167,4 +168,11 @@ def test_a_model_saved_by_sentence_transformers_6_converts_with_its_pooling_and_
 
     pooling = json.loads((saved / "1_Pooling" / "config.json").read_text())
     (saved / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "pooling_mode": "cls"}))
-    assert convert_main(["--hf", str(saved), "--out", str(tmp_path / "cls")]) == 2
+    assert convert_main(["--hf", str(saved), "--out", str(tmp_path / "cls")]) == 0
+    cls = models.load(str(tmp_path / "cls"), attention="native")
+    expected = SentenceTransformer(str(saved), device="cpu").encode(texts, normalize_embeddings=True)
+    for text, want in zip(texts, expected):
+        window = cls.tokenizer.encode_windows([text])[0].windows[0]
+        assert float(cls.embed_packed(window[None], np.ones_like(window)[None], 1)[0, 0] @ want) > 0.99999
+    (saved / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "pooling_mode": "max"}))
+    assert convert_main(["--hf", str(saved), "--out", str(tmp_path / "max")]) == 2
