@@ -52,6 +52,7 @@ class RunPlan:
     shadow: shadow.ShadowSpec | None = None  # --shadow_attention: a second kernel on a share of batches
     notices: tuple[str, ...] = ()  # choices that work but cost: the launcher prints them before the job
     sharding: dict | None = None  # how the model is laid out over the devices (models/sharding.py MeshLayout.summary)
+    pooling: str | None = None  # how an encoder's embeddings are pooled (metadata.json's pooling); None: a decoder
     # what validation compiled for the run (a local run's label embeddings): [count, seconds, cached count, seconds]
     compiles: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
@@ -529,6 +530,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         model_family=family,
         model_id=loaded.model_id,
         fingerprint=loaded.fingerprint,
+        pooling=loaded.pooling if loaded.config.is_encoder else None,
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         suffix_len=len(getattr(loaded.tokenizer, "suffix", ())),
         shadow=shadow_spec,
