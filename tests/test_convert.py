@@ -452,7 +452,7 @@ def test_embeddings_of_a_cls_or_mean_pooling_model_equal_sentence_transformers(p
     from sentence_transformers import SentenceTransformer
 
     from models.model_dir import read_metadata
-    from tests.conftest import SENTENCES
+    from tests.conftest import SENTENCES, read_summary
     from tests.test_models_roberta import embed_run
 
     src = sentence_transformers_dir(tmp_path / "st", pooling=CLS_POOLING if pooling == "cls" else None)
@@ -466,6 +466,7 @@ def test_embeddings_of_a_cls_or_mean_pooling_model_equal_sentence_transformers(p
     ours = embed_run(tmp_path, tmp_path / "model", texts, "native")
     cosines = np.sum(ours * expected, axis=1)
     assert cosines.min() >= 0.99999, (pooling, cosines)
+    assert read_summary(tmp_path / "out", "native")["model"]["pooling"] == pooling
 
     windows = [loaded.tokenizer.encode_windows([t], max_len=128)[0].windows[0] for t in texts]
     row = np.concatenate(windows)[None]
