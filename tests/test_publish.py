@@ -398,6 +398,20 @@ def test_waiting_launcher_rewrites_the_enriched_summary_and_history_row_of_its_o
     assert publish.enrich_published_summary(bq, {"x": 1}) is None
 
 
+def test_a_history_row_that_cannot_be_rewritten_leaves_the_enriched_summary_and_says_which_was_written(tmp_path):
+    """A disk that fills between the summary's rewrite and the history row's: the launcher is told the summary has
+    the additions (its report can be written from it), not that nothing of them was written."""
+    spec, written = stage_run(tmp_path)
+    publish.publish_run(spec, FACTS, STATS, written, derived=False)
+    row = run_commit.committed_files(spec.output, spec.run_id, "history")[0]
+    os.remove(row)
+    os.mkdir(row)  # a folder where the row is: its rewrite fails as on a full disk, after the summary's
+    with pytest.raises(publish.HistoryRowNotRewritten, match="IsADirectoryError") as caught:
+        publish.enrich_published_summary(spec, {"docscore_inference_pallas_tpu/compiles": 2})
+    assert caught.value.summary["compile"]["count"] == 2
+    assert run_commit.committed_summary(spec.output, spec.run_id)["compile"]["count"] == 2
+
+
 def test_launches_nobody_waits_for():
     assert publish.submit_only(PipelineOptions([])) is None
     assert runs_locally(PipelineOptions([])) and not runs_locally(PipelineOptions(["--runner", "DataflowRunner"]))

@@ -205,5 +205,17 @@ def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any], ph
         enriched = finish(enriched)
     if enriched is not summary:
         run_commit.rewrite_summary(spec.output, enriched)
-        history.write_history_row(spec.output, enriched, spec.launch)
+        try:
+            history.write_history_row(spec.output, enriched, spec.launch)
+        except Exception as e:
+            raise HistoryRowNotRewritten(enriched, e) from e
     return enriched
+
+
+class HistoryRowNotRewritten(Exception):
+    """The enriched summary was written but the history row was not (a disk that filled between them): the run's
+    summary and report can say everything, its history row only what the job committed."""
+
+    def __init__(self, summary: dict[str, Any], error: BaseException):
+        super().__init__(f"{type(error).__name__}: {str(error)[:300]}")
+        self.summary = summary
