@@ -174,7 +174,8 @@ def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attentio
     """The memory one model call of batch_size rows x seq_len tokens needs (a models.ModelConfig; the
     resolved kernel name). Activations are one layer's at a time, since inference keeps none across layers:
     four [rows, L, hidden] float32 tensors (the stream, q/k/v, attention output), one [rows, L,
-    intermediate] (three in a gated MLP, ModelConfig.gated_mlp: gate(x), up(x) and their product; tests/test_batch_memory.py measures both), and the attention scores and probabilities,
+    intermediate] (three in a gated MLP, ModelConfig.gated_mlp: gate(x), up(x) and their product;
+    tests/test_batch_memory.py measures both), and the attention scores and probabilities,
     [rows, heads, L, L] float32 each, or one block's, or none, as the kernel's `score_block` says; bfloat16 adds
     a copy of the layer's weights.
     Or the output head's when larger: a decoder's logits twice (log-softmax) for one block of positions
