@@ -6,10 +6,13 @@ layout beyond the params/ directory it is given.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -27,8 +30,26 @@ _SAVE_LOCK = threading.Lock()
 
 def save_params(path: str, params: dict[str, Any]) -> None:
     """Write the nested dict of arrays as an Orbax checkpoint at `path` (must not exist yet)."""
-    with _SAVE_LOCK, ocp.StandardCheckpointer() as checkpointer:
+    quiet_reads_after_a_failed_restore()  # a failed save leaves tensorstore's callbacks the same closed loop
+    with _SAVE_LOCK, orbax_errors_raised_not_logged(), ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(os.path.abspath(path), params)
+
+
+class _OrbaxErrorRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
+@contextlib.contextmanager
+def orbax_errors_raised_not_logged() -> Iterator[None]:
+    """Within the block, Orbax's own error log records are dropped: a save that fails (a full disk) logs each of its
+    writer threads' tracebacks (~200 lines) before raising the same error, which the caller reports in one line."""
+    logger, dropped = logging.getLogger("absl"), _OrbaxErrorRecords()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
 
 
 def restore_params(path: str, shapes: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The one error models/ raises when a model cannot be loaded or converted.
 
-Holds `ModelLoadError`, its `DamagedModelDir` and `MachineShortOf`, and `shortage` (which tells them apart); every
+Holds `ModelLoadError`, its `DamagedModelDir`, `ModelDirNotWritten` and `MachineShortOf`, and `shortage` (which tells them apart); every
 message names the path and the problem and says what to do.
 """
 from __future__ import annotations
@@ -20,6 +20,11 @@ class DamagedModelDir(ModelLoadError):
     of built-in models in its cache."""
 
 
+class ModelDirNotWritten(ModelLoadError):
+    """A model directory could not be written where it was to go (a full disk, no permission): the place is at
+    fault, not the model, so a run names the setting that chose the place (--cache_dir for a built-in model)."""
+
+
 class MachineShortOf(ModelLoadError):
     """A model directory this process could not read for want of open files or memory (`shortage`): nothing is
     wrong with its files, so no copy of it is discarded or made again."""
@@ -28,6 +33,16 @@ class MachineShortOf(ModelLoadError):
 # errnos of a process out of a resource, which say nothing of the file being read
 SHORTAGES = {errno.EMFILE: "open files", errno.ENFILE: "open files", errno.ENOMEM: "memory", errno.ENOBUFS: "memory"}
 FIXES = {"open files": "raise the limit on open files (`ulimit -n`)", "memory": "free memory, or use a larger machine"}
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether `err` says the disk (or the user's quota) is full: an OSError's errno, or the errno tensorstore puts in
+    the text of Orbax's errors (`[os_error_code='28']`)."""
+    codes = (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(err, OSError) and err.errno in codes:
+        return True
+    code = re.search(r"os_error_code='(\d+)'", str(err))
+    return bool(code) and int(code.group(1)) in codes
 
 
 def shortage(err: BaseException) -> str | None:

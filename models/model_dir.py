@@ -6,17 +6,19 @@ Must not build models or convert weights (hf_import.py, loader.py).
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
 import shutil
 import stat
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from models.checkpoint import fingerprint, save_params
-from models.errors import DamagedModelDir, ModelLoadError, short_of, shortage
+from models.errors import DamagedModelDir, ModelDirNotWritten, ModelLoadError, disk_full, short_of, shortage
 from models.heads import POOLINGS
 
 CONFIG, TOKENIZER, PARAMS, METADATA = "config.json", "tokenizer.json", "params", "metadata.json"
@@ -122,6 +124,7 @@ def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, token
                              fingerprint=fingerprint(params, config_text.encode(), tokenizer_text.encode()))
     dst_path.parent.mkdir(parents=True, exist_ok=True)  # outside the try: the model cache turns its OSError into --cache_dir
     UNFINISHED.add(tmp)
+    written = False
     try:
         tmp.mkdir()
         (tmp / CONFIG).write_text(config_text)
@@ -129,18 +132,42 @@ def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, token
         save_params(str(tmp / PARAMS), params)
         (tmp / METADATA).write_text(metadata_json(metadata))
         os.rename(tmp, dst_path)
+        written = True
     except Exception as err:  # OSError, and Orbax's own errors (a full disk is its ValueError RESOURCE_EXHAUSTED)
         if exist_ok and (dst_path / METADATA).exists():
             return read_metadata(str(dst_path))
         if taken(dst_path):
             raise ModelLoadError(f"{dst}: {ALREADY_THERE}") from None
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
-        raise ModelLoadError(f"{dst}: cannot write the model directory ({reason}); check the free space and "
-                             "permissions there") from None
+        fix = ("its disk is full: free space there, or choose another directory" if disk_full(err)
+               else "check the free space and permissions there")
+        raise ModelDirNotWritten(f"{dst}: cannot write the model directory ({reason}); {fix}") from None
     finally:  # renamed, or failed (an exception, Ctrl-C): no temporary directory stays behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        UNFINISHED.discard(tmp)
+        if written:
+            UNFINISHED.discard(tmp)
+        else:
+            remove_failed_write(tmp)
     return metadata
+
+
+# How long a failed save's writes are waited out: Orbax's threads of a save that failed on a full disk write on for a
+# moment after it has raised, into the space the removal frees, and left a hidden partial copy of the model
+FAILED_WRITE_SETTLE_S = 1.0
+_removing_at_exit = False
+
+
+def remove_failed_write(tmp: Path) -> None:
+    """Remove the temporary directory of a failed write, again until its writers have settled, and once more when the
+    process exits (registered once)."""
+    global _removing_at_exit
+    deadline = time.monotonic() + FAILED_WRITE_SETTLE_S
+    shutil.rmtree(tmp, ignore_errors=True)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)  # waiting on threads this process cannot join (tensorstore's)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not _removing_at_exit:
+        _removing_at_exit = True
+        atexit.register(remove_unfinished)
 
 
 def read_metadata(path: str) -> ModelMetadata:

@@ -665,6 +665,7 @@ def load_for_checks(spec: ModelSpec, backend: str, flag: str = "--attention", he
 
     import models
     from kernels import KernelUnsupportedError
+    from models.errors import ModelDirNotWritten
 
     same_backend = here and backend == jax.default_backend()
     if not same_backend:  # the kernel and matmul precision are the workers' (check_matmul_precision checked it)
@@ -672,6 +673,8 @@ def load_for_checks(spec: ModelSpec, backend: str, flag: str = "--attention", he
     try:
         return shared_model(spec), same_backend
     except models.ModelLoadError as e:
+        if isinstance(e, ModelDirNotWritten) and spec.cache_dir and spec.cache_dir in str(e):
+            raise ConfigError(f"--cache_dir {spec.cache_dir}: models cannot be cached there: {e}") from None
         raise ConfigError(f"--model {spec.name}: {e}") from None
     except KernelUnsupportedError as e:
         raise ConfigError(kernel_refusal(e, flag, spec.attention)) from None

@@ -182,6 +182,23 @@ def test_an_output_on_a_full_disk_is_exit_2_saying_so_and_leaves_nothing_there(t
     assert visible(out) == before and sorted(p for p in out.rglob("*")) == files
 
 
+@pytest.mark.integration
+def test_a_cache_dir_too_full_for_the_built_in_model_is_one_line_naming_the_flag(tmp_path, small_disk):
+    """Converting minilm-l6 into a --cache_dir whose disk is full: Orbax logged each writer thread's traceback
+    (~200 lines) above a message that named --model and advised checking permissions too, and its writes went on
+    after the removal of the partial copy, leaving a hidden one (2 runs in 5)."""
+    run = subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(corpus(tmp_path / "docs.jsonl", "c", 3)),
+                          *common_flags(RUN_ID, tmp_path / "out"), *FLAGS, "--cache_dir", str(small_disk)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr[-3000:]
+    assert lines[0].startswith(f"docscore run: --cache_dir {small_disk}: models cannot be cached there: "), lines[0]
+    assert lines[0].endswith("its disk is full: free space there, or choose another directory"), lines[0]
+    # no half-written copy (Orbax's writer threads outlive the failed save, into the room its removal frees)
+    assert [p.name for p in (small_disk / "models").iterdir()] == []
+
+
 def test_a_failure_for_want_of_space_says_where_the_job_writes_and_how_much_room_is_left(tmp_path):
     from pipeline.launch import no_space_hint
 
