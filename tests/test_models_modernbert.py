@@ -2,7 +2,7 @@
 layers (the local window shorter than the documents), converted with `docscore convert`, their final hidden states
 against transformers' (eager and sdpa attention; padded rows, packed rows, both CPU kernels, a document past the
 blockwise kernel's blocks), their embeddings through `docscore run --task embed` against SentenceTransformer.encode
-(mean pooling); task-head checkpoints; every config value docscore does not compute refused by key and value."""
+(mean and CLS pooling); task-head checkpoints; every config value docscore does not compute refused by key and value."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +21,8 @@ from models.config import config_from_hf
 from models.loader import model_kernel
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
-from tests.conftest import SENTENCES, padded
+from tests.conftest import SENTENCES, padded, read_summary
+from tests.test_convert import CLS_POOLING
 from tests.test_models_roberta import embed_run, write_sentence_transformers_modules
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -164,22 +165,30 @@ def test_the_local_window_changes_the_outputs(tmp_path):
     assert np.abs(ours[real] - transformers_hidden(src, ids, segments, "eager")[real]).max() > 1e-2
 
 
-def test_embeddings_through_docscore_run_equal_sentence_transformers(tmp_path):
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_embeddings_through_docscore_run_equal_sentence_transformers(tmp_path, pooling):
+    """gte-modernbert pools the CLS token, as BGE does: a CLS-pooling ModernBERT directory gives
+    SentenceTransformer.encode's embeddings through `docscore run` (documents packed in rows), as a mean one does."""
     from sentence_transformers import SentenceTransformer
 
     src = build_hf(tmp_path / "st")
+    if pooling == "cls":
+        (src / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **CLS_POOLING}))
     assert convert_main(["--hf", str(src), "--out", str(tmp_path / "model")]) == 0
     loaded = models.load(str(tmp_path / "model"), attention="native")
-    assert loaded.tokenizer.max_seq_len == MAX_SEQ_LEN
+    assert (loaded.tokenizer.max_seq_len, loaded.pooling) == (MAX_SEQ_LEN, pooling)
     texts = SENTENCES[:8]  # each one window, most longer than the local window; --batch_size 2 packs them in rows
     assert max(len(t) for t in loaded.tokenizer.encode_ids(texts)) > 5
     expected = SentenceTransformer(str(src), device="cpu").encode(texts, normalize_embeddings=True)
-    for attention in ("native", "flash"):
+    # pooling is applied to the final hidden states, whichever kernel made them (their parity under both is
+    # checked above): the CLS case runs one kernel, to keep this test short
+    for attention in ("native", "flash") if pooling == "mean" else ("native",):
         ours = embed_run(tmp_path, tmp_path / "model", texts, attention)
         error = np.abs(ours - expected).max()
         cosine = np.min(np.sum(ours * expected, -1))
-        print(f"sentence-transformers {attention}: max abs diff {error:.2e}, min cosine {cosine:.8f}")
-        assert error < 1e-5, (attention, error)
+        print(f"sentence-transformers {pooling} {attention}: max abs diff {error:.2e}, min cosine {cosine:.8f}")
+        assert error < 1e-5 and cosine >= 0.99999, (pooling, attention, error, cosine)
+        assert read_summary(tmp_path / "out", attention)["model"]["pooling"] == pooling
 
 
 @pytest.mark.parametrize("model_class", ["ModernBertForMaskedLM", "ModernBertForSequenceClassification"])
