@@ -167,8 +167,8 @@ def test_the_local_window_changes_the_outputs(tmp_path):
 
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
 def test_embeddings_through_docscore_run_equal_sentence_transformers(tmp_path, pooling):
-    """gte-modernbert pools the CLS token, as BGE does: a CLS-pooling ModernBERT directory gives
-    SentenceTransformer.encode's embeddings through `docscore run` (documents packed in rows), as a mean one does."""
+    """A CLS-pooling ModernBERT directory (as some ModernBERT embedders are) gives SentenceTransformer.encode's
+    embeddings through `docscore run` (documents packed in rows), as a mean one does."""
     from sentence_transformers import SentenceTransformer
 
     src = build_hf(tmp_path / "st")
