@@ -124,11 +124,12 @@ def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, token
                              fingerprint=fingerprint(params, config_text.encode(), tokenizer_text.encode()))
     dst_path.parent.mkdir(parents=True, exist_ok=True)  # outside the try: the model cache turns its OSError into --cache_dir
     UNFINISHED.add(tmp)
-    written = False
+    written = saving = False
     try:
         tmp.mkdir()
         (tmp / CONFIG).write_text(config_text)
         (tmp / TOKENIZER).write_text(tokenizer_text)
+        saving = True
         save_params(str(tmp / PARAMS), params)
         (tmp / METADATA).write_text(metadata_json(metadata))
         os.rename(tmp, dst_path)
@@ -146,7 +147,7 @@ def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, token
         if written:
             UNFINISHED.discard(tmp)
         else:
-            remove_failed_write(tmp)
+            remove_failed_write(tmp, settle=saving)
     return metadata
 
 
@@ -156,11 +157,11 @@ FAILED_WRITE_SETTLE_S = 1.0
 _removing_at_exit = False
 
 
-def remove_failed_write(tmp: Path) -> None:
-    """Remove the temporary directory of a failed write, again until its writers have settled, and once more when the
-    process exits (registered once)."""
+def remove_failed_write(tmp: Path, settle: bool) -> None:
+    """Remove the temporary directory of a failed write, again until Orbax's writers have settled when it had started
+    saving (`settle`), and once more when the process exits (registered once)."""
     global _removing_at_exit
-    deadline = time.monotonic() + FAILED_WRITE_SETTLE_S
+    deadline = time.monotonic() + (FAILED_WRITE_SETTLE_S if settle else 0)
     shutil.rmtree(tmp, ignore_errors=True)
     while time.monotonic() < deadline:
         time.sleep(0.05)  # waiting on threads this process cannot join (tensorstore's)

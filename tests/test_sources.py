@@ -6,18 +6,23 @@ import errno
 import gzip
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.io import sources
 from pipeline.io.input_files import find_input
 from pipeline.io.sources import ReadSpec, read_shard
 from pipeline.records import Document, ErrorRow
 from tests.conftest import no_free_file_descriptors, shards_of
 
 SPEC = ReadSpec(text_field="text", id_field="id")
+REPO = Path(__file__).resolve().parent.parent
 
 
 def split(items):
@@ -709,3 +714,14 @@ def test_a_shard_this_machine_has_no_file_descriptor_for_is_raised_not_an_error_
     assert caught.value.errno == errno.EMFILE
     assert [e.error_type for e in split(list(read_shard(str(shard), SPEC)))[1]] == []  # descriptors back: read
 
+
+
+def test_reading_shards_treats_as_the_machines_the_errnos_models_do_and_loads_no_jax():
+    """sources keeps its own copy of models.errors.SHORTAGES' errnos: importing models would load JAX into every
+    command that reads shards or options (docscore report and compare took twice as long to start)."""
+    from models.errors import SHORTAGES
+
+    assert sources.RESOURCE_ERRNOS == frozenset(SHORTAGES)
+    probe = "import sys, pipeline.io.sources, pipeline.runs.report, pipeline.runs.compare; print('jax' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import errno
 import gzip
 import itertools
 import json
@@ -22,7 +23,6 @@ import apache_beam as beam
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from models.errors import SHORTAGES
 from pipeline.io import tfds_reader
 from pipeline.io.input_files import SUPPORTED, local_size, shard_format
 from pipeline.records import ERRORS_TAG, Batch, Document, ErrorRow, printable, utf8_size
@@ -274,7 +274,9 @@ def is_transient(error: BaseException) -> bool:
 
 # errnos that say this machine ran out of something (file descriptors: `ulimit -n` with many shards open at once;
 # kernel memory), not that the shard is bad
-RESOURCE_ERRNOS = frozenset(SHORTAGES)  # the errnos models/ tells from a damaged model file
+# (models/errors.py SHORTAGES names the same for model files; importing it here would load JAX into every command
+# that reads shards or options: tests/test_sources.py keeps the two equal)
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
 def out_of_resources(error: BaseException) -> bool:
