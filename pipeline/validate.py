@@ -666,6 +666,7 @@ def load_for_checks(spec: ModelSpec, backend: str, flag: str = "--attention", he
     import models
     from kernels import KernelUnsupportedError
     from models.errors import ModelDirNotWritten
+    from models.model_dir import default_cache_dir
 
     same_backend = here and backend == jax.default_backend()
     if not same_backend:  # the kernel and matmul precision are the workers' (check_matmul_precision checked it)
@@ -673,8 +674,9 @@ def load_for_checks(spec: ModelSpec, backend: str, flag: str = "--attention", he
     try:
         return shared_model(spec), same_backend
     except models.ModelLoadError as e:
-        if isinstance(e, ModelDirNotWritten) and spec.cache_dir and spec.cache_dir in str(e):
-            raise ConfigError(f"--cache_dir {spec.cache_dir}: models cannot be cached there: {e}") from None
+        if isinstance(e, ModelDirNotWritten):  # a run writes a model directory only to cache a built-in model
+            setting = f"--cache_dir {spec.cache_dir}" if spec.cache_dir else f"--cache_dir (default {default_cache_dir()})"
+            raise ConfigError(f"{setting}: models cannot be cached there: {e} (or pass another --cache_dir)") from None
         raise ConfigError(f"--model {spec.name}: {e}") from None
     except KernelUnsupportedError as e:
         raise ConfigError(kernel_refusal(e, flag, spec.attention)) from None

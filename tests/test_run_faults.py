@@ -194,7 +194,8 @@ def test_a_cache_dir_too_full_for_the_built_in_model_is_one_line_naming_the_flag
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.stderr[-3000:]
     assert lines[0].startswith(f"docscore run: --cache_dir {small_disk}: models cannot be cached there: "), lines[0]
-    assert lines[0].endswith("its disk is full: free space there, or choose another directory"), lines[0]
+    assert lines[0].endswith("its disk is full: free space there, or choose another directory (or pass another "
+                             "--cache_dir)"), lines[0]
     # no half-written copy (Orbax's writer threads outlive the failed save, into the room its removal frees)
     assert [p.name for p in (small_disk / "models").iterdir()] == []
 
