@@ -444,7 +444,7 @@ def launch_committed(eo: EvalOptions, out: sinks.OutputSpec) -> bool | None:
     summary cannot be read (the store the job lost)."""
     try:
         summary = run_commit.committed_summary(eo.output, eo.run_id)
-    except Exception:
+    except Exception:  # the store the job lost, or a damaged summary: not known, and the caller says so
         return None
     return summary is not None and summary.get(run_commit.LAUNCH_KEY) == out.launch
 

@@ -261,3 +261,17 @@ def no_free_file_descriptors(leave: int = 0):
         for fd in taken:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def byte_level_bpe(specials: list[str]):
+    """A byte-level BPE tokenizer (as RoBERTa's and ModernBERT's) trained on SENTENCES with `specials` first in its
+    vocabulary; the caller sets the post-processor that places them."""
+    from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(tok_models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(SENTENCES * 4, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    return tokenizer

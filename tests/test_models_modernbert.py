@@ -21,7 +21,7 @@ from models.config import config_from_hf
 from models.loader import model_kernel
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
-from tests.conftest import SENTENCES, padded, read_summary
+from tests.conftest import SENTENCES, byte_level_bpe, padded, read_summary
 from tests.test_convert import CLS_POOLING
 from tests.test_models_roberta import embed_run, write_sentence_transformers_modules
 
@@ -49,14 +49,9 @@ LENGTHS = [1, 4, 23, 61, 300]
 
 def build_tokenizer():
     """A byte-level BPE with [CLS] text [SEP], as ModernBERT's."""
-    from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
 
-    tokenizer = Tokenizer(tok_models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(SENTENCES * 4, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
+    tokenizer = byte_level_bpe(SPECIALS)
     tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
                                                              special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     return tokenizer

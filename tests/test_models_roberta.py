@@ -16,7 +16,7 @@ import models
 from models.config import config_from_hf
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
-from tests.conftest import SENTENCES, read_table, run_docscore, write_jsonl
+from tests.conftest import SENTENCES, byte_level_bpe, read_table, run_docscore, write_jsonl
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
@@ -47,12 +47,7 @@ def build_tokenizer(kind: str, specials: list[str]):
         tokenizer.post_processor = processors.TemplateProcessing(
             single="<s> $A </s>", special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])])
     else:
-        tokenizer = Tokenizer(tok_models.BPE())
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = decoders.ByteLevel()
-        tokenizer.train_from_iterator(SENTENCES * 4, trainers.BpeTrainer(
-            vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False))
+        tokenizer = byte_level_bpe(specials)
         tokenizer.post_processor = processors.RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]))
     return tokenizer
 
