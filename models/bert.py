@@ -65,3 +65,7 @@ class BertEncoder(nnx.Module):
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
         return run_blocks(self.layers, self.embeddings(input_ids, segment_ids), segment_ids)
+
+    def final_hidden(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        """The hidden states an embedding pools, as every family names them (a decoder's precede its logits)."""
+        return self(input_ids, segment_ids)

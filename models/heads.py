@@ -1,6 +1,6 @@
 """What is read off a model's output per segment: sentence embeddings (mean pool over real tokens, or the
-first token's hidden state (CLS pooling), then L2 normalise, as sentence-transformers) and next-token
-log-probabilities.
+first or last token's hidden state (CLS or last-token pooling), then L2 normalise, as sentence-transformers) and
+next-token log-probabilities.
 
 Pure jax functions of arrays; must not know about modules, kernels or tokenizers.
 """
@@ -19,8 +19,10 @@ def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
 
 
 # How a segment's hidden states become its embedding (sentence-transformers' Pooling pooling_mode): "mean" over
-# its tokens, or "cls", its first token's (each window starts with the tokenizer's specials: [CLS], <s>).
-POOLINGS = ("mean", "cls")
+# its tokens, "cls", its first token's (each window starts with the tokenizer's specials: [CLS], <s>), or
+# "lasttoken", its last token's (a decoder embedder's: the one token that has read the whole window, often the EOS
+# its tokenizer appends).
+POOLINGS = ("mean", "cls", "lasttoken")
 
 
 def segment_embeddings(hidden: jax.Array, segment_ids: jax.Array, max_segments: int,
@@ -33,6 +35,8 @@ def segment_embeddings(hidden: jax.Array, segment_ids: jax.Array, max_segments: 
     member = (segment_ids[:, :, None] == slots[None, None, :]).astype(jnp.float32)  # [B, L, S]
     if pooling == "cls":  # the same sum over one token per segment: its first (a running count of its tokens is 1)
         member = member * (jnp.cumsum(member, axis=1) == 1)
+    elif pooling == "lasttoken":  # ... or its last (the count from the row's end is 1)
+        member = member * (jnp.cumsum(member[:, ::-1], axis=1)[:, ::-1] == 1)
     total = jnp.einsum("bls,bld->bsd", member, hidden.astype(jnp.float32),
                        precision=jax.lax.Precision.HIGHEST)
     count = jnp.sum(member, axis=1)[:, :, None]

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from models.architecture import check_param_shapes
 from models.config import ModelConfig, read_config
 from models.errors import ModelLoadError
-from models.model_dir import ModelMetadata, check_new_dir, write_model_dir
+from models.model_dir import ModelMetadata, check_new_dir, unwritten_pooling, write_model_dir
 from models.tokenizer import MIN_SEQ_LEN, DocTokenizer
 
 # Tensors of task heads and buffers that carry no encoder/decoder weights.
@@ -306,8 +306,8 @@ def tensor_prefix(tensors: dict[str, np.ndarray], family: str, marker: str) -> s
     return ""
 
 
-# sentence-transformers modules whose computation docscore's embeddings are: the encoder, mean or CLS pooling,
-# L2 normalisation (docscore normalises every embedding)
+# sentence-transformers modules whose computation docscore's embeddings are: the encoder or decoder, mean, CLS or
+# last-token pooling, L2 normalisation (docscore normalises every embedding)
 SENTENCE_TRANSFORMERS_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
@@ -345,7 +345,7 @@ def sentence_transformers_modules(src: str) -> dict[str, str]:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else ""
         if kind not in SENTENCE_TRANSFORMERS_MODULES:
             raise ModelLoadError(f"{listing}: module {module!r} is not supported; docscore computes only "
-                                 f"{', '.join(SENTENCE_TRANSFORMERS_MODULES)} (encoder, mean or CLS pooling, normalisation), "
+                                 f"{', '.join(SENTENCE_TRANSFORMERS_MODULES)} (the model, mean, CLS or last-token pooling, normalisation), "
                                  "so its embeddings would differ from the sentence-transformers model's")
         found[kind] = str(module.get("path", ""))
     return found
@@ -389,21 +389,23 @@ def pooling_modes(config: dict[str, Any]) -> list[str]:
 
 # Each pooling docscore computes (models/heads.py POOLINGS) as the Pooling config.json spells it: sentence-transformers
 # 6's pooling_mode, or the one pooling_mode_* switch set by earlier versions
-POOLING_MODES = {"mean": (["mean"], ["pooling_mode_mean_tokens"]), "cls": (["cls"], ["pooling_mode_cls_token"])}
+POOLING_MODES = {"mean": (["mean"], ["pooling_mode_mean_tokens"]), "cls": (["cls"], ["pooling_mode_cls_token"]),
+                 "lasttoken": (["lasttoken"], ["pooling_mode_lasttoken"])}
 UNSET_MAX_LENGTH = 10 ** 9  # transformers writes model_max_length 1e30 when a tokenizer has none
 
 
-def sentence_transformers_pooling(src: str) -> str:
-    """The pooling (POOLINGS) of a sentence-transformers directory's Pooling module; mean when it has none (a plain
+def sentence_transformers_pooling(src: str) -> str | None:
+    """The pooling (POOLINGS) of a sentence-transformers directory's Pooling module; None when it has none (a plain
     Hugging Face model). Any other mode, or several at once, is refused: its embeddings would not be the model's."""
     pooling = os.path.join(src, sentence_transformers_modules(src).get("Pooling", "1_Pooling"), "config.json")
     if not os.path.exists(pooling):
-        return "mean"
+        return None
     modes = pooling_modes(json_object(pooling))
     found = next((name for name, spellings in POOLING_MODES.items() if modes in spellings), None)
     if found is None:
-        raise ModelLoadError(f"{pooling}: pooling {modes} is not supported; docscore computes one pooling, mean or cls "
-                             "(pooling_mode \"mean\" or \"cls\"; pooling_mode_mean_tokens or pooling_mode_cls_token "
+        raise ModelLoadError(f"{pooling}: pooling {modes} is not supported; docscore computes one pooling, mean, cls or "
+                             "lasttoken (pooling_mode \"mean\", \"cls\" or \"lasttoken\"; pooling_mode_mean_tokens, "
+                             "pooling_mode_cls_token or pooling_mode_lasttoken "
                              "in earlier sentence-transformers versions)")
     return found
 
@@ -495,7 +497,8 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
         except (OSError, UnicodeDecodeError) as err:
             raise ModelLoadError(f"{path}: cannot be read as UTF-8 text ({type(err).__name__}: {err})") from None
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
-    pooling = sentence_transformers_pooling(root)  # also refuses modules it cannot compute
+    # also refuses modules it cannot compute; a plain Hugging Face encoder is mean-pooled, a decoder embeds nothing
+    pooling = sentence_transformers_pooling(root) or unwritten_pooling(config.family)
     st_len, st_origin = sentence_transformers_max_len(root, src)
     if st_origin.endswith("model_max_length") and st_len > config.max_positions:
         st_len = config.max_positions  # as sentence-transformers caps a tokenizer's length at the model's positions

@@ -56,8 +56,10 @@ PERSISTENT_CACHE_HITS = CacheHits()
 
 def embed_packed_program(graphdef: nnx.GraphDef, state: nnx.State, input_ids: jax.Array, segment_ids: jax.Array,
                          max_segments: int, *, pooling: str = "mean") -> jax.Array:
-    """What LoadedModel.embed_packed runs: an encoder's segment embeddings, pooled as the model was converted."""
-    return segment_embeddings(nnx.merge(graphdef, state)(input_ids, segment_ids), segment_ids, max_segments, pooling)
+    """What LoadedModel.embed_packed runs: the model's segment embeddings (an encoder's output, a decoder's final
+    hidden states), pooled as the model was converted."""
+    hidden = nnx.merge(graphdef, state).final_hidden(input_ids, segment_ids)
+    return segment_embeddings(hidden, segment_ids, max_segments, pooling)
 
 
 def token_logprobs_program(graphdef: nnx.GraphDef, state: nnx.State, input_ids: jax.Array,
@@ -84,7 +86,9 @@ class LoadedModel:
     path: str = ""
     precision_choice: str | None = None  # --matmul_precision (models/precision.py); None: the dtype's own
     parallel: MeshLayout | None = dataclasses.field(default=None, repr=False)  # None: data parallel over all local devices
-    pooling: str = "mean"  # how embed_packed pools a segment (models/heads.py POOLINGS): metadata.json's pooling
+    # how embed_packed pools a segment (models/heads.py POOLINGS): metadata.json's pooling; None: a decoder that
+    # embeds nothing (a language model)
+    pooling: str | None = "mean"
     _compiled: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
     _by_thread: Any = dataclasses.field(default_factory=threading.local, init=False, repr=False)
@@ -92,7 +96,7 @@ class LoadedModel:
     while_compiling: Callable[[], ContextManager[None]] = dataclasses.field(default=contextlib.nullcontext, repr=False)
 
     def __post_init__(self) -> None:
-        if self.pooling not in POOLINGS:
+        if self.pooling not in POOLINGS and not (self.pooling is None and not self.config.is_encoder):
             raise ValueError(f"pooling {self.pooling!r} is not one of {', '.join(POOLINGS)}")
         # The programs receive each block parameter stacked on a leading layer axis (models/layers.py
         # StackedBlocks); load_model_dir stacks on the host, a model built otherwise is stacked here, once.
@@ -123,8 +127,9 @@ class LoadedModel:
 
     def embed_packed(self, input_ids: np.ndarray, segment_ids: np.ndarray, max_segments: int) -> np.ndarray:
         """[B, L] packed rows -> [B, max_segments, D] float32: slot s = segment s + 1, zeros when absent; each
-        embedding is its segment's tokens mean pooled, or its first token's hidden state (`pooling` "cls"),
-        L2-normalised (sentence-transformers)."""
+        embedding is its segment's tokens mean pooled, or its first or last token's hidden state (`pooling` "cls",
+        "lasttoken"), L2-normalised (sentence-transformers). Needs a model that embeds: an encoder, or a decoder
+        converted with its sentence-transformers pooling."""
         return self._run("embed_packed", input_ids, segment_ids, int(max_segments))
 
     def token_logprobs(self, input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
@@ -132,19 +137,21 @@ class LoadedModel:
         t+1 is padding or another segment."""
         return self._run("token_logprobs", input_ids, segment_ids)
 
-    def _require(self, method: str, *, encoder: bool) -> None:
-        if self.config.is_encoder != encoder:
-            kind, use = (("an encoder", "embed_packed") if self.config.is_encoder
-                         else ("a decoder", "token_logprobs"))
-            raise ValueError(f"{method}() needs {'an encoder' if encoder else 'a decoder'} model, but "
-                             f"{self.model_id} ({self.config.family}) is {kind}; use {use}")
+    def _require(self, method: str) -> None:
+        if method == "token_logprobs" and self.config.is_encoder:
+            raise ValueError(f"token_logprobs() needs a decoder model, but {self.model_id} ({self.config.family}) is an "
+                             "encoder; use embed_packed")
+        if method == "embed_packed" and self.pooling is None:
+            raise ValueError(f"embed_packed() needs a model that embeds, but {self.model_id} ({self.config.family}) is "
+                             "a decoder converted without a sentence-transformers pooling (a language model); use "
+                             "token_logprobs")
 
     def start(self, method: str, input_ids: np.ndarray, segment_ids: np.ndarray, *static: int) -> jax.Array:
         """Dispatch `method` (embed_packed | token_logprobs) on the device and return at once
         (JAX runs it asynchronously; np.asarray of the result waits for it). The result may have extra
         padding rows past the input's (rows are padded to a multiple of the mesh's data axis), and
         its copy to the host starts as soon as it is computed."""
-        self._require(method, encoder=method != "token_logprobs")
+        self._require(method)
         if method == "embed_packed" and int(static[0]) < 1:
             raise ValueError(f"max_segments={static[0]} must be >= 1")
         (input_ids, segment_ids), _ = self.parallel.shard_rows(*self._checked(input_ids, segment_ids))

@@ -19,6 +19,7 @@ from typing import Any
 
 from models.checkpoint import fingerprint, save_params
 from models.errors import DamagedModelDir, ModelDirNotWritten, ModelLoadError, disk_full, short_of, shortage
+from models.config import ENCODER_FAMILIES
 from models.heads import POOLINGS
 
 CONFIG, TOKENIZER, PARAMS, METADATA = "config.json", "tokenizer.json", "params", "metadata.json"
@@ -36,16 +37,22 @@ class ModelMetadata:
     source: str
     format: str = FORMAT
     # how a segment's embedding is pooled (models/heads.py POOLINGS), from the sentence-transformers Pooling module;
-    # a directory written before it was recorded holds mean pooling, which was then the only one converted
-    pooling: str = "mean"
+    # None: a decoder that embeds nothing (a language model). Unwritten, it is its family's unwritten_pooling.
+    pooling: str | None = "mean"
+
+
+def unwritten_pooling(family: str) -> str | None:
+    """What a directory without a recorded pooling holds: an encoder's is mean (the only pooling converted before
+    one was recorded), a decoder's none (decoders were converted as language models only)."""
+    return "mean" if family in ENCODER_FAMILIES else None
 
 
 def metadata_json(metadata: ModelMetadata) -> str:
-    """metadata.json's text. Mean pooling is left unwritten (its absence means mean): a mean-pooling directory stays
+    """metadata.json's text. A pooling its family implies (unwritten_pooling) is left unwritten: such a directory stays
     the one earlier docscore versions read, and they refuse another pooling as an unknown field rather than
-    computing it as mean."""
+    computing it as mean, or embedding with a decoder they would not know how to pool."""
     fields = dataclasses.asdict(metadata)
-    if fields["pooling"] == "mean":
+    if fields["pooling"] == unwritten_pooling(metadata.family):
         del fields["pooling"]
     return json.dumps(fields, indent=2) + "\n"
 
@@ -115,7 +122,7 @@ def remove_unfinished() -> list[str]:
 
 def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, tokenizer_text: str,
                     family: str, max_seq_len: int, source: str, exist_ok: bool = False,
-                    pooling: str = "mean") -> ModelMetadata:
+                    pooling: str | None = "mean") -> ModelMetadata:
     """Write a complete model directory at `dst`, atomically: built in a temporary sibling, then renamed.
     When `dst` appears meanwhile (another process converted the same model) and exist_ok, keep theirs."""
     dst_path = Path(dst).absolute()
@@ -207,7 +214,7 @@ def parse_metadata(text: str | bytes, file: str) -> ModelMetadata:
                                            f"missing {', '.join(missing)}" if missing else "") if part)
         raise DamagedModelDir(f"{file}: not the metadata this docscore version writes ({what}): written by another "
                               "version or edited; re-create the directory with this version's `docscore convert`")
-    metadata = ModelMetadata(**raw)
+    metadata = ModelMetadata(**{"pooling": unwritten_pooling(raw.get("family")), **raw})
     problem = _metadata_problem(metadata)
     if problem:
         raise DamagedModelDir(f"{file}: corrupt metadata: {problem}; re-create the directory with `docscore convert`")
@@ -215,7 +222,7 @@ def parse_metadata(text: str | bytes, file: str) -> ModelMetadata:
 
 
 def _metadata_problem(metadata: ModelMetadata) -> str | None:
-    for name in ("family", "fingerprint", "source", "format", "pooling"):
+    for name in ("family", "fingerprint", "source", "format"):
         if not isinstance(getattr(metadata, name), str):
             return f"{name} is a {type(getattr(metadata, name)).__name__}, not a string"
     if len(metadata.fingerprint) != 64 or any(c not in "0123456789abcdef" for c in metadata.fingerprint):
@@ -223,7 +230,9 @@ def _metadata_problem(metadata: ModelMetadata) -> str | None:
     size = metadata.max_seq_len
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_SEQ_LEN:
         return f"max_seq_len must be a whole number from 1 to {MAX_SEQ_LEN:,}"
-    if metadata.pooling not in POOLINGS:
+    if metadata.pooling is None and metadata.family in ENCODER_FAMILIES:
+        return "pooling is null, but an encoder's embeddings are pooled"
+    if metadata.pooling is not None and metadata.pooling not in POOLINGS:
         return f"pooling {metadata.pooling!r} is not one this docscore version computes ({', '.join(POOLINGS)})"
     return None
 
@@ -273,7 +282,8 @@ def fetch_remote(url: str, cache_dir: str) -> str:
         raise ModelLoadError(f"{url}/{METADATA}: missing; {url} is not a docscore model directory "
                              "(upload the output of `docscore convert` there)") from None
     metadata = parse_metadata(text, f"{url}/{METADATA}")
-    pooled = "" if metadata.pooling == "mean" else f"-{metadata.pooling}"  # mean: the name earlier versions gave it
+    # a pooling metadata.json leaves unwritten: the name earlier versions gave the copy
+    pooled = "" if metadata.pooling == unwritten_pooling(metadata.family) else f"-{metadata.pooling}"
     local = Path(cache_dir) / "remote" / f"{metadata.fingerprint}-{metadata.max_seq_len}{pooled}"
     if (local / METADATA).exists():
         return str(local)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from models.config import ENCODER_FAMILIES
 from models.errors import ModelLoadError
 from models.hf_import import convert_hf_dir, dropped_head, transformer_folder
 from models.model_dir import remove_unfinished
@@ -54,7 +53,7 @@ def main(argv: list[str]) -> int:
     head = dropped_head(transformer_folder(args.hf))
     if head:
         print(f"docscore convert: note: {head}", file=sys.stderr)
-    pooled = f", {metadata.pooling} pooling" if metadata.family in ENCODER_FAMILIES else ""  # a decoder embeds nothing
+    pooled = f", {metadata.pooling} pooling" if metadata.pooling else ""  # a decoder without one embeds nothing
     print(f"wrote {args.out}: {metadata.family}, max_seq_len {metadata.max_seq_len}{pooled}, "
           f"fingerprint {metadata.fingerprint[:12]}")
     return 0

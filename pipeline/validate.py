@@ -52,7 +52,7 @@ class RunPlan:
     shadow: shadow.ShadowSpec | None = None  # --shadow_attention: a second kernel on a share of batches
     notices: tuple[str, ...] = ()  # choices that work but cost: the launcher prints them before the job
     sharding: dict | None = None  # how the model is laid out over the devices (models/sharding.py MeshLayout.summary)
-    pooling: str | None = None  # how an encoder's embeddings are pooled (metadata.json's pooling); None: a decoder
+    pooling: str | None = None  # how the run's embeddings are pooled (metadata.json's pooling); None: a per-token task
     # what validation compiled for the run (a local run's label embeddings): [count, seconds, cached count, seconds]
     compiles: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
@@ -124,7 +124,7 @@ def check_task_and_windows(eo: EvalOptions, loaded) -> int:
     the tokenizer cannot tell apart; the window length."""
     task = tasks.get(eo.task)
     family = loaded.config.family
-    if not task.model.accepts(family):
+    if not task.model.accepts(family, loaded.pooling):
         raise ConfigError(task.model.refuse(eo.task, eo.model, family))
     model_max = loaded.tokenizer.max_seq_len
     max_len = eo.max_seq_len or model_max
@@ -530,7 +530,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         model_family=family,
         model_id=loaded.model_id,
         fingerprint=loaded.fingerprint,
-        pooling=loaded.pooling if loaded.config.is_encoder else None,
+        pooling=loaded.pooling if not tasks.get(eo.task).per_token else None,
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         suffix_len=len(getattr(loaded.tokenizer, "suffix", ())),
         shadow=shadow_spec,
@@ -651,7 +651,7 @@ def check_batch_memory(eo: EvalOptions, config, batch: batching.BatchSettings, m
     problem = memory.batch_size_problem(
         config, batch_size=batch.batch_size, seq_len=max_len, dtype=eo.dtype, attention=kernel, room=room,
         devices=devices, concurrent_calls=concurrent,
-        model_copies=workers if processes and backend == "cpu" else 0)
+        model_copies=workers if processes and backend == "cpu" else 0, per_token=tasks.get(eo.task).per_token)
     if problem:
         raise ConfigError(problem)
 

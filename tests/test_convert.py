@@ -480,7 +480,7 @@ def test_embeddings_of_a_cls_or_mean_pooling_model_equal_sentence_transformers(p
 
 
 @pytest.mark.parametrize("modes", [{"pooling_mode_max_tokens": True}, {"pooling_mode": "weightedmean"},
-                                   {"pooling_mode": "lasttoken"},
+                                   {"pooling_mode_lasttoken": True, "pooling_mode_mean_tokens": True},
                                    {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True},
                                    {"pooling_mode": ["cls", "mean"]}])
 def test_a_pooling_docscore_does_not_compute_is_refused_naming_those_it_does(hf_bert, tmp_path, capsys, modes):
@@ -490,7 +490,7 @@ def test_a_pooling_docscore_does_not_compute_is_refused_naming_those_it_does(hf_
     (src / "modules.json").write_text(json.dumps(ST_MODULES))
     code, message = convert(src, tmp_path / "out", capsys)
     assert code == 2 and "1_Pooling/config.json: pooling [" in message and "is not supported" in message, message
-    assert "docscore computes one pooling, mean or cls" in message, message
+    assert "docscore computes one pooling, mean, cls or lasttoken" in message, message
     assert not (tmp_path / "out").exists()
 
 
@@ -514,7 +514,7 @@ def test_a_model_directory_without_a_recorded_pooling_is_mean_and_an_unknown_one
     assert json.loads((tmp_path / "cls" / METADATA).read_text())["pooling"] == "cls"
 
     (tmp_path / "mean" / METADATA).write_text(json.dumps({**metadata, "pooling": "max"}))
-    with pytest.raises(models.ModelLoadError, match="pooling 'max' is not one this docscore version computes \\(mean, cls\\)"):
+    with pytest.raises(models.ModelLoadError, match="pooling 'max' is not one this docscore version computes \\(mean, cls, lasttoken\\)"):
         read_metadata(str(tmp_path / "mean"))
 
 

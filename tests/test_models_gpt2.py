@@ -101,7 +101,7 @@ def test_token_logprobs_match_transformers(model_dir, hf_dir, attention):
     unpacked = np.concatenate([ours[row, :len(w)] for row, w in enumerate(windows)])
     np.testing.assert_allclose(packed[0, :len(unpacked)], unpacked, atol=1e-5, rtol=0)
     assert not packed[0, len(unpacked):].any()
-    with pytest.raises(ValueError, match="encoder"):
+    with pytest.raises(ValueError, match="needs a model that embeds"):
         loaded.embed_packed(ids, segments, 1)
 
 

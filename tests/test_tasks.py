@@ -7,7 +7,7 @@ import pytest
 
 from pipeline import tasks
 from pipeline.stages import scoring
-from pipeline.tasks.base import DECODER, ENCODER, GoldTotals, Prepared, Task
+from pipeline.tasks.base import DECODER, EMBEDDER, GoldTotals, Prepared, Task
 from tests.conftest import LONG_TEXT, SENTENCES, common_flags, direct_embeddings, read_summary, read_table, run_docscore, write_jsonl
 
 
@@ -36,7 +36,7 @@ def test_the_registry_lists_the_five_tasks():
 
 def test_each_task_says_what_it_needs_and_computes():
     embed, similarity, classify, loglik, choice = (tasks.get(n) for n in tasks.TASKS)
-    assert [t.model for t in (embed, similarity, classify)] == [ENCODER] * 3 and loglik.model is choice.model is DECODER
+    assert [t.model for t in (embed, similarity, classify)] == [EMBEDDER] * 3 and loglik.model is choice.model is DECODER
     assert [t.with_query for t in tasks.TASKS.values()] == [False, True, False, False, False]
     assert [t.per_token for t in tasks.TASKS.values()] == [False, False, False, True, True]
     assert [t.takes_labels for t in tasks.TASKS.values()] == [False, False, True, False, False]
@@ -44,9 +44,14 @@ def test_each_task_says_what_it_needs_and_computes():
     assert [t.chart for t in tasks.TASKS.values()] == ["lengths", "scores", "labels", "scores", "labels"]
     assert [t.tokenize is not None for t in tasks.TASKS.values()] == [False, False, False, False, True]
     assert loglik.chart_column == "perplexity" and similarity.chart_axis == "score (cosine)"
-    assert ENCODER.refuse("embed", "gpt", "gpt2") == (
-        "--task=embed needs an encoder (BERT-family or ModernBERT) model but --model gpt is gpt2; "
-        "use --task=loglik with it, or an encoder such as --model minilm-l6")
+    assert EMBEDDER.refuse("embed", "gpt", "gpt2").startswith("--task=embed needs a model that embeds (an encoder")
+    assert "--model gpt is a gpt2 language model, converted without a pooling; use --task=loglik" in EMBEDDER.refuse(
+        "embed", "gpt", "gpt2")
+    # an encoder always embeds; a decoder only when converted with a pooling; a language-model task takes any decoder
+    assert [EMBEDDER.accepts(*m) for m in (("bert", "mean"), ("modernbert", "cls"), ("llama", None), ("llama", "lasttoken"),
+                                           ("gpt2", "mean"))] == [True, True, False, True, True]
+    assert [DECODER.accepts(*m) for m in (("bert", "mean"), ("llama", None), ("llama", "lasttoken"), ("gpt2", None))] == [
+        False, True, True, True]
     assert DECODER.refuse("loglik", "minilm-l6", "bert").startswith("--task=loglik needs a decoder (GPT-2 or Llama-family) model")
 
 
@@ -97,7 +102,7 @@ def embed_norm_metrics(totals):
     return {"n_docs": totals.documents, "mean_norm": totals.prediction_sum / totals.gold_sum if totals.gold_sum else None}
 
 
-EMBED_NORM = Task(name="embed_norm", model=ENCODER, score=embed_norm_score, prediction=embed_norm_prediction,
+EMBED_NORM = Task(name="embed_norm", model=EMBEDDER, score=embed_norm_score, prediction=embed_norm_prediction,
                   gathers="sums", metrics=embed_norm_metrics, chart="scores", chart_axis="window agreement")
 
 

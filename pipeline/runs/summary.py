@@ -76,7 +76,7 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
             # what the workers' LoadedModel traces with: the same function of the ModelSpec they load
             "matmul_precision": matmul_precision(plan.model_spec.dtype, plan.model_spec.matmul_precision),
             "max_seq_len": plan.window_spec.max_len,
-            "pooling": plan.pooling,  # mean or cls (the model directory's); null for a decoder, which embeds nothing
+            "pooling": plan.pooling,  # mean, cls or lasttoken (the model directory's); null for a per-token task
             # {"mesh": {"data": d, "model": m}, "devices", "reason"}: parameters split over m devices per row shard
             "sharding": plan.sharding,
         },

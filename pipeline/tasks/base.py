@@ -16,31 +16,32 @@ from pipeline.records import Document
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelFamily:
-    """A model family a task needs (models' config.family) and why another family cannot do it."""
+class ModelKind:
+    """The models a task can run (by models' config.family, and for embeddings the pooling the model was converted
+    with) and why another cannot."""
 
-    family: str
+    families: tuple[str, ...]
     refusal: str  # format fields: task, model, family (the model's actual family)
-    also: tuple[str, ...] = ()  # other families that compute the same outputs (Llama-family decoders)
+    pooled: bool = False  # also any model converted with an embedding pooling (a decoder embedder: Qwen3-Embedding)
 
-    def accepts(self, family: str) -> bool:
-        return family == self.family or family in self.also
+    def accepts(self, family: str, pooling: str | None) -> bool:
+        return family in self.families or (self.pooled and pooling is not None)
 
     def refuse(self, task: str, model: str, family: str) -> str:
         return self.refusal.format(task=task, model=model, family=family)
 
 
-ENCODER = ModelFamily(
-    "bert",
-    "--task={task} needs an encoder (BERT-family or ModernBERT) model but --model {model} is {family}; "
-    "use --task=loglik with it, or an encoder such as --model minilm-l6",
-    also=("modernbert",),
+EMBEDDER = ModelKind(
+    ("bert", "modernbert"),
+    "--task={task} needs a model that embeds (an encoder: BERT family or ModernBERT; or a decoder converted from a "
+    "sentence-transformers directory with its pooling, such as Qwen3-Embedding) but --model {model} is a {family} "
+    "language model, converted without a pooling; use --task=loglik with it, or an encoder such as --model minilm-l6",
+    pooled=True,
 )
-DECODER = ModelFamily(
-    "gpt2",
+DECODER = ModelKind(
+    ("gpt2", "llama"),
     "--task={task} needs a decoder (GPT-2 or Llama-family) model but --model {model} is {family}; "
     "pass a GPT-2 or Llama-family model directory (docscore convert --hf DIR --out DIR)",
-    also=("llama",),
 )
 
 
@@ -128,7 +129,7 @@ class Task:
     """One task: what it needs, what the model computes for it, how a document and a run are scored."""
 
     name: str
-    model: ModelFamily
+    model: ModelKind
     # a document's columns from its window outputs (gold_label too, for a task that reads its gold itself: choice)
     score: Callable[[WindowOutputs, ScoreSettings], dict[str, Any]]
     with_query: bool = False  # records carry a `query` field, embedded alongside the document

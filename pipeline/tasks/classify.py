@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.stages import scoring
-from pipeline.tasks.base import ENCODER, Prepared, Task
+from pipeline.tasks.base import EMBEDDER, Prepared, Task
 
 
 def prepare(labels, embed):
@@ -35,5 +35,5 @@ def metrics(totals):
     return scoring.classify_metrics(totals.pairs)
 
 
-TASK = Task(name="classify", model=ENCODER, score=score, takes_labels=True, prepare=prepare,
+TASK = Task(name="classify", model=EMBEDDER, score=score, takes_labels=True, prepare=prepare,
             prediction=prediction, gathers="gold_pairs", metrics=metrics, chart="labels")

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from pipeline.stages import scoring
-from pipeline.tasks.base import ENCODER, Task
+from pipeline.tasks.base import EMBEDDER, Task
 
 
 def score(outputs, settings):
     return scoring.score_embed(outputs.window_outputs)
 
 
-TASK = Task(name="embed", model=ENCODER, score=score)
+TASK = Task(name="embed", model=EMBEDDER, score=score)

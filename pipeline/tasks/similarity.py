@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.stages import scoring
-from pipeline.tasks.base import ENCODER, Task
+from pipeline.tasks.base import EMBEDDER, Task
 
 
 def score(outputs, settings):
@@ -18,6 +18,6 @@ def metrics(totals):
     return scoring.similarity_metrics(totals.pairs)
 
 
-TASK = Task(name="similarity", model=ENCODER, score=score, with_query=True, numeric_gold=True,
+TASK = Task(name="similarity", model=EMBEDDER, score=score, with_query=True, numeric_gold=True,
             prediction=prediction, gathers="gold_pairs", metrics=metrics,
             chart="scores", chart_column="score", chart_axis="score (cosine)")

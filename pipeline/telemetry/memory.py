@@ -170,7 +170,8 @@ def score_block(attention: str) -> tuple[int, int] | None:
     return impl.score_block if impl is not None else None
 
 
-def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attention: str) -> CallEstimate:
+def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attention: str,
+                  per_token: bool | None = None) -> CallEstimate:
     """The memory one model call of batch_size rows x seq_len tokens needs (a models.ModelConfig; the
     resolved kernel name). Activations are one layer's at a time, since inference keeps none across layers:
     four [rows, L, hidden] float32 tensors (the stream, q/k/v, attention output), one [rows, L,
@@ -179,8 +180,8 @@ def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attentio
     [rows, heads, L, L] float32 each, or one block's, or none, as the kernel's `score_block` says; bfloat16 adds
     a copy of the layer's weights.
     Or the output head's when larger: a decoder's logits twice (log-softmax) for one block of positions
-    (models/heads.py logits_block_positions; all of them for a small vocabulary or call), the encoder's
-    segment one-hot. Within 0.9-1.3x of what XLA's compiled programs report for MiniLM and GPT-2 on CPU
+    (models/heads.py logits_block_positions; all of them for a small vocabulary or call) when the call scores
+    tokens (`per_token`; None: a decoder's calls do), else the pooling's segment one-hot. Within 0.9-1.3x of what XLA's compiled programs report for MiniLM and GPT-2 on CPU
     (tests/test_batch_memory.py); calls of shorter packed rows hold the same tokens and fewer scores."""
     from models.heads import logits_block_positions
     from pipeline.stages.packing import max_segments_for
@@ -194,7 +195,7 @@ def call_estimate(config, *, batch_size: int, seq_len: int, dtype: str, attentio
     layer = (4 * tokens * h + (3 if gated else 1) * tokens * i + scores) * ACTIVATION_BYTES
     if dtype == "bfloat16":
         layer += 2 * (4 * h * h + (3 if gated else 2) * h * i)
-    if config.is_encoder:
+    if not (per_token if per_token is not None else not config.is_encoder):
         head = (tokens * h + tokens * max_segments_for(length)) * ACTIVATION_BYTES  # the pooling's segment one-hot
     else:
         block = logits_block_positions(rows, max(length - 1, 1), config.vocab_size)
@@ -225,7 +226,8 @@ def local_memory_room(backend: str) -> MemoryRoom | None:
 
 
 def batch_size_problem(config, *, batch_size: int, seq_len: int, dtype: str, attention: str, room: MemoryRoom,
-                       devices: int = 1, concurrent_calls: int = 1, model_copies: int = 0) -> str | None:
+                       devices: int = 1, concurrent_calls: int = 1, model_copies: int = 0,
+                       per_token: bool | None = None) -> str | None:
     """Why one model call of batch_size rows x seq_len tokens cannot fit `room`, naming --batch_size, the
     estimate, the limit and a value that fits (with room to spare); None when it fits. On an accelerator
     (room.per_device) each of `devices` holds its share of the rows. `concurrent_calls` calls may run at
@@ -234,7 +236,8 @@ def batch_size_problem(config, *, batch_size: int, seq_len: int, dtype: str, att
     share = -(-batch_size // devices) if room.per_device else batch_size
 
     def needed(rows: int) -> int:
-        estimate = call_estimate(config, batch_size=rows, seq_len=seq_len, dtype=dtype, attention=attention)
+        estimate = call_estimate(config, batch_size=rows, seq_len=seq_len, dtype=dtype, attention=attention,
+                                 per_token=per_token)
         return concurrent_calls * estimate.activations + model_copies * estimate.parameters
 
     if needed(share) <= room.bytes:
