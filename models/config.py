@@ -104,6 +104,9 @@ class ModelConfig:
     mlp_bias: bool = False                         # llama, modernbert
     norm_bias: bool = True                         # modernbert: its LayerNorms have biases (norm_bias)
     tie_word_embeddings: bool = False              # llama (GPT-2 is always tied)
+    # llama: False for a decoder embedder saved without its untied head (Qwen3-Embedding-8B, e5-mistral): it embeds
+    # but scores no tokens. Not in config.json: the checkpoint tells (models/hf_import.py, models/loader.py).
+    lm_head: bool = True
     # local attention: the kernels' window (|i - j| < sliding_window; kernels/interface.py), 0: none. llama:
     # Mistral/Qwen2's span (causal); modernbert: local_attention // 2 + 1 (each way)
     sliding_window: int = 0

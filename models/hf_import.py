@@ -7,6 +7,7 @@ Reads safetensors only (never pickle); must not run models.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, Callable
@@ -159,14 +160,16 @@ def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
         "layers": {i: layer(i) for i in range(config.num_layers)},
         "final_norm": {"scale": src.take("norm.weight")},
     }
-    if not config.tie_word_embeddings:
+    if not config.tie_word_embeddings and config.lm_head:
         head = src.tensors.get("lm_head.weight")
         if head is None:
             raise ModelLoadError(f"{src.where}: tensor 'lm_head.weight' is missing and tie_word_embeddings is "
-                                 "false; docscore scores with the causal-LM head (save the *ForCausalLM model)")
+                                 "false; docscore scores with the causal-LM head (save the *ForCausalLM model), or "
+                                 "embeds without one when the directory is a sentence-transformers model with a "
+                                 "Pooling module")
         src.taken.add("lm_head.weight")
         params["lm_head"] = {"kernel": head.T}
-    else:
+    elif config.tie_word_embeddings:
         head = src.tensors.get("lm_head.weight")
         if head is not None and not np.array_equal(head, params["token_embedding"]["embedding"]):
             raise ModelLoadError(f"{src.where}: lm_head.weight differs from embed_tokens.weight although config.json "
@@ -518,6 +521,8 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     tokenizer.check_vocab(config.vocab_size, os.path.join(src, "config.json"))
 
     tensors, where = read_safetensors(src)
+    if pooling and config.family == "llama" and not config.tie_word_embeddings and "lm_head.weight" not in tensors:
+        config = dataclasses.replace(config, lm_head=False)  # an embedder saved as its base model: it scores no tokens
     reader = params_reader(config)
     tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, reader, MARKERS[reader]))
     params = FAMILY_PARAMS[reader][1](tensor_source, config)

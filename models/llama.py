@@ -150,8 +150,10 @@ class LlamaDecoder(nnx.Module):
         self.layers = nnx.List([LlamaBlock(config, attention_impl=attention_impl, dtype=self.compute_dtype,
                                            rngs=rngs, window=config.layer_window(i)) for i in range(config.num_layers)])
         self.final_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
-        # An untied head is its own [hidden, vocab] matrix; a tied one reads the embedding table.
-        self.lm_head = None if config.tie_word_embeddings else dense(
+        # An untied head is its own [hidden, vocab] matrix; a tied one reads the embedding table; an embedder saved
+        # without its untied head has none (config.lm_head).
+        self.has_lm_head = config.lm_head
+        self.lm_head = None if config.tie_word_embeddings or not config.lm_head else dense(
             config.hidden_size, config.vocab_size, bias=False, dtype=self.compute_dtype, rngs=rngs)
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
@@ -162,6 +164,8 @@ class LlamaDecoder(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Logits over the vocabulary, float32 out."""
+        if not self.has_lm_head:
+            raise ValueError("this decoder was converted without its language-model head (an embedder's checkpoint)")
         if self.lm_head is not None:
             return self.lm_head(hidden)
         table = self.token_embedding.embedding[...].astype(self.compute_dtype)

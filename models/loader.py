@@ -141,6 +141,9 @@ class LoadedModel:
         if method == "token_logprobs" and self.config.is_encoder:
             raise ValueError(f"token_logprobs() needs a decoder model, but {self.model_id} ({self.config.family}) is an "
                              "encoder; use embed_packed")
+        if method == "token_logprobs" and not self.config.lm_head:
+            raise ValueError(f"token_logprobs() needs a language-model head, but {self.model_id} is a decoder embedder "
+                             "converted without one; use embed_packed")
         if method == "embed_packed" and self.pooling is None:
             raise ValueError(f"embed_packed() needs a model that embeds, but {self.model_id} ({self.config.family}) is "
                              "a decoder converted without a sentence-transformers pooling (a language model); use "
@@ -315,7 +318,10 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
     if not os.path.isdir(params_dir):
         raise DamagedModelDir(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
                               "`docscore convert`)")
-    check_config_fits_checkpoint(config, stored_shapes(params_dir), config_path, params_dir)
+    stored = stored_shapes(params_dir)
+    if metadata.pooling and config.family == "llama" and not config.tie_word_embeddings and "lm_head/kernel" not in stored:
+        config = dataclasses.replace(config, lm_head=False)  # an embedder converted without its head (hf_import)
+    check_config_fits_checkpoint(config, stored, config_path, params_dir)
     tokenizer = DocTokenizer.from_str(tokenizer_text, max_seq_len=metadata.max_seq_len,
                                       path=os.path.join(path, TOKENIZER))
     tokenizer.check_vocab(config.vocab_size, config_path)

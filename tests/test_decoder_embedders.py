@@ -21,25 +21,29 @@ pytestmark = pytest.mark.integration  # README.md, "Development"
 
 MAX_SEQ_LEN = 64
 SPECIALS = ["<|endoftext|>", "<s>", "</s>"]
-# name: (transformers classes, the tokenizer's template, the Pooling config.json, the pooling it means)
+# name: (transformers classes, the tokenizer's template, the Pooling config.json, the pooling it means, config)
 KINDS = {
-    # Qwen3-Embedding: its tokenizer appends <|endoftext|>, whose hidden state is the embedding
-    "qwen3-lasttoken": ("Qwen3Config", "Qwen3Model", "$A <|endoftext|>", {"pooling_mode": "lasttoken"}, "lasttoken"),
-    # e5-mistral's layout: <s> text </s>, the pooling spelt as sentence-transformers 2-5 wrote it
-    "llama-lasttoken": ("LlamaConfig", "LlamaModel", "<s> $A </s>",
-                        {"pooling_mode_lasttoken": True, "pooling_mode_mean_tokens": False}, "lasttoken"),
-    "qwen2-mean": ("Qwen2Config", "Qwen2Model", "$A <|endoftext|>", {"pooling_mode_mean_tokens": True}, "mean"),
+    # Qwen3-Embedding-0.6B: its tokenizer appends <|endoftext|>, whose hidden state is the embedding; tied embeddings
+    "qwen3-lasttoken": ("Qwen3Config", "Qwen3Model", "$A <|endoftext|>", {"pooling_mode": "lasttoken"}, "lasttoken",
+                        {"tie_word_embeddings": True}),
+    # e5-mistral: <s> text </s>, the pooling spelt as sentence-transformers 2-5 wrote it, and an untied head the
+    # embedder's checkpoint leaves out (Qwen3-Embedding-8B and gte-Qwen2-7B too)
+    "mistral-lasttoken-headless": ("MistralConfig", "MistralModel", "<s> $A </s>",
+                                   {"pooling_mode_lasttoken": True, "pooling_mode_mean_tokens": False}, "lasttoken",
+                                   {"tie_word_embeddings": False}),
+    "qwen2-mean": ("Qwen2Config", "Qwen2Model", "$A <|endoftext|>", {"pooling_mode_mean_tokens": True}, "mean",
+                   {"tie_word_embeddings": True}),
 }
 
 
 def build_st_decoder(out: Path, kind: str) -> Path:
-    """A random decoder saved as its base model (as the embedders are: no LM head of its own, tied embeddings) with a
+    """A random decoder saved as its base model, as the embedders are (no LM head of its own), with a
     byte-level BPE tokenizer and the sentence-transformers modules: `kind`'s pooling, normalisation, the max length."""
     import torch
     import transformers
     from tokenizers import processors
 
-    config_class, model_class, template, pooling, _ = KINDS[kind]
+    config_class, model_class, template, pooling, _, settings = KINDS[kind]
     tokenizer = byte_level_bpe(SPECIALS)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=template, special_tokens=[(t, i) for i, t in enumerate(SPECIALS) if t in template])
@@ -48,7 +52,7 @@ def build_st_decoder(out: Path, kind: str) -> Path:
     config = getattr(transformers, config_class)(
         vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=112, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4 * MAX_SEQ_LEN, initializer_range=0.2,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=0, pad_token_id=0)
+        bos_token_id=1, eos_token_id=0, pad_token_id=0, **settings)
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():  # norms start at ones; scales of their own catch a norm read into the wrong place
         for name, weight in model.named_parameters():
@@ -83,6 +87,7 @@ def test_embeddings_of_a_decoder_embedder_through_docscore_run_equal_sentence_tr
     loaded = models.load(str(tmp_path / "model"), attention="native")
     assert (loaded.config.is_encoder, loaded.pooling) == (False, pooling)
     assert loaded.tokenizer.encode_windows(["a b"])[0].windows[0][-1] == (0 if "qwen" in kind else 2)  # the appended EOS
+    assert loaded.config.lm_head == ("headless" not in kind)
 
     texts = SENTENCES[:8]
     expected = SentenceTransformer(str(src), device="cpu").encode(texts, normalize_embeddings=True).astype(np.float64)
@@ -120,3 +125,23 @@ def test_a_decoder_converted_as_a_language_model_embeds_nothing(tiny_gpt2_dir, t
     with pytest.raises(ValueError, match="embed_packed\\(\\) needs a model that embeds"):
         loaded.embed_packed(ids, np.ones_like(ids), 1)
     assert np.isfinite(loaded.token_logprobs(ids, np.ones_like(ids))).all()
+
+
+def test_a_decoder_embedder_without_its_head_embeds_and_refuses_token_scoring(tmp_path, capsys, no_data_read):
+    """An untied decoder whose checkpoint has no lm_head.weight converts as an embedder only: the log-likelihood tasks
+    refuse it before any data is read, naming the tasks it runs; a language model missing its head is still refused
+    at convert (tests/test_models_llama.py)."""
+    src = build_st_decoder(tmp_path / "st", "mistral-lasttoken-headless")
+    assert convert(src, tmp_path / "model", capsys)[0] == 0
+    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": "a", "text": "hello world", "choices": ["a", "b"]}])
+    for task in ("loglik", "choice"):
+        code = run_docscore("--input", shard, *common_flags(task, tmp_path / "out"), "--task", task,
+                            "--model", tmp_path / "model")
+        err = capsys.readouterr().err
+        assert code == 2 and f"--task={task} scores tokens with the model's language-model head" in err, err
+        assert "use it with --task embed, similarity or classify" in err, err
+    loaded = models.load(str(tmp_path / "model"), attention="native")
+    ids = loaded.tokenizer.encode_windows(["hello world"])[0].windows[0][None]
+    with pytest.raises(ValueError, match="needs a language-model head"):
+        loaded.token_logprobs(ids, np.ones_like(ids))
+    assert np.isfinite(loaded.embed_packed(ids, np.ones_like(ids), 1)).all()
