@@ -431,18 +431,39 @@ def sentence_transformers_max_len(src: str, model_folder: str | None = None) -> 
     return None, ""
 
 
+def sentence_transformers_prompts(src: str, pooling: str | None) -> dict[str, str]:
+    """The prompts of a sentence-transformers directory (config_sentence_transformers.json) as its encode_document
+    and encode_query apply them: a document's is the first of its "document", "passage" and "corpus" prompts, a
+    query's its "query" prompt, each else the default_prompt_name's; empty ones left out (models/tokenizer.py
+    PROMPT_ROLES). A Pooling that leaves the prompt's tokens out of a mean (include_prompt false) is refused:
+    docscore pools them too."""
+    settings = os.path.join(src, "config_sentence_transformers.json")
+    if pooling is None or not os.path.exists(settings):  # a language model embeds nothing to prompt
+        return {}
+    config = json_object(settings)
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ModelLoadError(f"{settings}: prompts is not an object of prompt names to strings")
+    default = config.get("default_prompt_name")
+    if default and default not in prompts:
+        raise ModelLoadError(f"{settings}: default_prompt_name {default!r} is not one of its prompts "
+                             f"({', '.join(map(repr, prompts)) or 'none'}); name one of them, or remove it")
+    fallback = prompts[default] if default else ""
+    document = next((prompts[name] for name in ("document", "passage", "corpus") if name in prompts), fallback)
+    found = {role: text for role, text in (("document", document), ("query", prompts.get("query", fallback))) if text}
+    if found and pooling == "mean":
+        folder = sentence_transformers_modules(src).get("Pooling", "1_Pooling")
+        pooling_config = os.path.join(src, folder, "config.json")
+        if os.path.exists(pooling_config) and json_object(pooling_config).get("include_prompt") is False:
+            raise ModelLoadError(f"{pooling_config}: include_prompt false leaves the prompt's tokens out of the mean, "
+                                 "which docscore does not; its embeddings would differ from the model's")
+    return found
+
+
 def with_sentence_transformers_text_rules(src: str, tokenizer_text: str, model_folder: str | None = None) -> str:
     """tokenizer.json with what sentence-transformers does to a text before its tokenizer: do_lower_case
-    (sentence_bert_config.json) becomes a Lowercase normalizer ahead of the tokenizer's own. A default prompt
-    (config_sentence_transformers.json default_prompt_name), which it puts before every text, is refused:
-    the embeddings would differ from the model's."""
-    settings = os.path.join(src, "config_sentence_transformers.json")
-    if os.path.exists(settings):
-        name = json_object(settings).get("default_prompt_name")
-        if name:
-            raise ModelLoadError(f"{settings}: default_prompt_name {name!r} puts a prompt before every text, which "
-                                 "docscore does not; remove default_prompt_name and write the prompt into the "
-                                 "documents' text if you want it")
+    (sentence_bert_config.json) becomes a Lowercase normalizer ahead of the tokenizer's own (its prompts are read
+    by sentence_transformers_prompts)."""
     sbert = sentence_bert_config(src, model_folder or src)
     if not os.path.exists(sbert) or not json_object(sbert).get("do_lower_case"):
         return tokenizer_text
@@ -513,11 +534,14 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
         raise ModelLoadError(f"{src}: max_seq_len {seq_len} ({origin}) must be between {MIN_SEQ_LEN} (what `docscore "
                              f"run` takes) and the model's {config.max_positions} positions; pass --max_seq_len in "
                              "that range")
+    prompts = sentence_transformers_prompts(root, pooling)
     tokenizer = DocTokenizer.from_str(texts["tokenizer.json"], max_seq_len=seq_len,
-                                      path=os.path.join(src, "tokenizer.json"))
-    if seq_len <= tokenizer.n_special:
+                                      path=os.path.join(src, "tokenizer.json"), prompts=prompts)
+    prompt_tokens = max(map(tokenizer.prompt_tokens, prompts), default=0)
+    if seq_len <= tokenizer.n_special + prompt_tokens:
+        beside = f" and its {prompt_tokens}-token prompt" if prompt_tokens else ""
         raise ModelLoadError(f"{src}: max_seq_len {seq_len} leaves no room for text beside the tokenizer's "
-                             f"{tokenizer.n_special} special tokens; pass a larger --max_seq_len")
+                             f"{tokenizer.n_special} special tokens{beside}; pass a larger --max_seq_len")
     tokenizer.check_vocab(config.vocab_size, os.path.join(src, "config.json"))
 
     tensors, where = read_safetensors(src)
@@ -533,5 +557,6 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
         raise ModelLoadError(str(err)) from None
     return write_model_dir(dst, params=params, config_text=texts["config.json"],
                            tokenizer_text=texts["tokenizer.json"], family=config.family, max_seq_len=seq_len,
-                           source=source or os.path.abspath(root), exist_ok=exist_ok, pooling=pooling)
+                           source=source or os.path.abspath(root), exist_ok=exist_ok, pooling=pooling,
+                           prompts=prompts)
 

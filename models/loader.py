@@ -270,7 +270,7 @@ def load_tokenizer(name_or_path: str, *, cache_dir: str | None = None) -> DocTok
     path, _ = local_model_dir(name_or_path, cache_dir)
     metadata = read_metadata(path)
     return DocTokenizer.from_str(read_text(path, TOKENIZER), max_seq_len=metadata.max_seq_len,
-                                 path=os.path.join(path, TOKENIZER))
+                                 path=os.path.join(path, TOKENIZER), prompts=metadata.prompts)
 
 
 def run_rows(max_seq_len: int | None, model_max: int) -> int:
@@ -323,7 +323,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
         config = dataclasses.replace(config, lm_head=False)  # an embedder converted without its head (hf_import)
     check_config_fits_checkpoint(config, stored, config_path, params_dir)
     tokenizer = DocTokenizer.from_str(tokenizer_text, max_seq_len=metadata.max_seq_len,
-                                      path=os.path.join(path, TOKENIZER))
+                                      path=os.path.join(path, TOKENIZER), prompts=metadata.prompts)
     tokenizer.check_vocab(config.vocab_size, config_path)
 
     # the kernel is chosen for the run's rows, which a window may hide nothing in or auto's limits may judge

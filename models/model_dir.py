@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from models.checkpoint import fingerprint, save_params
 from models.errors import DamagedModelDir, ModelDirNotWritten, ModelLoadError, disk_full, short_of, shortage
 from models.config import ENCODER_FAMILIES
 from models.heads import POOLINGS
+from models.tokenizer import PROMPT_ROLES
 
 CONFIG, TOKENIZER, PARAMS, METADATA = "config.json", "tokenizer.json", "params", "metadata.json"
 FORMAT = "docscore-model/1"
@@ -39,6 +41,9 @@ class ModelMetadata:
     # how a segment's embedding is pooled (models/heads.py POOLINGS), from the sentence-transformers Pooling module;
     # None: a decoder that embeds nothing (a language model). Unwritten, it is its family's unwritten_pooling.
     pooling: str | None = "mean"
+    # the text sentence-transformers puts before a document and before a query (models/tokenizer.py PROMPT_ROLES),
+    # from config_sentence_transformers.json; left unwritten when there is none
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def unwritten_pooling(family: str) -> str | None:
@@ -54,6 +59,8 @@ def metadata_json(metadata: ModelMetadata) -> str:
     fields = dataclasses.asdict(metadata)
     if fields["pooling"] == unwritten_pooling(metadata.family):
         del fields["pooling"]
+    if not fields["prompts"]:
+        del fields["prompts"]
     return json.dumps(fields, indent=2) + "\n"
 
 
@@ -122,12 +129,13 @@ def remove_unfinished() -> list[str]:
 
 def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, tokenizer_text: str,
                     family: str, max_seq_len: int, source: str, exist_ok: bool = False,
-                    pooling: str | None = "mean") -> ModelMetadata:
+                    pooling: str | None = "mean", prompts: dict[str, str] | None = None) -> ModelMetadata:
     """Write a complete model directory at `dst`, atomically: built in a temporary sibling, then renamed.
     When `dst` appears meanwhile (another process converted the same model) and exist_ok, keep theirs."""
     dst_path = Path(dst).absolute()
     tmp = dst_path.parent / f".{dst_path.name}.tmp-{uuid.uuid4().hex}"
     metadata = ModelMetadata(family=family, max_seq_len=int(max_seq_len), source=source, pooling=pooling,
+                             prompts=dict(prompts or {}),
                              fingerprint=fingerprint(params, config_text.encode(), tokenizer_text.encode()))
     dst_path.parent.mkdir(parents=True, exist_ok=True)  # outside the try: the model cache turns its OSError into --cache_dir
     UNFINISHED.add(tmp)
@@ -208,7 +216,7 @@ def parse_metadata(text: str | bytes, file: str) -> ModelMetadata:
     fields = {f.name for f in dataclasses.fields(ModelMetadata)}
     unknown = sorted(set(raw) - fields)
     missing = sorted(f.name for f in dataclasses.fields(ModelMetadata)
-                     if f.name not in raw and f.default is dataclasses.MISSING)
+                     if f.name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
     if unknown or missing:  # another docscore version's fields (or a hand edit), not damage to this one's
         what = "; ".join(part for part in (f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}" if unknown else "",
                                            f"missing {', '.join(missing)}" if missing else "") if part)
@@ -234,6 +242,12 @@ def _metadata_problem(metadata: ModelMetadata) -> str | None:
         return "pooling is null, but an encoder's embeddings are pooled"
     if metadata.pooling is not None and metadata.pooling not in POOLINGS:
         return f"pooling {metadata.pooling!r} is not one this docscore version computes ({', '.join(POOLINGS)})"
+    prompts = metadata.prompts
+    if not isinstance(prompts, dict) or not all(role in PROMPT_ROLES and isinstance(text, str) and text
+                                                 for role, text in prompts.items()):
+        return f"prompts must map {' and/or '.join(PROMPT_ROLES)} to a non-empty string"
+    if prompts and metadata.pooling is None:
+        return "prompts are given, but the model embeds nothing (no pooling)"
     return None
 
 
@@ -282,8 +296,10 @@ def fetch_remote(url: str, cache_dir: str) -> str:
         raise ModelLoadError(f"{url}/{METADATA}: missing; {url} is not a docscore model directory "
                              "(upload the output of `docscore convert` there)") from None
     metadata = parse_metadata(text, f"{url}/{METADATA}")
-    # a pooling metadata.json leaves unwritten: the name earlier versions gave the copy
+    # a pooling metadata.json leaves unwritten: the name earlier versions gave the copy; prompts: a digest of them
     pooled = "" if metadata.pooling == unwritten_pooling(metadata.family) else f"-{metadata.pooling}"
+    if metadata.prompts:
+        pooled += "-" + hashlib.sha256(json.dumps(metadata.prompts, sort_keys=True).encode()).hexdigest()[:12]
     local = Path(cache_dir) / "remote" / f"{metadata.fingerprint}-{metadata.max_seq_len}{pooled}"
     if (local / METADATA).exists():
         return str(local)

@@ -1,8 +1,9 @@
 """`DocTokenizer`: text -> model input windows, with the Hugging Face `tokenizers` library.
 
-Holds batch encoding and the split of long documents into overlapping windows (each window a full
-model input with its special tokens). Must not pad or pack rows (pipeline/stages/packing.py does) nor
-gather documents into lists (pipeline/stages/preprocess.py does).
+Holds batch encoding, the model's prompts (a sentence-transformers model's text before every document or query)
+and the split of long documents into overlapping windows (each window a full model input with its special tokens
+and prompt). Must not pad or pack rows (pipeline/stages/packing.py does) nor gather documents into lists
+(pipeline/stages/preprocess.py does).
 """
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ import numpy as np
 import tokenizers
 
 from models.errors import ModelLoadError
+
+# What a prompt is put before (sentence-transformers' encode_document and encode_query): the texts docscore embeds
+# as documents (documents, classify's label descriptions) and similarity's `query` fields
+PROMPT_ROLES = ("document", "query")
+NO_TOKENS = np.zeros(0, np.int32)
 
 
 @dataclasses.dataclass
@@ -31,16 +37,20 @@ class DocTokenizer:
     """A tokenizer.json tokenizer whose own truncation and padding are switched off: long texts are
     windowed here, never silently cut."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, *, max_seq_len: int, path: str = "tokenizer.json"):
+    def __init__(self, tokenizer: tokenizers.Tokenizer, *, max_seq_len: int, path: str = "tokenizer.json",
+                 prompts: dict[str, str] | None = None):
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self._tokenizer = tokenizer
         self._max_seq_len = int(max_seq_len)
         self.path = path
         self.prefix, self.suffix = _special_tokens_around_text(tokenizer)
+        self.prompts = {role: text for role, text in (prompts or {}).items() if text}  # PROMPT_ROLES -> its text
+        self._prompt_ids = {role: self.encode_ids([text])[0] for role, text in self.prompts.items()}
 
     @classmethod
-    def from_str(cls, text: str, *, max_seq_len: int, path: str = "tokenizer.json") -> "DocTokenizer":
+    def from_str(cls, text: str, *, max_seq_len: int, path: str = "tokenizer.json",
+                 prompts: dict[str, str] | None = None) -> "DocTokenizer":
         try:
             tokenizer = tokenizers.Tokenizer.from_str(text)
         except (AttributeError, TypeError, ImportError, NameError) as err:  # the library, not the file
@@ -50,7 +60,7 @@ class DocTokenizer:
         except Exception as err:  # the Rust parser raises a bare Exception
             raise ModelLoadError(f"{path}: not a Hugging Face tokenizers file ({err}); save a fast "
                                  "tokenizer with tokenizer.save_pretrained or Tokenizer.save") from None
-        return cls(tokenizer, max_seq_len=max_seq_len, path=path)
+        return cls(tokenizer, max_seq_len=max_seq_len, path=path, prompts=prompts)
 
     @property
     def max_seq_len(self) -> int:
@@ -82,30 +92,55 @@ class DocTokenizer:
         encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
 
+    def prompt_tokens(self, role: str | None) -> int:
+        """Tokens of `role`'s prompt (PROMPT_ROLES; None or a role without one: 0), which each of its windows holds
+        beside the special tokens (at most: a text may take the prompt's last token into its own first)."""
+        return len(self._prompt_ids.get(role, NO_TOKENS)) if role else 0
+
+    def prompted_ids(self, texts: list[str], role: str | None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(prompt ids, text ids) of each text with `role`'s prompt before it (None: no prompt). The prompt and text
+        are tokenised together, as sentence-transformers does, and split where their ids leave the prompt's own
+        ("query: " + "how": the space joins the text's first token), so prompt + text ids are exactly the
+        joint tokenisation."""
+        prompt = self.prompts.get(role, "") if role else ""
+        if not prompt:
+            return [(NO_TOKENS, ids) for ids in self.encode_ids(texts)]
+        alone = self._prompt_ids[role]
+        pairs = []
+        for joint in self.encode_ids([prompt + text for text in texts]):
+            shared = min(len(joint), len(alone))
+            split = next((i for i in range(shared) if joint[i] != alone[i]), shared)
+            pairs.append((joint[:split], joint[split:]))
+        return pairs
+
     def encode_windows(self, texts: list[str], *, max_len: int | None = None, stride: int = 0,
-                       max_windows: int | None = None) -> list[EncodedDoc]:
+                       max_windows: int | None = None, role: str | None = None) -> list[EncodedDoc]:
         """Each text as windows of at most `max_len` tokens (specials included); consecutive windows
-        overlap by `stride` text tokens (HF semantics); at most `max_windows` windows per text."""
-        return [self.windows(ids, max_len=max_len, stride=stride, max_windows=max_windows) for ids in self.encode_ids(texts)]
+        overlap by `stride` text tokens (HF semantics); at most `max_windows` windows per text. With `role`
+        (PROMPT_ROLES), each window starts with that role's prompt, if the model has one."""
+        return [self.windows(ids, max_len=max_len, stride=stride, max_windows=max_windows, lead=lead)
+                for lead, ids in self.prompted_ids(texts, role)]
 
     def windows(self, ids: np.ndarray, *, max_len: int | None = None, stride: int = 0,
-                max_windows: int | None = None) -> EncodedDoc:
-        """encode_windows of a text given as its token ids (encode_ids; pieces of one text concatenated)."""
+                max_windows: int | None = None, lead: np.ndarray = NO_TOKENS) -> EncodedDoc:
+        """encode_windows of a text given as its token ids (encode_ids; pieces of one text concatenated), each
+        window's text after `lead` (the prompt's ids, prompted_ids)."""
         max_len = self._max_seq_len if max_len is None else int(max_len)
-        content = max_len - self.n_special
+        content = max_len - self.n_special - len(lead)
         if max_len > self._max_seq_len:
             raise ValueError(f"max_len={max_len} exceeds this model's max_seq_len {self._max_seq_len}; "
                              f"use a window length <= {self._max_seq_len}")
         if content < 1:
-            raise ValueError(f"max_len={max_len} leaves no room for text after {self.n_special} special tokens")
+            raise ValueError(f"max_len={max_len} leaves no room for text after {self.n_special} special tokens"
+                             + (f" and a prompt of {len(lead)}" if len(lead) else ""))
         if not 0 <= stride < content:
-            raise ValueError(f"stride={stride} must be >= 0 and < {content} (max_len minus special tokens), "
+            raise ValueError(f"stride={stride} must be >= 0 and < {content} (max_len minus special tokens and prompt), "
                              "or windows would never advance")
         if max_windows is not None and max_windows < 1:
             raise ValueError(f"max_windows={max_windows} must be >= 1 or None (no limit)")
         windows, start, truncated = [], 0, False
         while True:
-            windows.append(np.concatenate([self.prefix, ids[start:start + content], self.suffix]))
+            windows.append(np.concatenate([self.prefix, lead, ids[start:start + content], self.suffix]))
             if start + content >= len(ids):
                 break
             if max_windows is not None and len(windows) == max_windows:

@@ -54,6 +54,7 @@ def main(argv: list[str]) -> int:
     if head:
         print(f"docscore convert: note: {head}", file=sys.stderr)
     pooled = f", {metadata.pooling} pooling" if metadata.pooling else ""  # a decoder without one embeds nothing
+    pooled += "".join(f", {role} prompt {text!r}" for role, text in metadata.prompts.items())
     print(f"wrote {args.out}: {metadata.family}, max_seq_len {metadata.max_seq_len}{pooled}, "
           f"fingerprint {metadata.fingerprint[:12]}")
     return 0

@@ -53,6 +53,7 @@ class RunPlan:
     notices: tuple[str, ...] = ()  # choices that work but cost: the launcher prints them before the job
     sharding: dict | None = None  # how the model is laid out over the devices (models/sharding.py MeshLayout.summary)
     pooling: str | None = None  # how the run's embeddings are pooled (metadata.json's pooling); None: a per-token task
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)  # the model's prompts the run puts before texts
     # what validation compiled for the run (a local run's label embeddings): [count, seconds, cached count, seconds]
     compiles: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
@@ -138,10 +139,17 @@ def check_task_and_windows(eo: EvalOptions, loaded) -> int:
                  if positions > model_max and eo.model not in BUILTINS else "")
         raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max} (the max_seq_len it was converted "
                           f"with); use <= {model_max}{again}")
-    content = max_len - int(getattr(loaded.tokenizer, "n_special", 0))
+    roles = () if task.per_token else ("document", "query") if task.with_query else ("document",)
+    prompted = max((loaded.tokenizer.prompt_tokens(role) for role in roles if hasattr(loaded.tokenizer, "prompts")),
+                   default=0)  # each window of an embedding task holds the model's prompt too
+    content = max_len - int(getattr(loaded.tokenizer, "n_special", 0)) - prompted
+    beside = f" beside the model's {prompted}-token prompt" if prompted else ""
+    if prompted and content < 1:
+        raise ConfigError(f"--max_seq_len={max_len} leaves no room for text{beside} and the special tokens; raise "
+                          "--max_seq_len")
     if eo.stride >= content and task.tokenize is None:  # a task making its own windows (choice) takes no --stride
         raise ConfigError(f"--stride={eo.stride} (tokens shared by consecutive windows) must be < {content}, the text "
-                          f"tokens of a --max_seq_len={max_len} window; lower --stride or raise --max_seq_len")
+                          f"tokens of a --max_seq_len={max_len} window{beside}; lower --stride or raise --max_seq_len")
     if task.per_token and task.tokenize is None and eo.stride == 0 and not len(getattr(loaded.tokenizer, "prefix", ())):
         raise ConfigError(f"--stride=0 with --task={eo.task}: {eo.model}'s tokenizer starts a window with no special "
                           "token, so the first token of every window after the first could not be predicted from "
@@ -245,7 +253,8 @@ def check_labels_read_apart(labels: dict[str, str], tokenizer, max_len: int, str
     "SPORT") have one embedding: every document ties them and the first always wins, as for one description given
     twice (options.distinct_labels refuses the text; this, the tokens)."""
     names, descriptions = list(labels), list(labels.values())
-    encoded = tokenizer.encode_windows(descriptions, max_len=max_len, stride=stride, max_windows=max_chunks)
+    encoded = tokenizer.encode_windows(descriptions, max_len=max_len, stride=stride, max_windows=max_chunks,
+                                       role="document")
     seen: dict[tuple, str] = {}
     for name, description, doc in zip(names, descriptions, encoded):
         if doc.n_tokens == 0:  # only the special tokens: the empty text's embedding, which wins documents
@@ -534,7 +543,8 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         model_family=family,
         model_id=loaded.model_id,
         fingerprint=loaded.fingerprint,
-        pooling=loaded.pooling if not tasks.get(eo.task).per_token else None,
+        pooling=loaded.pooling if not task.per_token else None,
+        prompts=dict(getattr(loaded.tokenizer, "prompts", {})) if not task.per_token else {},
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         suffix_len=len(getattr(loaded.tokenizer, "suffix", ())),
         shadow=shadow_spec,

@@ -383,10 +383,10 @@ def sentence_transformers_dir(out: Path, pooling: dict | None = None, **settings
 
 
 @pytest.mark.integration
-def test_sentence_transformers_lower_casing_is_kept_and_a_default_prompt_is_refused(tmp_path, capsys):
+def test_sentence_transformers_lower_casing_is_kept_and_a_default_prompt_must_be_one_of_its_prompts(tmp_path, capsys):
     """do_lower_case: sentence-transformers lowercases each text before a cased tokenizer; the converted model
-    does the same (its embeddings equal SentenceTransformer.encode's). A default prompt, which it puts before
-    every text, is refused rather than left out."""
+    does the same (its embeddings equal SentenceTransformer.encode's). A default_prompt_name naming no prompt is
+    refused (tests/test_prompts.py: the prompts themselves)."""
     from sentence_transformers import SentenceTransformer
 
     src = sentence_transformers_dir(tmp_path / "st", do_lower_case=True)
@@ -400,9 +400,9 @@ def test_sentence_transformers_lower_casing_is_kept_and_a_default_prompt_is_refu
         got = loaded.embed_packed(window[None], np.ones_like(window)[None], 1)[0, 0]
         assert float(got @ want) > 0.999999
     (src / "config_sentence_transformers.json").write_text(json.dumps(
-        {"prompts": {"query": "query: ", "document": "passage: "}, "default_prompt_name": "document"}))
+        {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "document"}))
     code, message = convert(src, tmp_path / "prompted", capsys)
-    assert code == 2 and "default_prompt_name 'document'" in message, message
+    assert code == 2 and "default_prompt_name 'document' is not one of its prompts ('query', 'passage')" in message, message
 
 
 @pytest.mark.integration

@@ -77,6 +77,7 @@ def launch_facts(eo: EvalOptions, plan: RunPlan, started: float) -> dict[str, An
             "matmul_precision": matmul_precision(plan.model_spec.dtype, plan.model_spec.matmul_precision),
             "max_seq_len": plan.window_spec.max_len,
             "pooling": plan.pooling,  # mean, cls or lasttoken (the model directory's); null for a per-token task
+            "prompts": plan.prompts,  # {"document": ..., "query": ...}: the texts put before them ({}: none)
             # {"mesh": {"data": d, "model": m}, "devices", "reason"}: parameters split over m devices per row shard
             "sharding": plan.sharding,
         },

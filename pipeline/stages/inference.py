@@ -115,10 +115,12 @@ class InferenceOutput:
 def embed_texts(loaded, texts: Sequence[str], *, max_len: int, batch_size: int, min_row_len: int = MIN_ROW_LEN,
                 tail_fraction: int = TAIL_CALL_FRACTION, stride: int = 0, max_windows: int = 8) -> np.ndarray:
     """[len(texts), D] normalised embeddings (mean of windows) through the same fixed shapes (min_row_len and
-    tail_fraction: run_model's); a long text is split into windows as documents are (stride, max_windows)."""
+    tail_fraction: run_model's); a long text is split into windows, and prompted, as documents are (stride,
+    max_windows, the model's document prompt)."""
     from pipeline.stages.scoring import pool_windows
 
-    encoded = loaded.tokenizer.encode_windows(list(texts), max_len=max_len, stride=stride, max_windows=max_windows)
+    encoded = loaded.tokenizer.encode_windows(list(texts), max_len=max_len, stride=stride, max_windows=max_windows,
+                                              role="document")
     rows = [w for doc in encoded for w in doc.windows]
     outputs, _, _ = run_model(loaded, rows, max_len=max_len, batch_size=batch_size, min_row_len=min_row_len,
                               tail_fraction=tail_fraction)

@@ -55,23 +55,28 @@ def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
     if task is not None and task.tokenize is not None:
         return tokenize_by_task(docs, tokenizer, spec, task.tokenize)
     start = time.perf_counter()
-    texts: list[str] = []  # per document: its text, then its query
+    texts: list[str] = []
+    queries: list[str] = []
     results: list[TokenizedDoc | ErrorRow | None] = []
     for doc in docs:
         query = doc.fields.get("query") if with_query else None
         if with_query and (problem := query_problem(query)):
             results.append(_error(doc, *problem))
             continue
-        texts += [doc.text, query] if with_query else [doc.text]
+        texts.append(doc.text)
+        queries += [query] if with_query else []
         results.append(None)
-    encoded = iter(encode_texts(tokenizer, texts, spec))
+    # an embedding task's texts get the model's document prompt, its queries the query prompt (models/tokenizer.py)
+    embeds = task is None or not task.per_token
+    encoded = iter(encode_texts(tokenizer, texts, spec, role="document" if embeds else None))
+    encoded_queries = iter(encode_texts(tokenizer, queries, spec, role="query"))
     elapsed = (time.perf_counter() - start) * 1000.0
-    chars = max(1, sum(len(t) for t in texts))
+    chars = max(1, sum(len(t) for t in texts + queries))
     for k, doc in enumerate(docs):
         if results[k] is not None:
             continue
         text = next(encoded)
-        query = next(encoded) if with_query else None
+        query = next(encoded_queries) if with_query else None
         if isinstance(text, Exception) or isinstance(query, Exception):
             failed = text if isinstance(text, Exception) else query
             what = "text" if failed is text else "query"
@@ -145,12 +150,15 @@ def tokenize_by_task(docs: Sequence[Document], tokenizer, spec: WindowSpec, toke
     return results
 
 
-def encode_texts(tokenizer, texts: Sequence[str], spec: WindowSpec) -> list:
-    """encode_text of each text, the short ones in one batch; a text the tokenizer fails on gives its
-    exception in its place (the batch is then retried text by text to find it)."""
+def encode_texts(tokenizer, texts: Sequence[str], spec: WindowSpec, *, role: str | None = None) -> list:
+    """encode_text of each text (with `role`'s prompt: DocTokenizer.encode_windows), the short ones in one batch; a
+    text the tokenizer fails on gives its exception in its place (the batch is then retried text by text to find
+    it)."""
+    if not texts:
+        return []
     short = [i for i, text in enumerate(texts) if len(text) <= FULL_TOKENIZE_CHARS]
     out: list = [None] * len(texts)
-    kwargs = {"max_len": spec.max_len, "stride": spec.stride, "max_windows": spec.max_chunks}
+    kwargs = {"max_len": spec.max_len, "stride": spec.stride, "max_windows": spec.max_chunks, "role": role}
     try:
         for i, encoded in zip(short, tokenizer.encode_windows([texts[i] for i in short], **kwargs)):
             out[i] = encoded
@@ -159,7 +167,7 @@ def encode_texts(tokenizer, texts: Sequence[str], spec: WindowSpec) -> list:
     for i, text in enumerate(texts):
         if out[i] is None:
             try:
-                out[i] = encode_text(tokenizer, text, spec)
+                out[i] = encode_text(tokenizer, text, spec, role=role)
             except Exception as e:  # a text the tokenizer cannot handle is an error row, not a crash
                 out[i] = e
     return out
@@ -180,8 +188,8 @@ def _error(doc: Document, error_type: str, message: str) -> ErrorRow:
     return ErrorRow(doc.source, doc.record_index, "tokenize", error_type, message, raw=doc.text, doc_id=doc.doc_id)
 
 
-def encode_text(tokenizer, text: str, spec: WindowSpec):
-    """tokenizer.encode_windows of one text; a text over FULL_TOKENIZE_CHARS is tokenised in pieces of a
+def encode_text(tokenizer, text: str, spec: WindowSpec, *, role: str | None = None):
+    """tokenizer.encode_windows of one text (with `role`'s prompt); a text over FULL_TOKENIZE_CHARS is tokenised in pieces of a
     bounded size, each cut at whitespace where it has some, until they yield one token more than spec.max_chunks
     windows hold (so the windows equal those of the whole text, and truncated is true) or the text ends. A
     piece costs the same whatever the text, so a long run the tokenizer makes few tokens of (a hex dump, a
@@ -190,16 +198,20 @@ def encode_text(tokenizer, text: str, spec: WindowSpec):
     would give its own (README.md says so); tokenizing such a run whole cost seconds and gigabytes."""
     kwargs = {"max_len": spec.max_len, "stride": spec.stride, "max_windows": spec.max_chunks}
     if len(text) <= FULL_TOKENIZE_CHARS:
-        return tokenizer.encode_windows([text], **kwargs)[0]
+        return tokenizer.encode_windows([text], role=role, **kwargs)[0]
     content = spec.max_len - tokenizer.n_special
     needed = content + (spec.max_chunks - 1) * (content - spec.stride) + 1
     piece = max(FULL_TOKENIZE_CHARS, needed * PREFIX_CHARS_PER_TOKEN)
-    pieces, n_ids, start = [], 0, 0
+    pieces, n_ids, start, lead = [], 0, 0, None
     while start < len(text):
         end = min(len(text), start + piece)
         cut = space_before(text, end, start) if end < len(text) else end
         end = cut if cut is not None else end
-        pieces.append(tokenizer.encode_ids([text[start:end]])[0])
+        if lead is None:  # the prompt is tokenised with the first piece, as with the whole text
+            lead, ids = tokenizer.prompted_ids([text[start:end]], role)[0]
+            pieces.append(ids)
+        else:
+            pieces.append(tokenizer.encode_ids([text[start:end]])[0])
         n_ids += len(pieces[-1])
         start = end
         # a cut at whitespace leaves every token before it as in the whole text; a cut inside a run without
@@ -207,7 +219,7 @@ def encode_text(tokenizer, text: str, spec: WindowSpec):
         if n_ids >= needed + (0 if cut is not None else NO_SPACE_SPARE_TOKENS):
             break
     ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-    return tokenizer.windows(ids, **kwargs)
+    return tokenizer.windows(ids, lead=lead if lead is not None else np.zeros(0, np.int32), **kwargs)
 
 
 class Tokenize(beam.DoFn):
