@@ -215,6 +215,10 @@ class RecordingTokenizer:
         self.lengths += [len(t) for t in texts]
         return self._tokenizer.encode_ids(texts)
 
+    def prompted_ids(self, texts, role):
+        self.lengths += [len(t) for t in texts]
+        return self._tokenizer.prompted_ids(texts, role)
+
     def windows(self, ids, **kwargs):
         return self._tokenizer.windows(ids, **kwargs)
 
