@@ -28,10 +28,11 @@ ACTIVATIONS = {
     "relu": "relu",
 }
 # HF model_type -> family: RoBERTa, XLM-RoBERTa and CamemBERT are BERT with positions counted past the padding id,
-# DistilBERT is BERT without token types under other names; Mistral,
-# Qwen2 and Qwen3 are Llama's architecture with a few config switches.
+# DistilBERT is BERT without token types under other names; Mistral, Qwen2, Qwen3 and Gemma 3 (its text model) are
+# Llama's architecture with a few config switches.
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert", "gpt2": "gpt2",
-            "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "modernbert": "modernbert"}
+            "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
+            "modernbert": "modernbert"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert")
 
@@ -107,6 +108,9 @@ class ModelConfig:
     # llama: False for a decoder embedder saved without its untied head (Qwen3-Embedding-8B, e5-mistral): it embeds
     # but scores no tokens. Not in config.json: the checkpoint tells (models/hf_import.py, models/loader.py).
     lm_head: bool = True
+    embed_scale: float = 0.0                       # llama: Gemma's multiplier of the token embedding, sqrt(hidden) (0: none)
+    sandwich_norms: bool = False                   # llama: Gemma's RMSNorms after the attention and the MLP too
+    query_pre_attn_scalar: float = 0.0             # llama: Gemma's attention scale is its -1/2 power (0: head_dim's)
     # local attention: the kernels' window (|i - j| < sliding_window; kernels/interface.py), 0: none. llama:
     # Mistral/Qwen2's span (causal); modernbert: local_attention // 2 + 1 (each way)
     sliding_window: int = 0
@@ -128,10 +132,10 @@ class ModelConfig:
 
     @property
     def default_seq_len(self) -> int:
-        """Window length `docscore convert` picks when none is given: the positions, or a sliding-window
-        decoder's window (past it, memory grows while each token still sees only the window). An encoder's local
-        window does not bound it: its global layers see the whole text (ModernBERT)."""
-        if self.sliding_window and not self.is_encoder:
+        """Window length `docscore convert` picks when none is given: the positions, or the window of a decoder
+        whose every layer slides (past it, memory grows while each token still sees only the window). A model with
+        global layers beside its local ones is not bounded by it: they see the whole text (ModernBERT, Gemma 3)."""
+        if self.sliding_window and not self.is_encoder and len(self.sliding_layers) == self.num_layers:
             return min(self.max_positions, self.sliding_window)
         return self.max_positions
 
@@ -164,15 +168,15 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
             f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert' or 'distilbert', encoder), ModernBERT (model_type "
             f"'modernbert', encoder), the GPT-2 family (model_type 'gpt2', "
-            f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2' or 'qwen3', decoder)")
+            f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3' or 'gemma3_text', decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
         raise ModelLoadError(f"{path}: a quantized checkpoint (quantization_config quant_method {method!r}) is not "
                              "supported; docscore reads float weights: convert the model's unquantized release")
     try:
-        config = {"bert": _distilbert if model_type == "distilbert" else _bert, "gpt2": _gpt2, "llama": _llama,
-                  "modernbert": _modernbert}[family](hf)
+        config = {"bert": _distilbert if model_type == "distilbert" else _bert, "gpt2": _gpt2,
+                  "llama": _gemma3 if model_type == "gemma3_text" else _llama, "modernbert": _modernbert}[family](hf)
         config = dataclasses.replace(config, model_type=model_type)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: {model_type} config lacks the field {missing}; "
@@ -181,7 +185,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     if config.family == "llama" and config.num_heads % config.kv_heads:
         raise ModelLoadError(f"{path}: num_attention_heads {config.num_heads} is not a multiple of "
                              f"num_key_value_heads {config.kv_heads}")
-    head_dim_given = config.family == "llama" and (hf.get("head_dim") is not None or model_type == "qwen3")
+    head_dim_given = config.family == "llama" and (hf.get("head_dim") is not None or model_type in ("qwen3", "gemma3_text"))
     if not head_dim_given and config.hidden_size % config.num_heads:
         raise ModelLoadError(f"{path}: hidden size {config.hidden_size} is not a multiple of "
                              f"{config.num_heads} attention heads")
@@ -400,6 +404,99 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
         qk_norm=model_type == "qwen3",
         mlp_bias=mlp_bias, tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         **_sliding_window(hf))
+
+
+# Gemma3TextConfig's defaults where a config.json leaves the key out
+GEMMA3_ROPE_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
+GEMMA3 = {"head_dim": 256, "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+          "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}
+
+
+def _gemma3(hf: dict[str, Any]) -> ModelConfig:
+    """Gemma3ForCausalLM / Gemma3TextModel (model_type gemma3_text): Llama's blocks with Gemma's changes, as
+    transformers 5 reads them: the token embedding times sqrt(hidden_size), RMSNorms also after the attention and
+    the MLP (their (1 + weight) scale is folded into the weight at convert), q/k norms, a GELU-tanh gated MLP, an
+    attention scale of query_pre_attn_scalar ** -0.5, local layers (layer_types, else all but every
+    sliding_window_pattern-th) attending within sliding_window with their own rotary theta. Gemma 2's soft-capping
+    and EmbeddingGemma's bidirectional attention are refused."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if hf.get(key) is not None:
+            raise ModelLoadError(f"{key} {_shown(hf[key])} is not supported; docscore computes Gemma 3, which has none "
+                                 "(null)")
+    if hf.get("use_bidirectional_attention"):
+        raise ModelLoadError("use_bidirectional_attention true (EmbeddingGemma) is not supported; docscore's Gemma 3 "
+                             "is the causal decoder")
+    activation = hf.get("hidden_activation", GEMMA3["hidden_activation"])
+    if activation != "gelu_pytorch_tanh":
+        raise ModelLoadError(f"hidden_activation {activation!r} is not supported for gemma3_text; its gated MLP uses "
+                             "'gelu_pytorch_tanh'")
+    layers, hidden = hf["num_hidden_layers"], hf["hidden_size"]
+    layer_types = hf.get("layer_types")
+    if layer_types is None:
+        every = hf.get("sliding_window_pattern", GEMMA3["sliding_window_pattern"])
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ModelLoadError(f"sliding_window_pattern is {_shown(every)}; it must be a whole number >= 1 (every "
+                                 "that many layers, the last of them attends globally)")
+        layer_types = ["sliding_attention" if (i + 1) % every else "full_attention"
+                       for i in range(layers if type(layers) is int and 0 < layers <= MAX_SIZES["num_layers"] else 0)]
+    else:
+        _check_layer_types(layer_types)
+        if type(layers) is int and len(layer_types) != layers:
+            raise ModelLoadError(f"layer_types has {len(layer_types)} entries for num_hidden_layers {layers}; it "
+                                 "names one attention type per layer")
+    sliding = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    window = hf.get("sliding_window", GEMMA3["sliding_window"]) if sliding else 0
+    if sliding and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ModelLoadError(f"sliding_window is {_shown(window)}; it must be a whole number >= 1 (layer_types has "
+                             "sliding_attention layers)")
+    scalar = hf.get("query_pre_attn_scalar", GEMMA3["query_pre_attn_scalar"])
+    number = None if isinstance(scalar, bool) else _as_float(scalar)
+    if number is None or not 0 < number < math.inf:
+        raise ModelLoadError(f"query_pre_attn_scalar is {_shown(scalar)}; it must be a positive, finite number")
+    kv_heads = hf.get("num_key_value_heads")
+    bias = bool(hf.get("attention_bias", False))
+    ropes = _gemma3_ropes(hf)
+    return ModelConfig(
+        family="llama", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=layers,
+        num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+        max_positions=hf["max_position_embeddings"], layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        activation="gelu_tanh", num_kv_heads=hf["num_attention_heads"] if kv_heads is None else kv_heads,
+        head_size=hf.get("head_dim", GEMMA3["head_dim"]), rope=ropes["full_attention"],
+        local_rope=ropes["sliding_attention"], qkv_bias=bias, output_bias=bias, qk_norm=True,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", GEMMA3["tie_word_embeddings"])),
+        sliding_window=window, sliding_layers=sliding,
+        embed_scale=float(hidden) ** 0.5 if type(hidden) is int and hidden > 0 else 1.0, sandwich_norms=True,
+        query_pre_attn_scalar=number)
+
+
+def _gemma3_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
+    """Each layer type's Rope, as Gemma3TextConfig reads them: rope_parameters[type] (transformers 5), else
+    rope_theta with rope_scaling for the global layers and rope_local_base_freq for the local ones (4.x); the
+    thetas default to 1,000,000 and 10,000."""
+    params = hf.get("rope_parameters")
+    if params is not None and (not isinstance(params, dict) or not all(kind in LAYER_TYPES for kind in params)):
+        raise ModelLoadError(f"rope_parameters is {_shown(params)}; Gemma 3's are per layer type "
+                             f"({' and '.join(LAYER_TYPES)}), as transformers 5 saves them")
+    field = {kind: "rope_parameters" for kind in LAYER_TYPES}
+    if params is None:
+        scaling = hf.get("rope_scaling") or {}
+        if not isinstance(scaling, dict):
+            raise ModelLoadError(f"rope_scaling is {_shown(scaling)}; expected a JSON object")
+        params = {"full_attention": {**scaling, "rope_theta": hf.get("rope_theta", GEMMA3_ROPE_THETA["full_attention"])},
+                  "sliding_attention": {"rope_theta": hf.get("rope_local_base_freq",
+                                                             GEMMA3_ROPE_THETA["sliding_attention"])}}
+        field["full_attention"] = "rope_scaling" if scaling else "rope_parameters"  # named as the file holds it
+    ropes = {}
+    for kind in LAYER_TYPES:
+        own = params.get(kind) or {}
+        if not isinstance(own, dict):
+            raise ModelLoadError(f"rope_parameters.{kind} is {_shown(own)}; expected a JSON object")
+        try:
+            ropes[kind] = _rope({field[kind]: {"rope_theta": GEMMA3_ROPE_THETA[kind], **own},
+                                 "max_position_embeddings": hf.get("max_position_embeddings")})
+        except ModelLoadError as err:
+            raise ModelLoadError(f"{kind} layers: {err}") from None
+    return ropes
 
 
 def _rope(hf: dict[str, Any]) -> Rope:

@@ -132,13 +132,27 @@ def gpt2_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
     return params
 
 
-def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+# LlamaBlock's norms -> their Hugging Face names: Llama's two, Gemma 3's four (its post_attention_layernorm
+# normalises the attention's output, where Llama's is the norm before the MLP)
+LLAMA_NORMS = {"attention_norm": "input_layernorm", "feed_forward_norm": "post_attention_layernorm"}
+GEMMA3_NORMS = {"attention_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+                "feed_forward_norm": "pre_feedforward_layernorm", "post_feed_forward_norm": "post_feedforward_layernorm"}
+
+
+def llama_params(src: TensorSource, config: ModelConfig, norms: dict[str, str] = LLAMA_NORMS,
+                 norm_offset: float = 0.0) -> dict[str, Any]:
     """Hugging Face LlamaModel / MistralModel / Qwen2Model / Qwen3Model names -> our LlamaDecoder tree; lm_head.weight
     becomes the output head unless tie_word_embeddings. A tied checkpoint whose lm_head.weight differs from the
-    embedding is refused: transformers then unties them and scores with that head."""
+    embedding is refused: transformers then unties them and scores with that head. `norms`: the block's norms'
+    names; `norm_offset` is added to every RMSNorm weight (Gemma scales by 1 + weight)."""
     def dense(name: str, bias: bool) -> dict[str, np.ndarray]:
         weights = {"kernel": src.take(f"{name}.weight").T}
         return {**weights, "bias": src.take(f"{name}.bias")} if bias else weights
+
+    def norm(name: str) -> dict[str, np.ndarray]:
+        weight = src.take(f"{name}.weight")
+        # in float32: a bfloat16 1 + w would lose w's low bits
+        return {"scale": weight.astype(np.float32) + np.float32(norm_offset) if norm_offset else weight}
 
     def layer(i: int) -> dict[str, Any]:
         p = f"layers.{i}."
@@ -147,18 +161,17 @@ def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
                      "value": dense(p + "self_attn.v_proj", config.qkv_bias),
                      "output": dense(p + "self_attn.o_proj", config.output_bias)}
         if config.qk_norm:
-            attention["query_norm"] = {"scale": src.take(p + "self_attn.q_norm.weight")}
-            attention["key_norm"] = {"scale": src.take(p + "self_attn.k_norm.weight")}
+            attention["query_norm"] = norm(p + "self_attn.q_norm")
+            attention["key_norm"] = norm(p + "self_attn.k_norm")
         return {
-            "attention_norm": {"scale": src.take(p + "input_layernorm.weight")},
+            **{ours: norm(p + theirs) for ours, theirs in norms.items()},
             "attention": attention,
-            "feed_forward_norm": {"scale": src.take(p + "post_attention_layernorm.weight")},
             "feed_forward": {name: dense(p + f"mlp.{name}_proj", config.mlp_bias) for name in ("gate", "up", "down")},
         }
     params = {
         "token_embedding": {"embedding": src.take("embed_tokens.weight")},
         "layers": {i: layer(i) for i in range(config.num_layers)},
-        "final_norm": {"scale": src.take("norm.weight")},
+        "final_norm": norm("norm"),
     }
     if not config.tie_word_embeddings and config.lm_head:
         head = src.tensors.get("lm_head.weight")
@@ -176,6 +189,12 @@ def llama_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
                                  "sets tie_word_embeddings true (transformers then scores with lm_head); set "
                                  "tie_word_embeddings false in config.json to convert the checkpoint's own head")
     return params
+
+
+def gemma3_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Gemma3ForCausalLM / Gemma3TextModel names -> our LlamaDecoder tree: Llama's, with four norms a block, each
+    RMSNorm's weight w stored as the 1 + w it scales by."""
+    return llama_params(src, config, norms=GEMMA3_NORMS, norm_offset=1.0)
 
 
 # ModernBertForMaskedLM's prediction head and decoder (tied to the embedding), and the prediction head the
@@ -229,11 +248,12 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
     "llama": (("model.", ""), llama_params),        # *ForCausalLM under "model.", the bare model at the root
     "modernbert": (("model.", ""), modernbert_params),  # ModernBertForX under "model.", the bare model at the root
     "distilbert": (("distilbert.", ""), distilbert_params),  # a model_type whose names are its own (params_reader)
+    "gemma3_text": (("model.", ""), gemma3_params),
 }
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
 MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
            "modernbert": "embeddings.tok_embeddings.weight",
-           "distilbert": "embeddings.word_embeddings.weight"}
+           "distilbert": "embeddings.word_embeddings.weight", "gemma3_text": "embed_tokens.weight"}
 
 
 def params_reader(config: ModelConfig) -> str:

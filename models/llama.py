@@ -1,6 +1,7 @@
-"""Llama-family decoder (Flax NNX) for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM
-checkpoints: token embedding, pre-norm blocks (RMSNorm, grouped-query causal attention with rotary positions and
-Qwen3's per-head q/k norms, gated SiLU MLP), final RMSNorm, and an output head tied to the embedding or its own.
+"""Llama-family decoder (Flax NNX) for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
+Gemma3ForCausalLM checkpoints: token embedding (Gemma: scaled), pre-norm blocks (RMSNorm, grouped-query causal
+attention with rotary positions and Qwen3's and Gemma's per-head q/k norms, gated SiLU or GELU MLP; Gemma: norms
+after the attention and MLP too), final RMSNorm, and an output head tied to the embedding or its own.
 
 Must not tokenize, score or pick a kernel: the attention name comes in through the constructor, and the
 kernel sees only the contract's q/k/v, segment ids and causal flag. Rotary positions restart in every packed
@@ -93,6 +94,7 @@ class GroupedQueryAttention(nnx.Module):
         self.rope, self.dtype, self.attention_impl = rope or config.rope, dtype, attention_impl
         self.window = window  # 0: the whole segment; else Mistral/Qwen2's sliding window, ModernBERT's local one
         self.causal = causal
+        self.scale = (config.query_pre_attn_scalar or head_dim) ** -0.5  # Gemma scales by its own scalar
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         batch, length, _ = x.shape
@@ -105,7 +107,7 @@ class GroupedQueryAttention(nnx.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = self.value(x).reshape(batch, length, self.kv_heads, self.head_dim)
         context = attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
-                            segment_ids=segment_ids, causal=self.causal, scale=self.head_dim ** -0.5,
+                            segment_ids=segment_ids, causal=self.causal, scale=self.scale,
                             impl=self.attention_impl, window=self.window or None)
         return self.output(context.reshape(batch, length, self.heads * self.head_dim))
 
@@ -125,19 +127,25 @@ class GatedFeedForward(nnx.Module):
 
 
 class LlamaBlock(nnx.Module):
-    """One pre-norm causal block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """One pre-norm causal block: x + attn(norm(x)), then x + mlp(norm(x)); with sandwich norms (Gemma) the
+    attention's and the MLP's outputs are normalised too before they are added."""
 
-    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs, window: int = 0):
+    def __init__(self, config: ModelConfig, layer: int, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
         self.attention_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
         self.attention = GroupedQueryAttention(config, attention_impl=attention_impl, dtype=dtype, rngs=rngs,
-                                               window=window)
+                                               window=config.layer_window(layer), rope=config.layer_rope(layer))
         self.feed_forward_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
         self.feed_forward = GatedFeedForward(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
-                                             dtype=dtype, rngs=rngs)
+                                             dtype=dtype, rngs=rngs, activation=config.activation)
+        sandwich = config.sandwich_norms
+        self.post_attention_norm = RMSNorm(config.hidden_size, config.layer_norm_eps) if sandwich else None
+        self.post_feed_forward_norm = RMSNorm(config.hidden_size, config.layer_norm_eps) if sandwich else None
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        x = x + self.attention(self.attention_norm(x), segment_ids)
-        return x + self.feed_forward(self.feed_forward_norm(x))
+        attended = self.attention(self.attention_norm(x), segment_ids)
+        x = x + (attended if self.post_attention_norm is None else self.post_attention_norm(attended))
+        fed = self.feed_forward(self.feed_forward_norm(x))
+        return x + (fed if self.post_feed_forward_norm is None else self.post_feed_forward_norm(fed))
 
 
 class LlamaDecoder(nnx.Module):
@@ -147,8 +155,9 @@ class LlamaDecoder(nnx.Module):
     def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: str = "float32", rngs: nnx.Rngs):
         self.compute_dtype = COMPUTE_DTYPES[dtype]
         self.token_embedding = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
-        self.layers = nnx.List([LlamaBlock(config, attention_impl=attention_impl, dtype=self.compute_dtype,
-                                           rngs=rngs, window=config.layer_window(i)) for i in range(config.num_layers)])
+        self.layers = nnx.List([LlamaBlock(config, i, attention_impl=attention_impl, dtype=self.compute_dtype,
+                                           rngs=rngs) for i in range(config.num_layers)])
+        self.embed_scale = config.embed_scale  # Gemma's sqrt(hidden_size); 0: none
         self.final_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
         # An untied head is its own [hidden, vocab] matrix; a tied one reads the embedding table; an embedder saved
         # without its untied head has none (config.lm_head).
@@ -160,7 +169,10 @@ class LlamaDecoder(nnx.Module):
         return self.logits(self.final_hidden(input_ids, segment_ids))
 
     def final_hidden(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        return self.final_norm(run_blocks(self.layers, self.token_embedding(input_ids), segment_ids))
+        x = self.token_embedding(input_ids)
+        if self.embed_scale:
+            x = x * jnp.asarray(self.embed_scale, x.dtype)
+        return self.final_norm(run_blocks(self.layers, x, segment_ids))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Logits over the vocabulary, float32 out."""

@@ -58,6 +58,13 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",  # q/k RMSNorm per head, head_dim apart from hidden/heads, all biases
               dict(num_hidden_layers=2, max_position_embeddings=640, head_dim=24, attention_bias=True,
                    rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})),
+    # local layers 0 and 2 (a 16-token window, a theta of their own), a global one with linear rope scaling (as
+    # gemma-3-4b's), an attention scale of its own, sandwich norms, a scaled embedding, a tied head
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(num_hidden_layers=3, max_position_embeddings=640, head_dim=32, sliding_window=16,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"], query_pre_attn_scalar=24,
+                    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100_000.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1_000.0}})),
 }
 
 
@@ -87,10 +94,10 @@ def build_hf(out: Path, family: str, **overrides) -> Path:
     torch.manual_seed(0)
     config = getattr(transformers, config_class)(vocab_size=vocab, **{**COMMON, **keywords, **overrides})
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():  # norms start at ones; scales of their own catch a norm read into the wrong place
+    with torch.no_grad():  # norms start at ones (Gemma's at zeros); scales of their own catch a norm read into the wrong place
         for name, weight in model.named_parameters():
             if "norm" in name:
-                weight.mul_(1 + 0.2 * torch.randn_like(weight))
+                weight.mul_(1 + 0.2 * torch.randn_like(weight)).add_(0.2 * torch.randn_like(weight))
     model.save_pretrained(out)
     assert (out / "model.safetensors").exists() and not list(out.glob("*.bin"))
     return out
@@ -151,7 +158,7 @@ def test_config_reads_each_family(converted):
     config = loaded.config
     ids = np.ones((1, 16), np.int32)
     scans = str(jax.make_jaxpr(loaded.model)(ids, ids)).count("scan[")
-    assert scans == (0 if family == "qwen2-window" else 1)  # one scanned body; mixed layer kinds run one by one
+    assert scans == (0 if family in ("qwen2-window", "gemma3") else 1)  # one scanned body; mixed layer kinds one by one
     want = {
         "llama": dict(kv_heads=2, head_dim=16, qkv_bias=False, tie_word_embeddings=False, sliding_window=0,
                       rope=Rope(theta=500_000.0)),
@@ -163,13 +170,18 @@ def test_config_reads_each_family(converted):
                       rope=Rope(1_000_000.0, "linear", 2.0)),
         "qwen3": dict(head_dim=24, qk_norm=True, qkv_bias=True, output_bias=True, mlp_bias=False, sliding_window=0,
                       layer_norm_eps=1e-5, rope=Rope(1_000_000.0)),
+        "gemma3": dict(head_dim=32, qk_norm=True, sliding_window=16, sliding_layers=(0, 2), tie_word_embeddings=True,
+                       embed_scale=8.0, sandwich_norms=True, query_pre_attn_scalar=24.0, activation="gelu_tanh",
+                       rope=Rope(100_000.0, "linear", 2.0), local_rope=Rope(1_000.0)),
     }[family]
-    assert config.qk_norm == (family == "qwen3")
+    assert config.qk_norm == (family in ("qwen3", "gemma3"))
+    assert config.sandwich_norms == (family == "gemma3") and (config.embed_scale > 0) == (family == "gemma3")
     assert {key: getattr(config, key) for key in want} == want
     metadata = json.loads((model_dir / "metadata.json").read_text())
     assert metadata["family"] == "llama"
-    # the default window length: the sliding window where there is one (longer is allowed: --max_seq_len)
-    assert metadata["max_seq_len"] == {"mistral": 32, "qwen2-window": 24}.get(family, 640)
+    # the default window length: the sliding window where every layer slides (longer is allowed: --max_seq_len);
+    # a model with global layers too sees the whole text through them
+    assert metadata["max_seq_len"] == {"mistral": 32}.get(family, 640)
 
 
 def test_transformers_4_config_layout_reads_the_same_rope():
@@ -346,7 +358,7 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
     kernel without local attention is refused, not silently run without it."""
     family, hf_dir, model_dir = converted
     config = models.load(str(model_dir), attention="native").config
-    expected = {"mistral": (32, (0, 1)), "qwen2-window": (24, (1, 2))}.get(family, (0, ()))
+    expected = {"mistral": (32, (0, 1)), "qwen2-window": (24, (1, 2)), "gemma3": (16, (0, 2))}.get(family, (0, ()))
     assert (config.sliding_window, config.sliding_layers) == expected
     if not config.sliding_window:
         return
@@ -355,15 +367,16 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
                 has_segments=True, q_len=4096, kv_len=4096, window=config.sliding_window)
     assert resolve("auto", "gpu", heads=4, kv_heads=2, head_dim=16, dtype="bfloat16", causal=True,
                    has_segments=True, q_len=4096, kv_len=4096, window=config.sliding_window) in ("xla", "blockwise")
-    # Dataflow GPU/TPU workers: converted at its window (docscore convert's default for it), no row is longer than
-    # the window, which then masks nothing, and their flash kernels run it; converted at twice the window, flash is
-    # refused before the job starts, as the workers' loader would refuse it. auto plans (and records) the kernel
-    # the workers will run. The workers read the input and the models from GCS (here its emulator).
+    # Dataflow GPU/TPU workers: converted at its window (docscore convert's default where every layer slides), no
+    # row is longer than the window, which then masks nothing, and their flash kernels run it; converted at twice
+    # the window, flash is refused before the job starts, as the workers' loader would refuse it. auto plans (and
+    # records) the kernel the workers will run. The workers read the input and the models from GCS (its emulator).
     fs = gcs.fs()
     fs.pipe(f"{gcs.bucket}/docs.jsonl", b'{"id": "a", "text": "a short text"}\n')
-    long_dir = tmp_path / "converted-at-twice-the-window"
+    window_dir, long_dir = tmp_path / "converted-at-the-window", tmp_path / "converted-at-twice-the-window"
+    assert convert_main(["--hf", str(hf_dir), "--out", str(window_dir), "--max_seq_len", str(config.sliding_window)]) == 0
     assert convert_main(["--hf", str(hf_dir), "--out", str(long_dir), "--max_seq_len", str(2 * config.sliding_window)]) == 0
-    fs.put(str(model_dir), f"{gcs.bucket}/window", recursive=True)
+    fs.put(str(window_dir), f"{gcs.bucket}/window", recursive=True)
     fs.put(str(long_dir), f"{gcs.bucket}/twice", recursive=True)
     for accelerator, backend in (("nvidia-l4;count:1;install-nvidia-driver", "gpu"), ("tpu-v5-lite-podslice;topology:1x1", "tpu")):
         def plan(attention, *extra, model=gcs.url("window")):
@@ -528,3 +541,34 @@ def test_the_kernel_is_chosen_for_the_runs_rows_not_the_models_longest(tmp_path,
 def test_refusals_name_the_key_and_value_the_file_holds(hf, says):
     with pytest.raises(models.ModelLoadError, match=re.escape(says)):
         config_from_hf(hf)
+
+
+GEMMA3_4X = {  # gemma-3-4b's text config as transformers 4.x saved it: one rope_theta, rope_scaling for the global
+    "model_type": "gemma3_text", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 12,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 4096,
+    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "sliding_window": 1024, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256}
+
+
+def test_gemma3_configs_read_as_transformers_reads_them():
+    """A transformers 4.x Gemma 3 config (sliding_window_pattern, rope_local_base_freq, rope_scaling) gives the
+    layer types and rotary settings transformers 5 builds from it; what docscore does not compute is refused by key."""
+    import transformers
+
+    ours = config_from_hf(GEMMA3_4X)
+    theirs = transformers.Gemma3TextConfig(**{k: v for k, v in GEMMA3_4X.items() if k != "model_type"})
+    assert ours.sliding_layers == tuple(i for i, kind in enumerate(theirs.layer_types) if kind == "sliding_attention")
+    assert ours.sliding_layers == (0, 1, 2, 3, 4, 6, 7, 8, 9, 10) and ours.sliding_window == theirs.sliding_window
+    full, local = theirs.rope_parameters["full_attention"], theirs.rope_parameters["sliding_attention"]
+    assert ours.rope == Rope(full["rope_theta"], full["rope_type"], full["factor"]) == Rope(1e6, "linear", 8.0)
+    assert ours.local_rope == Rope(local["rope_theta"]) == Rope(10_000.0)
+    assert (ours.head_dim, ours.query_pre_attn_scalar, ours.embed_scale, ours.tie_word_embeddings) == (32, 256.0, 8.0, True)
+    for change, says in (({"final_logit_softcapping": 30.0}, "final_logit_softcapping 30.0 is not supported"),
+                         ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0 is not supported"),
+                         ({"use_bidirectional_attention": True}, "use_bidirectional_attention true (EmbeddingGemma)"),
+                         ({"hidden_activation": "gelu"}, "hidden_activation 'gelu' is not supported for gemma3_text"),
+                         ({"sliding_window_pattern": 0}, "sliding_window_pattern is 0"),
+                         ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "full_attention layers: rope_scaling"),
+                         ({"rope_parameters": {"rope_type": "default"}}, "Gemma 3's are per layer type")):
+        with pytest.raises(models.ModelLoadError, match=re.escape(says)):
+            config_from_hf({**GEMMA3_4X, **change})
