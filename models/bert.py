@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.config import ModelConfig
-from models.layers import COMPUTE_DTYPES, FeedForward, SelfAttention, layer_norm, positions_in_segments, run_blocks
+from models.layers import (COMPUTE_DTYPES, FeedForward, SelfAttention, embedding_dense, layer_norm, positions_in_segments,
+                           run_blocks)
 
 
 class BertEmbeddings(nnx.Module):
@@ -62,6 +63,7 @@ class BertEncoder(nnx.Module):
         self.embeddings = BertEmbeddings(config, rngs)
         self.layers = nnx.List([BertLayer(config, attention_impl=attention_impl, dtype=compute, rngs=rngs)
                                 for _ in range(config.num_layers)])
+        self.dense = embedding_dense(config, rngs)  # a sentence-transformers model's Dense modules after pooling
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
         return run_blocks(self.layers, self.embeddings(input_ids, segment_ids), segment_ids)

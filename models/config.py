@@ -81,6 +81,20 @@ class Rope:
     original_max_positions: int = 0    # llama3
 
 
+# A Dense module's activation_function (sentence-transformers: a torch module path) -> our name
+DENSE_ACTIVATIONS = {"torch.nn.modules.linear.Identity": "identity", "torch.nn.modules.activation.Tanh": "tanh"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense:
+    """A sentence-transformers Dense module after the pooling: activation(pooled @ kernel + bias)."""
+
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # DENSE_ACTIVATIONS' names
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     family: Family
@@ -111,6 +125,10 @@ class ModelConfig:
     embed_scale: float = 0.0                       # llama: Gemma's multiplier of the token embedding, sqrt(hidden) (0: none)
     sandwich_norms: bool = False                   # llama: Gemma's RMSNorms after the attention and the MLP too
     query_pre_attn_scalar: float = 0.0             # llama: Gemma's attention scale is its -1/2 power (0: head_dim's)
+    bidirectional: bool = False                    # llama: every token attends both ways (EmbeddingGemma): an embedder
+    # a sentence-transformers model's Dense modules after its pooling (LaBSE, EmbeddingGemma): not in config.json,
+    # but metadata.json's `dense` (models/model_dir.py)
+    dense: tuple[Dense, ...] = ()
     # local attention: the kernels' window (|i - j| < sliding_window; kernels/interface.py), 0: none. llama:
     # Mistral/Qwen2's span (causal); modernbert: local_attention // 2 + 1 (each way)
     sliding_window: int = 0
@@ -150,6 +168,11 @@ class ModelConfig:
     @property
     def is_encoder(self) -> bool:
         return self.family in ENCODER_FAMILIES
+
+    @property
+    def causal(self) -> bool:
+        """Whether a token attends only to those before it (a decoder's, unless it attends both ways)."""
+        return not self.is_encoder and not self.bidirectional
 
     @property
     def gated_mlp(self) -> bool:
@@ -418,14 +441,13 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
     the MLP (their (1 + weight) scale is folded into the weight at convert), q/k norms, a GELU-tanh gated MLP, an
     attention scale of query_pre_attn_scalar ** -0.5, local layers (layer_types, else all but every
     sliding_window_pattern-th) attending within sliding_window with their own rotary theta. Gemma 2's soft-capping
-    and EmbeddingGemma's bidirectional attention are refused."""
+    are refused. With use_bidirectional_attention (EmbeddingGemma) every token attends both ways, a local one to
+    |i - j| < sliding_window // 2 + 1, as transformers reads it."""
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if hf.get(key) is not None:
             raise ModelLoadError(f"{key} {_shown(hf[key])} is not supported; docscore computes Gemma 3, which has none "
                                  "(null)")
-    if hf.get("use_bidirectional_attention"):
-        raise ModelLoadError("use_bidirectional_attention true (EmbeddingGemma) is not supported; docscore's Gemma 3 "
-                             "is the causal decoder")
+    bidirectional = bool(hf.get("use_bidirectional_attention", False))
     activation = hf.get("hidden_activation", GEMMA3["hidden_activation"])
     if activation != "gelu_pytorch_tanh":
         raise ModelLoadError(f"hidden_activation {activation!r} is not supported for gemma3_text; its gated MLP uses "
@@ -449,6 +471,8 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
     if sliding and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ModelLoadError(f"sliding_window is {_shown(window)}; it must be a whole number >= 1 (layer_types has "
                              "sliding_attention layers)")
+    if sliding and bidirectional:
+        window = window // 2 + 1  # transformers' Gemma3TextConfig: |i - j| < sliding_window // 2 + 1
     scalar = hf.get("query_pre_attn_scalar", GEMMA3["query_pre_attn_scalar"])
     number = None if isinstance(scalar, bool) else _as_float(scalar)
     if number is None or not 0 < number < math.inf:
@@ -466,7 +490,7 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", GEMMA3["tie_word_embeddings"])),
         sliding_window=window, sliding_layers=sliding,
         embed_scale=float(hidden) ** 0.5 if type(hidden) is int and hidden > 0 else 1.0, sandwich_norms=True,
-        query_pre_attn_scalar=number)
+        query_pre_attn_scalar=number, bidirectional=bidirectional)
 
 
 def _gemma3_ropes(hf: dict[str, Any]) -> dict[str, Rope]:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.config import ModelConfig
-from models.layers import (COMPUTE_DTYPES, FeedForward, SelfAttention, layer_norm,
+from models.layers import (COMPUTE_DTYPES, FeedForward, SelfAttention, embedding_dense, layer_norm,
                            positions_in_segments, run_blocks)
 
 
@@ -45,6 +45,7 @@ class GPT2Decoder(nnx.Module):
         self.layers = nnx.List([GPT2Block(config, i, attention_impl=attention_impl, dtype=self.compute_dtype,
                                           rngs=rngs) for i in range(config.num_layers)])
         self.final_norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs)
+        self.dense = embedding_dense(config, rngs)  # a sentence-transformers model's Dense modules after pooling
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
         return self.logits(self.final_hidden(input_ids, segment_ids))

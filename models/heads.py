@@ -26,9 +26,10 @@ POOLINGS = ("mean", "cls", "lasttoken")
 
 
 def segment_embeddings(hidden: jax.Array, segment_ids: jax.Array, max_segments: int,
-                       pooling: str = "mean") -> jax.Array:
-    """[B, L, D] -> [B, max_segments, D]: slot s = segment s + 1, `pooling` (POOLINGS) of its tokens' hidden
-    states, L2-normalised; zeros where a segment is absent."""
+                       pooling: str = "mean", dense: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+    """[B, L, D] -> [B, max_segments, D']: slot s = segment s + 1, `pooling` (POOLINGS) of its tokens' hidden
+    states, then `dense` (a sentence-transformers model's Dense modules: D -> D'), L2-normalised; zeros where a
+    segment is absent."""
     if pooling not in POOLINGS:
         raise ValueError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
     slots = jnp.arange(1, max_segments + 1, dtype=segment_ids.dtype)
@@ -40,7 +41,10 @@ def segment_embeddings(hidden: jax.Array, segment_ids: jax.Array, max_segments: 
     total = jnp.einsum("bls,bld->bsd", member, hidden.astype(jnp.float32),
                        precision=jax.lax.Precision.HIGHEST)
     count = jnp.sum(member, axis=1)[:, :, None]
-    return l2_normalize(total / jnp.maximum(count, 1e-9))
+    pooled = total / jnp.maximum(count, 1e-9)
+    if dense is not None:
+        pooled = jnp.where(count > 0, dense(pooled), 0.0)  # an absent segment stays zeros, not the bias's direction
+    return l2_normalize(pooled)
 
 
 # The largest [rows, positions, vocab] float32 logits block one log-softmax step holds: a decoder's logits for a

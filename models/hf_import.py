@@ -16,7 +16,7 @@ import numpy as np
 from safetensors import safe_open
 
 from models.architecture import check_param_shapes
-from models.config import ModelConfig, read_config
+from models.config import DENSE_ACTIVATIONS, Dense, ModelConfig, read_config
 from models.errors import ModelLoadError
 from models.model_dir import ModelMetadata, check_new_dir, unwritten_pooling, write_model_dir
 from models.tokenizer import MIN_SEQ_LEN, DocTokenizer
@@ -329,9 +329,9 @@ def tensor_prefix(tensors: dict[str, np.ndarray], family: str, marker: str) -> s
     return ""
 
 
-# sentence-transformers modules whose computation docscore's embeddings are: the encoder or decoder, mean, CLS or
-# last-token pooling, L2 normalisation (docscore normalises every embedding)
-SENTENCE_TRANSFORMERS_MODULES = ("Transformer", "Pooling", "Normalize")
+# sentence-transformers modules whose computation docscore's embeddings are, in this order: the encoder or decoder,
+# mean, CLS or last-token pooling, Dense projections, L2 normalisation (docscore normalises every embedding)
+SENTENCE_TRANSFORMERS_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
 
 
 def read_json_file(path: str) -> Any:
@@ -354,7 +354,7 @@ def json_object(path: str) -> dict[str, Any]:
 
 def sentence_transformers_modules(src: str) -> dict[str, str]:
     """{module type's last name: its folder} from a sentence-transformers directory's modules.json (the
-    usual three when there is none); refuses a module docscore does not compute (Dense, LayerNorm, ...),
+    usual three when there is none); refuses a module docscore does not compute (LayerNorm, ...),
     which sentence-transformers would apply after pooling."""
     listing = os.path.join(src, "modules.json")
     if not os.path.exists(listing):
@@ -368,10 +368,60 @@ def sentence_transformers_modules(src: str) -> dict[str, str]:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else ""
         if kind not in SENTENCE_TRANSFORMERS_MODULES:
             raise ModelLoadError(f"{listing}: module {module!r} is not supported; docscore computes only "
-                                 f"{', '.join(SENTENCE_TRANSFORMERS_MODULES)} (the model, mean, CLS or last-token pooling, normalisation), "
+                                 f"{', '.join(SENTENCE_TRANSFORMERS_MODULES)} (the model, mean, CLS or last-token pooling, Dense, "
+                                 "normalisation), "
                                  "so its embeddings would differ from the sentence-transformers model's")
         found[kind] = str(module.get("path", ""))
     return found
+
+
+def sentence_transformers_dense(src: str, hidden_size: int) -> tuple[list[Dense], dict[str, Any]]:
+    """The Dense modules of a sentence-transformers directory, in modules.json's order (after the Pooling, before
+    the Normalize), and their parameters as the models' `dense` (models/layers.py embedding_dense): each folder's
+    config.json (in_features, out_features, bias, activation_function) and model.safetensors (linear.weight,
+    linear.bias). ([], {}) without any."""
+    listing = os.path.join(src, "modules.json")
+    if not os.path.exists(listing):
+        return [], {}
+    modules = read_json_file(listing)  # sentence_transformers_modules has checked its shape and kinds
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    folders = [str(m.get("path", "")) for m, kind in zip(modules, kinds) if kind == "Dense"]
+    if not folders:
+        return [], {}
+    dense_at = [i for i, kind in enumerate(kinds) if kind == "Dense"]
+    if "Pooling" not in kinds or dense_at[0] < kinds.index("Pooling") or kinds[dense_at[0]:dense_at[-1] + 1] != ["Dense"] * len(dense_at) \
+            or ("Normalize" in kinds and kinds.index("Normalize") < dense_at[-1]):
+        raise ModelLoadError(f"{listing}: modules {kinds}: docscore computes Dense modules one after another between "
+                             "the Pooling and the Normalize")
+    specs, layers, width = [], {}, hidden_size
+    for k, folder in enumerate(folders):
+        path = os.path.join(src, folder)
+        config = json_object(os.path.join(path, "config.json"))
+        activation = config.get("activation_function", "torch.nn.modules.activation.Tanh")  # Dense's default
+        if activation not in DENSE_ACTIVATIONS:
+            raise ModelLoadError(f"{os.path.join(path, 'config.json')}: activation_function {activation!r} is not "
+                                 f"supported; docscore computes {', '.join(DENSE_ACTIVATIONS)}")
+        spec = Dense(in_features=config.get("in_features"), out_features=config.get("out_features"),
+                     bias=config.get("bias", True), activation=DENSE_ACTIVATIONS[activation])
+        if spec.in_features != width or type(spec.out_features) is not int or not 1 <= spec.out_features <= 262_144 \
+                or type(spec.bias) is not bool:
+            raise ModelLoadError(f"{os.path.join(path, 'config.json')}: in_features {spec.in_features!r}, out_features "
+                                 f"{spec.out_features!r}, bias {spec.bias!r}: expected in_features {width} (the "
+                                 "embedding it receives), a positive out_features and a true or false bias")
+        tensors, where = read_safetensors(path)
+        source = TensorSource(tensors, where, "")
+        weight = source.take("linear.weight")
+        if weight.shape != (spec.out_features, spec.in_features):
+            raise ModelLoadError(f"{where}: linear.weight is {list(weight.shape)}; its config.json says "
+                                 f"[{spec.out_features}, {spec.in_features}]")
+        linear = {"kernel": weight.T}
+        if spec.bias:
+            linear["bias"] = source.take("linear.bias")
+        source.check_all_used()
+        specs.append(spec)
+        layers[k] = {"linear": linear}
+        width = spec.out_features
+    return specs, {"layers": layers}
 
 
 def transformer_folder(src: str) -> str:
@@ -571,6 +621,10 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, reader, MARKERS[reader]))
     params = FAMILY_PARAMS[reader][1](tensor_source, config)
     tensor_source.check_all_used(task_heads(json.loads(texts["config.json"])))
+    dense, dense_params = sentence_transformers_dense(root, config.hidden_size) if pooling else ([], {})
+    if dense:
+        config = dataclasses.replace(config, dense=tuple(dense))
+        params["dense"] = dense_params
     try:
         check_param_shapes(params, config, where)
     except ValueError as err:
@@ -578,5 +632,5 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     return write_model_dir(dst, params=params, config_text=texts["config.json"],
                            tokenizer_text=texts["tokenizer.json"], family=config.family, max_seq_len=seq_len,
                            source=source or os.path.abspath(root), exist_ok=exist_ok, pooling=pooling,
-                           prompts=prompts)
+                           prompts=prompts, dense=[dataclasses.asdict(spec) for spec in dense])
 

@@ -35,6 +35,25 @@ ACTIVATIONS = {
 }
 
 
+class EmbeddingDense(nnx.Module):
+    """A sentence-transformers Dense module (models/config.py Dense): activation(x @ kernel + bias) of a pooled
+    embedding, in float32."""
+
+    def __init__(self, spec: Any, rngs: nnx.Rngs):
+        self.linear = nnx.Linear(spec.in_features, spec.out_features, use_bias=spec.bias, rngs=rngs)
+        self.activation = spec.activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = self.linear(x)
+        return jnp.tanh(y) if self.activation == "tanh" else y
+
+
+def embedding_dense(config: Any, rngs: nnx.Rngs) -> nnx.Sequential | None:
+    """The Dense modules an embedding passes through after its pooling (config.dense), in order; None when there
+    are none, so a model without them keeps the parameters it always had."""
+    return nnx.Sequential(*[EmbeddingDense(spec, rngs) for spec in config.dense]) if config.dense else None
+
+
 def layer_norm(features: int, eps: float, rngs: nnx.Rngs, *, bias: bool = True) -> nnx.LayerNorm:
     """LayerNorm computed in float32 whatever the matmul dtype (two-pass variance, as PyTorch); without a bias
     where the checkpoint has none (ModernBERT's norm_bias false)."""

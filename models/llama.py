@@ -18,7 +18,7 @@ from flax import nnx
 
 from kernels import attention
 from models.config import ModelConfig, Rope
-from models.layers import ACTIVATIONS, COMPUTE_DTYPES, positions_in_segments, run_blocks
+from models.layers import ACTIVATIONS, COMPUTE_DTYPES, embedding_dense, positions_in_segments, run_blocks
 
 
 def dense(features_in: int, features_out: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
@@ -133,7 +133,8 @@ class LlamaBlock(nnx.Module):
     def __init__(self, config: ModelConfig, layer: int, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
         self.attention_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
         self.attention = GroupedQueryAttention(config, attention_impl=attention_impl, dtype=dtype, rngs=rngs,
-                                               window=config.layer_window(layer), rope=config.layer_rope(layer))
+                                               window=config.layer_window(layer), rope=config.layer_rope(layer),
+                                               causal=config.causal)
         self.feed_forward_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
         self.feed_forward = GatedFeedForward(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
                                              dtype=dtype, rngs=rngs, activation=config.activation)
@@ -159,6 +160,7 @@ class LlamaDecoder(nnx.Module):
                                            rngs=rngs) for i in range(config.num_layers)])
         self.embed_scale = config.embed_scale  # Gemma's sqrt(hidden_size); 0: none
         self.final_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
+        self.dense = embedding_dense(config, rngs)  # a sentence-transformers model's Dense modules after pooling
         # An untied head is its own [hidden, vocab] matrix; a tied one reads the embedding table; an embedder saved
         # without its untied head has none (config.lm_head).
         self.has_lm_head = config.lm_head

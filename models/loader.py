@@ -24,7 +24,7 @@ import kernels
 from models.architecture import abstract_model, every_param_shape
 from models.builtin import BUILTINS, builtin_dir, discard_copy
 from models.checkpoint import fingerprint, restore_params, stored_shapes
-from models.config import ModelConfig, hf_keys, read_config
+from models.config import Dense, ModelConfig, hf_keys, read_config
 from models.errors import DamagedModelDir, MachineShortOf, ModelLoadError, short_of, shortage
 from models.heads import POOLINGS, next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES, stack_blocks, stack_params, stacked_abstract
@@ -58,8 +58,9 @@ def embed_packed_program(graphdef: nnx.GraphDef, state: nnx.State, input_ids: ja
                          max_segments: int, *, pooling: str = "mean") -> jax.Array:
     """What LoadedModel.embed_packed runs: the model's segment embeddings (an encoder's output, a decoder's final
     hidden states), pooled as the model was converted."""
-    hidden = nnx.merge(graphdef, state).final_hidden(input_ids, segment_ids)
-    return segment_embeddings(hidden, segment_ids, max_segments, pooling)
+    model = nnx.merge(graphdef, state)
+    hidden = model.final_hidden(input_ids, segment_ids)
+    return segment_embeddings(hidden, segment_ids, max_segments, pooling, dense=model.dense)
 
 
 def token_logprobs_program(graphdef: nnx.GraphDef, state: nnx.State, input_ids: jax.Array,
@@ -141,6 +142,9 @@ class LoadedModel:
         if method == "token_logprobs" and self.config.is_encoder:
             raise ValueError(f"token_logprobs() needs a decoder model, but {self.model_id} ({self.config.family}) is an "
                              "encoder; use embed_packed")
+        if method == "token_logprobs" and self.config.bidirectional:
+            raise ValueError(f"token_logprobs() needs a causal decoder, but {self.model_id} attends both ways (an "
+                             "embedder); use embed_packed")
         if method == "token_logprobs" and not self.config.lm_head:
             raise ValueError(f"token_logprobs() needs a language-model head, but {self.model_id} is a decoder embedder "
                              "converted without one; use embed_packed")
@@ -292,7 +296,7 @@ def model_shape_info(config: ModelConfig, max_seq_len: int, dtype: str) -> dict:
     """The kernels' shape info (kernels.SHAPE_KEYS) of this model's attention on the pipeline's packed rows of up to
     max_seq_len tokens."""
     return dict(heads=config.num_heads, kv_heads=config.kv_heads, head_dim=config.head_dim, dtype=dtype,
-                causal=not config.is_encoder, has_segments=True, q_len=max_seq_len, kv_len=max_seq_len,
+                causal=config.causal, has_segments=True, q_len=max_seq_len, kv_len=max_seq_len,
                 window=config.sliding_window or None)
 
 
@@ -319,6 +323,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
         raise DamagedModelDir(f"{params_dir}: missing; {path} has no checkpoint (re-create it with "
                               "`docscore convert`)")
     stored = stored_shapes(params_dir)
+    config = dataclasses.replace(config, dense=tuple(Dense(**spec) for spec in metadata.dense))
     if metadata.pooling and config.family == "llama" and not config.tie_word_embeddings and "lm_head/kernel" not in stored:
         config = dataclasses.replace(config, lm_head=False)  # an embedder converted without its head (hf_import)
     check_config_fits_checkpoint(config, stored, config_path, params_dir)

@@ -20,7 +20,7 @@ from typing import Any
 
 from models.checkpoint import fingerprint, save_params
 from models.errors import DamagedModelDir, ModelDirNotWritten, ModelLoadError, disk_full, short_of, shortage
-from models.config import ENCODER_FAMILIES
+from models.config import DENSE_ACTIVATIONS, ENCODER_FAMILIES, MAX_SIZES, Dense
 from models.heads import POOLINGS
 from models.tokenizer import PROMPT_ROLES
 
@@ -44,6 +44,9 @@ class ModelMetadata:
     # the text sentence-transformers puts before a document and before a query (models/tokenizer.py PROMPT_ROLES),
     # from config_sentence_transformers.json; left unwritten when there is none
     prompts: dict[str, str] = dataclasses.field(default_factory=dict)
+    # the sentence-transformers Dense modules after the pooling, in order (models/config.py Dense's fields); left
+    # unwritten when there are none
+    dense: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def unwritten_pooling(family: str) -> str | None:
@@ -59,8 +62,9 @@ def metadata_json(metadata: ModelMetadata) -> str:
     fields = dataclasses.asdict(metadata)
     if fields["pooling"] == unwritten_pooling(metadata.family):
         del fields["pooling"]
-    if not fields["prompts"]:
-        del fields["prompts"]
+    for name in ("prompts", "dense"):
+        if not fields[name]:
+            del fields[name]
     return json.dumps(fields, indent=2) + "\n"
 
 
@@ -129,13 +133,14 @@ def remove_unfinished() -> list[str]:
 
 def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, tokenizer_text: str,
                     family: str, max_seq_len: int, source: str, exist_ok: bool = False,
-                    pooling: str | None = "mean", prompts: dict[str, str] | None = None) -> ModelMetadata:
+                    pooling: str | None = "mean", prompts: dict[str, str] | None = None,
+                    dense: list[dict[str, Any]] | None = None) -> ModelMetadata:
     """Write a complete model directory at `dst`, atomically: built in a temporary sibling, then renamed.
     When `dst` appears meanwhile (another process converted the same model) and exist_ok, keep theirs."""
     dst_path = Path(dst).absolute()
     tmp = dst_path.parent / f".{dst_path.name}.tmp-{uuid.uuid4().hex}"
     metadata = ModelMetadata(family=family, max_seq_len=int(max_seq_len), source=source, pooling=pooling,
-                             prompts=dict(prompts or {}),
+                             prompts=dict(prompts or {}), dense=list(dense or []),
                              fingerprint=fingerprint(params, config_text.encode(), tokenizer_text.encode()))
     dst_path.parent.mkdir(parents=True, exist_ok=True)  # outside the try: the model cache turns its OSError into --cache_dir
     UNFINISHED.add(tmp)
@@ -248,6 +253,24 @@ def _metadata_problem(metadata: ModelMetadata) -> str | None:
         return f"prompts must map {' and/or '.join(PROMPT_ROLES)} to a non-empty string"
     if prompts and metadata.pooling is None:
         return "prompts are given, but the model embeds nothing (no pooling)"
+    if not isinstance(metadata.dense, list) or not all(dense_problem(d) is None for d in metadata.dense):
+        first = next((dense_problem(d) for d in metadata.dense), None) if isinstance(metadata.dense, list) else None
+        return f"dense is not a list of Dense modules ({first or 'a list expected'})"
+    if metadata.dense and metadata.pooling is None:
+        return "dense modules are given, but the model embeds nothing (no pooling)"
+    return None
+
+
+def dense_problem(entry: Any) -> str | None:
+    """Why a metadata.json `dense` entry is not one models/config.py Dense reads, or None."""
+    fields = {f.name for f in dataclasses.fields(Dense)}
+    if not isinstance(entry, dict) or set(entry) != fields:
+        return f"each entry has exactly {', '.join(sorted(fields))}"
+    sizes = (entry["in_features"], entry["out_features"])
+    if not all(type(n) is int and 1 <= n <= MAX_SIZES["hidden_size"] for n in sizes):
+        return f"in_features and out_features are whole numbers from 1 to {MAX_SIZES['hidden_size']:,}"
+    if type(entry["bias"]) is not bool or entry["activation"] not in DENSE_ACTIVATIONS.values():
+        return f"bias is true or false and activation one of {', '.join(DENSE_ACTIVATIONS.values())}"
     return None
 
 
@@ -298,7 +321,7 @@ def fetch_remote(url: str, cache_dir: str) -> str:
     metadata = parse_metadata(text, f"{url}/{METADATA}")
     # a pooling metadata.json leaves unwritten: the name earlier versions gave the copy; prompts: a digest of them
     pooled = "" if metadata.pooling == unwritten_pooling(metadata.family) else f"-{metadata.pooling}"
-    if metadata.prompts:
+    if metadata.prompts:  # Dense weights are in the fingerprint; prompts are not
         pooled += "-" + hashlib.sha256(json.dumps(metadata.prompts, sort_keys=True).encode()).hexdigest()[:12]
     local = Path(cache_dir) / "remote" / f"{metadata.fingerprint}-{metadata.max_seq_len}{pooled}"
     if (local / METADATA).exists():

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.config import ModelConfig
-from models.layers import COMPUTE_DTYPES, layer_norm, run_blocks
+from models.layers import COMPUTE_DTYPES, embedding_dense, layer_norm, run_blocks
 from models.llama import GatedFeedForward, GroupedQueryAttention
 
 
@@ -60,6 +60,7 @@ class ModernBertEncoder(nnx.Module):
         self.layers = nnx.List([ModernBertLayer(config, i, attention_impl=attention_impl, dtype=compute, rngs=rngs)
                                 for i in range(config.num_layers)])
         self.final_norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs, bias=config.norm_bias)
+        self.dense = embedding_dense(config, rngs)  # a sentence-transformers model's Dense modules after pooling
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
         return self.final_norm(run_blocks(self.layers, self.embeddings(input_ids), segment_ids))

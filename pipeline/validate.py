@@ -127,6 +127,10 @@ def check_task_and_windows(eo: EvalOptions, loaded) -> int:
     family = loaded.config.family
     if not task.model.accepts(family, loaded.pooling):
         raise ConfigError(task.model.refuse(eo.task, eo.model, family))
+    if task.per_token and not loaded.config.causal:
+        raise ConfigError(f"--task={eo.task} scores each token from those before it, but --model {eo.model} attends "
+                          "both ways (use_bidirectional_attention: an embedder); use it with --task embed, similarity "
+                          "or classify")
     if task.per_token and not loaded.config.lm_head:
         raise ConfigError(f"--task={eo.task} scores tokens with the model's language-model head, but --model {eo.model} "
                           "is a decoder embedder converted without one (its checkpoint had no lm_head.weight); use it "

@@ -283,21 +283,22 @@ ST_MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers
 
 
 def test_sentence_transformers_modules_after_pooling_that_docscore_does_not_compute_are_refused(hf_bert, tmp_path, capsys):
-    """A Dense layer after pooling (modules.json) changes the embedding; converting without it would be silently
-    wrong, with or without --max_seq_len. The usual Transformer + Pooling(mean) + Normalize converts."""
+    """A LayerNorm after pooling (modules.json) changes the embedding; converting without it would be silently
+    wrong, with or without --max_seq_len. The usual Transformer + Pooling(mean) + Normalize converts (Dense modules
+    too: tests/test_sentence_transformers_dense.py)."""
     src = broken_copy(hf_bert, tmp_path)
     (src / "1_Pooling").mkdir()
     (src / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
                                                                "pooling_mode_mean_tokens": True}))
     (src / "modules.json").write_text(json.dumps(ST_MODULES))
     assert convert(src, tmp_path / "ok", capsys)[0] == 0
-    dense = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
-    (src / "modules.json").write_text(json.dumps(ST_MODULES[:2] + [dense] + ST_MODULES[2:]))
+    norm = {"idx": 2, "name": "2", "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"}
+    (src / "modules.json").write_text(json.dumps(ST_MODULES[:2] + [norm] + ST_MODULES[2:]))
     for extra in ([], ["--max_seq_len", "32"]):
-        code = main(["--hf", str(src), "--out", str(tmp_path / "dense"), *extra])
+        code = main(["--hf", str(src), "--out", str(tmp_path / "norm"), *extra])
         message = capsys.readouterr().err
-        assert code == 2 and "modules.json: module" in message and "Dense" in message, message
-        assert not (tmp_path / "dense").exists()
+        assert code == 2 and "modules.json: module" in message and "LayerNorm" in message, message
+        assert not (tmp_path / "norm").exists()
 
 
 def test_a_sharded_checkpoint_reads_the_shards_its_index_names_and_names_a_missing_one(hf_bert, tmp_path, capsys):

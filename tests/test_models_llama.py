@@ -563,9 +563,14 @@ def test_gemma3_configs_read_as_transformers_reads_them():
     assert ours.rope == Rope(full["rope_theta"], full["rope_type"], full["factor"]) == Rope(1e6, "linear", 8.0)
     assert ours.local_rope == Rope(local["rope_theta"]) == Rope(10_000.0)
     assert (ours.head_dim, ours.query_pre_attn_scalar, ours.embed_scale, ours.tie_word_embeddings) == (32, 256.0, 8.0, True)
+    assert ours.causal and not ours.bidirectional
+    # EmbeddingGemma: both ways, a local layer within half its window each way (transformers keeps |i - j| < 1024 // 2 + 1)
+    both = config_from_hf({**GEMMA3_4X, "use_bidirectional_attention": True})
+    assert (both.causal, both.sliding_window) == (False, 1024 // 2 + 1)
+    assert both.sliding_window == transformers.Gemma3TextConfig(**{k: v for k, v in GEMMA3_4X.items() if k != "model_type"},
+                                                                use_bidirectional_attention=True).sliding_window
     for change, says in (({"final_logit_softcapping": 30.0}, "final_logit_softcapping 30.0 is not supported"),
                          ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0 is not supported"),
-                         ({"use_bidirectional_attention": True}, "use_bidirectional_attention true (EmbeddingGemma)"),
                          ({"hidden_activation": "gelu"}, "hidden_activation 'gelu' is not supported for gemma3_text"),
                          ({"sliding_window_pattern": 0}, "sliding_window_pattern is 0"),
                          ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "full_attention layers: rope_scaling"),
