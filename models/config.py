@@ -197,6 +197,13 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
         raise ModelLoadError(f"{path}: a quantized checkpoint (quantization_config quant_method {method!r}) is not "
                              "supported; docscore reads float weights: convert the model's unquantized release")
+    if family not in ENCODER_FAMILIES and "is_causal" in hf and not hf["is_causal"]:
+        # transformers 5 builds a bidirectional mask for any decoder whose config says so (masking_utils), and
+        # sentence-transformers embeds with it; docscore's decoders attend causally, so every output would differ
+        raise ModelLoadError(f"{path}: is_causal {_shown(hf['is_causal'])}: transformers runs this {model_type} with "
+                             "bidirectional attention (every token sees the whole text), but docscore's decoders "
+                             "attend causally, so its embeddings and scores would differ from the model's; only "
+                             "causal decoders are supported")
     try:
         config = {"bert": _distilbert if model_type == "distilbert" else _bert, "gpt2": _gpt2,
                   "llama": _gemma3 if model_type == "gemma3_text" else _llama, "modernbert": _modernbert}[family](hf)

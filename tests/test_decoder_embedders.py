@@ -145,3 +145,21 @@ def test_a_decoder_embedder_without_its_head_embeds_and_refuses_token_scoring(tm
     with pytest.raises(ValueError, match="needs a language-model head"):
         loaded.token_logprobs(ids, np.ones_like(ids))
     assert np.isfinite(loaded.embed_packed(ids, np.ones_like(ids), 1)).all()
+
+
+@pytest.mark.parametrize("value", [False, None])
+def test_a_decoder_whose_config_makes_it_bidirectional_is_refused_at_convert(value, tmp_path, capsys):
+    """transformers 5 runs a decoder whose config.json has a falsy is_causal with a bidirectional mask, and
+    sentence-transformers embeds with it (so its embeddings are not a causal decoder's); docscore's decoders attend
+    causally, so convert refuses it, naming the key, rather than writing a model whose embeddings differ."""
+    from sentence_transformers import SentenceTransformer
+
+    src = build_st_decoder(tmp_path / "st", "qwen2-mean")
+    causal = SentenceTransformer(str(src), device="cpu").encode(SENTENCES[:2], normalize_embeddings=True)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "is_causal": value}))
+    both_ways = SentenceTransformer(str(src), device="cpu").encode(SENTENCES[:2], normalize_embeddings=True)
+    assert np.sum(causal * both_ways, axis=1).max() < 0.99  # the key changes the model's embeddings
+    code, message = convert(src, tmp_path / "model", capsys)
+    assert code == 2 and f"is_causal {json.dumps(value)}: transformers runs this qwen2 with bidirectional" in message, message
+    assert not (tmp_path / "model").exists()
