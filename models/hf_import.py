@@ -505,8 +505,8 @@ def sentence_transformers_prompts(src: str, pooling: str | None) -> dict[str, st
     """The prompts of a sentence-transformers directory (config_sentence_transformers.json) as its encode_document
     and encode_query apply them: a document's is the first of its "document", "passage" and "corpus" prompts, a
     query's its "query" prompt, each else the default_prompt_name's; empty ones left out (models/tokenizer.py
-    PROMPT_ROLES). A Pooling that leaves the prompt's tokens out of a mean (include_prompt false) is refused:
-    docscore pools them too."""
+    PROMPT_ROLES). A Pooling that leaves the prompt's tokens out (include_prompt false) of a mean or CLS pooling is
+    refused: docscore pools them too."""
     settings = os.path.join(src, "config_sentence_transformers.json")
     if pooling is None or not os.path.exists(settings):  # a language model embeds nothing to prompt
         return {}
@@ -521,11 +521,14 @@ def sentence_transformers_prompts(src: str, pooling: str | None) -> dict[str, st
     fallback = prompts[default] if default else ""
     document = next((prompts[name] for name in ("document", "passage", "corpus") if name in prompts), fallback)
     found = {role: text for role, text in (("document", document), ("query", prompts.get("query", fallback))) if text}
-    if found and pooling == "mean":
+    if found and pooling != "lasttoken":  # the last token is never the prompt's: lasttoken is unchanged
         folder = sentence_transformers_modules(src).get("Pooling", "1_Pooling")
         pooling_config = os.path.join(src, folder, "config.json")
         if os.path.exists(pooling_config) and json_object(pooling_config).get("include_prompt") is False:
-            raise ModelLoadError(f"{pooling_config}: include_prompt false leaves the prompt's tokens out of the mean, "
+            # sentence-transformers masks the prompt's tokens (the leading specials with them) before pooling: a mean
+            # over the text alone, and CLS pooling takes the first token after the prompt
+            left_out = "the mean" if pooling == "mean" else "CLS pooling, which then takes the first token after it"
+            raise ModelLoadError(f"{pooling_config}: include_prompt false leaves the prompt's tokens out of {left_out}, "
                                  "which docscore does not; its embeddings would differ from the model's")
     return found
 

@@ -183,3 +183,19 @@ def test_prompts_are_read_as_sentence_transformers_picks_them_and_a_mean_without
                         "--model", tmp_path / "model", "--max_seq_len", "11")
     err = capsys.readouterr().err
     assert code == 2 and "--max_seq_len=11 leaves no room for text beside the model's 9-token prompt" in err, err
+
+
+def test_a_cls_pooling_that_leaves_the_prompt_out_is_refused(tmp_path, capsys):
+    """sentence-transformers masks the prompt's tokens ([CLS] with them) before pooling when include_prompt is false,
+    so its CLS pooling takes the first token after the prompt, not [CLS]: docscore, which pools [CLS], refuses it."""
+    from sentence_transformers import SentenceTransformer
+
+    src = sentence_transformers_dir(tmp_path / "st", pooling={"pooling_mode_cls_token": True, "include_prompt": False})
+    (src / "config_sentence_transformers.json").write_text(json.dumps({"prompts": E5}))
+    st = SentenceTransformer(str(src), device="cpu")
+    left_out = st.encode(SENTENCES[:2], prompt="passage: ", normalize_embeddings=True)
+    st.set_pooling_include_prompt(True)
+    assert np.sum(left_out * st.encode(SENTENCES[:2], prompt="passage: ", normalize_embeddings=True), axis=1).max() < 0.99
+    code, message = convert(src, tmp_path / "model", capsys)
+    assert code == 2 and "include_prompt false leaves the prompt's tokens out of CLS pooling" in message, message
+    assert not (tmp_path / "model").exists()
