@@ -502,10 +502,12 @@ def sentence_transformers_max_len(src: str, model_folder: str | None = None) -> 
 
 
 def sentence_transformers_prompts(src: str, pooling: str | None) -> dict[str, str]:
-    """The prompts of a sentence-transformers directory (config_sentence_transformers.json) as its encode_document
-    and encode_query apply them: a document's is the first of its "document", "passage" and "corpus" prompts, a
-    query's its "query" prompt, each else the default_prompt_name's; empty ones left out (models/tokenizer.py
-    PROMPT_ROLES). A Pooling that leaves the prompt's tokens out (include_prompt false) of a mean or CLS pooling is
+    """The prompts of a sentence-transformers directory (config_sentence_transformers.json) as encode_document's and
+    encode_query's documentation picks them: a document's is the first of its "document", "passage" and "corpus"
+    prompts, a query's its "query" prompt, each else the default_prompt_name's (as encode() applies it); empty ones
+    left out (models/tokenizer.py PROMPT_ROLES). sentence-transformers 6.3 itself adds empty "document" and "query"
+    prompts to every model, so its encode_document never takes "passage" (e5's) and neither method the default:
+    docscore applies the model's saved prompts, as encode(text, prompt=...) given them. A Pooling that leaves the prompt's tokens out (include_prompt false) of a mean or CLS pooling is
     refused: docscore pools them too."""
     settings = os.path.join(src, "config_sentence_transformers.json")
     if pooling is None or not os.path.exists(settings):  # a language model embeds nothing to prompt

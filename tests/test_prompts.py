@@ -19,6 +19,7 @@ from pipeline.stages.preprocess import WindowSpec, encode_text, tokenize_documen
 from pipeline.records import Document
 from tests.conftest import SENTENCES, byte_level_bpe, read_summary, read_table, run_docscore, write_jsonl
 from tests.test_convert import convert, sentence_transformers_dir
+from tests.test_summary_doc import doc_rows, key_paths, pattern
 
 E5 = {"query": "query: ", "passage": "passage: "}  # a space at the prompt's end: the text's first token takes it
 QWEN3 = {"query": "Instruct: Given a question, retrieve passages that answer it\nQuery:", "document": ""}
@@ -114,7 +115,10 @@ def test_embed_similarity_and_classify_equal_sentence_transformers_with_its_prom
     assert np.sum(ours * documents, axis=1).min() >= 0.99999
     plain = st.encode(texts, normalize_embeddings=True).astype(np.float64)
     assert np.sum(ours * plain, axis=1).max() < 0.999  # the prompt changed them
-    assert read_summary(tmp_path / "out", "embed")["model"]["prompts"] == {"document": "passage: ", "query": "query: "}
+    summary = read_summary(tmp_path / "out", "embed")
+    assert summary["model"]["prompts"] == {"document": "passage: ", "query": "query: "}
+    documented = [pattern(key) for key in doc_rows()]  # docs/summary.md documents every key, the prompts' too
+    assert not [path for path in key_paths(summary)[0] if not any(p.match(path) for p in documented)]
 
     expected = np.sum(st.encode(queries, prompt="query: ", normalize_embeddings=True) * documents, axis=1)
     np.testing.assert_allclose(run("similarity").score.to_numpy(), expected, atol=2e-5)

@@ -26,6 +26,7 @@ SOMETIMES = {
     "task_metrics.loglik_tokens", "task_metrics.total_loglik", "task_metrics.corpus_perplexity",  # loglik
     "task_metrics.spearman", "task_metrics.pearson",  # similarity
     "memory.device.peak_in_use_mb", "memory.device.end_in_use_mb", "memory.device.allocator_peak_mb",  # GPU, TPU
+    "model.prompts.document", "model.prompts.query",  # a model with prompts (tests/test_prompts.py checks them)
 }
 
 ROW_KEY = re.compile(r"^\|\s*`([^`]+)`\s*\|")  # a table row's first cell, one backticked key path
