@@ -507,8 +507,8 @@ def sentence_transformers_prompts(src: str, pooling: str | None) -> dict[str, st
     prompts, a query's its "query" prompt, each else the default_prompt_name's (as encode() applies it); empty ones
     left out (models/tokenizer.py PROMPT_ROLES). sentence-transformers 6.3 itself adds empty "document" and "query"
     prompts to every model, so its encode_document never takes "passage" (e5's) and neither method the default:
-    docscore applies the model's saved prompts, as encode(text, prompt=...) given them. A Pooling that leaves the prompt's tokens out (include_prompt false) of a mean or CLS pooling is
-    refused: docscore pools them too."""
+    docscore applies the model's saved prompts, as encode(text, prompt=...) given them. A mean or CLS Pooling that
+    leaves the prompt's tokens out (include_prompt false) is refused: docscore pools them too."""
     settings = os.path.join(src, "config_sentence_transformers.json")
     if pooling is None or not os.path.exists(settings):  # a language model embeds nothing to prompt
         return {}

@@ -161,5 +161,6 @@ def test_a_decoder_whose_config_makes_it_bidirectional_is_refused_at_convert(val
     both_ways = SentenceTransformer(str(src), device="cpu").encode(SENTENCES[:2], normalize_embeddings=True)
     assert np.sum(causal * both_ways, axis=1).max() < 0.99  # the key changes the model's embeddings
     code, message = convert(src, tmp_path / "model", capsys)
-    assert code == 2 and f"is_causal {json.dumps(value)}: transformers runs this qwen2 with bidirectional" in message, message
+    assert code == 2, message
+    assert f"is_causal {json.dumps(value)}: transformers runs this qwen2 with bidirectional" in message, message
     assert not (tmp_path / "model").exists()

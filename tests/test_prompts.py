@@ -199,7 +199,8 @@ def test_a_cls_pooling_that_leaves_the_prompt_out_is_refused(tmp_path, capsys):
     st = SentenceTransformer(str(src), device="cpu")
     left_out = st.encode(SENTENCES[:2], prompt="passage: ", normalize_embeddings=True)
     st.set_pooling_include_prompt(True)
-    assert np.sum(left_out * st.encode(SENTENCES[:2], prompt="passage: ", normalize_embeddings=True), axis=1).max() < 0.99
+    included = st.encode(SENTENCES[:2], prompt="passage: ", normalize_embeddings=True)
+    assert np.sum(left_out * included, axis=1).max() < 0.99  # the prompt's tokens, [CLS] among them, were left out
     code, message = convert(src, tmp_path / "model", capsys)
     assert code == 2 and "include_prompt false leaves the prompt's tokens out of CLS pooling" in message, message
     assert not (tmp_path / "model").exists()
