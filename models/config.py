@@ -197,21 +197,27 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
         raise ModelLoadError(f"{path}: a quantized checkpoint (quantization_config quant_method {method!r}) is not "
                              "supported; docscore reads float weights: convert the model's unquantized release")
-    if family not in ENCODER_FAMILIES and "is_causal" in hf and not hf["is_causal"]:
-        # transformers 5 builds a bidirectional mask for any decoder whose config says so (masking_utils), and
-        # sentence-transformers embeds with it; docscore's decoders attend causally, so every output would differ
+    # transformers 5 builds a bidirectional mask for any decoder whose config says so (masking_utils), and
+    # sentence-transformers embeds with it: a Llama-family decoder then attends both ways, as Gemma 3 does with its own
+    # key; where docscore has not checked transformers' both-ways mask (GPT-2, sliding windows) it is refused
+    both_ways = family not in ENCODER_FAMILIES and "is_causal" in hf and not hf["is_causal"]
+    if both_ways and (family != "llama" or model_type == "gemma3_text"):
+        instead = " (set use_bidirectional_attention instead)" if model_type == "gemma3_text" else ""
         raise ModelLoadError(f"{path}: is_causal {_shown(hf['is_causal'])}: transformers runs this {model_type} with "
-                             "bidirectional attention (every token sees the whole text), but docscore's decoders "
-                             "attend causally, so its embeddings and scores would differ from the model's; only "
-                             "causal decoders are supported")
+                             "bidirectional attention (every token sees the whole text), which docscore computes for "
+                             f"the Llama family only{instead}; its embeddings and scores would differ from the model's")
     try:
         config = {"bert": _distilbert if model_type == "distilbert" else _bert, "gpt2": _gpt2,
                   "llama": _gemma3 if model_type == "gemma3_text" else _llama, "modernbert": _modernbert}[family](hf)
-        config = dataclasses.replace(config, model_type=model_type)
+        config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: {model_type} config lacks the field {missing}; "
                              f"save the model's config with transformers' save_pretrained") from None
     check_bounds(config, path)
+    if both_ways and config.sliding_window:
+        raise ModelLoadError(f"{path}: is_causal {_shown(hf['is_causal'])} with a sliding window of "
+                             f"{config.sliding_window} is not supported: docscore computes a both-ways {model_type} "
+                             "without local attention only")
     if config.family == "llama" and config.num_heads % config.kv_heads:
         raise ModelLoadError(f"{path}: num_attention_heads {config.num_heads} is not a multiple of "
                              f"num_key_value_heads {config.kv_heads}")

@@ -148,19 +148,30 @@ def test_a_decoder_embedder_without_its_head_embeds_and_refuses_token_scoring(tm
 
 
 @pytest.mark.parametrize("value", [False, None])
-def test_a_decoder_whose_config_makes_it_bidirectional_is_refused_at_convert(value, tmp_path, capsys):
+def test_a_decoder_whose_config_makes_it_bidirectional_attends_both_ways(value, tmp_path, capsys):
     """transformers 5 runs a decoder whose config.json has a falsy is_causal with a bidirectional mask, and
-    sentence-transformers embeds with it (so its embeddings are not a causal decoder's); docscore's decoders attend
-    causally, so convert refuses it, naming the key, rather than writing a model whose embeddings differ."""
+    sentence-transformers embeds with it (so its embeddings are not a causal decoder's): docscore's Llama-family
+    decoder attends both ways too, and its embeddings equal sentence-transformers'; it scores no tokens. GPT-2 with
+    the key, and a sliding window with it, are refused at convert."""
     from sentence_transformers import SentenceTransformer
 
     src = build_st_decoder(tmp_path / "st", "qwen2-mean")
-    causal = SentenceTransformer(str(src), device="cpu").encode(SENTENCES[:2], normalize_embeddings=True)
+    causal = SentenceTransformer(str(src), device="cpu").encode(SENTENCES[:8], normalize_embeddings=True)
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, "is_causal": value}))
-    both_ways = SentenceTransformer(str(src), device="cpu").encode(SENTENCES[:2], normalize_embeddings=True)
+    both_ways = SentenceTransformer(str(src), device="cpu").encode(SENTENCES[:8], normalize_embeddings=True)
     assert np.sum(causal * both_ways, axis=1).max() < 0.99  # the key changes the model's embeddings
     code, message = convert(src, tmp_path / "model", capsys)
-    assert code == 2, message
-    assert f"is_causal {json.dumps(value)}: transformers runs this qwen2 with bidirectional" in message, message
-    assert not (tmp_path / "model").exists()
+    assert code == 0, message
+    loaded = models.load(str(tmp_path / "model"), attention="native")
+    assert (loaded.config.causal, loaded.config.bidirectional) == (False, True)
+    ours = embed_run(tmp_path, tmp_path / "model", SENTENCES[:8], "flash")
+    assert np.sum(ours * both_ways.astype(np.float64), axis=1).min() >= 0.99999
+    ids = loaded.tokenizer.encode_windows(["hello world"])[0].windows[0][None]
+    with pytest.raises(ValueError, match="needs a causal decoder"):
+        loaded.token_logprobs(ids, np.ones_like(ids))
+
+    (src / "config.json").write_text(json.dumps({**config, "is_causal": value, "use_sliding_window": True,
+                                                 "sliding_window": 8, "layer_types": ["sliding_attention"] * 2}))
+    code, message = convert(src, tmp_path / "windowed", capsys)
+    assert code == 2 and "with a sliding window of 8 is not supported" in message, (code, message[-600:])
