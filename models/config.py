@@ -326,20 +326,8 @@ def _modernbert(hf: dict[str, Any]) -> ModelConfig:
     global_attn_every_n_layers-th layer (from 0) global and the others local; a local layer sees keys
     |i - j| <= local_attention // 2 (transformers' sliding_window), the kernels' window local_attention // 2 + 1."""
     layers = hf["num_hidden_layers"]
-    layer_types = hf.get("layer_types")
-    if layer_types is None:
-        every = hf.get("global_attn_every_n_layers", 3)
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ModelLoadError(f"global_attn_every_n_layers is {_shown(every)}; it must be a whole number >= 1 (every "
-                                 "that many layers, from layer 0, attends globally)")
-        layer_types = ["sliding_attention" if i % every else "full_attention"
-                       for i in range(layers if type(layers) is int and 0 < layers <= MAX_SIZES["num_layers"] else 0)]
-    else:
-        _check_layer_types(layer_types)
-        if type(layers) is int and len(layer_types) != layers:
-            raise ModelLoadError(f"layer_types has {len(layer_types)} entries for num_hidden_layers {layers}; it "
-                                 "names one attention type per layer")
-    sliding = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    sliding = _local_layers(hf, "global_attn_every_n_layers", 3, global_first=True,
+                            says="every that many layers, from layer 0, attends globally")
     window = 0
     if sliding:
         span = hf.get("local_attention", 128)
@@ -363,6 +351,26 @@ def _modernbert(hf: dict[str, Any]) -> ModelConfig:
         rope=ropes["full_attention"], local_rope=ropes["sliding_attention"], qkv_bias=bool(bias), output_bias=bool(bias),
         mlp_bias=bool(hf.get("mlp_bias", False)), norm_bias=bool(hf.get("norm_bias", False)),
         sliding_window=window, sliding_layers=sliding)
+
+
+def _local_layers(hf: dict[str, Any], key: str, default: int, *, global_first: bool, says: str) -> tuple[int, ...]:
+    """The sliding_attention layers of a config with local and global layers, as transformers 5 reads it:
+    layer_types, else every `key`-th layer global (the first of each group when global_first, as ModernBERT's; the
+    last, as Gemma 3's) and the others local. Refuses a pattern or list transformers could not run, naming it."""
+    layers, layer_types = hf["num_hidden_layers"], hf.get("layer_types")
+    if layer_types is None:
+        every = hf.get(key, default)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ModelLoadError(f"{key} is {_shown(every)}; it must be a whole number >= 1 ({says})")
+        shift = 0 if global_first else 1
+        layer_types = ["sliding_attention" if (i + shift) % every else "full_attention"
+                       for i in range(layers if type(layers) is int and 0 < layers <= MAX_SIZES["num_layers"] else 0)]
+    else:
+        _check_layer_types(layer_types)
+        if type(layers) is int and len(layer_types) != layers:
+            raise ModelLoadError(f"layer_types has {len(layer_types)} entries for num_hidden_layers {layers}; it "
+                                 "names one attention type per layer")
+    return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
 
 
 def _modernbert_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
@@ -466,20 +474,8 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
         raise ModelLoadError(f"hidden_activation {activation!r} is not supported for gemma3_text; its gated MLP uses "
                              "'gelu_pytorch_tanh'")
     layers, hidden = hf["num_hidden_layers"], hf["hidden_size"]
-    layer_types = hf.get("layer_types")
-    if layer_types is None:
-        every = hf.get("sliding_window_pattern", GEMMA3["sliding_window_pattern"])
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ModelLoadError(f"sliding_window_pattern is {_shown(every)}; it must be a whole number >= 1 (every "
-                                 "that many layers, the last of them attends globally)")
-        layer_types = ["sliding_attention" if (i + 1) % every else "full_attention"
-                       for i in range(layers if type(layers) is int and 0 < layers <= MAX_SIZES["num_layers"] else 0)]
-    else:
-        _check_layer_types(layer_types)
-        if type(layers) is int and len(layer_types) != layers:
-            raise ModelLoadError(f"layer_types has {len(layer_types)} entries for num_hidden_layers {layers}; it "
-                                 "names one attention type per layer")
-    sliding = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    sliding = _local_layers(hf, "sliding_window_pattern", GEMMA3["sliding_window_pattern"], global_first=False,
+                            says="every that many layers, the last of them attends globally")
     window = hf.get("sliding_window", GEMMA3["sliding_window"]) if sliding else 0
     if sliding and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ModelLoadError(f"sliding_window is {_shown(window)}; it must be a whole number >= 1 (layer_types has "
