@@ -143,8 +143,7 @@ def check_task_and_windows(eo: EvalOptions, loaded) -> int:
                  if positions > model_max and eo.model not in BUILTINS else "")
         raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max} (the max_seq_len it was converted "
                           f"with); use <= {model_max}{again}")
-    roles = () if task.per_token else ("document", "query") if task.with_query else ("document",)
-    prompted = max((loaded.tokenizer.prompt_tokens(role) for role in roles if hasattr(loaded.tokenizer, "prompts")),
+    prompted = max((loaded.tokenizer.prompt_tokens(role) for role in task.prompt_roles if hasattr(loaded.tokenizer, "prompts")),
                    default=0)  # each window of an embedding task holds the model's prompt too
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0)) - prompted
     beside = f" beside the model's {prompted}-token prompt" if prompted else ""
@@ -548,7 +547,7 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         model_id=loaded.model_id,
         fingerprint=loaded.fingerprint,
         pooling=loaded.pooling if not task.per_token else None,
-        prompts=dict(getattr(loaded.tokenizer, "prompts", {})) if not task.per_token else {},
+        prompts={role: text for role, text in getattr(loaded.tokenizer, "prompts", {}).items() if role in task.prompt_roles},
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         suffix_len=len(getattr(loaded.tokenizer, "suffix", ())),
         shadow=shadow_spec,

@@ -116,12 +116,13 @@ def test_embed_similarity_and_classify_equal_sentence_transformers_with_its_prom
     plain = st.encode(texts, normalize_embeddings=True).astype(np.float64)
     assert np.sum(ours * plain, axis=1).max() < 0.999  # the prompt changed them
     summary = read_summary(tmp_path / "out", "embed")
-    assert summary["model"]["prompts"] == {"document": "passage: ", "query": "query: "}
+    assert summary["model"]["prompts"] == {"document": "passage: "}  # what this run put before its texts
     documented = [pattern(key) for key in doc_rows()]  # docs/summary.md documents every key, the prompts' too
     assert not [path for path in key_paths(summary)[0] if not any(p.match(path) for p in documented)]
 
     expected = np.sum(st.encode(queries, prompt="query: ", normalize_embeddings=True) * documents, axis=1)
     np.testing.assert_allclose(run("similarity").score.to_numpy(), expected, atol=2e-5)
+    assert read_summary(tmp_path / "out", "similarity")["model"]["prompts"] == {"document": "passage: ", "query": "query: "}
 
     described = st.encode(list(labels.values()), prompt="passage: ", normalize_embeddings=True).astype(np.float64)
     logits = documents @ described.T / 0.05

@@ -67,7 +67,7 @@ def tokenize_documents(docs: Sequence[Document], tokenizer, spec: WindowSpec, *,
         queries += [query] if with_query else []
         results.append(None)
     # an embedding task's texts get the model's document prompt, its queries the query prompt (models/tokenizer.py)
-    embeds = task is None or not task.per_token
+    embeds = task is None or "document" in task.prompt_roles
     encoded = iter(encode_texts(tokenizer, texts, spec, role="document" if embeds else None))
     encoded_queries = iter(encode_texts(tokenizer, queries, spec, role="query"))
     elapsed = (time.perf_counter() - start) * 1000.0

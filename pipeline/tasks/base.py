@@ -149,6 +149,12 @@ class Task:
     chart_column: str = "score"  # chart="scores": the column histogrammed
     chart_axis: str = "score"  # chart="scores": its axis label
 
+    @property
+    def prompt_roles(self) -> tuple[str, ...]:
+        """The model's prompts this task's texts take (models/tokenizer.py PROMPT_ROLES): an embedding task's
+        documents the document prompt, similarity's queries the query prompt too; a per-token task none."""
+        return () if self.per_token else ("document", "query") if self.with_query else ("document",)
+
     def __post_init__(self):
         if self.gathers not in GATHERS or self.chart not in CHARTS:
             raise ValueError(f"task {self.name}: gathers must be one of {GATHERS}, chart one of {CHARTS}")
