@@ -143,8 +143,9 @@ def check_task_and_windows(eo: EvalOptions, loaded) -> int:
                  if positions > model_max and eo.model not in BUILTINS else "")
         raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max} (the max_seq_len it was converted "
                           f"with); use <= {model_max}{again}")
-    prompted = max((loaded.tokenizer.prompt_tokens(role) for role in task.prompt_roles if hasattr(loaded.tokenizer, "prompts")),
-                   default=0)  # each window of an embedding task holds the model's prompt too
+    # each window of an embedding task holds the model's prompt too
+    prompted = max((loaded.tokenizer.prompt_tokens(role) for role in task.prompt_roles
+                    if hasattr(loaded.tokenizer, "prompts")), default=0)
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0)) - prompted
     beside = f" beside the model's {prompted}-token prompt" if prompted else ""
     if prompted and content < 1:
@@ -547,7 +548,8 @@ def validate_plan(eo: EvalOptions) -> RunPlan:
         model_id=loaded.model_id,
         fingerprint=loaded.fingerprint,
         pooling=loaded.pooling if not task.per_token else None,
-        prompts={role: text for role, text in getattr(loaded.tokenizer, "prompts", {}).items() if role in task.prompt_roles},
+        prompts={role: text for role, text in getattr(loaded.tokenizer, "prompts", {}).items()
+                 if role in task.prompt_roles},
         prefix_len=len(getattr(loaded.tokenizer, "prefix", ())),
         suffix_len=len(getattr(loaded.tokenizer, "suffix", ())),
         shadow=shadow_spec,
