@@ -332,6 +332,8 @@ def tensor_prefix(tensors: dict[str, np.ndarray], family: str, marker: str) -> s
 # sentence-transformers modules whose computation docscore's embeddings are, in this order: the encoder or decoder,
 # mean, CLS or last-token pooling, Dense projections, L2 normalisation (docscore normalises every embedding)
 SENTENCE_TRANSFORMERS_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+# the feature a sentence-transformers Dense module reads and writes by default: the pooled embedding
+EMBEDDING_FEATURE = "sentence_embedding"
 
 
 def read_json_file(path: str) -> Any:
@@ -398,6 +400,18 @@ def sentence_transformers_dense(src: str, hidden_size: int) -> tuple[list[Dense]
         path = os.path.join(src, folder)
         config = json_object(os.path.join(path, "config.json"))
         activation = config.get("activation_function", "torch.nn.modules.activation.Tanh")  # Dense's default
+        # sentence-transformers adds the input back (use_residual; projected when the widths differ, else with no
+        # tensor of its own to give it away) or reads and writes other features than the sentence embedding: not
+        # docscore's activation(x @ kernel + bias), so the embeddings would silently differ
+        if config.get("use_residual"):
+            raise ModelLoadError(f"{os.path.join(path, 'config.json')}: use_residual {json.dumps(config['use_residual'])} "
+                                 "is not supported; docscore computes a Dense module as activation(x W + b), without "
+                                 "the input sentence-transformers adds back")
+        names = (config.get("module_input_name", EMBEDDING_FEATURE), config.get("module_output_name"))
+        if names[0] != EMBEDDING_FEATURE or names[1] not in (None, EMBEDDING_FEATURE):
+            raise ModelLoadError(f"{os.path.join(path, 'config.json')}: module_input_name {json.dumps(names[0])} and "
+                                 f"module_output_name {json.dumps(names[1])} are not supported; docscore's Dense modules "
+                                 f"read and write the pooled {EMBEDDING_FEATURE!r}")
         if activation not in DENSE_ACTIVATIONS:
             raise ModelLoadError(f"{os.path.join(path, 'config.json')}: activation_function {activation!r} is not "
                                  f"supported; docscore computes {', '.join(DENSE_ACTIVATIONS)}")

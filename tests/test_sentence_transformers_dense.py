@@ -168,3 +168,29 @@ def test_dense_modules_docscore_cannot_compute_are_refused_before_writing(tmp_pa
     code, message = convert(src, tmp_path / "extra", capsys)
     assert code == 2 and "extra" in message, message
     assert not any((tmp_path / name).exists() for name in ("relu", "width", "order", "pickle", "extra"))
+
+
+def test_a_dense_with_a_residual_or_other_features_is_refused_before_writing(tmp_path, capsys):
+    """sentence-transformers 6's Dense can add its input back (use_residual: at the same width with no tensor of its
+    own, so the weights alone do not give it away) or read and write another feature than the pooled embedding;
+    docscore computes neither, so convert refuses them rather than writing a model whose embeddings differ."""
+    import torch
+    from sentence_transformers import SentenceTransformer, models as st_modules
+
+    bert = sentence_transformers_dir(tmp_path / "bert")
+    modules = [st_modules.Transformer(str(bert), max_seq_length=128), st_modules.Pooling(64, "mean"),
+               st_modules.Dense(64, 64, activation_function=torch.nn.Tanh(), use_residual=True), st_modules.Normalize()]
+    src = tmp_path / "st"
+    SentenceTransformer(modules=modules, device="cpu").save(str(src))
+    code, message = convert(src, tmp_path / "residual", capsys)
+    assert code == 2 and "use_residual true is not supported" in message, message
+
+    dense = json.loads((src / "2_Dense" / "config.json").read_text())
+    del dense["use_residual"]
+    (src / "2_Dense" / "config.json").write_text(json.dumps({**dense, "module_output_name": "projected"}))
+    code, message = convert(src, tmp_path / "elsewhere", capsys)
+    assert code == 2 and 'module_output_name "projected" are not supported' in message, message
+    (src / "2_Dense" / "config.json").write_text(json.dumps(dense))
+    code, message = convert(src, tmp_path / "plain", capsys)
+    assert code == 0, message
+    assert not any((tmp_path / name).exists() for name in ("residual", "elsewhere"))
