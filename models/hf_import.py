@@ -612,6 +612,13 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
     # also refuses modules it cannot compute; a plain Hugging Face encoder is mean-pooled, a decoder embeds nothing
     pooling = sentence_transformers_pooling(root) or unwritten_pooling(config.family)
+    if pooling is None and config.bidirectional:
+        # attending both ways it scores no tokens, and without a pooling it embeds nothing: no task could run it
+        key = "use_bidirectional_attention true" if config.model_type == "gemma3_text" else "is_causal false"
+        raise ModelLoadError(f"{os.path.join(src, 'config.json')}: {key} makes this {config.model_type} attend both "
+                             "ways, so it scores no tokens (loglik, choice), and the directory has no sentence-transformers "
+                             "Pooling (modules.json, 1_Pooling/config.json) to embed with; convert the "
+                             "sentence-transformers directory it belongs to")
     st_len, st_origin = sentence_transformers_max_len(root, src)
     if st_origin.endswith("model_max_length") and st_len > config.max_positions:
         st_len = config.max_positions  # as sentence-transformers caps a tokenizer's length at the model's positions

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,15 @@ def test_a_decoder_whose_config_makes_it_bidirectional_attends_both_ways(value, 
     ids = loaded.tokenizer.encode_windows(["hello world"])[0].windows[0][None]
     with pytest.raises(ValueError, match="needs a causal decoder"):
         loaded.token_logprobs(ids, np.ones_like(ids))
+
+    # the same model as a plain Hugging Face directory: no pooling to embed with, and no token scoring attending both
+    # ways, so no task could run what convert would write
+    bare = tmp_path / "bare"
+    shutil.copytree(src, bare, ignore=shutil.ignore_patterns("modules.json", "sentence_bert_config.json", "1_Pooling",
+                                                            "2_Normalize"))
+    code, message = convert(bare, tmp_path / "bare-model", capsys)
+    assert code == 2 and "is_causal false makes this qwen2 attend both ways, so it scores no tokens" in message, message
+    assert not (tmp_path / "bare-model").exists()
 
     (src / "config.json").write_text(json.dumps({**config, "is_causal": value, "use_sliding_window": True,
                                                  "sliding_window": 8, "layer_types": ["sliding_attention"] * 2}))

@@ -107,6 +107,13 @@ def test_embedding_gemma_through_docscore_run_equals_sentence_transformers(tmp_p
     err = capsys.readouterr().err
     assert code == 2 and "attends both ways (use_bidirectional_attention: an embedder)" in err, err
 
+    # its Transformer module alone, as a plain Hugging Face directory: nothing to embed with, no tokens to score
+    bare = tmp_path / "bare"
+    shutil.copytree(src, bare, ignore=shutil.ignore_patterns("modules.json", "sentence_bert_config.json",
+                                                            "config_sentence_transformers.json", "[0-9]_*"))
+    code, message = convert(bare, tmp_path / "bare-model", capsys)
+    assert code == 2 and "use_bidirectional_attention true makes this gemma3_text attend both ways" in message, message
+
 
 def test_a_cls_pooled_bert_with_a_tanh_dense_equals_sentence_transformers_and_absent_segments_stay_zeros(tmp_path, capsys):
     """LaBSE's layout: CLS pooling, a Dense with a bias and tanh, Normalize."""
