@@ -503,30 +503,32 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
 
 
 def _gemma3_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
-    """Each layer type's Rope, as Gemma3TextConfig reads them: rope_parameters[type] (transformers 5), else
-    rope_theta with rope_scaling for the global layers and rope_local_base_freq for the local ones (4.x); the
-    thetas default to 1,000,000 and 10,000."""
+    """Each layer type's Rope, as Gemma3TextConfig reads them: rope_parameters[type] (transformers 5), over which
+    a non-null rope_scaling (4.x) is laid for the global layers; a theta left out is rope_theta (global) or
+    rope_local_base_freq (local), else 1,000,000 and 10,000."""
     params = hf.get("rope_parameters")
     if params is not None and (not isinstance(params, dict) or not all(kind in LAYER_TYPES for kind in params)):
         raise ModelLoadError(f"rope_parameters is {_shown(params)}; Gemma 3's are per layer type "
                              f"({' and '.join(LAYER_TYPES)}), as transformers 5 saves them")
+    params = params or {}
+    for kind in LAYER_TYPES:
+        if not isinstance(params.get(kind) or {}, dict):
+            raise ModelLoadError(f"rope_parameters.{kind} is {_shown(params[kind])}; expected a JSON object")
+    params = {kind: dict(params.get(kind) or {}) for kind in LAYER_TYPES}
     field = {kind: "rope_parameters" for kind in LAYER_TYPES}
-    if params is None:
-        scaling = hf.get("rope_scaling") or {}
+    scaling = hf.get("rope_scaling")
+    if scaling is not None:
         if not isinstance(scaling, dict):
             raise ModelLoadError(f"rope_scaling is {_shown(scaling)}; expected a JSON object")
-        params = {"full_attention": {**scaling, "rope_theta": hf.get("rope_theta", GEMMA3_ROPE_THETA["full_attention"])},
-                  "sliding_attention": {"rope_theta": hf.get("rope_local_base_freq",
-                                                             GEMMA3_ROPE_THETA["sliding_attention"])}}
-        field["full_attention"] = "rope_scaling" if scaling else "rope_parameters"  # named as the file holds it
+        if scaling:  # as transformers: rope_scaling updates the global layers' settings, rope_parameters or not
+            params["full_attention"].update(scaling)
+            field["full_attention"] = "rope_scaling"  # named as the file holds it
+    thetas = {"full_attention": "rope_theta", "sliding_attention": "rope_local_base_freq"}
     ropes = {}
     for kind in LAYER_TYPES:
-        own = params.get(kind) or {}
-        if not isinstance(own, dict):
-            raise ModelLoadError(f"rope_parameters.{kind} is {_shown(own)}; expected a JSON object")
+        own = {"rope_theta": hf.get(thetas[kind], GEMMA3_ROPE_THETA[kind]), **params[kind]}
         try:
-            ropes[kind] = _rope({field[kind]: {"rope_theta": GEMMA3_ROPE_THETA[kind], **own},
-                                 "max_position_embeddings": hf.get("max_position_embeddings")})
+            ropes[kind] = _rope({field[kind]: own, "max_position_embeddings": hf.get("max_position_embeddings")})
         except ModelLoadError as err:
             raise ModelLoadError(f"{kind} layers: {err}") from None
     return ropes

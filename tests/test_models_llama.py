@@ -563,6 +563,18 @@ def test_gemma3_configs_read_as_transformers_reads_them():
     assert ours.rope == Rope(full["rope_theta"], full["rope_type"], full["factor"]) == Rope(1e6, "linear", 8.0)
     assert ours.local_rope == Rope(local["rope_theta"]) == Rope(10_000.0)
     assert (ours.head_dim, ours.query_pre_attn_scalar, ours.embed_scale, ours.tie_word_embeddings) == (32, 256.0, 8.0, True)
+    # transformers 5 lays a non-null rope_scaling over rope_parameters' global layers, and takes a theta
+    # rope_parameters leaves out from rope_theta / rope_local_base_freq
+    per_type = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    for both in ({"rope_parameters": per_type, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+                 {"rope_parameters": {"full_attention": per_type["full_attention"]}, "rope_local_base_freq": 5e3}):
+        hf = {**{k: v for k, v in GEMMA3_4X.items() if not k.startswith("rope")}, **both}
+        ours = config_from_hf(hf)
+        theirs = transformers.Gemma3TextConfig(**{k: v for k, v in hf.items() if k != "model_type"}).rope_parameters
+        full, local = theirs["full_attention"], theirs["sliding_attention"]
+        assert ours.rope == Rope(full["rope_theta"], full["rope_type"], full.get("factor", 1.0)), both
+        assert ours.local_rope == Rope(local["rope_theta"]), both
     assert ours.causal and not ours.bidirectional
     # EmbeddingGemma: both ways, a local layer within half its window each way (transformers keeps |i - j| < 1024 // 2 + 1)
     both = config_from_hf({**GEMMA3_4X, "use_bidirectional_attention": True})
