@@ -128,9 +128,9 @@ def check_task_and_windows(eo: EvalOptions, loaded) -> int:
     if not task.model.accepts(family, loaded.pooling):
         raise ConfigError(task.model.refuse(eo.task, eo.model, family))
     if task.per_token and not loaded.config.causal:
+        key = "use_bidirectional_attention" if loaded.config.model_type == "gemma3_text" else "is_causal false"
         raise ConfigError(f"--task={eo.task} scores each token from those before it, but --model {eo.model} attends "
-                          "both ways (use_bidirectional_attention: an embedder); use it with --task embed, similarity "
-                          "or classify")
+                          f"both ways ({key}: an embedder); use it with --task embed, similarity or classify")
     if task.per_token and not loaded.config.lm_head:
         raise ConfigError(f"--task={eo.task} scores tokens with the model's language-model head, but --model {eo.model} "
                           "is a decoder embedder converted without one (its checkpoint had no lm_head.weight); use it "

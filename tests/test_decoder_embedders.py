@@ -171,6 +171,12 @@ def test_a_decoder_whose_config_makes_it_bidirectional_attends_both_ways(value, 
     ids = loaded.tokenizer.encode_windows(["hello world"])[0].windows[0][None]
     with pytest.raises(ValueError, match="needs a causal decoder"):
         loaded.token_logprobs(ids, np.ones_like(ids))
+    shard = write_jsonl(tmp_path / "in" / "l.jsonl", [{"id": "l0", "text": "hello world"}])
+    capsys.readouterr()
+    assert run_docscore("--input", shard, *common_flags("ll", tmp_path / "out"), "--task", "loglik",
+                        "--model", tmp_path / "model") == 2
+    err = capsys.readouterr().err
+    assert "attends both ways (is_causal false: an embedder)" in err, err  # the key this model's config.json holds
 
     # the same model as a plain Hugging Face directory: no pooling to embed with, and no token scoring attending both
     # ways, so no task could run what convert would write
