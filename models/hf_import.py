@@ -16,7 +16,7 @@ import numpy as np
 from safetensors import safe_open
 
 from models.architecture import check_param_shapes
-from models.config import DENSE_ACTIVATIONS, Dense, ModelConfig, read_config
+from models.config import DENSE_ACTIVATIONS, MAX_SIZES, Dense, ModelConfig, read_config
 from models.errors import ModelLoadError
 from models.model_dir import ModelMetadata, check_new_dir, unwritten_pooling, write_model_dir
 from models.tokenizer import MIN_SEQ_LEN, DocTokenizer
@@ -396,6 +396,7 @@ def sentence_transformers_dense(src: str, hidden_size: int) -> tuple[list[Dense]
         raise ModelLoadError(f"{listing}: modules {kinds}: docscore computes Dense modules one after another between "
                              "the Pooling and the Normalize")
     specs, layers, width = [], {}, hidden_size
+    widest = MAX_SIZES["hidden_size"]  # the widest embedding a model directory's metadata.json may record (model_dir)
     for k, folder in enumerate(folders):
         path = os.path.join(src, folder)
         config = json_object(os.path.join(path, "config.json"))
@@ -417,11 +418,11 @@ def sentence_transformers_dense(src: str, hidden_size: int) -> tuple[list[Dense]
                                  f"supported; docscore computes {', '.join(DENSE_ACTIVATIONS)}")
         spec = Dense(in_features=config.get("in_features"), out_features=config.get("out_features"),
                      bias=config.get("bias", True), activation=DENSE_ACTIVATIONS[activation])
-        if spec.in_features != width or type(spec.out_features) is not int or not 1 <= spec.out_features <= 262_144 \
+        if spec.in_features != width or type(spec.out_features) is not int or not 1 <= spec.out_features <= widest \
                 or type(spec.bias) is not bool:
             raise ModelLoadError(f"{os.path.join(path, 'config.json')}: in_features {spec.in_features!r}, out_features "
                                  f"{spec.out_features!r}, bias {spec.bias!r}: expected in_features {width} (the "
-                                 "embedding it receives), a positive out_features and a true or false bias")
+                                 f"embedding it receives), out_features from 1 to {widest:,} and a true or false bias")
         tensors, where = read_safetensors(path)
         source = TensorSource(tensors, where, "")
         weight = source.take("linear.weight")

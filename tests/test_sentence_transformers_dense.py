@@ -180,8 +180,10 @@ def test_dense_modules_docscore_cannot_compute_are_refused_before_writing(tmp_pa
 def test_a_dense_with_a_residual_or_other_features_is_refused_before_writing(tmp_path, capsys):
     """sentence-transformers 6's Dense can add its input back (use_residual: at the same width with no tensor of its
     own, so the weights alone do not give it away) or read and write another feature than the pooled embedding;
-    docscore computes neither, so convert refuses them rather than writing a model whose embeddings differ."""
+    docscore computes neither, so convert refuses them rather than writing a model whose embeddings differ. A Dense
+    wider than a model directory may record is refused too, rather than written and then refused at load."""
     import torch
+    from safetensors.torch import save_file
     from sentence_transformers import SentenceTransformer, models as st_modules
 
     bert = sentence_transformers_dir(tmp_path / "bert")
@@ -200,4 +202,11 @@ def test_a_dense_with_a_residual_or_other_features_is_refused_before_writing(tmp
     (src / "2_Dense" / "config.json").write_text(json.dumps(dense))
     code, message = convert(src, tmp_path / "plain", capsys)
     assert code == 0, message
-    assert not any((tmp_path / name).exists() for name in ("residual", "elsewhere"))
+
+    # wider than a model directory's metadata.json may record (models.load would call it corrupt): refused here
+    (src / "2_Dense" / "config.json").write_text(json.dumps({**dense, "out_features": 70_000}))
+    save_file({"linear.weight": torch.zeros(70_000, 64), "linear.bias": torch.zeros(70_000)},
+              str(src / "2_Dense" / "model.safetensors"))
+    code, message = convert(src, tmp_path / "wide", capsys)
+    assert code == 2 and "out_features from 1 to 65,536" in message, message
+    assert not any((tmp_path / name).exists() for name in ("residual", "elsewhere", "wide"))
