@@ -565,6 +565,36 @@ def with_sentence_transformers_text_rules(src: str, tokenizer_text: str, model_f
     return tokenizer.to_str()
 
 
+def without_unembedded_special_tokens(tokenizer_text: str, vocab_size: int) -> str:
+    """tokenizer.json without the added special tokens whose ids the model has no embedding row for: every Gemma 3
+    tokenizer holds <image_soft_token> at id 262,144, past the text models' 262,144 rows (gemma-3-1b, gemma-3-270m,
+    EmbeddingGemma). A control token, it is never meant in a document; left in, a text spelling it out would reach
+    the model as an id past its table (transformers fails there), so it is dropped and such text is tokenised as
+    text. Other ids past the table (in the tokenizer's own vocabulary, or added tokens that are not special) are
+    left for DocTokenizer.check_vocab to refuse."""
+    from tokenizers import Tokenizer
+
+    try:
+        data = json.loads(tokenizer_text)
+        added = data.get("added_tokens") or []
+        own = Tokenizer.from_str(tokenizer_text).get_vocab(with_added_tokens=False)
+    except Exception:  # not a tokenizer.json (tokenizers raises plain Exception): DocTokenizer.from_str says why
+        return tokenizer_text
+    if not isinstance(added, list):
+        return tokenizer_text
+    kept = [t for t in added if not (isinstance(t, dict) and t.get("special") is True and isinstance(t.get("id"), int)
+                                     and t["id"] >= vocab_size and t.get("content") not in own)]
+    if len(kept) == len(added):
+        return tokenizer_text
+    # tokenizers numbers the added tokens outside its vocabulary in order, whatever ids the file gives: dropping one
+    # ahead of another would renumber it, so only the last ones are dropped
+    first_dropped = min(t["id"] for t in added if t not in kept)
+    if any(isinstance(t, dict) and t.get("content") not in own and (t.get("id") or 0) > first_dropped for t in kept):
+        return tokenizer_text
+    data["added_tokens"] = kept
+    return json.dumps(data, ensure_ascii=False, indent=2)
+
+
 # architectures whose weights are the encoder or decoder docscore computes (a task head on top is left out)
 BASE_ARCHITECTURE_ENDINGS = ("Model", "ForMaskedLM", "ForCausalLM", "LMHeadModel", "ForPreTraining")
 
@@ -624,6 +654,7 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     if st_origin.endswith("model_max_length") and st_len > config.max_positions:
         st_len = config.max_positions  # as sentence-transformers caps a tokenizer's length at the model's positions
     texts["tokenizer.json"] = with_sentence_transformers_text_rules(root, texts["tokenizer.json"], src)
+    texts["tokenizer.json"] = without_unembedded_special_tokens(texts["tokenizer.json"], config.vocab_size)
     seq_len = next(n for n in (max_seq_len, st_len, config.default_seq_len) if n is not None)
     if not MIN_SEQ_LEN <= seq_len <= config.max_positions:
         origin = ("--max_seq_len" if max_seq_len is not None else st_origin if st_len is not None else

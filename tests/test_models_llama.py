@@ -589,3 +589,30 @@ def test_gemma3_configs_read_as_transformers_reads_them():
                          ({"rope_parameters": {"rope_type": "default"}}, "Gemma 3's are per layer type")):
         with pytest.raises(models.ModelLoadError, match=re.escape(says)):
             config_from_hf({**GEMMA3_4X, **change})
+
+
+def test_gemma3s_image_soft_token_past_the_text_models_table_is_dropped_not_refused(tmp_path, capsys):
+    """Every Gemma 3 tokenizer holds the added special <image_soft_token> at id 262,144, one past the text models'
+    embedding table (gemma-3-1b, gemma-3-270m, EmbeddingGemma: vocab_size 262,144): convert drops it rather than
+    refusing the model, so a text spelling it out is tokenised as text, never an id without a row; a token past the
+    table that is not such a control token is still refused."""
+    from tokenizers import AddedToken, Tokenizer
+
+    src = build_hf(tmp_path / "hf", "gemma3")
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    tokenizer = Tokenizer.from_file(str(src / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken("<image_soft_token>", special=True)])
+    tokenizer.save(str(src / "tokenizer.json"))
+    assert tokenizer.token_to_id("<image_soft_token>") == vocab
+    code, message = convert(src, tmp_path / "model", capsys)
+    assert code == 0, message
+    loaded = models.load(str(tmp_path / "model"), attention="native")
+    ids = loaded.tokenizer.encode_windows(["an <image_soft_token> here"])[0].windows[0]
+    assert ids.max() < vocab and len(ids) > 4
+    np.testing.assert_allclose(loaded.token_logprobs(*padded(documents(vocab)))[0],
+                               transformers_logprobs(src, *padded(documents(vocab)))[0], atol=1e-4)
+
+    tokenizer.add_tokens([AddedToken("<not_special>", special=False)])
+    tokenizer.save(str(src / "tokenizer.json"))
+    code, message = convert(src, tmp_path / "refused", capsys)
+    assert code == 2 and f"it emits ids up to {vocab + 1} but" in message, message
