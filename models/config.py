@@ -200,6 +200,10 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     # transformers 5 builds a bidirectional mask for any decoder whose config says so (masking_utils), and
     # sentence-transformers embeds with it: a Llama-family decoder then attends both ways, as Gemma 3 does with its own
     # key; where docscore has not checked transformers' both-ways mask (GPT-2, sliding windows) it is refused
+    if family not in ENCODER_FAMILIES and "is_causal" in hf and hf["is_causal"] is None:
+        raise ModelLoadError(f"{path}: is_causal null: transformers attends both ways in a padded batch and causally "
+                             "in an unpadded one (its sdpa path skips the mask), so the model has no one answer; set "
+                             "is_causal true or false")
     both_ways = family not in ENCODER_FAMILIES and "is_causal" in hf and not hf["is_causal"]
     if both_ways and (family != "llama" or model_type == "gemma3_text"):
         instead = " (set use_bidirectional_attention instead)" if model_type == "gemma3_text" else ""
