@@ -307,8 +307,9 @@ def file_kind(file: str) -> str:
 
 def fetch_remote(url: str, cache_dir: str) -> str:
     """Copy the model directory at `url` (gs:// through gcsfs, or any fsspec URL) into
-    cache_dir/remote/<fingerprint>-<max_seq_len>[-<pooling>]/ once, atomically; return the local directory. The same
-    weights converted at another max_seq_len or with another pooling share the fingerprint but not the copy."""
+    cache_dir/remote/<fingerprint>-<max_seq_len>[-<pooling>][-<digest of prompts and Dense>]/ once, atomically; return
+    the local directory. The same weights converted at another max_seq_len, pooling, prompts or Dense activations
+    share the fingerprint but not the copy."""
     import fsspec
 
     url = url.rstrip("/")
@@ -319,10 +320,12 @@ def fetch_remote(url: str, cache_dir: str) -> str:
         raise ModelLoadError(f"{url}/{METADATA}: missing; {url} is not a docscore model directory "
                              "(upload the output of `docscore convert` there)") from None
     metadata = parse_metadata(text, f"{url}/{METADATA}")
-    # a pooling metadata.json leaves unwritten: the name earlier versions gave the copy; prompts: a digest of them
+    # a pooling metadata.json leaves unwritten: the name earlier versions gave the copy; the prompts and Dense
+    # activations, which the fingerprint does not cover (the Dense weights it does): a digest of them
     pooled = "" if metadata.pooling == unwritten_pooling(metadata.family) else f"-{metadata.pooling}"
-    if metadata.prompts:  # Dense weights are in the fingerprint; prompts are not
-        pooled += "-" + hashlib.sha256(json.dumps(metadata.prompts, sort_keys=True).encode()).hexdigest()[:12]
+    if metadata.prompts or metadata.dense:
+        outside = json.dumps({"prompts": metadata.prompts, "dense": metadata.dense}, sort_keys=True)
+        pooled += "-" + hashlib.sha256(outside.encode()).hexdigest()[:12]
     local = Path(cache_dir) / "remote" / f"{metadata.fingerprint}-{metadata.max_seq_len}{pooled}"
     if (local / METADATA).exists():
         return str(local)

@@ -271,23 +271,30 @@ def test_the_same_weights_converted_at_two_lengths_are_two_remote_copies(tmp_pat
     assert {n: read_metadata(path).max_seq_len for n, path in copies.items()} == {32: 32, 64: 64}
 
 
-def test_the_same_weights_converted_with_two_poolings_are_two_remote_copies(tmp_path):
-    """A mean and a CLS conversion of one model share the fingerprint (pooling is metadata.json's, not the weights'):
-    each is fetched into its own copy, so a CLS model is not read from a mean one's copy and pooled as mean."""
+def test_the_same_weights_converted_with_other_poolings_prompts_or_dense_activations_are_other_remote_copies(tmp_path):
+    """Conversions of one model that differ in what metadata.json alone holds (pooling, prompts, a Dense's activation)
+    share the fingerprint: each is fetched into its own copy, so a CLS model is not read from a mean one's copy and
+    pooled as mean, nor a prompted one's prompts taken from another's."""
     import fsspec
 
     from models.model_dir import fetch_remote, read_metadata
 
+    dense = {"in_features": 8, "out_features": 8, "bias": True}
+    variants = {"mean": {}, "cls": {"pooling": "cls"}, "prompted": {"prompts": {"document": "passage: "}},
+                "other-prompt": {"prompts": {"document": "text: "}},
+                "tanh": {"dense": [{**dense, "activation": "tanh"}]}, "identity": {"dense": [{**dense, "activation": "identity"}]}}
     fs = fsspec.filesystem("memory")
-    for pooling in ("mean", "cls"):
-        fs.pipe(f"/docscore-test-remote/{pooling}/metadata.json", json.dumps({**METADATA_OK, "pooling": pooling}).encode())
-        fs.pipe(f"/docscore-test-remote/{pooling}/config.json", b"{}")
+    for name, fields in variants.items():
+        fs.pipe(f"/docscore-test-remote/{name}/metadata.json", json.dumps({**METADATA_OK, **fields}).encode())
+        fs.pipe(f"/docscore-test-remote/{name}/config.json", b"{}")
     try:
-        copies = {p: fetch_remote(f"memory://docscore-test-remote/{p}", str(tmp_path / "cache")) for p in ("mean", "cls")}
+        copies = {n: fetch_remote(f"memory://docscore-test-remote/{n}", str(tmp_path / "cache")) for n in variants}
     finally:
         fs.rm("/docscore-test-remote", recursive=True)
     assert copies["mean"].endswith(f"{'0' * 64}-256")  # the name earlier versions gave a mean model's copy
-    assert {p: read_metadata(path).pooling for p, path in copies.items()} == {"mean": "mean", "cls": "cls"}
+    assert len(set(copies.values())) == len(variants)
+    assert {n: read_metadata(path).pooling for n, path in copies.items() if n in ("mean", "cls")} == {"mean": "mean", "cls": "cls"}
+    assert read_metadata(copies["tanh"]).dense[0]["activation"] == "tanh"
 
 
 # ---- what the fingerprint is -----------------------------------------------------------------------
