@@ -62,6 +62,12 @@ class DocTokenizer:
                                  "tokenizer with tokenizer.save_pretrained or Tokenizer.save") from None
         return cls(tokenizer, max_seq_len=max_seq_len, path=path, prompts=prompts)
 
+    def with_prompts(self, overrides: dict[str, str]) -> "DocTokenizer":
+        """This tokenizer with some roles' prompts replaced (a run's --document_prompt, --query_prompt; "" removes
+        one), the other roles' kept."""
+        return DocTokenizer(self._tokenizer, max_seq_len=self._max_seq_len, path=self.path,
+                            prompts={**self.prompts, **overrides})
+
     @property
     def max_seq_len(self) -> int:
         """Longest model input (special tokens included) this model was trained for."""

@@ -79,6 +79,12 @@ class EvalOptions(PipelineOptions):
         parser.add_argument("--job_labels", action="append", default=None, help="Dataflow job label KEY=VALUE (repeatable)")
         parser.add_argument("--temperature", type=float, default=0.05, help="classify softmax temperature")
         parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 compute dtype")
+        parser.add_argument("--document_prompt", default=None,
+                            help="text put before every document (and classify label description) instead of the "
+                                 "model's document prompt; '' for none (default: the model's)")
+        parser.add_argument("--query_prompt", default=None,
+                            help="text put before every similarity query instead of the model's query prompt; '' for "
+                                 "none (default: the model's)")
         parser.add_argument("--matmul_precision", default=None,
                             help="float32 | tf32: the matmul precision of --dtype float32 (default float32: "
                                  "float32 products on every backend; tf32: TensorFloat-32 inputs, GPU only); "

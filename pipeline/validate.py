@@ -58,6 +58,21 @@ class RunPlan:
     compiles: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
 
+def run_prompts(eo: EvalOptions) -> tuple[tuple[str, str], ...]:
+    """The run's --document_prompt / --query_prompt as ModelSpec.prompts; each only where the task puts that prompt
+    somewhere (Task.prompt_roles), else a ConfigError naming the flag."""
+    task = tasks.get(eo.task)
+    given = tuple((role, text) for role, text in (("document", eo.document_prompt), ("query", eo.query_prompt))
+                  if text is not None)
+    for role, _ in given:
+        if role not in task.prompt_roles:
+            where = ("only --task similarity embeds a query" if role == "query" and task.prompt_roles
+                     else f"--task={eo.task} scores token log-probabilities, which no prompt is put before")
+            raise ConfigError(f"--{role}_prompt: --task={eo.task} puts no {role} prompt anywhere ({where}); drop "
+                              f"--{role}_prompt")
+    return given
+
+
 def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"--{flag}={value} is not known; use one of {', '.join(choices)}")
@@ -109,7 +124,7 @@ def check_loaded_model(eo: EvalOptions, backend: str, where: str):
     and windows; a --shadow_attention. (model spec, loaded model, loaded with the run's spec, kernel, window
     length, shadow spec)."""
     model_spec = ModelSpec(eo.model, attention=eo.attention, dtype=eo.dtype, cache_dir=eo.cache_dir,
-                           matmul_precision=eo.matmul_precision, max_seq_len=eo.max_seq_len)
+                           matmul_precision=eo.matmul_precision, max_seq_len=eo.max_seq_len, prompts=run_prompts(eo))
     loaded, same_backend = load_for_checks(model_spec, backend, here=runs_locally(eo))
     kernel = loaded.attention if same_backend else resolve_kernel(
         eo.attention, backend, dtype=eo.dtype, loaded=loaded, where=where, gpu=dataflow_checks.worker_gpu(eo),

@@ -205,3 +205,49 @@ def test_a_cls_pooling_that_leaves_the_prompt_out_is_refused(tmp_path, capsys):
     code, message = convert(src, tmp_path / "model", capsys)
     assert code == 2 and "include_prompt false leaves the prompt's tokens out of CLS pooling" in message, message
     assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.integration
+def test_a_runs_prompts_replace_the_models_and_a_prompt_no_text_of_the_task_takes_is_refused(tmp_path, capsys,
+                                                                                            monkeypatch):
+    """--document_prompt / --query_prompt put a model card's task prompt in place of the model's ('' none): the
+    embeddings are SentenceTransformer.encode's with that prompt, and the summary says which were used; a flag
+    whose role the task has no text of is refused before any data is read."""
+    from sentence_transformers import SentenceTransformer
+
+    from pipeline.io import sources
+
+    src = prompted_bert(tmp_path, {"prompts": E5})
+    assert convert(src, tmp_path / "model", capsys)[0] == 0
+    st = SentenceTransformer(str(src), device="cpu")
+    texts, queries = SENTENCES[:4], SENTENCES[4:8]
+    shard = write_jsonl(tmp_path / "in" / "d.jsonl",
+                        [{"id": f"d{i}", "text": t, "query": q} for i, (t, q) in enumerate(zip(texts, queries))])
+
+    def run(run_id: str, task: str, *flags: str) -> int:
+        return run_docscore("--input", shard, "--output", tmp_path / "out", "--run_id", run_id, "--task", task,
+                            "--model", tmp_path / "model", "--batch_size", "2", *flags)
+
+    for run_id, flag, prompt in (("classification", "task: classification | query: ", "task: classification | query: "),
+                                 ("none", "", None)):
+        assert run(run_id, "embed", "--document_prompt", flag) == 0
+        scores, _ = read_table(tmp_path / "out", "scores", run_id)
+        ours = np.stack(scores.sort_values("record_index").embedding.map(np.asarray)).astype(np.float64)
+        expected = st.encode(texts, prompt=prompt, normalize_embeddings=True).astype(np.float64)
+        assert np.sum(ours * expected, axis=1).min() >= 0.99999, run_id
+        assert read_summary(tmp_path / "out", run_id)["model"]["prompts"] == ({"document": prompt} if prompt else {})
+
+    assert run("sim", "similarity", "--query_prompt", "question: ") == 0
+    scores, _ = read_table(tmp_path / "out", "scores", "sim")
+    expected = np.sum(st.encode(queries, prompt="question: ", normalize_embeddings=True)
+                      * st.encode(texts, prompt="passage: ", normalize_embeddings=True), axis=1)
+    np.testing.assert_allclose(scores.sort_values("record_index").score.to_numpy(), expected, atol=2e-5)
+    assert read_summary(tmp_path / "out", "sim")["model"]["prompts"] == {"document": "passage: ", "query": "question: "}
+
+    capsys.readouterr()
+    monkeypatch.setattr(sources, "read_shard", lambda *a, **k: pytest.fail("a shard was read before the refusal"))
+    assert run("q", "embed", "--query_prompt", "question: ") == 2
+    assert "--query_prompt: --task=embed puts no query prompt anywhere (only --task similarity embeds a query)" in \
+        capsys.readouterr().err
+    assert run("l", "loglik", "--document_prompt", "x: ") == 2
+    assert "--task=loglik scores token log-probabilities, which no prompt is put before" in capsys.readouterr().err

@@ -63,6 +63,8 @@ class ModelSpec:
     cache_dir: str | None = None
     matmul_precision: str | None = None  # --matmul_precision (models/precision.py)
     max_seq_len: int | None = None  # --max_seq_len (None: the model's): the rows its kernel is chosen for
+    # --document_prompt / --query_prompt: (role, text) replacing the model's prompt of that role ("" none)
+    prompts: tuple[tuple[str, str], ...] = ()
 
 
 # Not Beam's shared.Shared (RunInference already holds load_model's result in one): it holds weakly, with one keep-alive
@@ -81,6 +83,8 @@ def shared_model(spec: ModelSpec):
             _MODELS[spec] = models.load(spec.name, attention=spec.attention, dtype=spec.dtype, cache_dir=spec.cache_dir,
                                          matmul_precision=spec.matmul_precision, max_seq_len=spec.max_seq_len)
             _MODELS[spec].while_compiling = device_time.PROCESS_CLOCK.idle  # compiling is host time, not device time
+            if spec.prompts:
+                _MODELS[spec].tokenizer = _MODELS[spec].tokenizer.with_prompts(dict(spec.prompts))
         return _MODELS[spec]
 
 

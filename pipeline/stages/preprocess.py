@@ -237,6 +237,8 @@ class Tokenize(beam.DoFn):
         import models
 
         self._tokenizer = models.load_tokenizer(self._model_spec.name, cache_dir=self._model_spec.cache_dir)
+        if self._model_spec.prompts:  # the run's --document_prompt / --query_prompt
+            self._tokenizer = self._tokenizer.with_prompts(dict(self._model_spec.prompts))
 
     def process(self, docs: Batch):
         tokenized = []
