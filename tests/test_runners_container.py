@@ -207,7 +207,7 @@ SAMPLE = {
     "config": "gs://bucket/configs/nightly.yaml", "task": "classify", "model": "gs://bucket/models/minilm",
     "attention": "flash", "target_backend": "tpu", "run_id": "nightly-20260101", "text_field": "body",
     "id_field": "uid", "classify_labels": "sports=about sport;politics=about politics", "temperature": "0.1",
-    "max_seq_len": "128", "stride": "16", "max_chunks": "4", "batch_size": "64", "calls_per_beam_batch": "8", "dtype": "bfloat16", "matmul_precision": "float32",
+    "document_prompt": "task: classification | query: ", "query_prompt": "query: ", "max_seq_len": "128", "stride": "16", "max_chunks": "4", "batch_size": "64", "calls_per_beam_batch": "8", "dtype": "bfloat16", "matmul_precision": "float32",
     "output_format": "parquet", "shadow_attention": "native", "shadow_fraction": "0.25", "shadow_tolerance": "0.0001",
     "max_record_bytes": "1048576", "max_error_fraction": "0.05", "profile_dir": "gs://bucket/profiles",
 }
