@@ -158,17 +158,19 @@ def check_task_and_windows(eo: EvalOptions, loaded) -> int:
                  if positions > model_max and eo.model not in BUILTINS else "")
         raise ConfigError(f"--max_seq_len={max_len} exceeds the model's {model_max} (the max_seq_len it was converted "
                           f"with); use <= {model_max}{again}")
-    # each window of an embedding task holds the model's prompt too
-    prompted = max((loaded.tokenizer.prompt_tokens(role) for role in task.prompt_roles
-                    if hasattr(loaded.tokenizer, "prompts")), default=0)
+    # each window of an embedding task holds the model's prompt too (or the run's --document_prompt/--query_prompt)
+    prompted, role = max(((loaded.tokenizer.prompt_tokens(role), role) for role in task.prompt_roles
+                          if hasattr(loaded.tokenizer, "prompts")), default=(0, None))
     content = max_len - int(getattr(loaded.tokenizer, "n_special", 0)) - prompted
-    beside = f" beside the model's {prompted}-token prompt" if prompted else ""
+    given = getattr(eo, f"{role}_prompt", None) if role else None  # the flag that set the longest prompt, if one did
+    whose = f"--{role}_prompt's" if given else "the model's"
+    beside = f" beside {whose} {prompted}-token prompt" if prompted else ""
     if prompted and content < 1:
-        raise ConfigError(f"--max_seq_len={max_len} leaves no room for text{beside} and the special tokens; raise "
-                          "--max_seq_len")
+        fix = f"shorten --{role}_prompt or raise --max_seq_len (<= {model_max})" if given else "raise --max_seq_len"
+        raise ConfigError(f"--max_seq_len={max_len} leaves no room for text{beside} and the special tokens; {fix}")
     if eo.stride >= content and task.tokenize is None:  # a task making its own windows (choice) takes no --stride
         raise ConfigError(f"--stride={eo.stride} (tokens shared by consecutive windows) must be < {content}, the text "
-                          f"tokens of a --max_seq_len={max_len} window{beside}; lower --stride or raise --max_seq_len")
+                          f"tokens of a --max_seq_len={max_len} window{beside}; lower --stride{f', shorten --{role}_prompt' if given else ''} or raise --max_seq_len")
     if task.per_token and task.tokenize is None and eo.stride == 0 and not len(getattr(loaded.tokenizer, "prefix", ())):
         raise ConfigError(f"--stride=0 with --task={eo.task}: {eo.model}'s tokenizer starts a window with no special "
                           "token, so the first token of every window after the first could not be predicted from "

@@ -251,3 +251,30 @@ def test_a_runs_prompts_replace_the_models_and_a_prompt_no_text_of_the_task_take
         capsys.readouterr().err
     assert run("l", "loglik", "--document_prompt", "x: ") == 2
     assert "--task=loglik scores token log-probabilities, which no prompt is put before" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_runs_prompt_too_long_for_its_windows_is_refused_naming_its_flag(tmp_path, capsys, monkeypatch):
+    """A --document_prompt or --query_prompt that leaves a window no room for text (or for --stride) is the run's
+    own, not the model's: the refusal, before any data is read, says which flag to shorten, not only to raise a
+    --max_seq_len that may already be the model's."""
+    from pipeline.io import sources
+
+    src = prompted_bert(tmp_path, {"prompts": E5})
+    assert convert(src, tmp_path / "model", capsys)[0] == 0
+    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": "d0", "text": SENTENCES[0], "query": SENTENCES[1]}])
+    monkeypatch.setattr(sources, "read_shard", lambda *a, **k: pytest.fail("a shard was read before the refusal"))
+
+    def refusal(task: str, *flags: str) -> str:
+        capsys.readouterr()
+        assert run_docscore("--input", shard, "--output", tmp_path / "out", "--task", task, "--model",
+                            tmp_path / "model", *flags) == 2
+        return capsys.readouterr().err
+
+    err = refusal("embed", "--document_prompt", "word " * 500)
+    assert "beside --document_prompt's 500-token prompt and the special tokens; shorten --document_prompt" in err, err
+    err = refusal("similarity", "--query_prompt", "word " * 20, "--max_seq_len", "24", "--stride", "2")
+    assert "beside --query_prompt's 20-token prompt; lower --stride, shorten --query_prompt" in err, err
+    # the model's own prompt: no flag to shorten
+    err = refusal("embed", "--max_seq_len", "8", "--stride", "4")
+    assert "beside the model's 2-token prompt; lower --stride or raise --max_seq_len" in err, err
