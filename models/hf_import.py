@@ -595,6 +595,22 @@ def without_unembedded_special_tokens(tokenizer_text: str, vocab_size: int) -> s
     return json.dumps(data, ensure_ascii=False, indent=2)
 
 
+def dropped_special_tokens(src: str, dst: str) -> str | None:
+    """What convert says of the added special tokens the converted `dst` left out of `src`'s tokenizer.json
+    (without_unembedded_special_tokens), or None when it kept them all."""
+    def added(path: str) -> list[str]:
+        tokens = read_json_file(os.path.join(path, "tokenizer.json")).get("added_tokens") or []
+        return [t.get("content") for t in tokens if isinstance(t, dict)]
+
+    kept = set(added(dst))
+    dropped = [token for token in added(transformer_folder(src)) if token not in kept]
+    if not dropped:
+        return None
+    return (f"the tokenizer's special token{'s' if len(dropped) > 1 else ''} {', '.join(dropped)} "
+            f"{'were' if len(dropped) > 1 else 'was'} left out: past the model's embedding table (Gemma 3's "
+            "<image_soft_token> is, in its text models), so a text spelling one out is tokenised as text")
+
+
 # architectures whose weights are the encoder or decoder docscore computes (a task head on top is left out)
 BASE_ARCHITECTURE_ENDINGS = ("Model", "ForMaskedLM", "ForCausalLM", "LMHeadModel", "ForPreTraining")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from models.errors import ModelLoadError
-from models.hf_import import convert_hf_dir, dropped_head, transformer_folder
+from models.hf_import import convert_hf_dir, dropped_head, dropped_special_tokens, transformer_folder
 from models.model_dir import remove_unfinished
 from pipeline.cli import SubcommandParser
 from pipeline.interrupt import exit_on_interrupt
@@ -50,9 +50,9 @@ def main(argv: list[str]) -> int:
     except ModelLoadError as err:
         print(f"docscore convert: {err}", file=sys.stderr)
         return 2
-    head = dropped_head(transformer_folder(args.hf))
-    if head:
-        print(f"docscore convert: note: {head}", file=sys.stderr)
+    for note in (dropped_head(transformer_folder(args.hf)), dropped_special_tokens(args.hf, args.out)):
+        if note:
+            print(f"docscore convert: note: {note}", file=sys.stderr)
     pooled = f", {metadata.pooling} pooling" if metadata.pooling else ""  # a decoder without one embeds nothing
     pooled += "".join(f", {role} prompt {text!r}" for role, text in metadata.prompts.items())
     print(f"wrote {args.out}: {metadata.family}, max_seq_len {metadata.max_seq_len}{pooled}, "

@@ -606,6 +606,7 @@ def test_gemma3s_image_soft_token_past_the_text_models_table_is_dropped_not_refu
     assert tokenizer.token_to_id("<image_soft_token>") == vocab
     code, message = convert(src, tmp_path / "model", capsys)
     assert code == 0, message
+    assert "note: the tokenizer's special token <image_soft_token> was left out: past the model's embedding" in message
     loaded = models.load(str(tmp_path / "model"), attention="native")
     ids = loaded.tokenizer.encode_windows(["an <image_soft_token> here"])[0].windows[0]
     assert ids.max() < vocab and len(ids) > 4
