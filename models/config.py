@@ -179,6 +179,14 @@ class ModelConfig:
         return self.family in GATED_MLP_FAMILIES
 
 
+def with_checkpoint_head(config: ModelConfig, has_head: bool, pooling: str | None) -> ModelConfig:
+    """`config` as its checkpoint holds it: a decoder embedder (a pooling) whose untied head the checkpoint lacks
+    (Qwen3-Embedding-8B, e5-mistral saved as their base model) has none, lm_head False; convert and load both ask."""
+    if pooling and config.family == "llama" and not config.tie_word_embeddings and not has_head:
+        return dataclasses.replace(config, lm_head=False)
+    return config
+
+
 def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig:
     """The ModelConfig of a Hugging Face config dict; `path` only names the file in errors."""
     model_type = hf.get("model_type")

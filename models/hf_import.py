@@ -16,7 +16,7 @@ import numpy as np
 from safetensors import safe_open
 
 from models.architecture import check_param_shapes
-from models.config import DENSE_ACTIVATIONS, MAX_SIZES, Dense, ModelConfig, read_config
+from models.config import DENSE_ACTIVATIONS, MAX_SIZES, Dense, ModelConfig, read_config, with_checkpoint_head
 from models.errors import ModelLoadError
 from models.model_dir import ModelMetadata, check_new_dir, unwritten_pooling, write_model_dir
 from models.tokenizer import MIN_SEQ_LEN, DocTokenizer
@@ -689,8 +689,7 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     tokenizer.check_vocab(config.vocab_size, os.path.join(src, "config.json"))
 
     tensors, where = read_safetensors(src)
-    if pooling and config.family == "llama" and not config.tie_word_embeddings and "lm_head.weight" not in tensors:
-        config = dataclasses.replace(config, lm_head=False)  # an embedder saved as its base model: it scores no tokens
+    config = with_checkpoint_head(config, "lm_head.weight" in tensors, pooling)
     reader = params_reader(config)
     tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, reader, MARKERS[reader]))
     params = FAMILY_PARAMS[reader][1](tensor_source, config)

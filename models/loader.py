@@ -24,7 +24,7 @@ import kernels
 from models.architecture import abstract_model, every_param_shape
 from models.builtin import BUILTINS, builtin_dir, discard_copy
 from models.checkpoint import fingerprint, restore_params, stored_shapes
-from models.config import Dense, ModelConfig, hf_keys, read_config
+from models.config import Dense, ModelConfig, hf_keys, read_config, with_checkpoint_head
 from models.errors import DamagedModelDir, MachineShortOf, ModelLoadError, short_of, shortage
 from models.heads import POOLINGS, next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES, stack_blocks, stack_params, stacked_abstract
@@ -324,8 +324,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
                               "`docscore convert`)")
     stored = stored_shapes(params_dir)
     config = dataclasses.replace(config, dense=tuple(Dense(**spec) for spec in metadata.dense))
-    if metadata.pooling and config.family == "llama" and not config.tie_word_embeddings and "lm_head/kernel" not in stored:
-        config = dataclasses.replace(config, lm_head=False)  # an embedder converted without its head (hf_import)
+    config = with_checkpoint_head(config, "lm_head/kernel" in stored, metadata.pooling)
     check_config_fits_checkpoint(config, stored, config_path, params_dir)
     tokenizer = DocTokenizer.from_str(tokenizer_text, max_seq_len=metadata.max_seq_len,
                                       path=os.path.join(path, TOKENIZER), prompts=metadata.prompts)
