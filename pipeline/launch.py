@@ -474,9 +474,9 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
     if not counts["records"]:
         return None
     shards = (counts.get("shard_errors") or 0) if max_fraction < 1 else 0
-    lost = (f"{shards} shard{'s' if shards > 1 else ''} could not be read to the end (the errors table's rows "
-            "without a record_index say which and why: a corrupt or truncated file, one that cannot be opened, "
-            "an ambiguous column); records it did not give are in neither table, so the error fraction "
+    lost = (f"{shards} shard{'s' if shards > 1 else ''} could not be read to the end{_named(counts, shards)} (the "
+            "errors table's rows without a record_index say why: a corrupt or truncated file, one that cannot be "
+            "opened, an ambiguous column); records it did not give are in neither table, so the error fraction "
             "undercounts them") if shards else ""
     published = "the tables and summary are published"
     fraction = error_fraction(counts["records"], counts["errors"])
@@ -496,6 +496,16 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
     if lost:  # a damaged file is one error row however many of its records were lost
         return f"{lost}; {published}: fix or remove the file as its row says, or pass --max_error_fraction 1 to accept the loss"
     return None
+
+
+def _named(counts: dict[str, Any], shards: int) -> str:
+    """": a, b and 3 more": the shards the summary names (counts.shard_error_sources, the first few in path order;
+    a summary older than that field names none) for the gate's message."""
+    sources = (counts.get("shard_error_sources") or [])[:3]
+    if not sources:
+        return ""
+    more = f" and {shards - len(sources)} more" if shards > len(sources) else ""
+    return f": {', '.join(sources)}{more}"
 
 
 def _shown(value: float | None, spec: str) -> str:

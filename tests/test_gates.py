@@ -64,6 +64,8 @@ def test_a_shard_not_read_to_its_end_fails_the_error_gate_unless_the_loss_is_acc
     assert counts["shard_errors"] == 1 and counts["error_fraction"] < 0.1  # the loss is not in the fraction
     assert code == 4 and gate["passed"] is False and gate["value"] <= gate["limit"]
     assert "1 shard could not be read to the end" in gate["message"] and gate["message"] in capsys.readouterr().err
+    (source,) = counts["shard_error_sources"]  # the gate's message names the file to fix
+    assert source.endswith("cut.jsonl.gz") and f"read to the end: {source} (" in gate["message"]
     assert len(read_table(out, "scores", "cut")[0]) == counts["scored"] > len(SENTENCES) * 3  # what was read is published
     accepted = run_docscore("--input", tmp_path / "in", *common_flags("ok", out), "--attention", "native", "--no_progress")
     assert accepted == 0 and read_summary(out, "ok")["gates"]["error_fraction"]["passed"] is True  # common_flags: 1
@@ -123,9 +125,23 @@ def test_gates_from_a_summary():
     json.dumps(failed)  # the summary stays JSON
 
 
-def _counts(records: int, errors: int, shard_errors: int = 0) -> dict:
+def _counts(records: int, errors: int, shard_errors: int = 0, sources: list[str] | None = None) -> dict:
     return {"counts": {"records": records, "errors": errors, "shard_errors": shard_errors,
+                       "shard_error_sources": sources or [],
                        "errors_by_type": {"parse/bad_field_type": errors} if errors else {}}}
+
+
+def test_the_error_gate_names_the_first_shards_not_read_and_counts_the_rest():
+    sources = [f"gs://b/in/part-{i}.jsonl.gz" for i in range(5)]
+    message = launch.error_fraction_failure(_counts(20, 5, shard_errors=5, sources=sources), 0.5)
+    assert "5 shards could not be read to the end: gs://b/in/part-0.jsonl.gz, gs://b/in/part-1.jsonl.gz, " \
+           "gs://b/in/part-2.jsonl.gz and 2 more (" in message
+    one = launch.error_fraction_failure(_counts(20, 1, shard_errors=1, sources=sources[:1]), 0.5)
+    assert "1 shard could not be read to the end: gs://b/in/part-0.jsonl.gz (" in one and "more" not in one
+    # a summary written before counts.shard_error_sources still gets the count
+    older = _counts(20, 1, shard_errors=1)
+    del older["counts"]["shard_error_sources"]
+    assert "1 shard could not be read to the end (" in launch.error_fraction_failure(older, 0.5)
 
 
 def test_an_error_fraction_past_the_limit_and_a_lost_shard_are_both_named():

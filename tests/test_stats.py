@@ -26,7 +26,7 @@ def _error(stage: str, record_index: int | None) -> ErrorRow:
 def test_parts_added_to_several_accumulators_merge_into_one_summary():
     fn = RunStatsFn("embed")
     parts = [("doc", _doc(str(i), float(i))) for i in range(101)]  # infer_ms 0..100: percentile p is p
-    parts += [("read", 1)] * 3 + [("error", ("parse/ValueError", False)), ("error", ("read/OSError", True)), ("repeated", 3)]
+    parts += [("read", 1)] * 3 + [("error", ("parse/ValueError", None)), ("error", ("read/OSError", "s.jsonl")), ("repeated", 3)]
     accumulators = [fn.create_accumulator(), fn.create_accumulator()]
     for i, part in enumerate(parts):
         fn.add_input(accumulators[i % 2], part)
@@ -40,6 +40,21 @@ def test_parts_added_to_several_accumulators_merge_into_one_summary():
     assert infer["total_ms"] == sum(range(101)) and (infer["p50"], infer["p95"], infer["p99"]) == (50.0, 95.0, 99.0)
     assert "p50" not in stats["stages"]["read"]  # no document timed that stage
     assert stats["tokens"]["padding_efficiency"] == 12 / 16
+
+
+def test_the_summary_names_the_first_shards_not_read_whatever_order_they_merge_in():
+    fn = RunStatsFn("embed")
+    sources = [f"in/part-{i:02d}.jsonl" for i in range(25)]
+    accumulators = [fn.create_accumulator() for _ in range(3)]
+    for i, source in enumerate(reversed(sources)):
+        part = ("error", ("read/corrupt_file", source))
+        fn.add_input(accumulators[i % 3], part)
+        fn.add_input(accumulators[i % 3], part)  # two rows of one shard: counted twice, named once
+    fn.add_input(accumulators[0], ("error", ("parse/ValueError", None)))  # a record's error names no shard
+    merged = fn.merge_accumulators([fn.merge_accumulators(accumulators[1:]), accumulators[0]])
+    counts = json.loads(fn.extract_output(merged))["counts"]
+    assert counts["shard_errors"] == 50 and counts["shard_error_sources"] == sources[:10]
+    assert json.loads(fn.extract_output(fn.create_accumulator()))["counts"]["shard_error_sources"] == []
 
 
 def test_computed_tokens_is_the_whole_number_the_windows_shares_add_up_to():

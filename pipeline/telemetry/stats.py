@@ -80,7 +80,8 @@ class RunTotals(beam.CombineFn):
 
 
 def assemble(totals: dict, quantiles: dict, error_counts: dict, shard_errors: int, shadow_totals: dict | None = None,
-             duplicates: tuple[int, int] = (0, 0), read_documents: int | None = None) -> str:
+             duplicates: tuple[int, int] = (0, 0), read_documents: int | None = None,
+             shard_sources: list[str] | None = None) -> str:
     """One JSON document from the pieces the pipeline computed."""
     errors = sum(error_counts.values())
     stages = {}
@@ -101,6 +102,7 @@ def assemble(totals: dict, quantiles: dict, error_counts: dict, shard_errors: in
             "scored": totals["scored"],
             "errors": errors,
             "shard_errors": shard_errors,
+            "shard_error_sources": shard_sources or [],  # the first SHARD_SOURCES_KEPT of them, in path order
             "errors_by_stage": dict(sorted(by_stage.items())),
             "errors_by_type": dict(sorted(error_counts.items())),
             "error_fraction": error_fraction(totals["scored"] + errors, errors),  # --max_error_fraction gates on it
@@ -145,8 +147,8 @@ def error_fraction(records: int, errors: int) -> float | None:
 
 class RunStatsFn(beam.CombineFn):
     """Every tagged part of the run's statistics -> the run-stats JSON (assemble). Parts, as (tag, value):
-    ("doc", DocStats), ("error", (stage/error_type, whether it is a shard's error)), ("read", anything: one
-    document read), ("repeated", times a doc_id was scored, when > 1), ("partial", an accumulator of this
+    ("doc", DocStats), ("error", (stage/error_type, the shard's source if the row is a whole shard's, else None)),
+    ("read", anything: one document read), ("repeated", times a doc_id was scored, when > 1), ("partial", an accumulator of this
     CombineFn: TaggedPartial). One CombineFn for all of them: one global combine in the graph instead of one
     per statistic. Per-stage p50/p95/p99 come from Beam's approximate quantiles of each document's stage
     times, kept per stage column inside the accumulator (bounded memory)."""
@@ -162,6 +164,7 @@ class RunStatsFn(beam.CombineFn):
             "shadow": self._shadow.create_accumulator() if self._shadow else None,
             "errors": Counter(),
             "shard_errors": 0,
+            "shard_sources": [],  # the shards not read to their end, sorted, at most SHARD_SOURCES_KEPT
             "read": 0,
             "stage_values": {},  # stage column -> approximate quantile state of the documents' times
             "duplicates": [0, 0],  # doc_ids scored more than once, rows beyond the first of their doc_id
@@ -179,9 +182,11 @@ class RunStatsFn(beam.CombineFn):
             if self._shadow is not None and value.shadow is not None:
                 self._shadow.add_input(acc["shadow"], value.shadow)
         elif tag == "error":
-            key, is_shard_error = value
+            key, shard_source = value
             acc["errors"][key] += 1
-            acc["shard_errors"] += int(is_shard_error)
+            if shard_source is not None:
+                acc["shard_errors"] += 1
+                acc["shard_sources"] = _first_sources([acc["shard_sources"], [shard_source]])
         elif tag == "read":
             acc["read"] += 1
         elif tag == "repeated":
@@ -211,6 +216,7 @@ class RunStatsFn(beam.CombineFn):
         for acc in accumulators:
             merged["errors"].update(acc["errors"])
             merged["shard_errors"] += acc["shard_errors"]
+            merged["shard_sources"] = _first_sources([merged["shard_sources"], acc["shard_sources"]])
             merged["read"] += acc["read"]
             merged["duplicates"] = [m + a for m, a in zip(merged["duplicates"], acc["duplicates"])]
         columns = {column for acc in accumulators for column in acc["stage_values"]}
@@ -227,6 +233,7 @@ class RunStatsFn(beam.CombineFn):
             self._shadow.extract_output(acc["shadow"]) if self._shadow is not None else None,
             tuple(acc["duplicates"]),
             acc["read"],
+            acc["shard_sources"],
         )
 
 
@@ -253,8 +260,18 @@ class TaggedPartial(beam.CombineFn):
         return "partial", acc
 
 
-def _error_part(error: ErrorRow) -> tuple[str, tuple[str, bool]]:
-    return "error", (f"{error.stage}/{error.error_type}", error.record_index is None)
+SHARD_SOURCES_KEPT = 10  # shards named in the summary (and so in the gate's message); shard_errors counts them all
+
+
+def _first_sources(lists: list[list[str]]) -> list[str]:
+    """The first SHARD_SOURCES_KEPT distinct sources of `lists` in path order: the same whatever order Beam adds
+    and merges them in, and bounded however many shards fail."""
+    return sorted({source for sources in lists for source in sources})[:SHARD_SOURCES_KEPT]
+
+
+def _error_part(error: ErrorRow) -> tuple[str, tuple[str, str | None]]:
+    """An error row -> ("error", (stage/error_type, its shard's source when the row is a whole shard's, else None))."""
+    return "error", (f"{error.stage}/{error.error_type}", error.source if error.record_index is None else None)
 
 
 DOC_ID_BUCKETS = 16  # doc_ids are counted in this many keyed groups: per list of documents, a few elements
