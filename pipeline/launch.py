@@ -34,6 +34,7 @@ from pipeline.telemetry import progress
 from pipeline.telemetry.progress import direct_workers, metric_values, runner_name, runs_locally
 from pipeline.telemetry.stats import error_fraction
 from pipeline.process_setup import (CpuTuning, apply_cpu_tuning, check_compilation_cache, compilation_cache_dir,
+                                    read_only_cache_notice,
                                     compilation_cache_setting)
 from pipeline.telemetry.timing import STAGES
 from pipeline.validate import validate
@@ -213,12 +214,14 @@ def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
         share_device_memory(options)
         cache = compilation_cache_dir(eo.cache_dir)
         try:
-            check_compilation_cache(cache)  # before anything is exported or configured for it
+            cache_writable = check_compilation_cache(cache)  # before anything is exported or configured for it
         except OSError as e:
             raise ConfigError(f"{compilation_cache_setting(eo.cache_dir)}: cannot hold the compilation cache {cache} "
                               f"({type(e).__name__}: {e}); choose a directory you can write to") from None
         apply_cpu_tuning(CpuTuning(dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
         plan = validate(eo)
+        if not cache_writable:
+            plan = dataclasses.replace(plan, notices=(*plan.notices, read_only_cache_notice(eo.cache_dir, cache)))
     except ConfigError as e:
         print(f"docscore run: {e}", file=sys.stderr)
         return 2

@@ -264,21 +264,37 @@ def compilation_cache_setting(cache_dir: str | None) -> str:
     return f"--cache_dir (default {default_cache_dir()})"
 
 
-def check_compilation_cache(path: str) -> None:
-    """Raise OSError unless `path` (local or gs://) can hold the compilation cache: the directory is made and
-    a probe file written and removed there. JAX itself only warns, per program, when it cannot write."""
+def check_compilation_cache(path: str) -> bool:
+    """Whether `path` (local or gs://) can take the programs this run compiles: True once the directory is made
+    and a probe file written and removed there; False for a directory that is there but cannot be written (a
+    cache baked into a read-only image or mount, a bucket this account only reads): its programs still load, and
+    JAX warns, per program, that it could not save one. OSError when it is neither."""
     import fsspec
 
     try:
         fs, root = fsspec.core.url_to_fs(path)
+    except Exception as e:  # an unknown protocol, a malformed URL
+        raise OSError(f"{type(e).__name__}: {e}") from e
+    try:
         fs.makedirs(root, exist_ok=True)
         probe = posixpath.join(root, f".docscore-probe-{uuid.uuid4().hex[:12]}")
         fs.pipe_file(probe, b"")
         fs.rm_file(probe)
-    except OSError:
-        raise
+        return True
     except Exception as e:  # gcsfs raises its own HttpError for what has no OSError of its own
-        raise OSError(f"{type(e).__name__}: {e}") from e
+        try:
+            readable = fs.isdir(root) and isinstance(fs.ls(root), list)
+        except Exception:
+            readable = False
+        if readable:
+            return False
+        raise e if isinstance(e, OSError) else OSError(f"{type(e).__name__}: {e}") from e
+
+
+def read_only_cache_notice(cache_dir: str | None, path: str) -> str:
+    """The launcher's note for a compilation cache check_compilation_cache found read-only."""
+    return (f"{compilation_cache_setting(cache_dir)}: the compilation cache {path} is read-only here: the programs "
+            "it holds load, the ones this run compiles are not saved (each compile is counted cold in the summary)")
 
 
 def enable_compilation_cache(cache_dir: str | None) -> str:
