@@ -34,8 +34,7 @@ from pipeline.telemetry import progress
 from pipeline.telemetry.progress import direct_workers, metric_values, runner_name, runs_locally
 from pipeline.telemetry.stats import error_fraction
 from pipeline.process_setup import (CpuTuning, apply_cpu_tuning, check_compilation_cache, compilation_cache_dir,
-                                    read_only_cache_notice,
-                                    compilation_cache_setting)
+                                    compilation_cache_setting, read_only_cache_notice)
 from pipeline.telemetry.timing import STAGES
 from pipeline.validate import validate
 from pipeline.worker_watch import ending_a_job_that_lost_a_worker
