@@ -94,6 +94,20 @@ def test_no_arguments_is_a_usage_error(capsys):
     assert exit_info.value.code == 2 and "--hf" in capsys.readouterr().err
 
 
+def test_help_names_every_model_type_convert_takes(capsys):
+    """`docscore convert --help` is where a user looks for what converts: each config.json model_type of
+    models.config.FAMILIES is named there (compared as letters and digits: the help writes "GPT-2", "XLM-RoBERTa")."""
+    import re
+
+    from models.config import FAMILIES
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    help_text = re.sub(r"[^a-z0-9]", "", capsys.readouterr().out.lower())
+    missing = [t for t in FAMILIES if re.sub(r"[^a-z0-9]", "", t) not in help_text]
+    assert exit_info.value.code == 0 and not missing, f"docscore convert --help does not name {missing}"
+
+
 def test_abbreviated_flags_are_refused_naming_the_flag_meant(hf_bert, tmp_path, capsys):
     """As `docscore run`, `compare` and `report`: --ou is not taken for --out (argparse would), and a misspelt
     required flag is named as unknown rather than reported missing."""
