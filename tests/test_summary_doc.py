@@ -107,3 +107,12 @@ def test_every_documented_key_is_in_the_summary_or_only_in_some_runs(summary):
     for key in SOMETIMES:
         assert key in rows, f"docs/summary.md lost the row of {key}"
         assert "only" in rows[key].lower(), f"docs/summary.md must say in which runs {key} appears"
+
+
+def test_the_model_family_row_names_every_family():
+    """model.family is config.family: the doc's row names each value a run can record."""
+    from models.config import FAMILIES
+
+    row = doc_rows()["model.family"]
+    missing = sorted(family for family in set(FAMILIES.values()) if not re.search(rf"\b{family}\b", row))
+    assert not missing, f"docs/summary.md's model.family row does not name {missing}"
