@@ -523,7 +523,7 @@ def sentence_transformers_prompts(src: str, pooling: str | None) -> dict[str, st
     left out (models/tokenizer.py PROMPT_ROLES). sentence-transformers 6.3 itself adds empty "document" and "query"
     prompts to every model, so its encode_document never takes "passage" (e5's) and neither method the default:
     docscore applies the model's saved prompts, as encode(text, prompt=...) given them. A mean or CLS Pooling that
-    leaves the prompt's tokens out (include_prompt false) is refused: docscore pools them too."""
+    leaves the prompt's tokens out (include_prompt false: pools_prompt) is refused: docscore pools them too."""
     settings = os.path.join(src, "config_sentence_transformers.json")
     if pooling is None or not os.path.exists(settings):  # a language model embeds nothing to prompt
         return {}
@@ -538,16 +538,27 @@ def sentence_transformers_prompts(src: str, pooling: str | None) -> dict[str, st
     fallback = prompts[default] if default else ""
     document = next((prompts[name] for name in ("document", "passage", "corpus") if name in prompts), fallback)
     found = {role: text for role, text in (("document", document), ("query", prompts.get("query", fallback))) if text}
-    if found and pooling != "lasttoken":  # the last token is never the prompt's: lasttoken is unchanged
-        folder = sentence_transformers_modules(src).get("Pooling", "1_Pooling")
-        pooling_config = os.path.join(src, folder, "config.json")
-        if os.path.exists(pooling_config) and json_object(pooling_config).get("include_prompt") is False:
-            # sentence-transformers masks the prompt's tokens (the leading specials with them) before pooling: a mean
-            # over the text alone, and CLS pooling takes the first token after the prompt
-            left_out = "the mean" if pooling == "mean" else "CLS pooling, which then takes the first token after it"
-            raise ModelLoadError(f"{pooling_config}: include_prompt false leaves the prompt's tokens out of {left_out}, "
-                                 "which docscore does not; its embeddings would differ from the model's")
+    if found and not pools_prompt(src, pooling):
+        # sentence-transformers masks the prompt's tokens (the leading specials with them) before pooling: a mean
+        # over the text alone, and CLS pooling takes the first token after the prompt
+        left_out = "the mean" if pooling == "mean" else "CLS pooling, which then takes the first token after it"
+        raise ModelLoadError(f"{pooling_config_path(src)}: include_prompt false leaves the prompt's tokens out of "
+                             f"{left_out}, which docscore does not; its embeddings would differ from the model's")
     return found
+
+
+def pooling_config_path(src: str) -> str:
+    """The config.json of a sentence-transformers directory's Pooling module."""
+    return os.path.join(src, sentence_transformers_modules(src).get("Pooling", "1_Pooling"), "config.json")
+
+
+def pools_prompt(src: str, pooling: str | None) -> bool:
+    """Whether a prompt's tokens count in the pooling as docscore computes it: false only where the Pooling module
+    says include_prompt false for a mean or CLS pooling (the last token is never the prompt's)."""
+    if pooling not in ("mean", "cls"):
+        return True
+    path = pooling_config_path(src)
+    return not (os.path.exists(path) and json_object(path).get("include_prompt") is False)
 
 
 def with_sentence_transformers_text_rules(src: str, tokenizer_text: str, model_folder: str | None = None) -> str:
@@ -705,5 +716,6 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     return write_model_dir(dst, params=params, config_text=texts["config.json"],
                            tokenizer_text=texts["tokenizer.json"], family=config.family, max_seq_len=seq_len,
                            source=source or os.path.abspath(root), exist_ok=exist_ok, pooling=pooling,
-                           prompts=prompts, dense=[dataclasses.asdict(spec) for spec in dense])
+                           prompts=prompts, dense=[dataclasses.asdict(spec) for spec in dense],
+                           include_prompt=pools_prompt(root, pooling))
 

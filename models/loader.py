@@ -90,6 +90,8 @@ class LoadedModel:
     # how embed_packed pools a segment (models/heads.py POOLINGS): metadata.json's pooling; None: a decoder that
     # embeds nothing (a language model)
     pooling: str | None = "mean"
+    # metadata.json's include_prompt: false where the pooling leaves a prompt's tokens out, so no prompt may be used
+    include_prompt: bool = True
     _compiled: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
     _by_thread: Any = dataclasses.field(default_factory=threading.local, init=False, repr=False)
@@ -361,7 +363,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
     return LoadedModel(model=nnx.merge(graphdef, state), tokenizer=tokenizer, config=config,
                        fingerprint=metadata.fingerprint, model_id=f"{name}@{metadata.fingerprint[:12]}",
                        attention=impl, dtype=dtype, path=os.path.abspath(path), precision_choice=precision_choice,
-                       parallel=parallel, pooling=metadata.pooling)
+                       parallel=parallel, pooling=metadata.pooling, include_prompt=metadata.include_prompt)
 
 
 def check_config_fits_checkpoint(config: ModelConfig, stored: dict[str, tuple[tuple[int, ...], Any]],

@@ -47,6 +47,9 @@ class ModelMetadata:
     # the sentence-transformers Dense modules after the pooling, in order (models/config.py Dense's fields); left
     # unwritten when there are none
     dense: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # false: the sentence-transformers Pooling leaves a prompt's tokens out of a mean or CLS pooling, which docscore
+    # does not compute, so no prompt may be put before this model's texts; left unwritten when true
+    include_prompt: bool = True
 
 
 def unwritten_pooling(family: str) -> str | None:
@@ -65,6 +68,8 @@ def metadata_json(metadata: ModelMetadata) -> str:
     for name in ("prompts", "dense"):
         if not fields[name]:
             del fields[name]
+    if fields["include_prompt"]:
+        del fields["include_prompt"]
     return json.dumps(fields, indent=2) + "\n"
 
 
@@ -134,13 +139,13 @@ def remove_unfinished() -> list[str]:
 def write_model_dir(dst: str, *, params: dict[str, Any], config_text: str, tokenizer_text: str,
                     family: str, max_seq_len: int, source: str, exist_ok: bool = False,
                     pooling: str | None = "mean", prompts: dict[str, str] | None = None,
-                    dense: list[dict[str, Any]] | None = None) -> ModelMetadata:
+                    dense: list[dict[str, Any]] | None = None, include_prompt: bool = True) -> ModelMetadata:
     """Write a complete model directory at `dst`, atomically: built in a temporary sibling, then renamed.
     When `dst` appears meanwhile (another process converted the same model) and exist_ok, keep theirs."""
     dst_path = Path(dst).absolute()
     tmp = dst_path.parent / f".{dst_path.name}.tmp-{uuid.uuid4().hex}"
     metadata = ModelMetadata(family=family, max_seq_len=int(max_seq_len), source=source, pooling=pooling,
-                             prompts=dict(prompts or {}), dense=list(dense or []),
+                             prompts=dict(prompts or {}), dense=list(dense or []), include_prompt=include_prompt,
                              fingerprint=fingerprint(params, config_text.encode(), tokenizer_text.encode()))
     dst_path.parent.mkdir(parents=True, exist_ok=True)  # outside the try: the model cache turns its OSError into --cache_dir
     UNFINISHED.add(tmp)
@@ -258,6 +263,10 @@ def _metadata_problem(metadata: ModelMetadata) -> str | None:
         return f"dense is not a list of Dense modules ({first or 'a list expected'})"
     if metadata.dense and metadata.pooling is None:
         return "dense modules are given, but the model embeds nothing (no pooling)"
+    if not isinstance(metadata.include_prompt, bool):
+        return "include_prompt is not true or false"
+    if not metadata.include_prompt and (metadata.prompts or metadata.pooling not in ("mean", "cls")):
+        return "include_prompt is false, which only a mean or CLS pooling without prompts records"
     return None
 
 
@@ -320,11 +329,12 @@ def fetch_remote(url: str, cache_dir: str) -> str:
         raise ModelLoadError(f"{url}/{METADATA}: missing; {url} is not a docscore model directory "
                              "(upload the output of `docscore convert` there)") from None
     metadata = parse_metadata(text, f"{url}/{METADATA}")
-    # a pooling metadata.json leaves unwritten: the name earlier versions gave the copy; the prompts and Dense
-    # activations, which the fingerprint does not cover (the Dense weights it does): a digest of them
+    # a pooling metadata.json leaves unwritten: the name earlier versions gave the copy; the prompts, Dense
+    # activations and include_prompt, which the fingerprint does not cover (the Dense weights it does): a digest
     pooled = "" if metadata.pooling == unwritten_pooling(metadata.family) else f"-{metadata.pooling}"
-    if metadata.prompts or metadata.dense:
-        outside = json.dumps({"prompts": metadata.prompts, "dense": metadata.dense}, sort_keys=True)
+    if metadata.prompts or metadata.dense or not metadata.include_prompt:
+        outside = json.dumps({"prompts": metadata.prompts, "dense": metadata.dense,
+                              **({} if metadata.include_prompt else {"include_prompt": False})}, sort_keys=True)
         pooled += "-" + hashlib.sha256(outside.encode()).hexdigest()[:12]
     local = Path(cache_dir) / "remote" / f"{metadata.fingerprint}-{metadata.max_seq_len}{pooled}"
     if (local / METADATA).exists():

@@ -146,6 +146,11 @@ def check_task_and_windows(eo: EvalOptions, loaded) -> int:
         key = "use_bidirectional_attention" if loaded.config.model_type == "gemma3_text" else "is_causal false"
         raise ConfigError(f"--task={eo.task} scores each token from those before it, but --model {eo.model} attends "
                           f"both ways ({key}: an embedder); use it with --task embed, similarity or classify")
+    prompted = next((role for role in ("document", "query") if getattr(eo, f"{role}_prompt", None)), None)
+    if prompted and not loaded.include_prompt:
+        raise ConfigError(f"--{prompted}_prompt: --model {eo.model}'s sentence-transformers pooling leaves a prompt's "
+                          "tokens out (include_prompt false), which docscore does not; its embeddings would differ "
+                          f"from the model's: drop --{prompted}_prompt")
     if task.per_token and not loaded.config.lm_head:
         raise ConfigError(f"--task={eo.task} scores tokens with the model's language-model head, but --model {eo.model} "
                           "is a decoder embedder converted without one (its checkpoint had no lm_head.weight); use it "

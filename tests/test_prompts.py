@@ -208,6 +208,32 @@ def test_a_cls_pooling_that_leaves_the_prompt_out_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.integration
+def test_a_pooling_that_leaves_prompts_out_converts_without_prompts_and_refuses_a_runs_prompt(tmp_path, capsys):
+    """include_prompt false and no saved prompts: the model converts (its unprompted embeddings are the model's) and
+    metadata.json records it, so a --document_prompt, which docscore would pool with the text (min cosine 0.996
+    to SentenceTransformer.encode(prompt=...) when it ran), is refused before data naming the flag."""
+    from sentence_transformers import SentenceTransformer
+
+    from models.model_dir import read_metadata
+
+    src = sentence_transformers_dir(tmp_path / "st", pooling={"pooling_mode_mean_tokens": True, "include_prompt": False})
+    assert convert(src, tmp_path / "model", capsys)[0] == 0
+    assert read_metadata(str(tmp_path / "model")).include_prompt is False
+    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES[:4])])
+    flags = ["--input", shard, "--output", tmp_path / "out", "--task", "embed", "--model", tmp_path / "model"]
+    assert run_docscore(*flags, "--run_id", "plain") == 0
+    scores, _ = read_table(tmp_path / "out", "scores", "plain")
+    ours = np.stack(scores.sort_values("record_index").embedding.map(np.asarray)).astype(np.float64)
+    expected = SentenceTransformer(str(src), device="cpu").encode(SENTENCES[:4], normalize_embeddings=True)
+    assert np.sum(ours * expected, axis=1).min() >= 0.99999
+    capsys.readouterr()
+    assert run_docscore(*flags, "--run_id", "prompted", "--document_prompt", "query: ") == 2
+    err = capsys.readouterr().err
+    assert "--document_prompt: --model" in err and "include_prompt false" in err and "drop --document_prompt" in err, err
+    assert run_docscore(*flags, "--run_id", "empty", "--document_prompt", "") == 0  # no prompt: nothing to leave out
+
+
+@pytest.mark.integration
 def test_a_runs_prompts_replace_the_models_and_a_prompt_no_text_of_the_task_takes_is_refused(tmp_path, capsys,
                                                                                             monkeypatch):
     """--document_prompt / --query_prompt put a model card's task prompt in place of the model's ('' none): the
