@@ -464,8 +464,14 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
 
 # Gemma3TextConfig's defaults where a config.json leaves the key out
 GEMMA3_ROPE_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
-GEMMA3 = {"head_dim": 256, "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+GEMMA3 = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+          "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+          "rms_norm_eps": 1e-6, "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
           "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}
+# the sizes _gemma3 reads as Gemma3TextConfig fills them: a null one is refused by check_bounds, as transformers'
+# strict config refuses it (where the Llama family's null num_key_value_heads is one per head)
+GEMMA3_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps")
 
 
 def _gemma3(hf: dict[str, Any]) -> ModelConfig:
@@ -475,7 +481,8 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
     attention scale of query_pre_attn_scalar ** -0.5, local layers (layer_types, else all but every
     sliding_window_pattern-th) attending within sliding_window with their own rotary theta. Gemma 2's soft-capping
     are refused. With use_bidirectional_attention (EmbeddingGemma) every token attends both ways, a local one to
-    |i - j| < sliding_window // 2 + 1, as transformers reads it."""
+    |i - j| < sliding_window // 2 + 1, as transformers reads it. A size the file leaves out is Gemma3TextConfig's
+    (num_key_value_heads 4, not one per head as in the Llama family)."""
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if hf.get(key) is not None:
             raise ModelLoadError(f"{key} {_shown(hf[key])} is not supported; docscore computes Gemma 3, which has none "
@@ -485,6 +492,7 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
     if activation != "gelu_pytorch_tanh":
         raise ModelLoadError(f"hidden_activation {activation!r} is not supported for gemma3_text; its gated MLP uses "
                              "'gelu_pytorch_tanh'")
+    hf = {**{key: GEMMA3[key] for key in GEMMA3_SIZES}, **hf}  # transformers fills a size left out, never a null one
     layers, hidden = hf["num_hidden_layers"], hf["hidden_size"]
     sliding = _local_layers(hf, "sliding_window_pattern", GEMMA3["sliding_window_pattern"], global_first=False,
                             says="every that many layers, the last of them attends globally")
@@ -498,15 +506,14 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
     number = None if isinstance(scalar, bool) else _as_float(scalar)
     if number is None or not 0 < number < math.inf:
         raise ModelLoadError(f"query_pre_attn_scalar is {_shown(scalar)}; it must be a positive, finite number")
-    kv_heads = hf.get("num_key_value_heads")
     bias = bool(hf.get("attention_bias", False))
     ropes = _gemma3_ropes(hf)
     return ModelConfig(
         family="llama", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=layers,
         num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
-        max_positions=hf["max_position_embeddings"], layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        activation="gelu_tanh", num_kv_heads=hf["num_attention_heads"] if kv_heads is None else kv_heads,
-        head_size=hf.get("head_dim", GEMMA3["head_dim"]), rope=ropes["full_attention"],
+        max_positions=hf["max_position_embeddings"], layer_norm_eps=hf["rms_norm_eps"],
+        activation="gelu_tanh", num_kv_heads=hf["num_key_value_heads"],
+        head_size=hf["head_dim"], rope=ropes["full_attention"],
         local_rope=ropes["sliding_attention"], qkv_bias=bias, output_bias=bias, qk_norm=True,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", GEMMA3["tie_word_embeddings"])),
         sliding_window=window, sliding_layers=sliding,

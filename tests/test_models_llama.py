@@ -591,6 +591,30 @@ def test_gemma3_configs_read_as_transformers_reads_them():
             config_from_hf({**GEMMA3_4X, **change})
 
 
+def test_gemma3_sizes_left_out_are_transformers_defaults():
+    """A gemma3_text config.json is read as Gemma3TextConfig fills it: a num_key_value_heads left out is 4 (not one
+    per head, the Llama family's rule), and so for every size docscore reads; a null one, which transformers' strict
+    config refuses, is refused."""
+    import transformers
+
+    sizes = {**{k: v for k, v in GEMMA3_4X.items() if k != "num_key_value_heads"}, "num_attention_heads": 8}
+    ours = config_from_hf(sizes)
+    theirs = transformers.Gemma3TextConfig(**{k: v for k, v in sizes.items() if k != "model_type"})
+    assert (ours.num_heads, ours.kv_heads) == (theirs.num_attention_heads, theirs.num_key_value_heads) == (8, 4)
+    theirs = transformers.Gemma3TextConfig()
+    ours = config_from_hf({"model_type": "gemma3_text"})
+    assert (ours.vocab_size, ours.hidden_size, ours.intermediate_size, ours.num_layers, ours.num_heads, ours.kv_heads,
+            ours.head_dim, ours.max_positions, ours.layer_norm_eps) == (
+        theirs.vocab_size, theirs.hidden_size, theirs.intermediate_size, theirs.num_hidden_layers,
+        theirs.num_attention_heads, theirs.num_key_value_heads, theirs.head_dim, theirs.max_position_embeddings,
+        theirs.rms_norm_eps)
+    assert ours.sliding_layers == tuple(i for i, kind in enumerate(theirs.layer_types) if kind == "sliding_attention")
+    with pytest.raises(Exception, match="num_key_value_heads"):
+        transformers.Gemma3TextConfig(num_key_value_heads=None)
+    with pytest.raises(models.ModelLoadError, match="num_key_value_heads is null"):
+        config_from_hf({**GEMMA3_4X, "num_key_value_heads": None})
+
+
 def test_gemma3s_image_soft_token_past_the_text_models_table_is_dropped_not_refused(tmp_path, capsys):
     """Every Gemma 3 tokenizer holds the added special <image_soft_token> at id 262,144, one past the text models'
     embedding table (gemma-3-1b, gemma-3-270m, EmbeddingGemma: vocab_size 262,144): convert drops it rather than
