@@ -1,7 +1,7 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
 Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT; ModernBERT encoder;
-GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3),
+GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Gemma 3 and the text model of its multimodal release),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ ACTIVATIONS = {
 # Llama's architecture with a few config switches.
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
-            "modernbert": "modernbert"}
+            "gemma3": "llama", "modernbert": "modernbert"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert")
 
@@ -54,6 +54,8 @@ HF_KEYS = {
               "head_size": "head_dim", "intermediate_size": "intermediate_size",
               "max_positions": "max_position_embeddings"},
 }
+# Gemma3ForConditionalGeneration (model_type gemma3): its text model's keys under text_config
+HF_KEYS["gemma3"] = {field: f"text_config.{key}" for field, key in HF_KEYS["llama"].items()}
 # Upper bounds of each size: far above any BERT or GPT-2 model (BERT-large: 24 layers, hidden 1024; GPT-2 XL:
 # 48 layers, hidden 1600, vocabulary 50,257), far below values that would take minutes or all memory just to
 # build the model's shape, before any other check could refuse them.
@@ -199,12 +201,15 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
             f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert' or 'distilbert', encoder), ModernBERT (model_type "
             f"'modernbert', encoder), the GPT-2 family (model_type 'gpt2', "
-            f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3' or 'gemma3_text', decoder)")
+            f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text' or 'gemma3', "
+            f"Gemma 3's multimodal release read as its text model, decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
         raise ModelLoadError(f"{path}: a quantized checkpoint (quantization_config quant_method {method!r}) is not "
                              "supported; docscore reads float weights: convert the model's unquantized release")
+    if model_type == "gemma3":
+        return _gemma3_text_model(hf, path)
     # transformers 5 builds a bidirectional mask for any decoder whose config says so (masking_utils), and
     # sentence-transformers embeds with it: a Llama-family decoder then attends both ways, as Gemma 3 does with its own
     # key; where docscore has not checked transformers' both-ways mask (GPT-2, sliding windows) it is refused
@@ -462,7 +467,8 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
         **_sliding_window(hf))
 
 
-# Gemma3TextConfig's defaults where a config.json leaves the key out
+# Gemma3TextConfig's defaults where a config.json leaves the key out: a multimodal release's text_config holds
+# little more than the sizes that differ from them (gemma-3-4b's: no heads, kv heads, vocabulary or positions)
 GEMMA3_ROPE_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 GEMMA3 = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
           "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
@@ -519,6 +525,36 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
         sliding_window=window, sliding_layers=sliding,
         embed_scale=float(hidden) ** 0.5 if type(hidden) is int and hidden > 0 else 1.0, sandwich_norms=True,
         query_pre_attn_scalar=number, bidirectional=bidirectional)
+
+
+def _gemma3_text_model(hf: dict[str, Any], path: str) -> ModelConfig:
+    """Gemma3ForConditionalGeneration (model_type gemma3: gemma-3-4b, 12b, 27b) read as its text model, as
+    transformers 5 runs it on text alone (no pixel_values): text_config is a Gemma3TextConfig, its defaults filling
+    what the file leaves out, and the head is tied to the token embedding as the top-level tie_word_embeddings says
+    (default true; text_config's own is not read). Errors name text_config's keys."""
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        what = ("missing" if "text_config" not in hf else "null" if text is None
+                else f"a JSON {type(text).__name__}, not an object")
+        raise ModelLoadError(f"{path}: model_type 'gemma3' (Gemma 3's multimodal model) holds its text model's config "
+                             f"under text_config, which is {what}; save the model's config with transformers' "
+                             "save_pretrained")
+    inner = text.get("model_type", "gemma3_text")
+    if inner != "gemma3_text":
+        raise ModelLoadError(f"{path}: text_config.model_type {_shown(inner)} is not supported; Gemma 3's multimodal "
+                             "model's text model is 'gemma3_text'")
+    if text.get("use_bidirectional_attention"):
+        raise ModelLoadError(f"{path}: text_config.use_bidirectional_attention "
+                             f"{_shown(text['use_bidirectional_attention'])} is not supported; docscore reads Gemma 3's "
+                             "multimodal model as the causal language model it is released as")
+    tie = hf.get("tie_word_embeddings", GEMMA3["tie_word_embeddings"])
+    where = f"{path}: text_config"
+    try:
+        config = config_from_hf({**text, "model_type": "gemma3_text", "tie_word_embeddings": tie}, where)
+    except ModelLoadError as err:
+        message = str(err)
+        raise ModelLoadError(message if message.startswith(where) else f"{where}: {message}") from None
+    return dataclasses.replace(config, model_type="gemma3")
 
 
 def _gemma3_ropes(hf: dict[str, Any]) -> dict[str, Rope]:

@@ -1,6 +1,6 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
 *.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT), ModernBERT, GPT-2 and
-Llama (Llama, Mistral, Qwen2, Qwen3) families.
+Llama (Llama, Mistral, Qwen2, Qwen3, Gemma 3, the text model of Gemma 3's multimodal release) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree (the command's flags: pipeline/convert.py).
 Reads safetensors only (never pickle); must not run models.
@@ -249,11 +249,35 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
     "modernbert": (("model.", ""), modernbert_params),  # ModernBertForX under "model.", the bare model at the root
     "distilbert": (("distilbert.", ""), distilbert_params),  # a model_type whose names are its own (params_reader)
     "gemma3_text": (("model.", ""), gemma3_params),
+    "gemma3": (("model.language_model.",), gemma3_params),  # multimodal_text_tensors' names
 }
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
 MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
            "modernbert": "embeddings.tok_embeddings.weight",
-           "distilbert": "embeddings.word_embeddings.weight", "gemma3_text": "embed_tokens.weight"}
+           "distilbert": "embeddings.word_embeddings.weight", "gemma3_text": "embed_tokens.weight",
+           "gemma3": "embed_tokens.weight"}
+
+# Gemma3ForConditionalGeneration's text model under the names transformers 4.52-4.57 saved it with (and 5.x loads),
+# each from the name transformers 4.50 saved it with (and 5.x saves again: its save writes the checkpoint's first names)
+MULTIMODAL_TEXT_NAMES = {"gemma3": (("language_model.model.", "model.language_model."),
+                                    ("language_model.lm_head.", "lm_head."))}
+# its vision encoder, under either save's names: never read (gemma-3-27b's is 400M parameters)
+MULTIMODAL_VISION_PREFIXES = {"gemma3": ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                         "model.multi_modal_projector.")}
+
+
+def multimodal_text_tensors(tensors: dict[str, np.ndarray], model_type: str, where: str) -> dict[str, np.ndarray]:
+    """The text model's tensors of a multimodal checkpoint (read without its vision encoder's) under one set of names,
+    as transformers' conversion mapping renames them; a checkpoint holding a tensor under both names is refused."""
+    renamed = {}
+    for key, tensor in tensors.items():
+        new = next((after + key[len(before):] for before, after in MULTIMODAL_TEXT_NAMES[model_type]
+                    if key.startswith(before)), key)
+        if new in renamed or (new != key and new in tensors):
+            raise ModelLoadError(f"{where}: holds both {key!r} and {new!r}, one tensor under the names of two "
+                                 "transformers versions; save the model again with save_pretrained")
+        renamed[new] = tensor
+    return renamed
 
 
 def params_reader(config: ModelConfig) -> str:
@@ -292,9 +316,9 @@ def checkpoint_files(src: str) -> list[str]:
 SAFETENSORS_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL")
 
 
-def read_safetensors(src: str) -> tuple[dict[str, np.ndarray], str]:
-    """Every tensor of the checkpoint's files in `src` (checkpoint_files) as float32/int numpy arrays, and a
-    name for errors."""
+def read_safetensors(src: str, leave_out: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray], str]:
+    """Every tensor of the checkpoint's files in `src` (checkpoint_files) but those whose names start with one of
+    `leave_out`, as float32/int numpy arrays, and a name for errors."""
     files = checkpoint_files(src)
     if not files:
         has_pickle = any(f.endswith((".bin", ".pt", ".pth", ".ckpt")) for f in os.listdir(src))
@@ -307,6 +331,8 @@ def read_safetensors(src: str) -> tuple[dict[str, np.ndarray], str]:
         try:
             with safe_open(path, framework="flax") as f:
                 for key in f.keys():
+                    if key.startswith(leave_out):
+                        continue
                     dtype = f.get_slice(key).get_dtype()
                     if dtype not in SAFETENSORS_DTYPES:
                         raise ModelLoadError(f"{path}: tensor {key!r} is {dtype}; docscore reads float32, float16 and "
@@ -622,8 +648,10 @@ def dropped_special_tokens(src: str, dst: str) -> str | None:
             "<image_soft_token> is, in its text models), so a text spelling one out is tokenised as text")
 
 
-# architectures whose weights are the encoder or decoder docscore computes (a task head on top is left out)
-BASE_ARCHITECTURE_ENDINGS = ("Model", "ForMaskedLM", "ForCausalLM", "LMHeadModel", "ForPreTraining")
+# architectures whose weights are the encoder or decoder docscore computes (a task head on top is left out); Gemma 3's
+# multimodal ForConditionalGeneration is its text model's language-model head over a vision encoder (dropped_vision)
+BASE_ARCHITECTURE_ENDINGS = ("Model", "ForMaskedLM", "ForCausalLM", "LMHeadModel", "ForPreTraining",
+                             "ForConditionalGeneration")
 
 
 def task_heads(config: dict[str, Any]) -> list[str]:
@@ -641,6 +669,18 @@ def dropped_head(src: str) -> str | None:
     return (f"{', '.join(heads)}'s task head was not converted: docscore computes the base model (an encoder's embeddings, "
             "a decoder's token log-probabilities), and --task classify scores labels zero-shot by similarity, not with "
             "the trained head")
+
+
+def dropped_vision(src: str) -> str | None:
+    """What convert says of a multimodal checkpoint (model_type gemma3), whose text model alone it converts; None for
+    any other."""
+    config = json_object(os.path.join(src, "config.json"))
+    if config.get("model_type") not in MULTIMODAL_VISION_PREFIXES:
+        return None
+    names = ", ".join(a for a in config.get("architectures") or [] if isinstance(a, str)) or config["model_type"]
+    return (f"{names} is a multimodal model: its text model was converted (scoring text as transformers does without "
+            "pixel_values) and its vision encoder (vision_tower, multi_modal_projector) left out, so docscore reads text, "
+            "not images")
 
 
 def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source: str | None = None,
@@ -699,7 +739,9 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
                              f"{tokenizer.n_special} special tokens{beside}; pass a larger --max_seq_len")
     tokenizer.check_vocab(config.vocab_size, os.path.join(src, "config.json"))
 
-    tensors, where = read_safetensors(src)
+    tensors, where = read_safetensors(src, leave_out=MULTIMODAL_VISION_PREFIXES.get(config.model_type, ()))
+    if config.model_type in MULTIMODAL_TEXT_NAMES:
+        tensors = multimodal_text_tensors(tensors, config.model_type, where)
     config = with_checkpoint_head(config, "lm_head.weight" in tensors, pooling)
     reader = params_reader(config)
     tensor_source = TensorSource(tensors, where, tensor_prefix(tensors, reader, MARKERS[reader]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from models.errors import ModelLoadError
-from models.hf_import import convert_hf_dir, dropped_head, dropped_special_tokens, transformer_folder
+from models.hf_import import convert_hf_dir, dropped_head, dropped_special_tokens, dropped_vision, transformer_folder
 from models.model_dir import remove_unfinished
 from pipeline.cli import SubcommandParser
 from pipeline.interrupt import exit_on_interrupt
@@ -17,8 +17,9 @@ def main(argv: list[str]) -> int:
         prog="docscore convert",
         description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
                     "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT, ModernBERT, GPT-2 or Llama/Mistral/Qwen2/Qwen3/"
-                    "Gemma 3 text (gemma3_text) family), or a sentence-transformers directory around one (its "
-                    "pooling, Dense modules and prompts kept), into a docscore model directory (Orbax params).")
+                    "Gemma 3 text (gemma3_text) family; Gemma 3's multimodal models (gemma3) as their text model), or "
+                    "a sentence-transformers directory around one (its pooling, Dense modules and prompts kept), into "
+                    "a docscore model directory (Orbax params).")
     parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
     parser.add_argument("--out", required=True, help="docscore model directory to write: a local path that does not "
                                                      "exist yet, or an empty directory")
@@ -51,7 +52,8 @@ def main(argv: list[str]) -> int:
     except ModelLoadError as err:
         print(f"docscore convert: {err}", file=sys.stderr)
         return 2
-    for note in (dropped_head(transformer_folder(args.hf)), dropped_special_tokens(args.hf, args.out)):
+    model_folder = transformer_folder(args.hf)
+    for note in (dropped_head(model_folder), dropped_vision(model_folder), dropped_special_tokens(args.hf, args.out)):
         if note:
             print(f"docscore convert: note: {note}", file=sys.stderr)
     pooled = f", {metadata.pooling} pooling" if metadata.pooling else ""  # a decoder without one embeds nothing
