@@ -16,9 +16,11 @@ import numpy as np
 from safetensors import safe_open
 
 from models.architecture import check_param_shapes
-from models.config import DENSE_ACTIVATIONS, MAX_SIZES, Dense, ModelConfig, read_config, with_checkpoint_head
+from models.config import (DENSE_ACTIVATIONS, ENCODER_FAMILIES, MAX_SIZES, Dense, ModelConfig, read_config,
+                           with_checkpoint_head)
 from models.errors import ModelLoadError
-from models.model_dir import ModelMetadata, check_new_dir, unwritten_pooling, write_model_dir
+from models.checkpoint import stored_shapes
+from models.model_dir import CONFIG, PARAMS, ModelMetadata, check_new_dir, unwritten_pooling, write_model_dir
 from models.tokenizer import MIN_SEQ_LEN, DocTokenizer
 
 # Tensors of task heads and buffers that carry no encoder/decoder weights.
@@ -681,6 +683,20 @@ def dropped_vision(src: str) -> str | None:
     return (f"{names} is a multimodal model: its text model was converted (scoring text as transformers does without "
             "pixel_values) and its vision encoder (vision_tower, multi_modal_projector) left out, so docscore reads text, "
             "not images")
+
+
+def embedder_only(dst: str, metadata: ModelMetadata) -> str | None:
+    """What convert says of a decoder embedder it wrote without a language-model head (its checkpoint had no untied
+    lm_head.weight: with_checkpoint_head); None for any other model directory."""
+    if not metadata.pooling or metadata.family in ENCODER_FAMILIES:
+        return None
+    path = os.path.join(dst, CONFIG)
+    with open(path, encoding="utf-8") as f:
+        config = read_config(path, f.read())
+    if with_checkpoint_head(config, "lm_head/kernel" in stored_shapes(os.path.join(dst, PARAMS)), metadata.pooling).lm_head:
+        return None
+    return ("the checkpoint has no lm_head.weight (a decoder embedder saved as its base model), so the model converted "
+            "as an embedder only: --task embed, similarity and classify take it; loglik and choice refuse it")
 
 
 def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source: str | None = None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from models.errors import ModelLoadError
-from models.hf_import import convert_hf_dir, dropped_head, dropped_special_tokens, dropped_vision, transformer_folder
+from models.hf_import import (convert_hf_dir, dropped_head, dropped_special_tokens, dropped_vision, embedder_only,
+                              transformer_folder)
 from models.model_dir import remove_unfinished
 from pipeline.cli import SubcommandParser
 from pipeline.interrupt import exit_on_interrupt
@@ -53,7 +54,11 @@ def main(argv: list[str]) -> int:
         print(f"docscore convert: {err}", file=sys.stderr)
         return 2
     model_folder = transformer_folder(args.hf)
-    for note in (dropped_head(model_folder), dropped_vision(model_folder), dropped_special_tokens(args.hf, args.out)):
+    prompts_left_out = None if metadata.include_prompt else (
+        "its sentence-transformers pooling leaves a prompt's tokens out (include_prompt false), which docscore does "
+        "not compute, so `docscore run` refuses --document_prompt and --query_prompt with it")
+    for note in (dropped_head(model_folder), dropped_vision(model_folder), dropped_special_tokens(args.hf, args.out),
+                 embedder_only(args.out, metadata), prompts_left_out):
         if note:
             print(f"docscore convert: note: {note}", file=sys.stderr)
     pooled = f", {metadata.pooling} pooling" if metadata.pooling else ""  # a decoder without one embeds nothing

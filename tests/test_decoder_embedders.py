@@ -84,6 +84,7 @@ def test_embeddings_of_a_decoder_embedder_through_docscore_run_equal_sentence_tr
     src = build_st_decoder(tmp_path / "st", kind)
     code, message = convert(src, tmp_path / "model", capsys)
     assert code == 0 and f"max_seq_len {MAX_SEQ_LEN}, {pooling} pooling, fingerprint" in message, message
+    assert ("converted as an embedder only" in message) == ("headless" in kind), message  # convert says so
     assert json.loads((tmp_path / "model" / METADATA).read_text())["pooling"] == pooling  # a decoder's is always written
     loaded = models.load(str(tmp_path / "model"), attention="native")
     assert (loaded.config.is_encoder, loaded.pooling) == (False, pooling)

@@ -217,7 +217,8 @@ def test_a_pooling_that_leaves_prompts_out_converts_without_prompts_and_refuses_
     from models.model_dir import read_metadata
 
     src = sentence_transformers_dir(tmp_path / "st", pooling={"pooling_mode_mean_tokens": True, "include_prompt": False})
-    assert convert(src, tmp_path / "model", capsys)[0] == 0
+    code, message = convert(src, tmp_path / "model", capsys)
+    assert code == 0 and "refuses --document_prompt and --query_prompt with it" in message, message
     assert read_metadata(str(tmp_path / "model")).include_prompt is False
     shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES[:4])])
     flags = ["--input", shard, "--output", tmp_path / "out", "--task", "embed", "--model", tmp_path / "model"]
