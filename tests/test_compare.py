@@ -641,3 +641,43 @@ def test_a_summary_naming_files_outside_its_run_is_refused_not_followed(tmp_path
     assert f"names {entry!r}, which is not a file of run b's partitions" in capsys.readouterr().err
     assert report_main([str(tmp_path / "out"), "--run_id", "b"]) == 2
     assert "is damaged" in capsys.readouterr().err
+
+
+def test_the_settings_two_runs_recorded_differently_are_named_and_unrecorded_ones_are_not(tmp_path, capsys):
+    """A drift is read against what changed: settings the summaries record differently are in the report and
+    settings_changed; one an older summary did not record is not a change; a changed setting fails no limit."""
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4))
+    model = {"model_id": "m@0123", "dtype": "float32", "prompts": {}, "pooling": "mean"}
+    a = write_run(str(tmp_path), "a", rows, run_summary={**summary("a", "embed"), "model": model,
+                                                         "config": {"stride": 32, "max_seq_len": None}})
+    b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows], run_summary={
+        **summary("b", "embed"), "model": {**model, "dtype": "bfloat16", "prompts": {"document": "query: "}},
+        "config": {"stride": 32, "max_seq_len": 128}, "kernel": {"resolved": "xla"}})  # A recorded no kernel
+    code, result = run_compare(capsys, a, b)
+    assert code == 0 and result["settings_changed"] == {
+        "model.prompts": {"a": {}, "b": {"document": "query: "}}, "model.dtype": {"a": "float32", "b": "bfloat16"},
+        "config.max_seq_len": {"a": None, "b": 128}}
+    assert compare([a, b]) == 0
+    report = capsys.readouterr().out
+    assert ('settings    model.prompts {} -> {"document": "query: "}; model.dtype "float32" -> "bfloat16"; '
+            "config.max_seq_len null -> 128") in report, report
+    c = write_run(str(tmp_path), "c", [dict(r, run_id="c") for r in rows], run_summary={
+        **summary("c", "embed"), "model": model, "config": {"stride": 32, "max_seq_len": None}})
+    assert compare([a, c]) == 0
+    assert "settings    no recorded setting differs" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+def test_two_real_runs_name_their_dtype_and_prompt_change(tmp_path, capsys):
+    from tests.conftest import SENTENCES, common_flags, run_docscore, write_jsonl
+
+    shard = write_jsonl(tmp_path / "in" / "d.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES[:6])])
+    for run_id, flags in (("f32", ()), ("bf16", ("--dtype", "bfloat16", "--document_prompt", "query: "))):
+        assert run_docscore("--input", shard, *common_flags(run_id, tmp_path), "--attention", "native",
+                            "--no_progress", *flags) == 0
+    capsys.readouterr()
+    code, result = run_compare(capsys, tmp_path / "scores" / "run_id=f32", tmp_path / "scores" / "run_id=bf16")
+    changed = result["settings_changed"]
+    assert changed["model.dtype"] == {"a": "float32", "b": "bfloat16"}, changed
+    assert changed["model.prompts"] == {"a": {}, "b": {"document": "query: "}}, changed
+    assert set(changed) <= {"model.dtype", "model.prompts", "model.matmul_precision"}, changed

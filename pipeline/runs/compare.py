@@ -32,6 +32,12 @@ from pipeline.telemetry.timing import STAGES
 SCORE_COLUMNS = ("doc_id", "source", "record_index", "task", "score", "label", "embedding")
 KEYS = {"source_record": ("source", "record_index"), "doc_id": ("doc_id",)}
 EXIT_OK, EXIT_THRESHOLD, EXIT_USAGE = 0, 1, 2
+# What a run's scores depend on besides its documents (summary.json paths): compare names those that differ, so a
+# drift is read against the change that made it (another model, prompt, dtype, kernel or version), not guessed at.
+SETTINGS = ("model.model_id", "model.pooling", "model.prompts", "model.dtype", "model.matmul_precision",
+            "model.max_seq_len", "config.max_seq_len", "config.stride", "config.text_field", "config.temperature",
+            "kernel.resolved", "backend.target", "versions.docscore", "versions.jax")
+_UNRECORDED = object()
 
 USAGE = """\
 RUN_A and RUN_B name a run by one of its published partitions, DIR/<table>/run_id=ID, where <table>
@@ -260,6 +266,7 @@ def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict
         "errors": _relative_change(a.n_errors, b.n_errors),
     }
     result["labels"] = {"a": label_set(a.summary), "b": label_set(b.summary)}
+    result["settings_changed"] = setting_changes(a.summary, b.summary)
     result["timing"] = compare_timing(a.summary, b.summary)
     timing_problem = timing_format_problem(result["timing"])
     result["notes"] = [f"run A: {n}" for n in a.notes] + [f"run B: {n}" for n in b.notes] + (
@@ -269,6 +276,27 @@ def compare_runs(a: LoadedRun, b: LoadedRun, key: str = "source_record") -> dict
     # one run: the same launch (a copy elsewhere included), or the same partition of a run without launch ids
     result["same_run"] = same_launch(a.summary, b.summary) or _place(a.ref) == _place(b.ref)
     return result
+
+
+def setting_changes(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{summary path: {"a": value, "b": value}} of the SETTINGS the two runs recorded differently; a path one of
+    them did not record (an older docscore's summary) is left out rather than reported as a change."""
+    changed = {}
+    for path in SETTINGS:
+        value_a, value_b = _recorded(a, path), _recorded(b, path)
+        if _UNRECORDED not in (value_a, value_b) and value_a != value_b:
+            changed[path] = {"a": value_a, "b": value_b}
+    return changed
+
+
+def _recorded(summary: dict[str, Any], path: str) -> Any:
+    """The value at a dotted summary path (null included), or _UNRECORDED where the summary has no such key."""
+    value: Any = summary
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _UNRECORDED
+        value = value[part]
+    return value
 
 
 def same_launch(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -410,6 +438,11 @@ def _num(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def _shown(value: Any) -> str:
+    """A setting's value as the report prints it: JSON, so a prompt's spaces and an unset (null) value show."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
 def count_change_text(a: int, b: int) -> str:
     """'20 -> 10 (-50%)': a count's change as a reader takes it in, signed; the result's count_change keeps
     |B - A| / A, the fraction --max_count_change is checked against."""
@@ -435,6 +468,9 @@ def format_report(result: dict[str, Any], problems: list[str], reason: str | Non
         f"score drift mean {_num(s['mean'])}  max {_num(s['max'])}  over {s['compared']} documents",
         f"label flips {f['flipped']} of {f['compared']} ({_num(f['fraction'])})",
         f"embedding   mean 1-cos {_num(e['mean'])}  max {_num(e['max'])}  over {e['compared']} documents",
+        "settings    " + ("; ".join(f"{path} {_shown(change['a'])} -> {_shown(change['b'])}"
+                                    for path, change in result["settings_changed"].items())
+                          or "no recorded setting differs (model, pooling, prompts, dtype, kernel, windows, versions)"),
     ]
     timing = result.get("timing") or {}
     if timing:
