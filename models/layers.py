@@ -1,12 +1,15 @@
 """Transformer building blocks shared by the encoder and the decoder: self-attention through the
 kernels contract, feed-forward, float32 layer norm, position ids of packed segments, and the blocks:
-per block as checkpoints hold them, or stacked once at load and run as one scanned step.
+per block as checkpoints hold them, or stacked once at load (each repeating run of block structures, block_runs)
+and run as scanned steps.
 
 Must not choose or implement an attention kernel: `SelfAttention` passes the name it was built
 with to `kernels.attention` and knows nothing else about kernels.
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -118,30 +121,34 @@ class FeedForward(nnx.Module):
 
 
 class StackedBlocks(nnx.Module):
-    """Blocks of one structure held as one block whose every parameter carries a leading layer axis
-    (parameter paths layers/stacked/..., models/sharding.py's STACKED), run as one jax.lax.scan over it.
-    Made once at load (stack_blocks) from the per-block form that checkpoints, fingerprints and the
-    Hugging Face conversion hold (layers/0/...), so no call copies the weights to stack them."""
+    """`count` repeats of a period of consecutive blocks held as one period whose every parameter carries a leading
+    repeat axis (parameter paths .../stacked/... for a period of one block, .../stacked/<position>/... for longer
+    ones; models/sharding.py's STACKED), run as one jax.lax.scan over it, each step the period's blocks in order.
+    Made once at load (stack_blocks) from the per-block form that checkpoints, fingerprints and the Hugging Face
+    conversion hold (layers/0/...), so no call copies the weights to stack them."""
 
     def __init__(self, stacked: nnx.Module):
-        self.stacked = stacked  # the attribute name is sharding.STACKED
+        self.stacked = stacked  # one block, or an nnx.List of a period's blocks; the attribute name is sharding.STACKED
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         graphdef, state = nnx.split(self.stacked)
 
         def step(x: jax.Array, layer: nnx.State) -> tuple[jax.Array, None]:
-            return constrain_rows(nnx.merge(graphdef, layer)(x, segment_ids)), None
+            period = nnx.merge(graphdef, layer)
+            for block in period if isinstance(period, nnx.List) else [period]:
+                x = constrain_rows(block(x, segment_ids))
+            return x, None
 
         x, _ = jax.lax.scan(step, constrain_rows(x), state)
         return x
 
 
 def run_blocks(blocks: nnx.List | StackedBlocks, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
-    """x through `blocks` in order: stacked blocks as one scanned step (JAX traces and compiles one block,
-    not every block: faster compiles, benchmarks/README.md), a list of blocks (of different structure,
-    e.g. GPT-2's with a per-layer attention scale, or a model stack_blocks was not applied to) one after
-    another. Under a model mesh (models/sharding.py) each block's input and output stay split by rows and
-    whole in hidden."""
+    """x through `blocks` in order: stacked blocks as one scanned step (JAX traces and compiles one period of
+    blocks, not every block: faster compiles, benchmarks/README.md), a list one entry after another: blocks (of
+    different structure, e.g. GPT-2's with a per-layer attention scale, or a model stack_blocks was not applied
+    to) and the StackedBlocks of repeating runs among them. Under a model mesh (models/sharding.py) each block's
+    input and output stay split by rows and whole in hidden."""
     if isinstance(blocks, StackedBlocks):
         return blocks(x, segment_ids)
     for block in blocks:
@@ -149,20 +156,77 @@ def run_blocks(blocks: nnx.List | StackedBlocks, x: jax.Array, segment_ids: jax.
     return x
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """`count` repeats of `period` consecutive blocks, in the order stack_blocks lays blocks out: a count of 1 is one
+    block left as it is (period 1), a larger one a StackedBlocks."""
+
+    period: int
+    count: int
+
+    @property
+    def blocks(self) -> int:
+        return self.period * self.count
+
+
+def block_runs(kinds: Sequence[Any]) -> tuple[Run, ...]:
+    """Blocks of these kinds (equal kinds: one graphdef) cut into runs, each a period repeated two or more times
+    (a StackedBlocks) or a block alone, so that the fewest blocks are traced: a run traces its period once. All one
+    kind: one run of period 1 (every block stacked, as BERT's); Gemma 3's five local and one global layer: that
+    period repeated, then the local ones left over; ModernBERT's layer 0 alone, then local, local, global
+    repeated; a Qwen2 with max_window_layers: one run of each kind. Ties go to fewer runs, then to the longer first
+    run (Gemma 3's leftover local layers last)."""
+    n = len(kinds)
+    # best[i]: the runs of kinds[i:] and their key (blocks traced, runs, minus the first run's blocks)
+    best: list[tuple[tuple[int, ...], tuple[Run, ...]]] = [((0, 0, 0), ())] * (n + 1)
+
+    def option(run: Run, start: int) -> tuple[tuple[int, ...], tuple[Run, ...]]:
+        (traced, runs, _), rest = best[start + run.blocks]
+        return (traced + run.period, runs + 1, -run.blocks), (run, *rest)
+
+    for start in range(n - 1, -1, -1):
+        options = [option(Run(1, 1), start)]
+        for period in range(1, (n - start) // 2 + 1):
+            first, count = kinds[start:start + period], 1
+            while start + (count + 1) * period <= n and \
+                    kinds[start + count * period:start + (count + 1) * period] == first:
+                count += 1
+                options.append(option(Run(period, count), start))
+        best[start] = min(options, key=lambda choice: choice[0])
+    return best[0][1]
+
+
 def stack_blocks(model: nnx.Module) -> nnx.Module:
-    """`model` with its blocks (model.layers, an nnx.List) replaced by StackedBlocks when there are two or more
-    of one structure (the same graphdef), in place; unchanged when they differ or are stacked already. Works on
-    an abstract model (nnx.eval_shape) as on one with arrays (stacked with jnp.stack: one copy, at load)."""
+    """`model` with its blocks (model.layers, an nnx.List) laid out by block_runs of their graphdefs, in place: one
+    StackedBlocks when one run covers them all (blocks of one structure: parameter paths layers/stacked/...), else
+    an nnx.List of the runs in order, each a StackedBlocks or a block alone (layers/<run>/...); unchanged when no
+    block structure repeats or they are stacked already. Works on an abstract model (nnx.eval_shape) as on one with
+    arrays (stacked with jnp.stack: one copy, at load)."""
     blocks = model.layers
-    if isinstance(blocks, StackedBlocks) or len(blocks) < 2:
+    if is_stacked(blocks):
         return model
     parts = [nnx.split(block) for block in blocks]
-    graphdef = parts[0][0]
-    if any(other != graphdef for other, _ in parts[1:]):
+    graphdefs = [graphdef for graphdef, _ in parts]
+    runs = block_runs([graphdefs.index(graphdef) for graphdef in graphdefs])  # the first equal graphdef's index
+    if all(run.count == 1 for run in runs):
         return model
-    state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(state for _, state in parts))
-    model.layers = StackedBlocks(nnx.merge(graphdef, state))
+    entries, start = [], 0
+    for run in runs:
+        if run.count == 1:
+            entries.append(blocks[start])
+        else:
+            period = [nnx.merge(graphdefs[start + position], jax.tree.map(lambda *leaves: jnp.stack(leaves), *(
+                parts[start + repeat * run.period + position][1] for repeat in range(run.count))))
+                for position in range(run.period)]
+            entries.append(StackedBlocks(period[0] if run.period == 1 else nnx.List(period)))
+        start += run.blocks
+    model.layers = entries[0] if len(entries) == 1 else nnx.List(entries)
     return model
+
+
+def is_stacked(blocks: nnx.Module) -> bool:
+    """Whether model.layers is in stack_blocks' layout (a StackedBlocks, or a list holding one)."""
+    return isinstance(blocks, StackedBlocks) or any(isinstance(entry, StackedBlocks) for entry in blocks)
 
 
 def stacked_abstract(graphdef: nnx.GraphDef, state: nnx.State) -> tuple[nnx.GraphDef, nnx.State]:
@@ -171,31 +235,80 @@ def stacked_abstract(graphdef: nnx.GraphDef, state: nnx.State) -> tuple[nnx.Grap
     return nnx.split(nnx.eval_shape(lambda per_block: stack_blocks(nnx.merge(graphdef, per_block)), state))
 
 
-def stack_params(params: dict[str, Any]) -> dict[str, Any]:
-    """A pure parameter dict in the checkpoint layout (layers/0/..., layers/1/...) -> StackedBlocks' layout
-    (layers/stacked/..., each parameter of every block stacked on a leading axis), for a model stack_blocks
-    stacks. Consumes params["layers"]: each block's array is let go once stacked, so the host holds the
-    layers' weights about once, not twice."""
-    blocks = params.pop("layers")
+def stacked_runs(layers: dict[Any, Any]) -> list[tuple[Run, Any]] | None:
+    """The runs of a pure `layers` dict in stack_blocks' layout, each with its entry (a block's dict, or a
+    StackedBlocks' {STACKED: ...}); None for the checkpoint layout (one entry per block, layers/0/...)."""
+    if STACKED in layers:
+        entries = [layers]
+    elif any(STACKED in entry for entry in layers.values()):
+        entries = [layers[key] for key in sorted(layers, key=int)]
+    else:
+        return None
+    runs = []
+    for entry in entries:
+        if STACKED not in entry:
+            runs.append((Run(1, 1), entry))
+            continue
+        period = entry[STACKED]
+        count = int(jax.tree.leaves(period)[0].shape[0])
+        runs.append((Run(len(period) if all(isinstance(key, int) for key in period) else 1, count), entry))
+    return runs
+
+
+def period_blocks(entry: dict[Any, Any], run: Run) -> list[Any]:
+    """The period's blocks of a StackedBlocks' pure dict {STACKED: ...}, each stacked on its repeats."""
+    period = entry[STACKED]
+    return [period[position] for position in range(run.period)] if run.period > 1 else [period]
+
+
+def stack_params(params: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
+    """A pure parameter dict in the checkpoint layout (layers/0/..., layers/1/...) -> the layout of `like` (a pure
+    dict of the model stack_blocks made, e.g. stacked_abstract's state): each run's blocks stacked on a leading
+    axis, position by position of its period; `params` as it is when `like` has nothing stacked. Consumes
+    params["layers"]: each block's array is let go once stacked, so the host holds the layers' weights about once,
+    not twice."""
+    runs = stacked_runs(like["layers"])
+    if runs is None:
+        return params
+    blocks = {int(key): block for key, block in params.pop("layers").items()}
+    entries, start = [], 0
+    for run, _ in runs:
+        if run.count == 1:
+            entries.append(blocks.pop(start))
+        else:
+            period = [stack_trees([blocks.pop(start + repeat * run.period + position) for repeat in range(run.count)])
+                      for position in range(run.period)]
+            entries.append({STACKED: period[0] if run.period == 1 else dict(enumerate(period))})
+        start += run.blocks
+    return {**params, "layers": entries[0] if len(entries) == 1 else dict(enumerate(entries))}
+
+
+def stack_trees(trees: list[Any]) -> Any:
+    """Trees of one structure -> one tree of their leaves stacked on a new leading axis (np.stack), each leaf let
+    go once stacked (the caller holds none of `trees` after the call)."""
     flat = []
-    for key in sorted(blocks, key=int):  # 0, 1, ..., n-1
-        leaves, treedef = jax.tree_util.tree_flatten(blocks.pop(key))
+    while trees:
+        leaves, treedef = jax.tree_util.tree_flatten(trees.pop(0))
         flat.append(leaves)
-    count = len(flat)
     stacked = []
     for leaf in range(len(flat[0])):
-        stacked.append(np.stack([flat[index][leaf] for index in range(count)]))
-        for index in range(count):
-            flat[index][leaf] = None
-    return {**params, "layers": {STACKED: jax.tree_util.tree_unflatten(treedef, stacked)}}
+        stacked.append(np.stack([leaves[leaf] for leaves in flat]))
+        for leaves in flat:
+            leaves[leaf] = None
+    return jax.tree_util.tree_unflatten(treedef, stacked)
 
 
 def unstack_params(params: dict[str, Any]) -> dict[str, Any]:
-    """stack_params' inverse: a pure dict in StackedBlocks' layout -> the checkpoint layout (layers/0/...);
+    """stack_params' inverse: a pure dict in stack_blocks' layout -> the checkpoint layout (layers/0/...);
     a dict in the checkpoint layout is returned as it is."""
-    blocks = params["layers"]
-    if STACKED not in blocks:
+    runs = stacked_runs(params["layers"])
+    if runs is None:
         return params
-    count = int(jax.tree.leaves(blocks[STACKED])[0].shape[0])
-    return {**params, "layers": {index: jax.tree.map(lambda leaf: leaf[index], blocks[STACKED])
-                                 for index in range(count)}}
+    blocks = []
+    for run, entry in runs:
+        if run.count == 1:
+            blocks.append(entry)
+            continue
+        period = period_blocks(entry, run)
+        blocks += [jax.tree.map(lambda leaf: leaf[repeat], block) for repeat in range(run.count) for block in period]
+    return {**params, "layers": dict(enumerate(blocks))}

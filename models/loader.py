@@ -30,7 +30,7 @@ from models.heads import POOLINGS, next_token_logprobs, segment_embeddings
 from models.layers import COMPUTE_DTYPES, stack_blocks, stack_params, stacked_abstract
 from models.model_dir import CONFIG, PARAMS, TOKENIZER, fetch_remote, is_remote, local_cache_dir, read_metadata, read_text
 from models.precision import choice_problem, matmul_precision, with_matmul_precision
-from models.sharding import STACKED, MeshLayout, ModelDoesNotFit, choose_layout, local_data_parallel
+from models.sharding import MeshLayout, ModelDoesNotFit, choose_layout, local_data_parallel
 from models.tokenizer import DocTokenizer
 
 log = logging.getLogger(__name__)
@@ -357,8 +357,7 @@ def load_model_dir(path: str, *, attention: str, dtype: str, name: str,
     # The blocks' parameters stacked once, here on the host, into the layout the programs receive (models/layers.py
     # StackedBlocks); the checkpoint and the fingerprint above keep one entry per block.
     graphdef, state = stacked_abstract(graphdef, state)
-    if STACKED in nnx.to_pure_dict(state)["layers"]:
-        params = stack_params(params)
+    params = stack_params(params, nnx.to_pure_dict(state))
     nnx.replace_by_pure_dict(state, parallel.place(params))  # each device gets its share, never the whole model
     return LoadedModel(model=nnx.merge(graphdef, state), tokenizer=tokenizer, config=config,
                        fingerprint=metadata.fingerprint, model_id=f"{name}@{metadata.fingerprint[:12]}",

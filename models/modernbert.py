@@ -56,7 +56,7 @@ class ModernBertEncoder(nnx.Module):
         compute = COMPUTE_DTYPES[dtype]
         self.embeddings = ModernBertEmbeddings(config, rngs)
         # layer 0 (no attention norm) and the local layers (their window and rotary theta) differ from the global
-        # ones, so stack_blocks leaves these blocks a list, run one after another
+        # ones: stack_blocks runs layer 0 alone, then its local, local, global period as one scan (layers.block_runs)
         self.layers = nnx.List([ModernBertLayer(config, i, attention_impl=attention_impl, dtype=compute, rngs=rngs)
                                 for i in range(config.num_layers)])
         self.final_norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs, bias=config.norm_bias)

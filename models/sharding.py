@@ -47,8 +47,9 @@ PARTITION_RULES: tuple[tuple[str, tuple[int, ...]], ...] = (
     (r"^lm_head/kernel$", (1, 0)),
 )
 
-# A path component whose parameters carry a leading layer axis (models/layers.py StackedBlocks: layers/stacked/...):
-# that axis is never split, the rest is laid out as one block's parameter of the same name.
+# A path component whose parameters carry a leading layer axis (models/layers.py StackedBlocks: layers/stacked/...,
+# or layers/<run>/stacked/<position>/... for a repeating period of blocks of several structures): that axis is never
+# split, the rest is laid out as one block's parameter of the same name.
 STACKED = "stacked"
 
 
