@@ -55,7 +55,7 @@ FOUR_DEVICES = """
     params = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(loaded._state)[0]:
         name = sharding.path_name(path)
-        if name.startswith("layers/stacked/") or not name.startswith("layers/"):  # one entry per parameter
+        if "/stacked/" in name or not name.startswith("layers/"):  # one entry per parameter of each stacked run
             params[name] = {"spec": str(leaf.sharding.spec), "devices": len(leaf.sharding.device_set),
                             "shards": sorted(list(s.data.shape) for s in leaf.addressable_shards)}
     print(json.dumps({"devices": jax.local_device_count(), "layout": loaded.parallel.summary(), "rc": rc,
@@ -251,3 +251,32 @@ def test_a_llama_split_over_two_devices_per_row_shard_equals_one_device(tmp_path
     summary = read_summary(out, "l4")
     assert summary["model"]["sharding"]["mesh"] == {"data": 2, "model": 2}
     assert summary["counts"]["scored"] == len(SENTENCES)
+
+
+def test_a_gemma3_stacked_by_its_periods_split_over_two_devices_per_row_shard_equals_one_device(tmp_path):
+    """Gemma 3's blocks stacked by their repeating period (models/layers.py block_runs: local, local, global twice,
+    then two local ones) as a 2 x 2 mesh: each stacked parameter split as one block's, its repeat axis whole."""
+    import models
+    from models.hf_import import convert_hf_dir
+    from tests.test_models_llama import build_hf
+
+    local, full = "sliding_attention", "full_attention"
+    hf_dir = build_hf(tmp_path / "hf", "gemma3", num_hidden_layers=8, layer_types=[local, local, full] * 2 + [local] * 2)
+    model_dir = str(tmp_path / "docscore")
+    convert_hf_dir(str(hf_dir), model_dir)
+    loaded = models.load(model_dir, attention="native")
+    rng = np.random.default_rng(3)
+    ids = rng.integers(3, loaded.config.vocab_size, (6, 64)).astype(np.int32)
+    seg = np.ones((6, 64), np.int32)
+    seg[1, 20:], seg[2, 40:], seg[3, 10:30], seg[3, 30:] = 2, 0, 2, 3  # packed rows and padding
+    ids[:, 0] = 1
+    report, four = four_devices(tmp_path, model=model_dir, method="token_logprobs", ids=ids, seg=seg,
+                                budget=budget_for(loaded.config, 2))
+    assert report["layout"]["mesh"] == {"data": 2, "model": 2}
+    params = report["params"]
+    # the period's global layer (position 2) twice: 4 query heads x 32 split in two
+    assert params["layers/0/stacked/2/attention/query/kernel"] == {"spec": "P(None, None, 'model')", "devices": 4,
+                                                                   "shards": [[2, 64, 64]] * 4}
+    assert params["layers/1/stacked/feed_forward/down/kernel"]["shards"] == [[2, 56, 64]] * 4  # the two local ones after
+    assert params["layers/0/stacked/0/post_attention_norm/scale"]["shards"] == [[2, 64]] * 4  # copied
+    np.testing.assert_allclose(four, loaded.token_logprobs(ids, seg), atol=1e-5, rtol=1e-5)  # sums in another order
