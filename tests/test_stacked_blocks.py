@@ -55,16 +55,12 @@ def test_released_layer_patterns_are_stacked_by_their_repeating_runs():
     window = {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 4}
     assert layout({**QWEN2, **window}) == [Run(1, 4), Run(1, 6)]
     assert layout(QWEN2) == [Run(1, 10)]
-    # no structure repeats in a row (local, global, local): the blocks stay a list, one by one
-    assert layout({**GEMMA3, "num_hidden_layers": 3, "layer_types": [LOCAL, GLOBAL, LOCAL]}) is None
-
-
-def test_blocks_of_one_structure_keep_their_one_stacked_block():
-    """A model whose blocks are alike keeps the layout it always had: layers/stacked/<the block's parameters>."""
-    config = config_from_hf(QWEN2)
-    _, state = stacked_abstract(*abstract_model(config, attention_impl="xla", dtype="float32"))
+    # ... in the layout such a model always had: layers/stacked/<the block's parameters>
+    _, state = stacked_abstract(*abstract_model(config_from_hf(QWEN2), attention_impl="xla", dtype="float32"))
     layers = nnx.to_pure_dict(state)["layers"]
     assert list(layers) == ["stacked"] and layers["stacked"]["attention"]["query"]["kernel"].shape == (10, 64, 64)
+    # no structure repeats in a row (local, global, local): the blocks stay a list, one by one
+    assert layout({**GEMMA3, "num_hidden_layers": 3, "layer_types": [LOCAL, GLOBAL, LOCAL]}) is None
 
 
 def blocks_one_by_one(loaded) -> nnx.Module:
