@@ -255,12 +255,6 @@ def stacked_runs(layers: dict[Any, Any]) -> list[tuple[Run, Any]] | None:
     return runs
 
 
-def period_blocks(entry: dict[Any, Any], run: Run) -> list[Any]:
-    """The period's blocks of a StackedBlocks' pure dict {STACKED: ...}, each stacked on its repeats."""
-    period = entry[STACKED]
-    return [period[position] for position in range(run.period)] if run.period > 1 else [period]
-
-
 def stack_params(params: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
     """A pure parameter dict in the checkpoint layout (layers/0/..., layers/1/...) -> the layout of `like` (a pure
     dict of the model stack_blocks made, e.g. stacked_abstract's state): each run's blocks stacked on a leading
@@ -309,6 +303,6 @@ def unstack_params(params: dict[str, Any]) -> dict[str, Any]:
         if run.count == 1:
             blocks.append(entry)
             continue
-        period = period_blocks(entry, run)
+        period = [entry[STACKED][position] for position in range(run.period)] if run.period > 1 else [entry[STACKED]]
         blocks += [jax.tree.map(lambda leaf: leaf[repeat], block) for repeat in range(run.count) for block in period]
     return {**params, "layers": dict(enumerate(blocks))}
