@@ -219,13 +219,14 @@ def padded(docs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return ids, segments
 
 
-def transformers_logprobs(hf_dir, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """Reference: transformers' AutoModelForCausalLM log p(ids[t+1] | ids[:t+1]) over right-padded rows
-    (float32 model, float64 log-softmax); 0 past each row's last real token."""
+def transformers_logprobs(hf_dir, ids: np.ndarray, segments: np.ndarray, model_class: str = "AutoModelForCausalLM"
+                          ) -> np.ndarray:
+    """Reference: transformers' `model_class` (default AutoModelForCausalLM) log p(ids[t+1] | ids[:t+1]) from
+    input_ids alone over right-padded rows (float32 model, float64 log-softmax); 0 past each row's last real token."""
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = getattr(transformers, model_class).from_pretrained(hf_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(segments)).logits
     logprobs = torch.log_softmax(logits.double(), dim=-1).numpy()

@@ -22,7 +22,7 @@ from models.checkpoint import stored_shapes
 from models.config import config_from_hf, hf_keys, read_config
 from models.model_dir import read_metadata
 from pipeline.convert import main as convert_main
-from tests.conftest import padded
+from tests.conftest import padded, transformers_logprobs
 from tests.test_models_llama import documents
 
 # the text model: local layers 0 and 2 (a 16-token window, a theta of their own), a global one with linear rope
@@ -92,23 +92,6 @@ def convert(src: Path, out: Path) -> tuple[int, str]:
     return code, printed.getvalue()
 
 
-def text_only_logprobs(hf_dir: Path, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """The Gemma3ForConditionalGeneration's own log p(ids[t+1] | ids[:t+1]) from input_ids alone (no pixel_values)
-    over right-padded rows (float32 model, float64 log-softmax); 0 past each row's last real token."""
-    import torch
-    import transformers
-
-    model = transformers.Gemma3ForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(segments)).logits
-    logprobs = torch.log_softmax(logits.double(), dim=-1).numpy()
-    expected = np.zeros(ids.shape, np.float64)
-    for row in range(len(ids)):
-        for t in range(int(segments[row].sum()) - 1):
-            expected[row, t] = logprobs[row, t, ids[row, t + 1]]
-    return expected
-
-
 @pytest.fixture(scope="module")
 def multimodal(tmp_path_factory) -> tuple[Path, Path, str]:
     """(the Hugging Face directory, its docscore model directory, what convert printed)."""
@@ -132,7 +115,7 @@ def test_multimodal_checkpoint_scores_text_as_its_own_text_only_forward(multimod
     docs[2][5] = image_token  # in the released models' vocabulary it has an embedding row, which transformers reads
     ids, segments = padded(docs)
     ours = loaded.token_logprobs(ids, segments)
-    expected = text_only_logprobs(hf_dir, ids, segments)
+    expected = transformers_logprobs(hf_dir, ids, segments, "Gemma3ForConditionalGeneration")  # no pixel_values
     assert np.abs(expected).max() > 1.0  # not a near-uniform model
     assert np.abs(ours - expected).max() <= 1e-4, np.abs(ours - expected).max()
 

@@ -216,6 +216,16 @@ def test_minilm_split_over_four_devices_equals_one_device_and_the_summary_says_s
     assert "split over 4 devices" in summary["reason"] and sharding.BUDGET_ENV in summary["reason"], summary
 
 
+def packed_rows(vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, segment ids) of 6 rows of 64 tokens: whole rows, packed segments and padding, each row starting at id 1."""
+    rng = np.random.default_rng(3)
+    ids = rng.integers(3, vocab_size, (6, 64)).astype(np.int32)
+    seg = np.ones((6, 64), np.int32)
+    seg[1, 20:], seg[2, 40:], seg[3, 10:30], seg[3, 30:] = 2, 0, 2, 3  # packed rows and padding
+    ids[:, 0] = 1
+    return ids, seg
+
+
 def test_a_llama_split_over_two_devices_per_row_shard_equals_one_device(tmp_path):
     """A tiny Llama (grouped-query, untied head) as a 2 x 2 mesh: rows over 2, weights over 2; a loglik run's
     summary says so."""
@@ -227,11 +237,7 @@ def test_a_llama_split_over_two_devices_per_row_shard_equals_one_device(tmp_path
     model_dir = str(tmp_path / "docscore")
     convert_hf_dir(str(hf_dir), model_dir)
     loaded = models.load(model_dir, attention="native")
-    rng = np.random.default_rng(3)
-    ids = rng.integers(3, loaded.config.vocab_size, (6, 64)).astype(np.int32)
-    seg = np.ones((6, 64), np.int32)
-    seg[1, 20:], seg[2, 40:], seg[3, 10:30], seg[3, 30:] = 2, 0, 2, 3  # packed rows and padding
-    ids[:, 0] = 1
+    ids, seg = packed_rows(loaded.config.vocab_size)
     corpus = write_jsonl(tmp_path / "in" / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(SENTENCES)])
     out = tmp_path / "out"
     run = ["--input", str(corpus), *common_flags("l4", out), "--task", "loglik", "--model", model_dir,
@@ -265,11 +271,7 @@ def test_a_gemma3_stacked_by_its_periods_split_over_two_devices_per_row_shard_eq
     model_dir = str(tmp_path / "docscore")
     convert_hf_dir(str(hf_dir), model_dir)
     loaded = models.load(model_dir, attention="native")
-    rng = np.random.default_rng(3)
-    ids = rng.integers(3, loaded.config.vocab_size, (6, 64)).astype(np.int32)
-    seg = np.ones((6, 64), np.int32)
-    seg[1, 20:], seg[2, 40:], seg[3, 10:30], seg[3, 30:] = 2, 0, 2, 3  # packed rows and padding
-    ids[:, 0] = 1
+    ids, seg = packed_rows(loaded.config.vocab_size)
     report, four = four_devices(tmp_path, model=model_dir, method="token_logprobs", ids=ids, seg=seg,
                                 budget=budget_for(loaded.config, 2))
     assert report["layout"]["mesh"] == {"data": 2, "model": 2}

@@ -283,20 +283,10 @@ def setting_changes(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str,
     them did not record (an older docscore's summary) is left out rather than reported as a change."""
     changed = {}
     for path in SETTINGS:
-        value_a, value_b = _recorded(a, path), _recorded(b, path)
+        value_a, value_b = summary_value(a, path, _UNRECORDED), summary_value(b, path, _UNRECORDED)
         if _UNRECORDED not in (value_a, value_b) and value_a != value_b:
             changed[path] = {"a": value_a, "b": value_b}
     return changed
-
-
-def _recorded(summary: dict[str, Any], path: str) -> Any:
-    """The value at a dotted summary path (null included), or _UNRECORDED where the summary has no such key."""
-    value: Any = summary
-    for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return _UNRECORDED
-        value = value[part]
-    return value
 
 
 def same_launch(a: dict[str, Any], b: dict[str, Any]) -> bool:

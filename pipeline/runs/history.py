@@ -111,12 +111,12 @@ HISTORY_SCHEMA = pa.schema(
 )
 
 
-def summary_value(summary: dict[str, Any], path: str) -> Any:
-    """The value at a dotted path of the summary, or None when the run did not record it."""
+def summary_value(summary: dict[str, Any], path: str, unrecorded: Any = None) -> Any:
+    """The value at a dotted path of the summary, or `unrecorded` when the run did not record it."""
     value: Any = summary
     for part in path.split("."):
         if not isinstance(value, dict) or part not in value:
-            return None
+            return unrecorded
         value = value[part]
     return value
 
