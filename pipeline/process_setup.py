@@ -8,6 +8,7 @@ worker processes, so multi-process runners get the same flags.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -365,7 +366,8 @@ def unreadable_cache_entries(directory: str, program: str, remove: bool = False,
                              whole_program: bool = False) -> list[str]:
     """The entries of `program` (a program name, or one entry's key) in the local compilation cache `directory` that
     neither zstandard nor zlib can decompress, the two codecs JAX writes them with (every entry of it with
-    `whole_program`); removed (with their access-time files) when `remove`."""
+    `whole_program`); removed (with their access-time files) when `remove`, and then only those removed are returned:
+    a cache this process cannot write (a read-only one, which a run still reads) keeps them, and JAX compiles anyway."""
     import glob
 
     try:
@@ -382,13 +384,16 @@ def unreadable_cache_entries(directory: str, program: str, remove: bool = False,
             continue
         if not whole_program and _decompresses(data, zstandard):
             continue
-        found.append(path)
         if remove:
-            for name in (path, path[: -len("-cache")] + "-atime"):
-                try:
-                    os.remove(name)
-                except FileNotFoundError:
-                    pass
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError:  # not ours to remove: raised from JAX's warning it would fail the compile it warns of
+                continue
+            with contextlib.suppress(OSError):
+                os.remove(path[: -len("-cache")] + "-atime")
+        found.append(path)
     return found
 
 

@@ -195,6 +195,35 @@ def test_an_unreadable_cache_entry_is_written_again_instead_of_compiling_cold_in
     assert run_python(CACHE_PROBE, env)["hits"] >= 1  # loaded again, not compiled cold for good
 
 
+
+@pytest.mark.integration
+def test_a_damaged_entry_of_a_read_only_cache_is_compiled_not_a_crash(tmp_path):
+    """A read-only --cache_dir is used since it holds a warm cache (launch.py); an entry of it cut short made JAX warn,
+    docscore's removal of the entry raised PermissionError from inside that warning, and the compile failed with it.
+    Now the entry stays, JAX compiles the program, and the warning does not claim a removal."""
+    from tests.test_run_faults import as_an_ordinary_user
+
+    env = clean_env(DOCSCORE_CACHE_DIR=str(tmp_path))
+    run_python(CACHE_PROBE, env)
+    cache = tmp_path / process_setup.COMPILATION_CACHE_SUBDIR
+    entries = sorted(cache.glob("*-cache"))
+    assert entries
+    for entry in entries:
+        entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
+        entry.chmod(0o444)
+    cache.chmod(0o555)
+    tmp_path.chmod(0o555)
+    try:
+        damaged = subprocess.run([*as_an_ordinary_user(), sys.executable, "-c", textwrap.dedent(CACHE_PROBE)],
+                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    finally:
+        tmp_path.chmod(0o755)
+        cache.chmod(0o755)
+    assert damaged.returncode == 0, damaged.stderr[-3000:]
+    assert process_setup.UNREADABLE_ENTRY_WARNING in damaged.stderr and "docscore removed" not in damaged.stderr
+    assert sorted(cache.glob("*-cache")) == entries  # left as they were: not this process's to remove
+
+
 ZEN3 = "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma\n"  # AVX2 only
 ZEN4 = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n"  # AVX-512 with BF16 (also Cooper Lake)
 ICE_LAKE = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_vnni\n"  # AVX-512 without BF16
