@@ -681,3 +681,17 @@ def test_two_real_runs_name_their_dtype_and_prompt_change(tmp_path, capsys):
     assert changed["model.dtype"] == {"a": "float32", "b": "bfloat16"}, changed
     assert changed["model.prompts"] == {"a": {}, "b": {"document": "query: "}}, changed
     assert set(changed) <= {"model.dtype", "model.prompts", "model.matmul_precision"}, changed
+
+
+def test_the_window_count_and_label_descriptions_are_settings_compare_names(tmp_path, capsys):
+    """--max_chunks (the windows kept of a long document) and classify's label descriptions change the scores as much
+    as --stride or --temperature do; a pair of runs differing only there was reported "no recorded setting differs"."""
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4))
+    config = {"stride": 32, "max_chunks": 8, "labels": {"sport": "an article about sport"}}
+    a = write_run(str(tmp_path), "a", rows, run_summary={**summary("a", "embed"), "config": config})
+    b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows], run_summary={
+        **summary("b", "embed"), "config": {**config, "max_chunks": 2, "labels": {"sport": "football news"}}})
+    code, result = run_compare(capsys, a, b)
+    assert code == 0 and result["settings_changed"] == {
+        "config.max_chunks": {"a": 8, "b": 2},
+        "config.labels": {"a": {"sport": "an article about sport"}, "b": {"sport": "football news"}}}
