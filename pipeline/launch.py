@@ -32,7 +32,7 @@ from pipeline.runs import publish
 from pipeline.runs.summary import with_launcher_compiles
 from pipeline.telemetry import progress
 from pipeline.telemetry.progress import direct_workers, metric_values, runner_name, runs_locally
-from pipeline.telemetry.stats import error_fraction
+from pipeline.telemetry.stats import SHARD_SOURCES_KEPT, error_fraction
 from pipeline.process_setup import (CpuTuning, apply_cpu_tuning, check_compilation_cache, compilation_cache_dir,
                                     compilation_cache_setting, read_only_cache_notice)
 from pipeline.telemetry.timing import STAGES
@@ -475,7 +475,7 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
     counts = summary["counts"]
     if not counts["records"]:
         return None
-    shards = (counts.get("shard_errors") or 0) if max_fraction < 1 else 0
+    shards = _shards_lost(counts) if max_fraction < 1 else 0
     lost = (f"{shards} shard{'s' if shards > 1 else ''} could not be read to the end{_named(counts, shards)} (the "
             "errors table's rows without a record_index say why: a corrupt or truncated file, one that cannot be "
             "opened, an ambiguous column); records it did not give are in neither table, so the error fraction "
@@ -498,6 +498,14 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
     if lost:  # a damaged file is one error row however many of its records were lost
         return f"{lost}; {published}: fix or remove the file as its row says, or pass --max_error_fraction 1 to accept the loss"
     return None
+
+
+def _shards_lost(counts: dict[str, Any]) -> int:
+    """How many shards were not read to their end: counts.shard_errors counts rows, and one shard may give two (a
+    .gz cut while the run read it: shard_changed and corrupt_file), so where the summary names every such shard
+    (fewer than SHARD_SOURCES_KEPT) the names are counted; else the rows, all a summary without names has."""
+    rows, named = counts.get("shard_errors") or 0, counts.get("shard_error_sources") or []
+    return len(named) if rows and 0 < len(named) < SHARD_SOURCES_KEPT else rows
 
 
 def _named(counts: dict[str, Any], shards: int) -> str:

@@ -191,3 +191,40 @@ def test_a_failed_gate_keeps_its_exit_code_when_the_summary_cannot_be_given_the_
     assert code == 4, err
     assert "the run is published, but the launcher's additions to its summary" in err
     assert "2 of 5 records (40.0%) are error rows, more than --max_error_fraction=0.1" in err
+
+
+def test_a_gz_shard_cut_while_read_is_one_shard_in_the_gates_message(tmp_path):
+    """A .jsonl.gz cut after the run found it gives two whole-shard rows (shard_changed, then corrupt_file when its
+    gzip stream ends early): counts.shard_errors counts both, and the exit-4 message said "2 shards could not be
+    read to the end: <it> and 1 more", naming a second shard that does not exist."""
+    import gzip
+
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that
+
+    from pipeline.io.sources import ReadSpec, read_shard
+    from pipeline.records import ErrorRow
+    from pipeline.stages.postprocess import DocStats
+    from pipeline.telemetry.stats import ComputeRunStats
+    from pipeline.telemetry.timing import stage_column
+
+    lines = b"".join(json.dumps({"id": str(i), "text": f"words {i} " * 40}).encode() + b"\n" for i in range(400))
+    whole = gzip.compress(lines)
+    shard = tmp_path / "cut.jsonl.gz"
+    shard.write_bytes(whole[: len(whole) // 2])  # as it is when read; len(whole) when the run found it
+    rows = [row for row in read_shard(str(shard), ReadSpec(sizes={str(shard): len(whole)})) if isinstance(row, ErrorRow)]
+    assert [(row.record_index, row.error_type) for row in rows] == [(None, "shard_changed"), (None, "corrupt_file")]
+    doc = DocStats(timings={stage_column("infer"): 1.0}, n_tokens=10, window_tokens=12, computed_tokens=16.0,
+                   model_id="m", attention_impl="xla", fingerprint="f", backend="cpu", doc_id="d")
+    def check(outputs):
+        (summary,) = [json.loads(output) for output in outputs]
+        assert summary["counts"]["shard_errors"] == 2 and summary["counts"]["shard_error_sources"] == [str(shard)]
+        message = launch.error_fraction_failure(summary, 0.1)
+        assert f"1 shard could not be read to the end: {shard} (" in message and "more" not in message, message
+
+    with TestPipeline() as p:
+        docs = p | "Docs" >> beam.Create([[doc]] * 40)
+        errors = p | "Errors" >> beam.Create(rows)
+        read = p | "Read" >> beam.Create([["d"] * 40])
+        assert_that((docs, errors, read) | ComputeRunStats("embed"), check)
