@@ -213,14 +213,15 @@ def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
         share_device_memory(options)
         cache = compilation_cache_dir(eo.cache_dir)
         try:
-            cache_writable = check_compilation_cache(cache)  # before anything is exported or configured for it
+            unwritable = check_compilation_cache(cache)  # before anything is exported or configured for it
         except OSError as e:
             raise ConfigError(f"{compilation_cache_setting(eo.cache_dir)}: cannot hold the compilation cache {cache} "
                               f"({type(e).__name__}: {e}); choose a directory you can write to") from None
         apply_cpu_tuning(CpuTuning(dtype=eo.dtype, cache_dir=eo.cache_dir))  # before validate starts jax
         plan = validate(eo)
-        if not cache_writable:
-            plan = dataclasses.replace(plan, notices=(*plan.notices, read_only_cache_notice(eo.cache_dir, cache)))
+        if unwritable:
+            plan = dataclasses.replace(plan, notices=(*plan.notices, read_only_cache_notice(eo.cache_dir, cache,
+                                                                                             unwritable)))
     except ConfigError as e:
         print(f"docscore run: {e}", file=sys.stderr)
         return 2

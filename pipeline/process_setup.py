@@ -265,11 +265,11 @@ def compilation_cache_setting(cache_dir: str | None) -> str:
     return f"--cache_dir (default {default_cache_dir()})"
 
 
-def check_compilation_cache(path: str) -> bool:
-    """Whether `path` (local or gs://) can take the programs this run compiles: True once the directory is made
-    and a probe file written and removed there; False for a directory that is there but cannot be written (a
-    cache baked into a read-only image or mount, a bucket this account only reads): its programs still load, and
-    JAX warns, per program, that it could not save one. OSError when it is neither."""
+def check_compilation_cache(path: str) -> str | None:
+    """Whether `path` (local or gs://) can take the programs this run compiles: None once the directory is made
+    and a probe file written and removed there; why not, for a directory that is there but cannot be written (a
+    cache baked into a read-only image or mount, a bucket this account only reads, a full disk): its programs still
+    load, and JAX warns, per program, that it could not save one. OSError when it is neither."""
     import fsspec
 
     try:
@@ -281,21 +281,22 @@ def check_compilation_cache(path: str) -> bool:
         probe = posixpath.join(root, f".docscore-probe-{uuid.uuid4().hex[:12]}")
         fs.pipe_file(probe, b"")
         fs.rm_file(probe)
-        return True
+        return None
     except Exception as e:  # gcsfs raises its own HttpError for what has no OSError of its own
         try:
             readable = fs.isdir(root) and isinstance(fs.ls(root), list)
         except Exception:
             readable = False
         if readable:
-            return False
+            return f"{type(e).__name__}: {e}"
         raise e if isinstance(e, OSError) else OSError(f"{type(e).__name__}: {e}") from e
 
 
-def read_only_cache_notice(cache_dir: str | None, path: str) -> str:
-    """The launcher's note for a compilation cache check_compilation_cache found read-only."""
-    return (f"{compilation_cache_setting(cache_dir)}: the compilation cache {path} is read-only here: the programs "
-            "it holds load, the ones this run compiles are not saved (each compile is counted cold in the summary)")
+def read_only_cache_notice(cache_dir: str | None, path: str, why: str) -> str:
+    """The launcher's note for a compilation cache check_compilation_cache could read but not write (`why`)."""
+    return (f"{compilation_cache_setting(cache_dir)}: the compilation cache {path} cannot be written here ({why}): "
+            "the programs it holds load, the ones this run compiles are not saved (each compile is counted cold in "
+            "the summary)")
 
 
 def enable_compilation_cache(cache_dir: str | None) -> str:
