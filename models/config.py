@@ -1,7 +1,8 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
 Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT; ModernBERT encoder;
-GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Gemma 3 and the text model of its multimodal release),
+GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 3 and the text model of its
+multimodal release),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
 from __future__ import annotations
@@ -28,11 +29,12 @@ ACTIVATIONS = {
     "relu": "relu",
 }
 # HF model_type -> family: RoBERTa, XLM-RoBERTa and CamemBERT are BERT with positions counted past the padding id,
-# DistilBERT is BERT without token types under other names; Mistral, Qwen2, Qwen3 and Gemma 3 (its text model) are
-# Llama's architecture with a few config switches.
+# DistilBERT is BERT without token types under other names; Mistral, Qwen2, Qwen3, Phi-3 (and Phi-4, model_type phi3:
+# Llama's block with fused weights, split at convert) and Gemma 3 (its text model) are Llama's architecture with a
+# few config switches.
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
-            "gemma3": "llama", "modernbert": "modernbert"}
+            "gemma3": "llama", "phi3": "llama", "modernbert": "modernbert"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert")
 
@@ -201,8 +203,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
             f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert' or 'distilbert', encoder), ModernBERT (model_type "
             f"'modernbert', encoder), the GPT-2 family (model_type 'gpt2', "
-            f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text' or 'gemma3', "
-            f"Gemma 3's multimodal release read as its text model, decoder)")
+            f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma3_text' or "
+            f"'gemma3', Gemma 3's multimodal release read as its text model, decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
@@ -225,7 +227,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
                              f"the Llama family only{instead}; its embeddings and scores would differ from the model's")
     try:
         config = {"bert": _distilbert if model_type == "distilbert" else _bert, "gpt2": _gpt2,
-                  "llama": _gemma3 if model_type == "gemma3_text" else _llama, "modernbert": _modernbert}[family](hf)
+                  "llama": {"gemma3_text": _gemma3, "phi3": _phi3}.get(model_type, _llama),
+                  "modernbert": _modernbert}[family](hf)
         config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: {model_type} config lacks the field {missing}; "
@@ -467,6 +470,22 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
         **_sliding_window(hf))
 
 
+PHI3_RMS_NORM_EPS = 1e-5  # Phi3Config's, where _llama's default is Llama's 1e-6
+
+
+def _phi3(hf: dict[str, Any]) -> ModelConfig:
+    """Phi3ForCausalLM (model_type phi3: Phi-3-mini, Phi-3-medium, Phi-3.5-mini, Phi-4, Phi-4-mini) as transformers 5
+    reads Phi3Config: Llama's block (its fused qkv_proj and gate_up_proj are split at convert), no biases whatever
+    attention_bias says, rms_norm_eps 1e-5 when left out, sliding_window (null when left out) on every layer. Its
+    rotary types are default and longrope (Phi-3's 128k releases, Phi-3.5, Phi-4-mini), which _rope refuses; linear
+    and llama3, which _rope computes, are refused here as Phi3Config refuses them."""
+    config = _llama({"rms_norm_eps": PHI3_RMS_NORM_EPS, **hf})
+    if config.rope.kind != "default":
+        raise ModelLoadError(f"rope_type {config.rope.kind!r} is not supported for phi3; transformers' Phi3Config "
+                             "takes 'default' and 'longrope' only (and docscore computes 'default')")
+    return config
+
+
 # Gemma3TextConfig's defaults where a config.json leaves the key out: a multimodal release's text_config holds
 # little more than the sizes that differ from them (gemma-3-4b's: no heads, kv heads, vocabulary or positions)
 GEMMA3_ROPE_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
@@ -643,7 +662,8 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
-# transformers' config defaults where a config.json leaves the key out (MistralConfig, Qwen2Config, Qwen3Config)
+# transformers' config defaults where a config.json leaves the key out (MistralConfig, Qwen2Config, Qwen3Config;
+# Phi3Config's window is null)
 DEFAULT_SLIDING_WINDOW = 4096
 QWEN2_MAX_WINDOW_LAYERS = 28
 QWEN3_HEAD_DIM = 128  # Qwen3Config's head_dim, not hidden_size // num_attention_heads
@@ -660,9 +680,10 @@ def _check_layer_types(layer_types: Any) -> None:
 
 def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     """sliding_window and sliding_layers, as transformers applies them: Mistral's window (4096 when the key
-    is absent) on every layer; Qwen2's and Qwen3's only when use_sliding_window, on the layers layer_types says are
-    sliding_attention, else on those from max_window_layers (28 when absent) on. A config transformers
-    itself cannot run (a sliding layer without a window) or would run otherwise than it reads is refused."""
+    is absent) and Phi-3's (none when absent) on every layer; Qwen2's and Qwen3's only when use_sliding_window, on
+    the layers layer_types says are sliding_attention, else on those from max_window_layers (28 when absent) on. A
+    config transformers itself cannot run (a sliding layer without a window) or would run otherwise than it reads is
+    refused."""
     model_type, layer_types = hf["model_type"], hf.get("layer_types")
     none = {"sliding_window": 0, "sliding_layers": ()}
     layers = hf["num_hidden_layers"] if type(hf.get("num_hidden_layers")) is int else 0
@@ -671,12 +692,13 @@ def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     if layer_types is not None:
         _check_layer_types(layer_types)
     marked = None if layer_types is None else tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
-    if model_type == "mistral":
-        window = hf.get("sliding_window", DEFAULT_SLIDING_WINDOW)
+    if model_type in ("mistral", "phi3"):
+        window = hf.get("sliding_window", DEFAULT_SLIDING_WINDOW if model_type == "mistral" else None)
         if window is not None and marked is not None and len(marked) != layers:
             full = [i for i in range(layers) if i not in marked]
+            model_class = {"mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM"}[model_type]
             raise ModelLoadError(f"layer_types marks layers {full[:8]} full_attention, but transformers' "
-                                 "MistralForCausalLM ignores layer_types (its sliding_window applies to every layer); "
+                                 f"{model_class} ignores layer_types (its sliding_window applies to every layer); "
                                  "remove layer_types or set sliding_window to null")
         sliding = tuple(range(layers)) if window is not None else ()
     else:  # qwen2, qwen3

@@ -1,6 +1,6 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
 *.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT), ModernBERT, GPT-2 and
-Llama (Llama, Mistral, Qwen2, Qwen3, Gemma 3, the text model of Gemma 3's multimodal release) families.
+Llama (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 3, the text model of Gemma 3's multimodal release) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree (the command's flags: pipeline/convert.py).
 Reads safetensors only (never pickle); must not run models.
@@ -199,6 +199,31 @@ def gemma3_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
     return llama_params(src, config, norms=GEMMA3_NORMS, norm_offset=1.0)
 
 
+def phi3_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Phi3ForCausalLM / Phi3Model names -> our LlamaDecoder tree: each layer's fused self_attn.qkv_proj split into
+    q_proj, k_proj and v_proj (rows: heads x head_dim, then kv_heads x head_dim twice, as transformers slices them)
+    and mlp.gate_up_proj into gate_proj (its first half, the activated one: transformers' chunk(2)) and up_proj,
+    then read as Llama's."""
+    query, kv, inner = config.num_heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate_size
+    for i in range(config.num_layers):
+        for fused, rows in ((f"layers.{i}.self_attn.qkv_proj.weight", {"q": query, "k": kv, "v": kv}),
+                            (f"layers.{i}.mlp.gate_up_proj.weight", {"gate": inner, "up": inner})):
+            weight, module = src.take(fused), fused.rsplit(".", 2)[0]
+            if weight.ndim != 2 or weight.shape[0] != sum(rows.values()):
+                raise ModelLoadError(f"{src.where}: tensor {src.prefix + fused!r} has shape {list(weight.shape)}, but "
+                                     f"config.json's sizes make it {sum(rows.values())} rows; is this the checkpoint "
+                                     "that belongs to config.json?")
+            # the parts under Llama's names, for llama_params to take (numpy views: nothing is copied)
+            parts = dict(zip((f"{src.prefix}{module}.{part}_proj.weight" for part in rows),
+                             np.split(weight, np.cumsum(list(rows.values()))[:-1])))
+            both = [name for name in parts if name in src.tensors]
+            if both:
+                raise ModelLoadError(f"{src.where}: holds both {src.prefix + fused!r} and {both[0]!r}; a Phi-3 "
+                                     "checkpoint holds the fused tensor only")
+            src.tensors.update(parts)
+    return llama_params(src, config)
+
+
 # ModernBertForMaskedLM's prediction head and decoder (tied to the embedding), and the prediction head the
 # classification models put before their classifier: at the checkpoint's root, beside the model under "model."
 MODERNBERT_HEADS = ("head.", "decoder.")
@@ -251,13 +276,14 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
     "modernbert": (("model.", ""), modernbert_params),  # ModernBertForX under "model.", the bare model at the root
     "distilbert": (("distilbert.", ""), distilbert_params),  # a model_type whose names are its own (params_reader)
     "gemma3_text": (("model.", ""), gemma3_params),
+    "phi3": (("model.", ""), phi3_params),  # Phi3ForCausalLM under "model.", Phi3Model at the root
     "gemma3": (("model.language_model.",), gemma3_params),  # multimodal_text_tensors' names
 }
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
 MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
            "modernbert": "embeddings.tok_embeddings.weight",
            "distilbert": "embeddings.word_embeddings.weight", "gemma3_text": "embed_tokens.weight",
-           "gemma3": "embed_tokens.weight"}
+           "gemma3": "embed_tokens.weight", "phi3": "embed_tokens.weight"}
 
 # Gemma3ForConditionalGeneration's text model under the names transformers 4.52-4.57 saved it with (and 5.x loads),
 # each from the name transformers 4.50 saved it with (and 5.x saves again: its save writes the checkpoint's first names)

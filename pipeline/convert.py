@@ -18,7 +18,8 @@ def main(argv: list[str]) -> int:
         prog="docscore convert",
         description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
                     "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT, ModernBERT, GPT-2 or Llama/Mistral/Qwen2/Qwen3/"
-                    "Gemma 3 text (gemma3_text) family; Gemma 3's multimodal models (gemma3) as their text model), or "
+                    "Phi-3 and Phi-4 (phi3)/Gemma 3 text (gemma3_text) family; Gemma 3's multimodal models (gemma3) "
+                    "as their text model), or "
                     "a sentence-transformers directory around one (its pooling, Dense modules and prompts kept), into "
                     "a docscore model directory (Orbax params).")
     parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
@@ -28,8 +29,8 @@ def main(argv: list[str]) -> int:
                         help="longest model input in tokens (default: sentence_bert_config.json's "
                              "max_seq_length, or the tokenizer_config.json model_max_length of a directory "
                              "sentence-transformers 6 saved, else the model's position count, or the sliding window "
-                             "of a decoder whose every layer slides (Mistral) when it is shorter; local windows beside "
-                             "global layers (Gemma 3, ModernBERT) do not shorten it)")
+                             "of a decoder whose every layer slides (Mistral, Phi-3) when it is shorter; local windows "
+                             "beside global layers (Gemma 3, ModernBERT) do not shorten it)")
     args = parser.parse_args(argv)
     empty = [flag for flag, value in (("--hf", args.hf), ("--out", args.out)) if not value.strip()]
     if empty:  # an unset variable: '' would be read as this folder ("already exists")

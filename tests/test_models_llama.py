@@ -1,5 +1,5 @@
-"""Llama family end to end: small random LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM
-models built
+"""Llama family end to end: small random LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+Phi3ForCausalLM and Gemma3ForCausalLM models built
 in transformers (no download) with a BPE tokenizer that adds a BOS token as Llama's does, converted with
 `docscore convert`, scored against transformers (padding, packing, both CPU kernels, lengths across the
 blockwise kernel's blocks and past llama3's original context); the configs refused (unsupported rotary
@@ -65,6 +65,11 @@ FAMILIES = {
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"], query_pre_attn_scalar=24,
                     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100_000.0},
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 1_000.0}})),
+    # fused qkv_proj and gate_up_proj; a window on every layer shorter than the 40- and 552-token documents (as
+    # Phi-3-mini-4k's 2047), Phi-4's theta; pad_token_id in the vocabulary (Phi3Config's 32000 is past it)
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(num_hidden_layers=2, max_position_embeddings=1024, sliding_window=20, pad_token_id=2,
+                  rope_parameters={"rope_type": "default", "rope_theta": 250_000.0})),
 }
 
 
@@ -175,6 +180,8 @@ def test_config_reads_each_family(converted):
         "gemma3": dict(head_dim=32, qk_norm=True, sliding_window=16, sliding_layers=(0, 2), tie_word_embeddings=True,
                        embed_scale=8.0, sandwich_norms=True, query_pre_attn_scalar=24.0, activation="gelu_tanh",
                        rope=Rope(100_000.0, "linear", 2.0), local_rope=Rope(1_000.0)),
+        "phi3": dict(kv_heads=2, head_dim=16, qkv_bias=False, output_bias=False, mlp_bias=False, sliding_window=20,
+                     sliding_layers=(0, 1), layer_norm_eps=1e-5, tie_word_embeddings=False, rope=Rope(250_000.0)),
     }[family]
     assert config.qk_norm == (family in ("qwen3", "gemma3"))
     assert config.sandwich_norms == (family == "gemma3") and (config.embed_scale > 0) == (family == "gemma3")
@@ -183,7 +190,7 @@ def test_config_reads_each_family(converted):
     assert metadata["family"] == "llama"
     # the default window length: the sliding window where every layer slides (longer is allowed: --max_seq_len);
     # a model with global layers too sees the whole text through them
-    assert metadata["max_seq_len"] == {"mistral": 32}.get(family, 640)
+    assert metadata["max_seq_len"] == {"mistral": 32, "phi3": 20}.get(family, 640)
 
 
 def test_transformers_4_config_layout_reads_the_same_rope():
@@ -355,14 +362,15 @@ def test_unsupported_rope_scaling_is_refused_naming_field_and_value(rope_type, e
 
 
 def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(converted, tmp_path, gcs):
-    """Past its window a Mistral/Qwen2 token sees only the last `window` tokens in each sliding layer (the
+    """Past its window a Mistral/Qwen2/Phi-3 token sees only the last `window` tokens in each sliding layer (the
     parity test above runs documents longer than the window); the window rides the kernel contract, and a
     kernel without local attention is refused, not silently run without it."""
     family, hf_dir, model_dir = converted
     config = models.load(str(model_dir), attention="native").config
-    expected = {"mistral": (32, (0, 1)), "qwen2-window": (24, (1, 2)), "gemma3": (16, (0, 2))}.get(family, (0, ()))
+    expected = {"mistral": (32, (0, 1)), "qwen2-window": (24, (1, 2)), "gemma3": (16, (0, 2)),
+                "phi3": (20, (0, 1))}.get(family, (0, ()))
     assert (config.sliding_window, config.sliding_layers) == expected
-    if not config.sliding_window:
+    if not config.sliding_window or family == "phi3":  # Phi-3 windows every layer as Mistral does: its plans below
         return
     with pytest.raises(KernelUnsupportedError, match="sliding-window"):
         resolve("flash", "gpu", heads=4, kv_heads=2, head_dim=16, dtype="bfloat16", causal=True,
@@ -643,3 +651,69 @@ def test_gemma3s_image_soft_token_past_the_text_models_table_is_dropped_not_refu
     tokenizer.save(str(src / "tokenizer.json"))
     code, message = convert(src, tmp_path / "refused", capsys)
     assert code == 2 and f"it emits ids up to {vocab + 1} but" in message, message
+
+
+PHI3_MINI_4K = {  # Phi-3-mini-4k-instruct's config.json (its sizes cut down): a 2047-token window on every layer
+    "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "vocab_size": 320, "hidden_size": 64,
+    "intermediate_size": 112, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+    "rope_theta": 10_000.0, "rope_scaling": None, "sliding_window": 2047, "attention_bias": False, "hidden_act": "silu",
+    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0, "pad_token_id": 2, "bos_token_id": 1,
+    "eos_token_id": 2, "tie_word_embeddings": False}
+PHI4 = {**PHI3_MINI_4K, "num_key_value_heads": 2, "max_position_embeddings": 16384,  # phi-4's: no window, its own theta
+        "original_max_position_embeddings": 16384, "rope_theta": 250_000.0, "sliding_window": None}
+LONGROPE = {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8}  # Phi-3.5-mini's, 8 pairs a head
+
+
+def test_phi3_configs_read_as_transformers_reads_them():
+    """Phi-3-mini-4k's and Phi-4's config.json read as transformers 5's Phi3Config and Phi3ForCausalLM read them (the
+    window on every layer, kv heads, norm eps, theta; a key left out is Phi3Config's default: no window, eps 1e-5;
+    attention_bias, which Phi-3 has no place for, ignored); the rotary settings docscore does not compute are
+    refused naming their key: Phi-3.5-mini's and Phi-4-mini's longrope (and Phi-3-128k's first name for it, su),
+    Phi-4-mini's partial_rotary_factor 0.75, and the types Phi3Config itself refuses."""
+    import transformers
+
+    def theirs(hf):
+        return transformers.Phi3Config(**{k: v for k, v in hf.items() if k != "model_type"})
+
+    left_out = {k: v for k, v in PHI3_MINI_4K.items() if k not in ("sliding_window", "rms_norm_eps")}
+    biased = {**PHI3_MINI_4K, "attention_bias": True}
+    for hf, window in ((PHI3_MINI_4K, 2047), (PHI4, 0), (left_out, 0), (biased, 2047)):
+        ours, reference = config_from_hf(hf), theirs(hf)
+        assert (ours.sliding_window, ours.kv_heads, ours.layer_norm_eps, ours.rope.theta) == (
+            reference.sliding_window or 0, reference.num_key_value_heads, reference.rms_norm_eps,
+            reference.rope_parameters["rope_theta"]), hf
+        assert ours.sliding_window == window and ours.sliding_layers == (tuple(range(4)) if window else ())
+        assert ours.rope.kind == "default" and not (ours.qkv_bias or ours.output_bias or ours.mlp_bias)
+    assert config_from_hf(PHI3_MINI_4K).default_seq_len == 2047 and config_from_hf(PHI4).default_seq_len == 16384
+    phi4_mini = {**PHI4, "tie_word_embeddings": True, "partial_rotary_factor": 0.75, "rope_scaling": LONGROPE}
+    for change, says in (({"rope_scaling": LONGROPE}, 'rope_scaling.type "longrope" is not supported'),
+                         ({"rope_scaling": {**LONGROPE, "type": "su"}}, 'rope_scaling.type "su" is not supported'),
+                         (phi4_mini, 'rope_scaling.type "longrope" is not supported'),
+                         ({"partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is not supported"),
+                         ({"rope_scaling": {"type": "linear", "factor": 2.0}},
+                          "rope_type 'linear' is not supported for phi3; transformers' Phi3Config takes"),
+                         ({"layer_types": ["sliding_attention", "full_attention"] * 2},
+                          "Phi3ForCausalLM ignores layer_types")):
+        with pytest.raises(models.ModelLoadError, match=re.escape(says)):
+            config_from_hf({**PHI3_MINI_4K, **change})
+    with pytest.raises(Exception, match="must be one of"):  # transformers refuses the rope types Phi-3 has not
+        theirs({**PHI3_MINI_4K, "rope_scaling": {"type": "linear", "factor": 2.0}})
+
+
+def test_phi3_fused_tensors_that_do_not_fit_are_refused(tmp_path, capsys):
+    """A qkv_proj whose rows are not config.json's q + 2 kv heads is refused naming the fused tensor (split as it
+    was, its shortfall would surface as a wrong v_proj the checkpoint does not hold); a checkpoint holding a q_proj
+    beside its qkv_proj is refused, not read with one of them silently dropped."""
+    src = build_hf(tmp_path / "hf", "phi3", num_hidden_layers=1)
+    tensors = load_file(src / "model.safetensors")
+    qkv = tensors["model.layers.0.self_attn.qkv_proj.weight"]
+    for name, changed, says in (
+            ("short", {"model.layers.0.self_attn.qkv_proj.weight": qkv[:-16]},
+             "'model.layers.0.self_attn.qkv_proj.weight' has shape [112, 64], but config.json's sizes make it "
+             "128 rows"),
+            ("both", {"model.layers.0.self_attn.q_proj.weight": qkv[:64]},
+             "holds both 'model.layers.0.self_attn.qkv_proj.weight' and 'model.layers.0.self_attn.q_proj.weight'")):
+        save_file({**tensors, **changed}, src / "model.safetensors")
+        code, message = convert(src, tmp_path / name, capsys)
+        assert code == 2 and says in message, message
