@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernels.interface import Implementation
-from kernels.masking import MASKED_SCORE, causal_mask, segment_mask, window_mask
+from kernels.masking import MASKED_SCORE, causal_mask, segment_mask, soft_capped, window_mask
 
 NAME = "blockwise"
 BACKENDS = ("cpu", "gpu", "tpu")
@@ -43,8 +43,9 @@ def _pad(x: jax.Array, axis: int, size: int) -> jax.Array:
 def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                         segment_ids: jax.Array | None = None, causal: bool = False,
                         scale: float | None = None, window: int | None = None, block_q: int = BLOCK_Q,
-                        block_k: int = BLOCK_K) -> jax.Array:
-    """Contract attention (BTNH) computed block by block with an online softmax."""
+                        block_k: int = BLOCK_K, soft_cap: float | None = None) -> jax.Array:
+    """Contract attention (BTNH) computed block by block with an online softmax; with soft_cap each block's scaled
+    scores are capped, tanh(scores / soft_cap) * soft_cap, before its mask."""
     batch, q_len, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
     groups = heads // kv_heads
@@ -79,13 +80,13 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     def one_q_block(args):
         q_index, q_blk, q_seg_blk = args
         if nk == 1:  # static: all keys fit one block, so one plain softmax step; no running max, no scan
-            return _single_block(q_blk, kb[0], vb[0], kv_mask(q_index, q_seg_blk, 0, kv_seg[0]), scale)
+            return _single_block(q_blk, kb[0], vb[0], kv_mask(q_index, q_seg_blk, 0, kv_seg[0]), scale, soft_cap)
 
         def one_kv_block(carry, kv_args):
             kv_index, k_blk, v_blk, kv_seg_blk = kv_args
             mask = kv_mask(q_index, q_seg_blk, kv_index, kv_seg_blk)
             return lax.cond(jnp.any(mask), _update, lambda c, *_: c,
-                            carry, q_blk, k_blk, v_blk, mask, scale), None
+                            carry, q_blk, k_blk, v_blk, mask, scale, soft_cap), None
 
         init = (jnp.full((batch, kv_heads, groups, bq), -jnp.inf, jnp.float32),
                 jnp.zeros((batch, kv_heads, groups, bq), jnp.float32),
@@ -101,19 +102,22 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     return out[:, :q_len].astype(q.dtype)
 
 
-def _block_scores(q_blk, k_blk, mask, scale, fill):
-    """Scaled q.k scores of one block in float32 (as xla computes them), `fill` where mask is False."""
+def _block_scores(q_blk, k_blk, mask, scale, fill, soft_cap):
+    """Scaled (and, with soft_cap, capped) q.k scores of one block in float32 (as xla computes them), `fill` where
+    mask is False."""
     scores = jnp.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
+    if soft_cap is not None:
+        scores = soft_capped(scores, soft_cap)
     return jnp.where(mask, scores, fill)
 
 
-def _single_block(q_blk, k_blk, v_blk, mask, scale):
+def _single_block(q_blk, k_blk, v_blk, mask, scale, soft_cap):
     """All keys in one block: the online softmax's first step without its rescaling, normalised after the
     weighted sum (as every block is). A finite fill keeps one fused pass over the scores; rows with nothing
     to attend to (padding) are zeroed at the end. It makes flash as fast as native inside the whole model at the
     pipeline's row shapes (benchmarks/kernel_in_model.py)."""
     mask = mask[:, None, None]  # [B, 1, 1, bq, bk]
-    scores = _block_scores(q_blk, k_blk, mask, scale, MASKED_SCORE)
+    scores = _block_scores(q_blk, k_blk, mask, scale, MASKED_SCORE, soft_cap)
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     total = jnp.sum(weights, axis=-1)
     acc = jnp.einsum("bhgqk,bhkd->bhgqd", weights.astype(v_blk.dtype), v_blk, preferred_element_type=jnp.float32)
@@ -121,11 +125,11 @@ def _single_block(q_blk, k_blk, v_blk, mask, scale):
     return jnp.where(attends[..., None], acc / total[..., None], 0.0)
 
 
-def _update(carry, q_blk, k_blk, v_blk, mask, scale):
+def _update(carry, q_blk, k_blk, v_blk, mask, scale, soft_cap):
     """One online-softmax step: fold a key/value block into (running max, running sum, acc)."""
     run_max, run_sum, acc = carry
     mask = mask[:, None, None]  # [B, 1, 1, bq, bk]
-    scores = _block_scores(q_blk, k_blk, mask, scale, -jnp.inf)
+    scores = _block_scores(q_blk, k_blk, mask, scale, -jnp.inf, soft_cap)
     new_max = jnp.maximum(run_max, jnp.max(scores, axis=-1))
     safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)  # rows with nothing seen yet
     weights = jnp.where(mask, jnp.exp(scores - safe_max[..., None]), 0.0)
@@ -138,4 +142,4 @@ def _update(carry, q_blk, k_blk, v_blk, mask, scale):
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
                                 is_supported=is_supported, call=blockwise_attention, local_window=True,
-                                score_block=(BLOCK_Q, BLOCK_K))
+                                logit_soft_cap=True, score_block=(BLOCK_Q, BLOCK_K))

@@ -4,6 +4,7 @@ devices runs per shard (kernels/mesh.py). Must not hold kernel math or policy ru
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import jax
@@ -17,7 +18,7 @@ from kernels.policy import resolve
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
               causal: bool = False, scale: float | None = None, impl: str = "auto",
-              packed: bool = True, window: int | None = None) -> jax.Array:
+              packed: bool = True, window: int | None = None, soft_cap: float | None = None) -> jax.Array:
     """Scaled dot-product attention, BTNH: q [B, Lq, H, D], k/v [B, Lkv, KH, D], H % KH == 0.
 
     segment_ids int32 [B, L] (needs Lq == Lkv): 0 = padding, tokens attend only within their own
@@ -29,15 +30,21 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     i - window < j <= i (a sliding-window decoder: Mistral, Qwen2), without it i - window < j < i + window (an
     encoder's local attention: ModernBERT); kernels without it (Implementation.local_window) are refused, unless
     the window is at least the rows' length: it then masks nothing and is dropped (interface.effective_window).
+    soft_cap: the scaled scores become tanh(scores / soft_cap) * soft_cap before the mask and softmax (Gemma 2's
+    attention-logit soft-capping); kernels without it (Implementation.logit_soft_cap) are refused. None: no cap.
     Under a mesh of several devices in context (jax.sharding.get_abstract_mesh(); models trace under
     theirs) a custom-call kernel (Pallas, cuDNN) runs under jax.shard_map: batch on "data", heads on
     "model" (kernels/mesh.py says how grouped-query and axes that do not divide are split).
     """
     check_inputs(q, k, v, segment_ids)
-    check_static_arguments(causal, scale, window)
+    check_static_arguments(causal, scale, window, soft_cap)
     window = effective_window(window, q.shape[1], k.shape[1])
-    name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed, window=window)
+    soft_cap = None if soft_cap is None else float(soft_cap)
+    name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed, window=window,
+                       soft_cap=soft_cap)
     local = {"window": window} if window else {}  # only kernels with local_window take it
+    if soft_cap is not None:  # only kernels with logit_soft_cap take it
+        local["soft_cap"] = soft_cap
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     implementation = table.IMPLEMENTATIONS[name]
     with jax.named_scope(f"attention/{name}"):
@@ -49,12 +56,12 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
 
 def resolve_for(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = None,
                 causal: bool = False, impl: str = "auto", backend: str | None = None,
-                packed: bool = True, window: int | None = None) -> str:
+                packed: bool = True, window: int | None = None, soft_cap: float | None = None) -> str:
     """The implementation name attention() runs for these arrays (for callers to record). A refusal speaks of
     the `impl=` argument (policy's messages name the command's --attention flag)."""
     check_inputs(q, k, k, segment_ids)
     try:
-        return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed, window))
+        return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed, window, soft_cap))
     except KernelUnsupportedError as e:
         raise KernelUnsupportedError(str(e).replace("--attention=", "impl=")) from None
 
@@ -96,9 +103,10 @@ def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arra
                              "(cast them: segment_ids.astype(jnp.int32))")
 
 
-def check_static_arguments(causal: bool, scale: float | None, window: int | None) -> None:
-    """Refuse a causal, scale or window that is not a plain Python value: they choose the kernel and its masks
-    when the call is traced, so they cannot be traced values (jax.jit's static_argnames can pass them)."""
+def check_static_arguments(causal: bool, scale: float | None, window: int | None,
+                           soft_cap: float | None = None) -> None:
+    """Refuse a causal, scale, window or soft cap that is not a plain Python value: they choose the kernel and its
+    masks when the call is traced, so they cannot be traced values (jax.jit's static_argnames can pass them)."""
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"attention's causal must be True or False, a static Python bool; got {causal!r}")
     if scale is not None:
@@ -109,3 +117,11 @@ def check_static_arguments(causal: bool, scale: float | None, window: int | None
                              f"{type(scale).__name__} (a learned temperature can multiply q instead)") from None
     if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1):
         raise ValueError(f"attention's window must be None or a static whole number of positions >= 1; got {window!r}")
+    if soft_cap is not None:
+        try:
+            cap = math.nan if isinstance(soft_cap, (bool, np.bool_, str, bytes)) else float(soft_cap)
+        except (TypeError, jax.errors.ConcretizationTypeError):
+            raise ValueError(f"attention's soft_cap must be None or a static number, not a traced value; got "
+                             f"{type(soft_cap).__name__}") from None
+        if not 0 < cap < math.inf:  # 0, a negative cap or NaN would make every score NaN or flip its sign
+            raise ValueError(f"attention's soft_cap must be None or a positive, finite number; got {soft_cap!r}")

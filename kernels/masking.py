@@ -1,7 +1,7 @@
 """Which (query, key) pairs may attend: the contract's segment and causal masks, written once, and the
-finite fill kernels give masked scores. Used by xla, blockwise and the float64 reference (pure array
-expressions, so they run on NumPy and JAX arrays alike), and the zeroing of padding rows the custom-call
-kernels need; no kernel choice and no softmax here.
+finite fill kernels give masked scores. Used by xla, blockwise and the float64 reference (pure array expressions,
+so they run on NumPy and JAX arrays alike); the zeroing of padding rows the custom-call kernels need, and the
+attention-logit soft cap xla and blockwise apply to scores before these masks; no kernel choice and no softmax here.
 """
 from __future__ import annotations
 
@@ -52,6 +52,12 @@ def allowed(q_segments: jax.Array | None, kv_segments: jax.Array | None,
         mask = pairs if mask is None else mask & pairs
     return mask
 
+
+
+def soft_capped(scores: jax.Array, cap: float) -> jax.Array:
+    """tanh(scores / cap) * cap: scaled scores squashed into (-cap, cap), as Gemma 2 caps its attention logits before
+    the mask and the softmax (xla and blockwise; the float64 reference writes it out for itself)."""
+    return jnp.tanh(scores / cap) * cap
 
 
 def zero_padding_rows(out, segment_ids):

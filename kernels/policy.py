@@ -17,6 +17,8 @@ This module must not compute attention.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 
 import jax
 
@@ -33,9 +35,10 @@ GPU_INFO = "gpu"  # info's (device kind, (major, minor)) of the GPU the kernel w
 
 
 def available() -> dict[str, dict]:
-    """Each implementation: the backends it runs on, its limits, whether it takes a local (sliding) window,
-    and where it is the flash kernel."""
+    """Each implementation: the backends it runs on, its limits, whether it takes a local (sliding) window and an
+    attention-logit soft cap, and where it is the flash kernel."""
     return {name: {"backends": list(impl.backends), "limits": impl.limits, "local_window": impl.local_window,
+                   "logit_soft_cap": impl.logit_soft_cap,
                    "flash_on": [b for b, names in table.FLASH.items() if name in names]}
             for name, impl in table.IMPLEMENTATIONS.items()}
 
@@ -128,6 +131,9 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
         rows = (f" in rows of {info['q_len']} tokens (rows of at most {window} tokens would not need it)"
                 if info.get("q_len") else "")
         return False, f"it has no local (sliding-window) attention, which this model's window of {span} needs{rows}"
+    if info.get("soft_cap") and not impl.logit_soft_cap:
+        return False, (f"it has no attention-logit soft-capping (scores = tanh(scores / cap) * cap), which this "
+                       f"model's cap of {info['soft_cap']:g} needs (Gemma 2's attn_logit_softcapping)")
     return impl.is_supported(**info)
 
 
@@ -218,6 +224,9 @@ def _normal_shape_info(shape_info: dict) -> dict:
         except TypeError:
             raise TypeError(f"resolve() got dtype {info['dtype']!r}, which is not a dtype; give one such as "
                             "'float32', 'bfloat16' or jnp.bfloat16") from None
+    cap = info.get("soft_cap")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not 0 < cap < math.inf):
+        raise TypeError(f"resolve() got soft_cap {cap!r}; give a positive, finite number (or None: no cap)")
     if "packed" not in info and "has_segments" in info:  # unstated: segment ids may be packed
         info["packed"] = bool(info["has_segments"])
     if effective_window(info.get("window"), info.get("q_len"), info.get("kv_len")) is None:

@@ -12,8 +12,10 @@ from kernels.masking import causal_mask, segment_mask, window_mask
 
 
 def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
-                        scale: float | None = None, window: int | None = None) -> np.ndarray:
-    """Contract attention in float64: q [B, Lq, H, D], k/v [B, Lkv, KH, D]; returns float64."""
+                        scale: float | None = None, window: int | None = None,
+                        soft_cap: float | None = None) -> np.ndarray:
+    """Contract attention in float64: q [B, Lq, H, D], k/v [B, Lkv, KH, D]; returns float64. soft_cap: the scaled
+    scores become tanh(scores / soft_cap) * soft_cap before the mask (Gemma 2's attention-logit soft-capping)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     batch, q_len, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
@@ -22,6 +24,8 @@ def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
     v = np.repeat(v, heads // kv_heads, axis=2)
     q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, H, L, D] for BLAS matmuls
     scores = (q @ k.transpose(0, 1, 3, 2)) * scale
+    if soft_cap is not None:
+        scores = np.tanh(scores / soft_cap) * soft_cap
     mask = np.ones((batch, q_len, kv_len), dtype=bool)
     if segment_ids is not None:
         seg = np.asarray(segment_ids)

@@ -7,7 +7,8 @@ segment ids masked inside the kernel, and a static mask (causal or full) from wh
 blocks hold any allowed pair: blocks above the causal diagonal are neither fetched nor computed. It has
 no scale argument, so queries are scaled before the call. This adapter transposes BTNH <-> BNTH, pads
 lengths to a multiple of 128 (padding gets segment 0), vmaps the kernel over the batch, and zeroes
-padding rows (the kernel lets padding tokens attend to each other). Forward only. Must not reimplement
+padding rows (the kernel lets padding tokens attend to each other). An attention-logit soft cap is the kernel's own
+attn_logits_soft_cap, applied to the (pre-scaled) scores before its masks. Forward only. Must not reimplement
 the kernel itself nor import private jax names. Why it is TPU's first flash kernel: benchmarks/RESULTS.md,
 "TPU flash: splash attention".
 """
@@ -26,7 +27,7 @@ BACKENDS = ("tpu",)
 DTYPES = ("float32", "bfloat16")
 LIMITS = ("TPU only; float32 or bfloat16; any length (padded to a multiple of "
           f"{LENGTH_MULTIPLE}); grouped-query without repeating kv heads; packed segment_ids masked "
-          "inside the kernel; causal blocks above the diagonal skipped; forward only")
+          "inside the kernel; causal blocks above the diagonal skipped; attention-logit soft cap; forward only")
 
 
 def is_supported(*, dtype: str | None = None, **_) -> tuple[bool, str]:
@@ -46,10 +47,10 @@ def _splash():
 
 
 def make_kernel(heads: int, q_pad: int, kv_pad: int, causal: bool, *, block_q: int | None = None,
-                block_kv: int | None = None):
+                block_kv: int | None = None, soft_cap: float | None = None):
     """The splash kernel (a SplashAttentionKernel) for one example of [heads, q_pad, D] queries: a causal
-    (top-left aligned, as the contract's) or full mask for every head, forward blocks only. Built at trace
-    time from static shapes."""
+    (top-left aligned, as the contract's) or full mask for every head, forward blocks only, scores capped at
+    soft_cap (None: not capped). Built at trace time from static shapes."""
     splash = _splash()
     bq = block_q or block(q_pad)
     bkv = block_kv or block(kv_pad)
@@ -57,13 +58,14 @@ def make_kernel(heads: int, q_pad: int, kv_pad: int, causal: bool, *, block_q: i
     mask = splash.CausalMask(shape=shape) if causal else splash.FullMask(shape)
     blocks = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv)
     return splash.make_splash_mha(mask=splash.MultiHeadMask(masks=(mask,) * heads), block_sizes=blocks,
-                                  head_shards=1, q_seq_shards=1)
+                                  attn_logits_soft_cap=soft_cap, head_shards=1, q_seq_shards=1)
 
 
 def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                          segment_ids: jax.Array | None = None, causal: bool = False,
                          scale: float | None = None, block_q: int | None = None,
-                         block_kv: int | None = None, batch_loop: bool = False) -> jax.Array:
+                         block_kv: int | None = None, batch_loop: bool = False,
+                         soft_cap: float | None = None) -> jax.Array:
     """Contract attention (BTNH) through jax.experimental.pallas.ops.tpu.splash_attention.
 
     The kernel is vmapped over the batch (one pallas_call whose grid gains a batch dimension, as MaxText
@@ -82,7 +84,7 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     if segment_ids is not None or q_pad != q_len or kv_pad != kv_len:  # keep real queries off the padded keys
         segments = splash.SegmentIds(*padded_segment_ids(segment_ids, batch, q_len, kv_len))
 
-    kernel = make_kernel(heads, q_pad, kv_pad, causal, block_q=block_q, block_kv=block_kv)
+    kernel = make_kernel(heads, q_pad, kv_pad, causal, block_q=block_q, block_kv=block_kv, soft_cap=soft_cap)
     if segments is None:
         one = lambda args: kernel(*args)
         args = (qt, kt, vt)
@@ -97,4 +99,4 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
                                 is_supported=is_supported, call=splash_tpu_attention, custom_call=True,
-                                score_block=(0, 0))
+                                logit_soft_cap=True, score_block=(0, 0))

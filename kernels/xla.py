@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.interface import Implementation
-from kernels.masking import MASKED_SCORE, allowed
+from kernels.masking import MASKED_SCORE, allowed, soft_capped
 
 NAME = "xla"
 BACKENDS = ("cpu", "gpu", "tpu")
@@ -23,8 +23,10 @@ def is_supported(**shape_info) -> tuple[bool, str]:
 
 
 def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
-                  causal: bool = False, scale: float | None = None, window: int | None = None) -> jax.Array:
-    """Contract attention (BTNH, grouped-query by reshaping, never repeating K/V)."""
+                  causal: bool = False, scale: float | None = None, window: int | None = None,
+                  soft_cap: float | None = None) -> jax.Array:
+    """Contract attention (BTNH, grouped-query by reshaping, never repeating K/V); with soft_cap the scaled scores
+    are capped, tanh(scores / soft_cap) * soft_cap, before the mask and softmax."""
     batch, q_len, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
     groups = heads // kv_heads
@@ -35,6 +37,8 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.
     kt = k.transpose(0, 2, 3, 1)  # [b, kv_heads, d, kv]
     vt = v.transpose(0, 2, 1, 3)  # [b, kv_heads, kv, d]
     scores = jnp.einsum("bhgqd,bhdk->bhgqk", qt, kt, preferred_element_type=jnp.float32) * scale
+    if soft_cap is not None:
+        scores = soft_capped(scores, soft_cap)
     mask = allowed(segment_ids, segment_ids, jnp.arange(q_len), jnp.arange(kv_len), causal, window)
     if mask is not None:
         # A finite fill keeps one fused pass over the scores (an -inf fill needs extra passes
@@ -50,4 +54,5 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.
     return out.astype(q.dtype)
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
-                                is_supported=is_supported, call=xla_attention, local_window=True)
+                                is_supported=is_supported, call=xla_attention, local_window=True,
+                                logit_soft_cap=True)

@@ -62,19 +62,22 @@ def make_inputs(seed: int, batch: int, q_len: int, kv_len: int, kv_heads: int, h
 def check_against_reference(call, *, length: int, kv_heads: int, causal: bool, segments: bool,
                             dtype: str = "float32", head_dim: int = 32, kv_len: int | None = None,
                             scale: float | None = None, seed: int = 0,
-                            rows=segment_rows) -> None:
+                            rows=segment_rows, soft_cap: float | None = None) -> None:
     kv_len = length if kv_len is None else kv_len
     seg = rows(length) if segments else None
     batch = 2 if seg is None else len(seg)
     q, k, v = make_inputs(seed, batch, length, kv_len, kv_heads, head_dim, dtype)
     seg_arg = None if seg is None else jnp.asarray(seg)
-    out = jax.jit(lambda q, k, v, s: call(q, k, v, segment_ids=s, causal=causal, scale=scale))(
+    capped = {} if soft_cap is None else {"soft_cap": soft_cap}  # only kernels that take a cap are given one
+    out = jax.jit(lambda q, k, v, s: call(q, k, v, segment_ids=s, causal=causal, scale=scale, **capped))(
         q, k, v, seg_arg)
     assert out.shape == q.shape and out.dtype == q.dtype
     out = np.asarray(out.astype(jnp.float32), np.float64)
     # the reference sees exactly the (possibly bf16-rounded) inputs the kernel saw
-    ref = reference_attention(*(np.asarray(x.astype(jnp.float32)) for x in (q, k, v)),
-                              segment_ids=seg, causal=causal, scale=scale)
+    inputs = [np.asarray(x.astype(jnp.float32)) for x in (q, k, v)]
+    ref = reference_attention(*inputs, segment_ids=seg, causal=causal, scale=scale, soft_cap=soft_cap)
+    if soft_cap is not None:  # the cap changed what was computed: a kernel that ignored it would fail below
+        assert np.abs(ref - reference_attention(*inputs, segment_ids=seg, causal=causal, scale=scale)).max() > 0.05
     assert not np.isnan(out).any()
     error = np.abs(out - ref).max()
     assert error <= TOLERANCE[dtype], f"max abs error {error:.2e} > {TOLERANCE[dtype]:.0e}"
@@ -409,6 +412,59 @@ def test_local_window_matches_reference_with_packing_and_grouped_query(impl, win
     for bad in (0, -3, 2.5, True):  # a window that bounds nothing, or no position count: refused, never all zeros
         with pytest.raises(ValueError, match="window must be None or a static whole number"):
             attention(q, k, v, impl=impl, window=bad, causal=True)
+
+
+# Attention-logit soft-capping (Gemma 2: scores = tanh(scores / cap) * cap after the scale, before the mask): every
+# kernel that takes a cap (Implementation.logit_soft_cap) against the reference's. Unit-normal q and k at scale 1 give
+# scores of about +-6 (head_dim 32), which a cap of 2 squashes hard; padding, packing, grouped-query, bfloat16.
+SOFT_CAP_CASES = [  # (length, kv_heads, causal, segments, dtype)
+    (129, 4, True, True, "float32"),
+    (300, 1, False, True, "float32"),
+    (7, 12, True, False, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("impl", CPU_KERNELS)
+@pytest.mark.parametrize("length,kv_heads,causal,segments,dtype", SOFT_CAP_CASES)
+def test_soft_cap_matches_reference(impl, length, kv_heads, causal, segments, dtype):
+    check_against_reference(attention_via(impl), length=length, kv_heads=kv_heads, causal=causal, segments=segments,
+                            dtype=dtype, scale=1.0, soft_cap=2.0, seed=length + 2)
+
+
+def test_blockwise_soft_cap_across_many_blocks_and_a_window():
+    """The cap inside the online softmax over several key blocks (and a sliding window: Gemma 2's local layers),
+    where a block's running maximum is of capped scores."""
+    def call(q, k, v, **kw):
+        return blockwise_attention(q, k, v, block_q=64, block_k=64, window=40, **kw)
+
+    def windowed(q, k, v, **kw):
+        return reference_attention(q, k, v, window=40, **kw)
+
+    q, k, v = make_inputs(11, 3, 300, 300, 4, 32, "float32")
+    seg = segment_rows(300)
+    out = jax.jit(lambda q, k, v, s: call(q, k, v, segment_ids=s, causal=True, scale=1.0, soft_cap=2.0))(
+        q, k, v, jnp.asarray(seg))
+    ref = windowed(*(np.asarray(x) for x in (q, k, v)), segment_ids=seg, causal=True, scale=1.0, soft_cap=2.0)
+    assert np.abs(np.asarray(out) - ref).max() <= TOLERANCE["float32"]
+    assert (np.asarray(out)[seg == 0] == 0.0).all()
+
+
+@pytest.mark.parametrize("length,kv_heads,causal,segments,dtype", SOFT_CAP_CASES)
+def test_splash_tpu_soft_cap_interpreted(length, kv_heads, causal, segments, dtype):
+    """splash_tpu takes the cap as its kernel's own attn_logits_soft_cap, applied to the scores of queries scaled
+    before the call, as the contract's (scale, then cap)."""
+    check_against_reference(splash_interpreted, length=length, kv_heads=kv_heads, causal=causal, segments=segments,
+                            dtype=dtype, scale=1.0, soft_cap=2.0, seed=length + 2)
+
+
+def test_every_kernel_that_takes_a_soft_cap_has_capped_parity_cases_here():
+    """A kernel that says it takes an attention-logit soft cap (Implementation.logit_soft_cap) meets the reference
+    with one here: the CPU kernels through test_soft_cap_matches_reference, any other through a soft-cap test named
+    for it."""
+    capped = {name for name, impl in table.IMPLEMENTATIONS.items() if impl.logit_soft_cap}
+    named = {name for name in capped if any(name in test and "soft_cap" in test for test in globals())}
+    assert capped - set(CPU_KERNELS) - named == set()
+    assert capped == {"xla", "blockwise", "splash_tpu"}
 
 
 def test_every_kernel_in_the_table_has_parity_cases_here():

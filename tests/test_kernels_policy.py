@@ -232,8 +232,45 @@ def test_available_lists_every_kernel_with_backends_and_limits():
     assert listing["pallas_gpu"]["backends"] == ["gpu"] and "packed" in listing["pallas_gpu"]["limits"]
     assert all(entry["limits"] for entry in listing.values())
     assert kernels.SHAPE_KEYS == ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
-                                  "causal", "has_segments", "packed", "window")
+                                  "causal", "has_segments", "packed", "window", "soft_cap")
     assert {name for name, entry in listing.items() if entry["local_window"]} == {"xla", "blockwise"}
+    assert {name for name, entry in listing.items() if entry["logit_soft_cap"]} == {"xla", "blockwise", "splash_tpu"}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_a_soft_cap_is_refused_by_kernels_without_one_before_any_data(backend):
+    """Gemma 2's attention-logit soft cap: shape info alone (what validation has before data is read) refuses every
+    kernel without one (cudnn, pallas_gpu, the legacy pallas_tpu) by name and reason, where the same inputs without a
+    cap run; flash runs the backend's flash kernel that takes it (blockwise, splash_tpu) and is refused on GPU, whose
+    flash kernels both lack it; auto passes them by."""
+    info = dict(heads=8, kv_heads=4, head_dim=128, dtype="bfloat16", causal=True, has_segments=True, packed=False,
+                q_len=1024, kv_len=1024)
+    for name, impl in table.IMPLEMENTATIONS.items():
+        if backend not in impl.backends:
+            continue
+        assert resolve(name, backend, **info) == name
+        if impl.logit_soft_cap:
+            assert resolve(name, backend, **info, soft_cap=50.0) == name
+            continue
+        with pytest.raises(KernelUnsupportedError, match=f"--attention={name} cannot run on {backend}: it has no "
+                                                         "attention-logit soft-capping .*cap of 50 needs"):
+            resolve(name, backend, **info, soft_cap=50.0)
+    flash = {"cpu": "blockwise", "tpu": "splash_tpu"}.get(backend)
+    if flash:
+        assert resolve("flash", backend, **info, soft_cap=50.0) == flash
+    else:
+        with pytest.raises(KernelUnsupportedError, match="--attention=flash .cudnn or pallas_gpu on gpu. cannot run on "
+                                                         "gpu: cudnn: it has no attention-logit soft-capping.*; "
+                                                         "pallas_gpu: it has no attention-logit soft-capping.*use "
+                                                         "--attention=native or auto"):
+            resolve("flash", backend, **info, soft_cap=50.0)
+    assert resolve("auto", backend, **info, soft_cap=50.0) == ("splash_tpu" if backend == "tpu" else "xla")
+    long = {**info, "q_len": 8192, "kv_len": 8192}
+    assert resolve("auto", backend, **long, soft_cap=50.0) == ("splash_tpu" if backend == "tpu" else "blockwise")
+    assert resolve("native", backend, **info, soft_cap=50.0) == "xla"
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "50"):
+        with pytest.raises(TypeError, match="soft_cap"):
+            resolve("auto", backend, soft_cap=bad)
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
@@ -380,6 +417,12 @@ def test_arguments_that_choose_the_kernel_must_be_static_values():
         jax.jit(lambda q, s: attention(q, q, q, scale=s))(q, 0.5)
     with pytest.raises(ValueError, match="window must be None or a static whole number"):
         jax.jit(lambda q, w: attention(q, q, q, causal=True, window=w))(q, 2)
+    with pytest.raises(ValueError, match="soft_cap must be None or a static number, not a traced value"):
+        jax.jit(lambda q, c: attention(q, q, q, soft_cap=c))(q, 50.0)
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "50"):  # NaN scores, flipped signs, or not a number
+        with pytest.raises(ValueError, match="soft_cap must be None or a positive, finite number"):
+            attention(q, q, q, soft_cap=bad)
+    assert attention(q, q, q, soft_cap=jnp.float32(50.0)).shape == q.shape
     assert attention(q, q, q, scale=jnp.float32(0.5)).shape == q.shape  # a concrete array is a number
     with pytest.raises(TypeError, match="dtype 'bf16', which is not a dtype"):
         resolve("auto", backend="cpu", dtype="bf16")
