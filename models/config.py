@@ -1,8 +1,8 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
 Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT; ModernBERT encoder;
-GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 3 and the text model of its
-multimodal release),
+GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3 and the text model
+of its multimodal release),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
 from __future__ import annotations
@@ -30,11 +30,11 @@ ACTIVATIONS = {
 }
 # HF model_type -> family: RoBERTa, XLM-RoBERTa and CamemBERT are BERT with positions counted past the padding id,
 # DistilBERT is BERT without token types under other names; Mistral, Qwen2, Qwen3, Phi-3 (and Phi-4, model_type phi3:
-# Llama's block with fused weights, split at convert) and Gemma 3 (its text model) are Llama's architecture with a
-# few config switches.
+# Llama's block with fused weights, split at convert), Gemma 2 and Gemma 3 (its text model) are Llama's architecture
+# with a few config switches.
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
-            "gemma3": "llama", "phi3": "llama", "modernbert": "modernbert"}
+            "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "modernbert": "modernbert"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert")
 
@@ -130,6 +130,10 @@ class ModelConfig:
     sandwich_norms: bool = False                   # llama: Gemma's RMSNorms after the attention and the MLP too
     query_pre_attn_scalar: float = 0.0             # llama: Gemma's attention scale is its -1/2 power (0: head_dim's)
     bidirectional: bool = False                    # llama: every token attends both ways (EmbeddingGemma): an embedder
+    # llama: Gemma 2's soft caps, cap * tanh(x / cap) (0: none): of the attention scores (attn_logit_softcapping, the
+    # kernels' soft_cap) and of the LM head's logits (final_logit_softcapping), where transformers applies them
+    attention_logit_cap: float = 0.0
+    final_logit_cap: float = 0.0
     # a sentence-transformers model's Dense modules after its pooling (LaBSE, EmbeddingGemma): not in config.json,
     # but metadata.json's `dense` (models/model_dir.py)
     dense: tuple[Dense, ...] = ()
@@ -203,7 +207,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
             f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert' or 'distilbert', encoder), ModernBERT (model_type "
             f"'modernbert', encoder), the GPT-2 family (model_type 'gpt2', "
-            f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma3_text' or "
+            f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma2', "
+            f"'gemma3_text' or "
             f"'gemma3', Gemma 3's multimodal release read as its text model, decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
@@ -227,7 +232,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
                              f"the Llama family only{instead}; its embeddings and scores would differ from the model's")
     try:
         config = {"bert": _distilbert if model_type == "distilbert" else _bert, "gpt2": _gpt2,
-                  "llama": {"gemma3_text": _gemma3, "phi3": _phi3}.get(model_type, _llama),
+                  "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3}.get(model_type, _llama),
                   "modernbert": _modernbert}[family](hf)
         config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
     except KeyError as missing:
@@ -373,13 +378,15 @@ def _modernbert(hf: dict[str, Any]) -> ModelConfig:
         sliding_window=window, sliding_layers=sliding)
 
 
-def _local_layers(hf: dict[str, Any], key: str, default: int, *, global_first: bool, says: str) -> tuple[int, ...]:
+def _local_layers(hf: dict[str, Any], key: str | None, default: int, *, global_first: bool,
+                  says: str = "") -> tuple[int, ...]:
     """The sliding_attention layers of a config with local and global layers, as transformers 5 reads it:
-    layer_types, else every `key`-th layer global (the first of each group when global_first, as ModernBERT's; the
-    last, as Gemma 3's) and the others local. Refuses a pattern or list transformers could not run, naming it."""
+    layer_types, else every `key`-th layer global (`default` when the file leaves `key` out, or always without a key:
+    Gemma 2's every other layer; the first of each group when global_first, as ModernBERT's; the last, as Gemma 3's)
+    and the others local. Refuses a pattern or list transformers could not run, naming it."""
     layers, layer_types = hf["num_hidden_layers"], hf.get("layer_types")
     if layer_types is None:
-        every = hf.get(key, default)
+        every = hf.get(key, default) if key else default
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ModelLoadError(f"{key} is {_shown(every)}; it must be a whole number >= 1 ({says})")
         shift = 0 if global_first else 1
@@ -492,65 +499,118 @@ GEMMA3_ROPE_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.
 GEMMA3 = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
           "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
           "rms_norm_eps": 1e-6, "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
-          "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}
-# the sizes _gemma3 reads as Gemma3TextConfig fills them: a null one is refused by check_bounds, as transformers'
-# strict config refuses it (where the Llama family's null num_key_value_heads is one per head)
-GEMMA3_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps")
+          "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "final_logit_softcapping": None}
+# the sizes _gemma3 (and _gemma2) read as Gemma3TextConfig (Gemma2Config) fills them: a null one is refused by
+# check_bounds, as transformers' strict config refuses it (where the Llama family's null num_key_value_heads is one per
+# head)
+GEMMA_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps")
 
 
 def _gemma3(hf: dict[str, Any]) -> ModelConfig:
-    """Gemma3ForCausalLM / Gemma3TextModel (model_type gemma3_text): Llama's blocks with Gemma's changes, as
-    transformers 5 reads them: the token embedding times sqrt(hidden_size), RMSNorms also after the attention and
-    the MLP (their (1 + weight) scale is folded into the weight at convert), q/k norms, a GELU-tanh gated MLP, an
-    attention scale of query_pre_attn_scalar ** -0.5, local layers (layer_types, else all but every
-    sliding_window_pattern-th) attending within sliding_window with their own rotary theta. Gemma 2's soft-capping
-    are refused. With use_bidirectional_attention (EmbeddingGemma) every token attends both ways, a local one to
-    |i - j| < sliding_window // 2 + 1, as transformers reads it. A size the file leaves out is Gemma3TextConfig's
-    (num_key_value_heads 4, not one per head as in the Llama family)."""
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if hf.get(key) is not None:
-            raise ModelLoadError(f"{key} {_shown(hf[key])} is not supported; docscore computes Gemma 3, which has none "
-                                 "(null)")
+    """Gemma3ForCausalLM / Gemma3TextModel (model_type gemma3_text): Llama's blocks with Gemma's changes (_gemma_blocks),
+    q/k norms, local layers (layer_types, else all but every sliding_window_pattern-th) attending within
+    sliding_window with their own rotary theta. With use_bidirectional_attention (EmbeddingGemma) every token attends
+    both ways, a local one to |i - j| < sliding_window // 2 + 1, as transformers reads it. A size the file leaves out
+    is Gemma3TextConfig's (num_key_value_heads 4, not one per head as in the Llama family). final_logit_softcapping
+    caps the logits, as Gemma3ForCausalLM does; attn_logit_softcapping is not read: transformers' Gemma3Attention
+    never passes it to its attention (5.24), so the scores are not capped."""
     bidirectional = bool(hf.get("use_bidirectional_attention", False))
-    activation = hf.get("hidden_activation", GEMMA3["hidden_activation"])
-    if activation != "gelu_pytorch_tanh":
-        raise ModelLoadError(f"hidden_activation {activation!r} is not supported for gemma3_text; its gated MLP uses "
-                             "'gelu_pytorch_tanh'")
-    hf = {**{key: GEMMA3[key] for key in GEMMA3_SIZES}, **hf}  # transformers fills a size left out, never a null one
-    layers, hidden = hf["num_hidden_layers"], hf["hidden_size"]
+    _gemma_activation(hf, GEMMA3)
+    hf = {**{key: GEMMA3[key] for key in GEMMA_SIZES}, **hf}  # transformers fills a size left out, never a null one
     sliding = _local_layers(hf, "sliding_window_pattern", GEMMA3["sliding_window_pattern"], global_first=False,
                             says="every that many layers, the last of them attends globally")
-    window = hf.get("sliding_window", GEMMA3["sliding_window"]) if sliding else 0
+    blocks = _gemma_blocks(hf, GEMMA3, sliding)
+    if sliding and bidirectional:
+        blocks["sliding_window"] = blocks["sliding_window"] // 2 + 1  # Gemma3TextConfig: |i - j| < window // 2 + 1
+    ropes = _gemma3_ropes(hf)
+    return ModelConfig(**blocks, rope=ropes["full_attention"], local_rope=ropes["sliding_attention"], qk_norm=True,
+                       bidirectional=bidirectional,
+                       final_logit_cap=_soft_cap(hf, "final_logit_softcapping", GEMMA3["final_logit_softcapping"]))
+
+
+# Gemma2Config's defaults where a config.json leaves the key out
+GEMMA2 = {"vocab_size": 256_000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+          "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 8192,
+          "rms_norm_eps": 1e-6, "sliding_window": 4096, "query_pre_attn_scalar": 256,
+          "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "attn_logit_softcapping": 50.0,
+          "final_logit_softcapping": 30.0}
+
+
+def _gemma2(hf: dict[str, Any]) -> ModelConfig:
+    """Gemma2ForCausalLM / Gemma2Model (model_type gemma2: gemma-2-2b, 9b, 27b): Llama's blocks with Gemma's changes
+    (_gemma_blocks), no q/k norms, one rotary setting for every layer (_rope, as Llama's), local layers (layer_types,
+    else every other one from layer 0, as Gemma2Config fills it) attending within sliding_window, the attention
+    scores capped at attn_logit_softcapping and the logits at final_logit_softcapping (cap * tanh(x / cap); null: not
+    capped). A size or cap the file leaves out is Gemma2Config's. use_bidirectional_attention is refused:
+    transformers' Gemma 2 then builds a causal mask but tells its kernels is_causal false, so its eager and flash
+    attention disagree."""
+    if hf.get("use_bidirectional_attention"):
+        raise ModelLoadError(f"use_bidirectional_attention {_shown(hf['use_bidirectional_attention'])} is not "
+                             "supported for gemma2: transformers' Gemma 2 masks causally in its eager attention and "
+                             "attends both ways in its flash attention; set it to false or null")
+    _gemma_activation(hf, GEMMA2)
+    hf = {**{key: GEMMA2[key] for key in GEMMA_SIZES}, **hf}  # transformers fills a size left out, never a null one
+    sliding = _local_layers(hf, None, 2, global_first=False)
+    return ModelConfig(**_gemma_blocks(hf, GEMMA2, sliding), rope=_rope(hf),
+                       attention_logit_cap=_soft_cap(hf, "attn_logit_softcapping", GEMMA2["attn_logit_softcapping"]),
+                       final_logit_cap=_soft_cap(hf, "final_logit_softcapping", GEMMA2["final_logit_softcapping"]))
+
+
+def _gemma_activation(hf: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Refuse a Gemma MLP activation other than the GELU-tanh its gated MLP uses."""
+    activation = hf.get("hidden_activation", defaults["hidden_activation"])
+    if activation != "gelu_pytorch_tanh":
+        raise ModelLoadError(f"hidden_activation {activation!r} is not supported for {hf['model_type']}; its gated MLP "
+                             "uses 'gelu_pytorch_tanh'")
+
+
+def _gemma_blocks(hf: dict[str, Any], defaults: dict[str, Any], sliding: tuple[int, ...]) -> dict[str, Any]:
+    """The ModelConfig fields Gemma 2 and Gemma 3 read alike (hf with the sizes left out filled from `defaults`), as
+    transformers 5 reads them: the token embedding times sqrt(hidden_size), RMSNorms also after the attention and
+    the MLP (their (1 + weight) scale is folded into the weight at convert), a GELU-tanh gated MLP, an attention
+    scale of query_pre_attn_scalar ** -0.5, the `sliding` layers attending within sliding_window, a head tied to
+    the embedding unless tie_word_embeddings is false."""
+    layers, hidden = hf["num_hidden_layers"], hf["hidden_size"]
+    window = hf.get("sliding_window", defaults["sliding_window"]) if sliding else 0
     if sliding and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ModelLoadError(f"sliding_window is {_shown(window)}; it must be a whole number >= 1 (layer_types has "
                              "sliding_attention layers)")
-    if sliding and bidirectional:
-        window = window // 2 + 1  # transformers' Gemma3TextConfig: |i - j| < sliding_window // 2 + 1
-    scalar = hf.get("query_pre_attn_scalar", GEMMA3["query_pre_attn_scalar"])
+    scalar = hf.get("query_pre_attn_scalar", defaults["query_pre_attn_scalar"])
     number = None if isinstance(scalar, bool) else _as_float(scalar)
     if number is None or not 0 < number < math.inf:
         raise ModelLoadError(f"query_pre_attn_scalar is {_shown(scalar)}; it must be a positive, finite number")
     bias = bool(hf.get("attention_bias", False))
-    ropes = _gemma3_ropes(hf)
-    return ModelConfig(
+    return dict(
         family="llama", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=layers,
         num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
         max_positions=hf["max_position_embeddings"], layer_norm_eps=hf["rms_norm_eps"],
-        activation="gelu_tanh", num_kv_heads=hf["num_key_value_heads"],
-        head_size=hf["head_dim"], rope=ropes["full_attention"],
-        local_rope=ropes["sliding_attention"], qkv_bias=bias, output_bias=bias, qk_norm=True,
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", GEMMA3["tie_word_embeddings"])),
+        activation="gelu_tanh", num_kv_heads=hf["num_key_value_heads"], head_size=hf["head_dim"],
+        qkv_bias=bias, output_bias=bias,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", defaults["tie_word_embeddings"])),
         sliding_window=window, sliding_layers=sliding,
         embed_scale=float(hidden) ** 0.5 if type(hidden) is int and hidden > 0 else 1.0, sandwich_norms=True,
-        query_pre_attn_scalar=number, bidirectional=bidirectional)
+        query_pre_attn_scalar=number)
+
+
+def _soft_cap(hf: dict[str, Any], key: str, default: float | None) -> float:
+    """A soft cap as transformers reads it (`default` where the file leaves `key` out): null is none (0.0); else a
+    positive, finite number, or a refusal naming the key (a cap of 0 makes every score NaN)."""
+    value = hf.get(key, default)
+    if value is None:
+        return 0.0
+    number = None if isinstance(value, bool) else _as_float(value)
+    if number is None or not 0 < number < math.inf:
+        raise ModelLoadError(f"{key} is {_shown(value)}; it must be a positive, finite number, or null for none")
+    return number
 
 
 def _gemma3_text_model(hf: dict[str, Any], path: str) -> ModelConfig:
     """Gemma3ForConditionalGeneration (model_type gemma3: gemma-3-4b, 12b, 27b) read as its text model, as
     transformers 5 runs it on text alone (no pixel_values): text_config is a Gemma3TextConfig, its defaults filling
     what the file leaves out, and the head is tied to the token embedding as the top-level tie_word_embeddings says
-    (default true; text_config's own is not read). Errors name text_config's keys."""
+    (default true; text_config's own is not read). Its logits are never capped: Gemma3ForConditionalGeneration does
+    not read text_config's final_logit_softcapping (transformers 5.24). Errors name text_config's keys."""
     text = hf.get("text_config")
     if not isinstance(text, dict):
         what = ("missing" if "text_config" not in hf else "null" if text is None
@@ -569,7 +629,8 @@ def _gemma3_text_model(hf: dict[str, Any], path: str) -> ModelConfig:
     tie = hf.get("tie_word_embeddings", GEMMA3["tie_word_embeddings"])
     where = f"{path}: text_config"
     try:
-        config = config_from_hf({**text, "model_type": "gemma3_text", "tie_word_embeddings": tie}, where)
+        config = config_from_hf({**text, "model_type": "gemma3_text", "tie_word_embeddings": tie,
+                                 "final_logit_softcapping": None}, where)
     except ModelLoadError as err:
         message = str(err)
         raise ModelLoadError(message if message.startswith(where) else f"{where}: {message}") from None

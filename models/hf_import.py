@@ -194,7 +194,8 @@ def llama_params(src: TensorSource, config: ModelConfig, norms: dict[str, str] =
 
 
 def gemma3_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
-    """Gemma3ForCausalLM / Gemma3TextModel names -> our LlamaDecoder tree: Llama's, with four norms a block, each
+    """Gemma3ForCausalLM / Gemma3TextModel (and Gemma2ForCausalLM / Gemma2Model: the same names without q_norm and
+    k_norm, which config.qk_norm leaves out) names -> our LlamaDecoder tree: Llama's, with four norms a block, each
     RMSNorm's weight w stored as the 1 + w it scales by."""
     return llama_params(src, config, norms=GEMMA3_NORMS, norm_offset=1.0)
 
@@ -278,12 +279,13 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
     "gemma3_text": (("model.", ""), gemma3_params),
     "phi3": (("model.", ""), phi3_params),  # Phi3ForCausalLM under "model.", Phi3Model at the root
     "gemma3": (("model.language_model.",), gemma3_params),  # multimodal_text_tensors' names
+    "gemma2": (("model.", ""), gemma3_params),
 }
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
 MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
            "modernbert": "embeddings.tok_embeddings.weight",
            "distilbert": "embeddings.word_embeddings.weight", "gemma3_text": "embed_tokens.weight",
-           "gemma3": "embed_tokens.weight", "phi3": "embed_tokens.weight"}
+           "gemma3": "embed_tokens.weight", "gemma2": "embed_tokens.weight", "phi3": "embed_tokens.weight"}
 
 # Gemma3ForConditionalGeneration's text model under the names transformers 4.52-4.57 saved it with (and 5.x loads),
 # each from the name transformers 4.50 saved it with (and 5.x saves again: its save writes the checkpoint's first names)

@@ -1,7 +1,8 @@
-"""Llama-family decoder (Flax NNX) for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
-Gemma3ForCausalLM checkpoints: token embedding (Gemma: scaled), pre-norm blocks (RMSNorm, grouped-query causal
-attention with rotary positions and Qwen3's and Gemma's per-head q/k norms, gated SiLU or GELU MLP; Gemma: norms
-after the attention and MLP too), final RMSNorm, and an output head tied to the embedding or its own.
+"""Llama-family decoder (Flax NNX) for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+Gemma2ForCausalLM and Gemma3ForCausalLM checkpoints: token embedding (Gemma: scaled), pre-norm blocks (RMSNorm,
+grouped-query causal attention with rotary positions and Qwen3's and Gemma 3's per-head q/k norms, Gemma 2's
+soft-capped scores, gated SiLU or GELU MLP; Gemma: norms after the attention and MLP too), final RMSNorm, and an
+output head tied to the embedding or its own (Gemma 2: its logits soft-capped).
 
 Must not tokenize, score or pick a kernel: the attention name comes in through the constructor, and the
 kernel sees only the contract's q/k/v, segment ids and causal flag. Rotary positions restart in every packed
@@ -95,6 +96,7 @@ class GroupedQueryAttention(nnx.Module):
         self.window = window  # 0: the whole segment; else Mistral/Qwen2's sliding window, ModernBERT's local one
         self.causal = causal
         self.scale = (config.query_pre_attn_scalar or head_dim) ** -0.5  # Gemma scales by its own scalar
+        self.soft_cap = config.attention_logit_cap or None  # Gemma 2 caps the scaled scores
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         batch, length, _ = x.shape
@@ -108,7 +110,7 @@ class GroupedQueryAttention(nnx.Module):
         v = self.value(x).reshape(batch, length, self.kv_heads, self.head_dim)
         context = attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
                             segment_ids=segment_ids, causal=self.causal, scale=self.scale,
-                            impl=self.attention_impl, window=self.window or None)
+                            impl=self.attention_impl, window=self.window or None, soft_cap=self.soft_cap)
         return self.output(context.reshape(batch, length, self.heads * self.head_dim))
 
 
@@ -164,6 +166,7 @@ class LlamaDecoder(nnx.Module):
         # An untied head is its own [hidden, vocab] matrix; a tied one reads the embedding table; an embedder saved
         # without its untied head has none (config.lm_head).
         self.has_lm_head = config.lm_head
+        self.final_logit_cap = config.final_logit_cap  # Gemma 2's cap * tanh(logits / cap); 0: none
         self.lm_head = None if config.tie_word_embeddings or not config.lm_head else dense(
             config.hidden_size, config.vocab_size, bias=False, dtype=self.compute_dtype, rngs=rngs)
 
@@ -177,11 +180,16 @@ class LlamaDecoder(nnx.Module):
         return self.final_norm(run_blocks(self.layers, x, segment_ids))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """Logits over the vocabulary, float32 out."""
+        """Logits over the vocabulary, float32 out; soft-capped, cap * tanh(logits / cap), where the model caps them
+        (Gemma 2's final_logit_softcapping), before any log-softmax."""
         if not self.has_lm_head:
             raise ValueError("this decoder was converted without its language-model head (an embedder's checkpoint)")
         if self.lm_head is not None:
-            return self.lm_head(hidden)
-        table = self.token_embedding.embedding[...].astype(self.compute_dtype)
-        return jnp.einsum("bld,vd->blv", hidden.astype(self.compute_dtype), table,
-                          preferred_element_type=jnp.float32)
+            logits = self.lm_head(hidden)
+        else:
+            table = self.token_embedding.embedding[...].astype(self.compute_dtype)
+            logits = jnp.einsum("bld,vd->blv", hidden.astype(self.compute_dtype), table,
+                                preferred_element_type=jnp.float32)
+        if self.final_logit_cap:
+            logits = jnp.tanh(logits.astype(jnp.float32) / self.final_logit_cap) * self.final_logit_cap
+        return logits

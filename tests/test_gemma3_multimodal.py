@@ -242,6 +242,10 @@ def test_multimodal_config_reads_its_text_config_as_transformers_fills_it():
                                                                        "tie_word_embeddings": inner}}
         assert config_from_hf(hf).tie_word_embeddings is top
     assert hf_keys(ours)["max_positions"] == "text_config.max_position_embeddings"  # what load's messages name
+    # transformers' Gemma3ForConditionalGeneration caps neither its logits nor its scores, whatever text_config says
+    capped = {**GEMMA3_4B["text_config"], "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0}
+    ours = config_from_hf({**GEMMA3_4B, "text_config": capped})
+    assert (ours.final_logit_cap, ours.attention_logit_cap) == (0.0, 0.0)
 
 
 @pytest.mark.parametrize("change, says", [

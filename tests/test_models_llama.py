@@ -70,6 +70,13 @@ FAMILIES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM",
              dict(num_hidden_layers=2, max_position_embeddings=1024, sliding_window=20, pad_token_id=2,
                   rope_parameters={"rope_type": "default", "rope_theta": 250_000.0})),
+    # every other layer local from layer 0 (Gemma2Config's layer_types) within 16 tokens, one rotary setting, no q/k
+    # norms, attention scores capped at 5 and logits at 3 (gemma-2's 50 and 30 would not bite in a model this small),
+    # sandwich norms, a scaled embedding, a tied head
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(num_hidden_layers=4, max_position_embeddings=640, head_dim=32, sliding_window=16,
+                    query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1_000.0})),
 }
 
 
@@ -164,7 +171,7 @@ def test_config_reads_each_family(converted):
     ids = np.ones((1, 16), np.int32)
     scans = str(jax.make_jaxpr(loaded.model)(ids, ids)).count("scan[")
     # one scanned body; Qwen2's two windowed layers after its full one are one (models/layers.py block_runs), Gemma 3's
-    # local, global, local repeat nothing and run one by one
+    # local, global, local repeat nothing and run one by one; Gemma 2's local, global period is scanned twice
     assert scans == (0 if family == "gemma3" else 1)
     want = {
         "llama": dict(kv_heads=2, head_dim=16, qkv_bias=False, tie_word_embeddings=False, sliding_window=0,
@@ -182,9 +189,14 @@ def test_config_reads_each_family(converted):
                        rope=Rope(100_000.0, "linear", 2.0), local_rope=Rope(1_000.0)),
         "phi3": dict(kv_heads=2, head_dim=16, qkv_bias=False, output_bias=False, mlp_bias=False, sliding_window=20,
                      sliding_layers=(0, 1), layer_norm_eps=1e-5, tie_word_embeddings=False, rope=Rope(250_000.0)),
+        "gemma2": dict(head_dim=32, qk_norm=False, sliding_window=16, sliding_layers=(0, 2), tie_word_embeddings=True,
+                       embed_scale=8.0, sandwich_norms=True, query_pre_attn_scalar=24.0, activation="gelu_tanh",
+                       rope=Rope(1_000.0), local_rope=None, attention_logit_cap=5.0, final_logit_cap=3.0),
     }[family]
+    gemma = family.startswith("gemma")
     assert config.qk_norm == (family in ("qwen3", "gemma3"))
-    assert config.sandwich_norms == (family == "gemma3") and (config.embed_scale > 0) == (family == "gemma3")
+    assert config.sandwich_norms == gemma and (config.embed_scale > 0) == gemma
+    assert (config.attention_logit_cap, config.final_logit_cap) == ((5.0, 3.0) if family == "gemma2" else (0.0, 0.0))
     assert {key: getattr(config, key) for key in want} == want
     metadata = json.loads((model_dir / "metadata.json").read_text())
     assert metadata["family"] == "llama"
@@ -368,7 +380,7 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
     family, hf_dir, model_dir = converted
     config = models.load(str(model_dir), attention="native").config
     expected = {"mistral": (32, (0, 1)), "qwen2-window": (24, (1, 2)), "gemma3": (16, (0, 2)),
-                "phi3": (20, (0, 1))}.get(family, (0, ()))
+                "phi3": (20, (0, 1)), "gemma2": (16, (0, 2))}.get(family, (0, ()))
     assert (config.sliding_window, config.sliding_layers) == expected
     if not config.sliding_window or family == "phi3":  # Phi-3 windows every layer as Mistral does: its plans below
         return
@@ -399,7 +411,13 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
                                    "--experiments", "no_use_multiple_sdk_containers", *extra])
             return validate(eo)
 
-        assert plan("flash").kernel in table.FLASH[backend]
+        if config.attention_logit_cap and backend == "gpu":  # Gemma 2: neither GPU flash kernel caps the scores
+            with pytest.raises(ConfigError, match="--attention=flash .*attention-logit soft-capping.*the Dataflow "
+                                                  "workers' accelerator"):
+                plan("flash")
+            assert plan("auto").kernel == "xla"
+        else:
+            assert plan("flash").kernel in table.FLASH[backend]
         with pytest.raises(ConfigError, match="--attention=flash .*sliding-window.*the Dataflow workers' accelerator"):
             plan("flash", model=gcs.url("twice"))
         assert plan("auto", model=gcs.url("twice")).kernel == "xla"
@@ -591,14 +609,119 @@ def test_gemma3_configs_read_as_transformers_reads_them():
     assert (both.causal, both.sliding_window) == (False, 1024 // 2 + 1)
     assert both.sliding_window == transformers.Gemma3TextConfig(**{k: v for k, v in GEMMA3_4X.items() if k != "model_type"},
                                                                 use_bidirectional_attention=True).sliding_window
-    for change, says in (({"final_logit_softcapping": 30.0}, "final_logit_softcapping 30.0 is not supported"),
-                         ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0 is not supported"),
+    # Gemma3ForCausalLM caps its logits at final_logit_softcapping; its attention never reads attn_logit_softcapping
+    capped = config_from_hf({**GEMMA3_4X, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0})
+    assert (capped.final_logit_cap, capped.attention_logit_cap) == (30.0, 0.0)
+    for change, says in (({"final_logit_softcapping": 0}, "final_logit_softcapping is 0; it must be a positive"),
                          ({"hidden_activation": "gelu"}, "hidden_activation 'gelu' is not supported for gemma3_text"),
                          ({"sliding_window_pattern": 0}, "sliding_window_pattern is 0"),
                          ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "full_attention layers: rope_scaling"),
                          ({"rope_parameters": {"rope_type": "default"}}, "Gemma 3's are per layer type")):
         with pytest.raises(models.ModelLoadError, match=re.escape(says)):
             config_from_hf({**GEMMA3_4X, **change})
+
+
+GEMMA2_9B = {  # gemma-2-9b's config.json (sizes cut down): alternating layers, transformers 4.x's rope_theta
+    "model_type": "gemma2", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 6,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 8192,
+    "rope_theta": 10_000.0, "sliding_window": 4096, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh", "cache_implementation": "hybrid"}
+
+
+def test_gemma2_configs_read_as_transformers_reads_them():
+    """A gemma2 config.json gives what Gemma2Config and Gemma2ForCausalLM build from it: its defaults for keys left
+    out (every other layer local from layer 0, caps of 50 and 30, head_dim 256, a tied head), the one rotary
+    setting's frequencies, caps set to null as none; what docscore does not compute is refused by key."""
+    import transformers
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2RotaryEmbedding
+
+    theirs, ours = transformers.Gemma2Config(), config_from_hf({"model_type": "gemma2"})
+    assert (ours.vocab_size, ours.hidden_size, ours.intermediate_size, ours.num_layers, ours.num_heads, ours.kv_heads,
+            ours.head_dim, ours.max_positions, ours.layer_norm_eps, ours.query_pre_attn_scalar) == (
+        theirs.vocab_size, theirs.hidden_size, theirs.intermediate_size, theirs.num_hidden_layers,
+        theirs.num_attention_heads, theirs.num_key_value_heads, theirs.head_dim, theirs.max_position_embeddings,
+        theirs.rms_norm_eps, theirs.query_pre_attn_scalar)
+    assert ours.sliding_layers == tuple(i for i, kind in enumerate(theirs.layer_types) if kind == "sliding_attention")
+    assert ours.sliding_layers == tuple(range(0, 26, 2)) and ours.sliding_window == theirs.sliding_window == 4096
+    assert (ours.attention_logit_cap, ours.final_logit_cap) == (
+        theirs.attn_logit_softcapping, theirs.final_logit_softcapping) == (50.0, 30.0)
+    assert ours.tie_word_embeddings and ours.sandwich_norms and not ours.qk_norm and ours.local_rope is None
+    assert ours.embed_scale == theirs.hidden_size ** 0.5 and ours.default_seq_len == 8192  # global layers see it all
+    for rope in ({"rope_theta": 10_000.0}, {"rope_parameters": {"rope_type": "linear", "rope_theta": 5e4, "factor": 2.0}}):
+        hf = {**{k: v for k, v in GEMMA2_9B.items() if k != "rope_theta"}, **rope}
+        reference = transformers.Gemma2Config(**{k: v for k, v in hf.items() if k != "model_type"})
+        with torch_no_grad():
+            inv_freq = Gemma2RotaryEmbedding(reference).inv_freq.numpy()
+        config = config_from_hf(hf)
+        np.testing.assert_allclose(rope_frequencies(config.layer_rope(0), config.head_dim), inv_freq, rtol=1e-6)
+        assert config.layer_rope(0) == config.layer_rope(1)
+    layer_types = ["full_attention", "sliding_attention", "sliding_attention"] * 2
+    assert config_from_hf({**GEMMA2_9B, "layer_types": layer_types}).sliding_layers == (1, 2, 4, 5)
+    uncapped = config_from_hf({**GEMMA2_9B, "attn_logit_softcapping": None, "final_logit_softcapping": None})
+    assert (uncapped.attention_logit_cap, uncapped.final_logit_cap) == (0.0, 0.0)
+    for change, says in (({"attn_logit_softcapping": 0}, "attn_logit_softcapping is 0; it must be a positive, finite"),
+                         ({"final_logit_softcapping": "abc"}, 'final_logit_softcapping is "abc"; it must be a positive'),
+                         ({"final_logit_softcapping": -30.0}, "final_logit_softcapping is -30.0; it must be a positive"),
+                         ({"use_bidirectional_attention": True}, "use_bidirectional_attention true is not supported"),
+                         ({"hidden_activation": "gelu"}, "hidden_activation 'gelu' is not supported for gemma2"),
+                         ({"sliding_window": None}, "sliding_window is null; it must be a whole number >= 1"),
+                         ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, 'rope_type "yarn" is not supported'),
+                         ({"num_key_value_heads": None}, "num_key_value_heads is null")):
+        with pytest.raises(models.ModelLoadError, match=re.escape(says)):
+            config_from_hf({**GEMMA2_9B, **change})
+
+
+def torch_no_grad():
+    import torch
+
+    return torch.no_grad()
+
+
+@pytest.mark.parametrize("converted", ["gemma2"], indirect=True)
+def test_gemma2s_caps_are_what_makes_its_scores_transformers(converted):
+    """Gemma 2's parity above (test_token_logprobs_match_transformers_padded_and_packed) holds because both caps are
+    computed: transformers' own Gemma 2 without its attention cap, or without its final cap, scores the same tokens
+    more than 1e-2 apart, so a docscore that left either out would fail there. Flash (blockwise) caps inside its
+    online softmax as native does."""
+    import torch
+    import transformers
+
+    _, hf_dir, model_dir = converted
+    ids, segments = padded(documents(300))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+
+    def logprobs() -> np.ndarray:
+        with torch.no_grad():
+            logits = reference(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(segments)).logits
+        return torch.log_softmax(logits.double(), dim=-1).gather(-1, torch.tensor(ids[:, 1:, None])).numpy()[..., 0]
+
+    real = segments[:, 1:] == 1
+    capped = logprobs()
+    reference.config.final_logit_softcapping = None
+    without_final = logprobs()
+    reference.config.final_logit_softcapping = 3.0
+    for layer in reference.model.layers:
+        layer.self_attn.attn_logit_softcapping = None
+    without_attention = logprobs()
+    assert np.abs(capped - without_final)[real].max() > 1e-2
+    assert np.abs(capped - without_attention)[real].max() > 1e-2
+    loaded = models.load(str(model_dir), attention="flash")
+    ours = loaded.token_logprobs(ids, segments)[:, :-1]
+    assert np.abs(ours - capped)[real].max() <= 1e-4
+
+
+def test_gemma3_with_a_final_cap_scores_as_transformers(tmp_path, capsys):
+    """Gemma3ForCausalLM caps its logits at final_logit_softcapping and leaves attn_logit_softcapping unread (its
+    attention never passes it on): a Gemma 3 with both set converts and scores as transformers does."""
+    src = build_hf(tmp_path / "hf", "gemma3", final_logit_softcapping=3.0,
+                   attn_logit_softcapping=5.0)
+    code, message = convert(src, tmp_path / "model", capsys)
+    assert code == 0, message
+    loaded = models.load(str(tmp_path / "model"), attention="native")
+    assert (loaded.config.final_logit_cap, loaded.config.attention_logit_cap) == (3.0, 0.0)
+    ids, segments = padded(documents(loaded.config.vocab_size)[:3])
+    np.testing.assert_allclose(loaded.token_logprobs(ids, segments), transformers_logprobs(src, ids, segments),
+                               atol=1e-4, rtol=0)
 
 
 def test_gemma3_sizes_left_out_are_transformers_defaults():
