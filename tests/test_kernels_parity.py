@@ -367,14 +367,15 @@ def test_splash_tpu_takes_grouped_query_without_repeating_kv_heads():
     assert (2, 2, 256, 64) not in legacy_shapes[0] and sum(s == (2, 12, 256, 64) for s in legacy_shapes[0]) == 3
 
 
-@pytest.mark.parametrize("causal,segments", [(True, True), (False, False)])
-def test_splash_tpu_lowers_for_tpu(causal, segments):
+@pytest.mark.parametrize("causal,segments,soft_cap", [(True, True, None), (False, False, None), (True, True, 50.0)])
+def test_splash_tpu_lowers_for_tpu(causal, segments, soft_cap):
     """The vmapped kernel (what runs on a TPU) lowers for the TPU backend from this CPU machine: one Mosaic
-    kernel for the whole batch (the batch is a grid dimension), head_dim 32, a ragged length."""
+    kernel for the whole batch (the batch is a grid dimension), head_dim 32, a ragged length; Gemma 2's soft cap
+    inside that one kernel."""
     q = jax.ShapeDtypeStruct((4, 300, 12, 32), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((4, 300, 4, 32), jnp.bfloat16)
     seg = jax.ShapeDtypeStruct((4, 300), jnp.int32) if segments else None
-    call = lambda q, k, v, s: splash_tpu_attention(q, k, v, segment_ids=s, causal=causal)
+    call = lambda q, k, v, s: splash_tpu_attention(q, k, v, segment_ids=s, causal=causal, soft_cap=soft_cap)
     text = jax.jit(call).trace(q, k, k, seg).lower(lowering_platforms=("tpu",)).as_text()
     assert text.count("tpu_custom_call") == 1
 
