@@ -50,7 +50,7 @@ run: sample
 	$(BIN)/docscore run --config data/sample/classify.yaml --output $(OUTPUT)
 
 test: $(VENV)/.test-installed browser
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 # The unit loop for someone changing one module (about 2-3 minutes on 2 cores; one file: pytest tests/test_X.py): no whole jobs, subprocesses, emulator,
 # browser or parity checks (pytest.ini lists the markers; README.md, "Development").
