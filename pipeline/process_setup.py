@@ -283,9 +283,9 @@ def check_compilation_cache(path: str) -> str | None:
         fs.rm_file(probe)
         return None
     except Exception as e:  # gcsfs raises its own HttpError for what has no OSError of its own
-        try:
+        try:  # a directory there to read: its programs still load
             readable = fs.isdir(root) and isinstance(fs.ls(root), list)
-        except Exception:
+        except Exception:  # any store's error (gcsfs has its own): not readable, so the probe's error stands
             readable = False
         if readable:
             return f"{type(e).__name__}: {e}"

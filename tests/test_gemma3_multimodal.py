@@ -23,7 +23,7 @@ from models.config import config_from_hf, hf_keys, read_config
 from models.model_dir import read_metadata
 from pipeline.convert import main as convert_main
 from tests.conftest import padded, transformers_logprobs
-from tests.test_models_llama import documents
+from tests.test_models_llama import assert_gemma_sizes_as, documents
 
 # the text model: local layers 0 and 2 (a 16-token window, a theta of their own), a global one with linear rope
 # scaling (as gemma-3-4b's), an attention scale of its own
@@ -213,12 +213,7 @@ def assert_reads_as(ours, theirs) -> None:
     from models.config import Rope
 
     full, local = theirs.rope_parameters["full_attention"], theirs.rope_parameters["sliding_attention"]
-    assert (ours.vocab_size, ours.hidden_size, ours.intermediate_size, ours.num_layers, ours.num_heads, ours.kv_heads,
-            ours.head_dim, ours.max_positions, ours.layer_norm_eps, ours.query_pre_attn_scalar) == (
-        theirs.vocab_size, theirs.hidden_size, theirs.intermediate_size, theirs.num_hidden_layers,
-        theirs.num_attention_heads, theirs.num_key_value_heads, theirs.head_dim, theirs.max_position_embeddings,
-        theirs.rms_norm_eps, theirs.query_pre_attn_scalar)
-    assert ours.sliding_layers == tuple(i for i, kind in enumerate(theirs.layer_types) if kind == "sliding_attention")
+    assert_gemma_sizes_as(ours, theirs)
     assert ours.sliding_window == theirs.sliding_window
     assert ours.rope == Rope(full["rope_theta"], full["rope_type"], full.get("factor", 1.0))
     assert ours.local_rope == Rope(local["rope_theta"])

@@ -628,6 +628,16 @@ GEMMA2_9B = {  # gemma-2-9b's config.json (sizes cut down): alternating layers, 
     "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh", "cache_implementation": "hybrid"}
 
 
+def assert_gemma_sizes_as(ours, theirs) -> None:
+    """docscore's ModelConfig has the sizes and local layers of a transformers Gemma2Config / Gemma3TextConfig."""
+    assert (ours.vocab_size, ours.hidden_size, ours.intermediate_size, ours.num_layers, ours.num_heads, ours.kv_heads,
+            ours.head_dim, ours.max_positions, ours.layer_norm_eps, ours.query_pre_attn_scalar) == (
+        theirs.vocab_size, theirs.hidden_size, theirs.intermediate_size, theirs.num_hidden_layers,
+        theirs.num_attention_heads, theirs.num_key_value_heads, theirs.head_dim, theirs.max_position_embeddings,
+        theirs.rms_norm_eps, theirs.query_pre_attn_scalar)
+    assert ours.sliding_layers == tuple(i for i, kind in enumerate(theirs.layer_types) if kind == "sliding_attention")
+
+
 def test_gemma2_configs_read_as_transformers_reads_them():
     """A gemma2 config.json gives what Gemma2Config and Gemma2ForCausalLM build from it: its defaults for keys left
     out (every other layer local from layer 0, caps of 50 and 30, head_dim 256, a tied head), the one rotary
@@ -636,12 +646,7 @@ def test_gemma2_configs_read_as_transformers_reads_them():
     from transformers.models.gemma2.modeling_gemma2 import Gemma2RotaryEmbedding
 
     theirs, ours = transformers.Gemma2Config(), config_from_hf({"model_type": "gemma2"})
-    assert (ours.vocab_size, ours.hidden_size, ours.intermediate_size, ours.num_layers, ours.num_heads, ours.kv_heads,
-            ours.head_dim, ours.max_positions, ours.layer_norm_eps, ours.query_pre_attn_scalar) == (
-        theirs.vocab_size, theirs.hidden_size, theirs.intermediate_size, theirs.num_hidden_layers,
-        theirs.num_attention_heads, theirs.num_key_value_heads, theirs.head_dim, theirs.max_position_embeddings,
-        theirs.rms_norm_eps, theirs.query_pre_attn_scalar)
-    assert ours.sliding_layers == tuple(i for i, kind in enumerate(theirs.layer_types) if kind == "sliding_attention")
+    assert_gemma_sizes_as(ours, theirs)
     assert ours.sliding_layers == tuple(range(0, 26, 2)) and ours.sliding_window == theirs.sliding_window == 4096
     assert (ours.attention_logit_cap, ours.final_logit_cap) == (
         theirs.attn_logit_softcapping, theirs.final_logit_softcapping) == (50.0, 30.0)

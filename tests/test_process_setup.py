@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -167,6 +168,16 @@ def test_compilation_cache_under_the_docscore_cache_dir_serves_a_second_process(
 
 
 @pytest.mark.integration
+def filled_cache(tmp_path) -> tuple[dict, Path, list[Path]]:
+    """(env, compilation cache, its entries) after CACHE_PROBE ran once with DOCSCORE_CACHE_DIR=tmp_path."""
+    env = clean_env(DOCSCORE_CACHE_DIR=str(tmp_path))
+    run_python(CACHE_PROBE, env)
+    cache = tmp_path / process_setup.COMPILATION_CACHE_SUBDIR
+    entries = sorted(cache.glob("*-cache"))
+    assert entries
+    return env, cache, entries
+
+
 @pytest.mark.parametrize("damage", ["cut_short", "garbage_that_decompresses"])
 def test_an_unreadable_cache_entry_is_written_again_instead_of_compiling_cold_in_every_run(tmp_path, damage):
     """An entry cut short (a full disk, a killed write), or one that decompresses but XLA cannot parse: JAX warns,
@@ -174,11 +185,7 @@ def test_an_unreadable_cache_entry_is_written_again_instead_of_compiling_cold_in
     removes the unreadable entry when JAX warns (saying so), the process writes it again, and the next one loads it."""
     import zstandard
 
-    env = clean_env(DOCSCORE_CACHE_DIR=str(tmp_path))
-    run_python(CACHE_PROBE, env)
-    cache = tmp_path / process_setup.COMPILATION_CACHE_SUBDIR
-    entries = sorted(cache.glob("*-cache"))
-    assert entries
+    env, cache, entries = filled_cache(tmp_path)
     for entry in entries:
         entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2] if damage == "cut_short"
                           else zstandard.ZstdCompressor().compress(b"not an executable"))
@@ -203,11 +210,7 @@ def test_a_damaged_entry_of_a_read_only_cache_is_compiled_not_a_crash(tmp_path):
     Now the entry stays, JAX compiles the program, and the warning does not claim a removal."""
     from tests.test_run_faults import as_an_ordinary_user
 
-    env = clean_env(DOCSCORE_CACHE_DIR=str(tmp_path))
-    run_python(CACHE_PROBE, env)
-    cache = tmp_path / process_setup.COMPILATION_CACHE_SUBDIR
-    entries = sorted(cache.glob("*-cache"))
-    assert entries
+    env, cache, entries = filled_cache(tmp_path)
     for entry in entries:
         entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
         entry.chmod(0o444)
