@@ -55,8 +55,9 @@ def allowed(q_segments: jax.Array | None, kv_segments: jax.Array | None,
 
 
 def soft_capped(scores: jax.Array, cap: float) -> jax.Array:
-    """tanh(scores / cap) * cap: scaled scores squashed into (-cap, cap), as Gemma 2 caps its attention logits before
-    the mask and the softmax (xla and blockwise; the float64 reference writes it out for itself)."""
+    """tanh(scores / cap) * cap: scores squashed into (-cap, cap), as Gemma 2 caps its attention logits before the mask
+    and the softmax (xla and blockwise; the float64 reference writes it out for itself) and its final logits
+    (models/llama.py)."""
     return jnp.tanh(scores / cap) * cap
 
 

@@ -210,18 +210,28 @@ def stack_blocks(model: nnx.Module) -> nnx.Module:
     runs = block_runs([graphdefs.index(graphdef) for graphdef in graphdefs])  # the first equal graphdef's index
     if all(run.count == 1 for run in runs):
         return model
-    entries, start = [], 0
-    for run in runs:
+    entries = []
+    for run, positions in run_members(runs):
         if run.count == 1:
-            entries.append(blocks[start])
+            entries.append(blocks[positions[0][0]])
         else:
-            period = [nnx.merge(graphdefs[start + position], jax.tree.map(lambda *leaves: jnp.stack(leaves), *(
-                parts[start + repeat * run.period + position][1] for repeat in range(run.count))))
-                for position in range(run.period)]
+            period = [nnx.merge(graphdefs[indices[0]], jax.tree.map(lambda *leaves: jnp.stack(leaves),
+                                                                   *(parts[index][1] for index in indices)))
+                      for indices in positions]
             entries.append(StackedBlocks(period[0] if run.period == 1 else nnx.List(period)))
-        start += run.blocks
     model.layers = entries[0] if len(entries) == 1 else nnx.List(entries)
     return model
+
+
+def run_members(runs: Sequence[Run]) -> list[tuple[Run, list[list[int]]]]:
+    """Each run with the blocks it holds: for each position of its period, that position's block index in each
+    repeat, in order (a block alone: [[its index]]). The one place block indices are laid out by runs."""
+    members, start = [], 0
+    for run in runs:
+        members.append((run, [[start + repeat * run.period + position for repeat in range(run.count)]
+                              for position in range(run.period)]))
+        start += run.blocks
+    return members
 
 
 def is_stacked(blocks: nnx.Module) -> bool:
@@ -265,15 +275,13 @@ def stack_params(params: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]
     if runs is None:
         return params
     blocks = {int(key): block for key, block in params.pop("layers").items()}
-    entries, start = [], 0
-    for run, _ in runs:
+    entries = []
+    for run, positions in run_members([run for run, _ in runs]):
         if run.count == 1:
-            entries.append(blocks.pop(start))
+            entries.append(blocks.pop(positions[0][0]))
         else:
-            period = [stack_trees([blocks.pop(start + repeat * run.period + position) for repeat in range(run.count)])
-                      for position in range(run.period)]
+            period = [stack_trees([blocks.pop(index) for index in indices]) for indices in positions]
             entries.append({STACKED: period[0] if run.period == 1 else dict(enumerate(period))})
-        start += run.blocks
     return {**params, "layers": entries[0] if len(entries) == 1 else dict(enumerate(entries))}
 
 
@@ -298,11 +306,13 @@ def unstack_params(params: dict[str, Any]) -> dict[str, Any]:
     runs = stacked_runs(params["layers"])
     if runs is None:
         return params
-    blocks = []
-    for run, entry in runs:
+    blocks = {}
+    for (run, positions), (_, entry) in zip(run_members([run for run, _ in runs]), runs):
         if run.count == 1:
-            blocks.append(entry)
+            blocks[positions[0][0]] = entry
             continue
         period = [entry[STACKED][position] for position in range(run.period)] if run.period > 1 else [entry[STACKED]]
-        blocks += [jax.tree.map(lambda leaf: leaf[repeat], block) for repeat in range(run.count) for block in period]
-    return {**params, "layers": dict(enumerate(blocks))}
+        for block, indices in zip(period, positions):
+            for repeat, index in enumerate(indices):
+                blocks[index] = jax.tree.map(lambda leaf: leaf[repeat], block)
+    return {**params, "layers": dict(sorted(blocks.items()))}

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from kernels import attention
+from kernels.masking import soft_capped
 from models.config import ModelConfig, Rope
 from models.layers import ACTIVATIONS, COMPUTE_DTYPES, embedding_dense, positions_in_segments, run_blocks
 
@@ -191,5 +192,5 @@ class LlamaDecoder(nnx.Module):
             logits = jnp.einsum("bld,vd->blv", hidden.astype(self.compute_dtype), table,
                                 preferred_element_type=jnp.float32)
         if self.final_logit_cap:
-            logits = jnp.tanh(logits.astype(jnp.float32) / self.final_logit_cap) * self.final_logit_cap
+            logits = soft_capped(logits.astype(jnp.float32), self.final_logit_cap)
         return logits

@@ -476,11 +476,10 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
     counts = summary["counts"]
     if not counts["records"]:
         return None
-    shards = _shards_lost(counts) if max_fraction < 1 else 0
-    lost = (f"{shards} shard{'s' if shards > 1 else ''} could not be read to the end{_named(counts, shards)} (the "
-            "errors table's rows without a record_index say why: a corrupt or truncated file, one that cannot be "
-            "opened, an ambiguous column); records it did not give are in neither table, so the error fraction "
-            "undercounts them") if shards else ""
+    shards = _shards_not_read(counts) if max_fraction < 1 else ""
+    lost = (f"{shards} (the errors table's rows without a record_index say why: a corrupt or truncated file, one "
+            "that cannot be opened, an ambiguous column); records it did not give are in neither table, so the error "
+            "fraction undercounts them") if shards else ""
     published = "the tables and summary are published"
     fraction = error_fraction(counts["records"], counts["errors"])
     if fraction > max_fraction:
@@ -501,22 +500,22 @@ def error_fraction_failure(summary: dict[str, Any], max_fraction: float) -> str 
     return None
 
 
-def _shards_lost(counts: dict[str, Any]) -> int:
-    """How many shards were not read to their end: counts.shard_errors counts rows, and one shard may give two (a
-    .gz cut while the run read it: shard_changed and corrupt_file), so where the summary names every such shard
-    (fewer than SHARD_SOURCES_KEPT) the names are counted; else the rows, all a summary without names has."""
+def _shards_not_read(counts: dict[str, Any]) -> str:
+    """"N shards could not be read to the end: a, b, c and K more", or "" when none. counts.shard_errors counts rows,
+    and one shard may give two (a .gz cut while the run read it: shard_changed and corrupt_file), so where the summary
+    names every such shard (fewer than SHARD_SOURCES_KEPT) the names are counted; where it names the first
+    SHARD_SOURCES_KEPT the count is a lower bound; a summary older than the names has only the rows."""
     rows, named = counts.get("shard_errors") or 0, counts.get("shard_error_sources") or []
-    return len(named) if rows and 0 < len(named) < SHARD_SOURCES_KEPT else rows
-
-
-def _named(counts: dict[str, Any], shards: int) -> str:
-    """": a, b and 3 more": the shards the summary names (counts.shard_error_sources, the first few in path order;
-    a summary older than that field names none) for the gate's message."""
-    sources = (counts.get("shard_error_sources") or [])[:3]
-    if not sources:
+    if not rows:
         return ""
-    more = f" and {shards - len(sources)} more" if shards > len(sources) else ""
-    return f": {', '.join(sources)}{more}"
+    if named and len(named) >= SHARD_SOURCES_KEPT:
+        shards, more = f"{len(named)} or more shards ({rows} whole-shard error rows)", " and more"
+    else:
+        count = len(named) or rows
+        shards = f"{count} shard{'s' if count > 1 else ''}"
+        more = f" and {count - 3} more" if len(named) > 3 else ""
+    listed = f": {', '.join(named[:3])}{more}" if named else ""
+    return f"{shards} could not be read to the end{listed}"
 
 
 def _shown(value: float | None, spec: str) -> str:

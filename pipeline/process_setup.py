@@ -350,11 +350,13 @@ def watch_unreadable_cache_entries() -> None:
 
             directory = jax.config.jax_compilation_cache_dir
             program = text[len(UNREADABLE_ENTRY_WARNING):].split("'", 1)[0]
-            removed = [] if not directory or "://" in directory else unreadable_cache_entries(directory, program, remove=True)
-            if not removed and directory and "://" not in directory:
-                # every entry decompresses, yet one does not load (XLA cannot parse it): it cannot be told from the
-                # program's others, so all of them go, and this run and the next write them again
-                removed = unreadable_cache_entries(directory, program, remove=True, whole_program=True)
+            removed = []
+            if directory and "://" not in directory:
+                # those that do not decompress; if every one does, yet one does not load (XLA cannot parse it), it
+                # cannot be told from the program's others, so all of them go, and this run and the next write them again
+                unreadable = (unreadable_cache_entries(directory, program)
+                              or unreadable_cache_entries(directory, program, whole_program=True))
+                removed = removed_cache_entries(unreadable)
             if removed:
                 message = (f"{text} (docscore removed the unreadable {', '.join(os.path.basename(p) for p in removed)} "
                            "from the cache, so this run writes the program again)")
@@ -363,12 +365,10 @@ def watch_unreadable_cache_entries() -> None:
     warnings.showwarning = showwarning
 
 
-def unreadable_cache_entries(directory: str, program: str, remove: bool = False,
-                             whole_program: bool = False) -> list[str]:
+def unreadable_cache_entries(directory: str, program: str, whole_program: bool = False) -> list[str]:
     """The entries of `program` (a program name, or one entry's key) in the local compilation cache `directory` that
     neither zstandard nor zlib can decompress, the two codecs JAX writes them with (every entry of it with
-    `whole_program`); removed (with their access-time files) when `remove`, and then only those removed are returned:
-    a cache this process cannot write (a read-only one, which a run still reads) keeps them, and JAX compiles anyway."""
+    `whole_program`)."""
     import glob
 
     try:
@@ -383,19 +383,26 @@ def unreadable_cache_entries(directory: str, program: str, remove: bool = False,
                 data = f.read()
         except OSError:
             continue
-        if not whole_program and _decompresses(data, zstandard):
-            continue
-        if remove:
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
-            except OSError:  # not ours to remove: raised from JAX's warning it would fail the compile it warns of
-                continue
-            with contextlib.suppress(OSError):
-                os.remove(path[: -len("-cache")] + "-atime")
-        found.append(path)
+        if whole_program or not _decompresses(data, zstandard):
+            found.append(path)
     return found
+
+
+def removed_cache_entries(paths: list[str]) -> list[str]:
+    """Of these cache entries, those removed (each with its access-time file): one this process may not remove (a
+    read-only cache, which a run still reads) stays, and JAX compiles its program anyway."""
+    removed = []
+    for path in paths:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError:  # raised from inside JAX's warning, it would fail the compile the warning is about
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(path[: -len("-cache")] + "-atime")
+        removed.append(path)
+    return removed
 
 
 def _decompresses(data: bytes, zstandard) -> bool:

@@ -142,6 +142,11 @@ def test_the_error_gate_names_the_first_shards_not_read_and_counts_the_rest():
     older = _counts(20, 1, shard_errors=1)
     del older["counts"]["shard_error_sources"]
     assert "1 shard could not be read to the end (" in launch.error_fraction_failure(older, 0.5)
+    # past the names the summary keeps, the rows (two for a .gz cut while read) give no shard count: a lower bound
+    many = [f"gs://b/in/part-{i:02d}.jsonl.gz" for i in range(10)]
+    capped = launch.error_fraction_failure(_counts(100, 24, shard_errors=24, sources=many), 0.5)
+    assert ("10 or more shards (24 whole-shard error rows) could not be read to the end: gs://b/in/part-00.jsonl.gz, "
+            "gs://b/in/part-01.jsonl.gz, gs://b/in/part-02.jsonl.gz and more (") in capped, capped
 
 
 def test_an_error_fraction_past_the_limit_and_a_lost_shard_are_both_named():
