@@ -3,8 +3,9 @@ adapted to the contract.
 
 The kernel (jax.experimental.pallas.ops.tpu.splash_attention) takes one example at a time, heads first
 ([heads, len, head_dim]), grouped-query natively (k and v keep their kv heads: nothing is repeated),
-segment ids masked inside the kernel, and a static mask (causal or full) from which it precomputes which
-blocks hold any allowed pair: blocks above the causal diagonal are neither fetched nor computed. It has
+segment ids masked inside the kernel, and a static mask (causal, full, or a local window: its LocalMask) from which
+it precomputes which blocks hold any allowed pair: blocks above the causal diagonal, or wholly outside the window,
+are neither fetched nor computed. It has
 no scale argument, so queries are scaled before the call. This adapter transposes BTNH <-> BNTH, pads
 lengths to a multiple of 128 (padding gets segment 0), vmaps the kernel over the batch, and zeroes
 padding rows (the kernel lets padding tokens attend to each other). An attention-logit soft cap is the kernel's own
@@ -27,7 +28,8 @@ BACKENDS = ("tpu",)
 DTYPES = ("float32", "bfloat16")
 LIMITS = ("TPU only; float32 or bfloat16; any length (padded to a multiple of "
           f"{LENGTH_MULTIPLE}); grouped-query without repeating kv heads; packed segment_ids masked "
-          "inside the kernel; causal blocks above the diagonal skipped; attention-logit soft cap; forward only")
+          "inside the kernel; causal blocks above the diagonal skipped; local (sliding-window) attention, causal "
+          "or both ways, blocks outside the window skipped; attention-logit soft cap; forward only")
 
 
 def is_supported(*, dtype: str | None = None, **_) -> tuple[bool, str]:
@@ -46,16 +48,26 @@ def _splash():
     return ops_module(OPS_MODULE)
 
 
+def static_mask(splash, shape: tuple[int, int], causal: bool, window: int | None):
+    """The kernel's mask for one head: causal (top-left aligned, as the contract's) or full, or with a local
+    `window` (|i - j| < window, kernels/masking.py window_mask) splash's LocalMask, whose window_size (left, right)
+    keeps q - left <= kv <= q + right, both ends inclusive: window - 1 keys before the query, and after it none
+    (causal: LocalMask's right side 0 is the causal mask itself) or window - 1."""
+    if window:
+        reach = window - 1
+        return splash.LocalMask(shape=shape, window_size=(reach, 0 if causal else reach), offset=0)
+    return splash.CausalMask(shape=shape) if causal else splash.FullMask(shape)
+
+
 def make_kernel(heads: int, q_pad: int, kv_pad: int, causal: bool, *, block_q: int | None = None,
-                block_kv: int | None = None, soft_cap: float | None = None):
-    """The splash kernel (a SplashAttentionKernel) for one example of [heads, q_pad, D] queries: a causal
-    (top-left aligned, as the contract's) or full mask for every head, forward blocks only, scores capped at
-    soft_cap (None: not capped). Built at trace time from static shapes."""
+                block_kv: int | None = None, soft_cap: float | None = None, window: int | None = None):
+    """The splash kernel (a SplashAttentionKernel) for one example of [heads, q_pad, D] queries: static_mask's
+    mask for every head, forward blocks only, scores capped at soft_cap (None: not capped). Built at trace time
+    from static shapes."""
     splash = _splash()
     bq = block_q or block(q_pad)
     bkv = block_kv or block(kv_pad)
-    shape = (q_pad, kv_pad)
-    mask = splash.CausalMask(shape=shape) if causal else splash.FullMask(shape)
+    mask = static_mask(splash, (q_pad, kv_pad), causal, window)
     blocks = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv)
     return splash.make_splash_mha(mask=splash.MultiHeadMask(masks=(mask,) * heads), block_sizes=blocks,
                                   attn_logits_soft_cap=soft_cap, head_shards=1, q_seq_shards=1)
@@ -65,8 +77,9 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                          segment_ids: jax.Array | None = None, causal: bool = False,
                          scale: float | None = None, block_q: int | None = None,
                          block_kv: int | None = None, batch_loop: bool = False,
-                         soft_cap: float | None = None) -> jax.Array:
-    """Contract attention (BTNH) through jax.experimental.pallas.ops.tpu.splash_attention.
+                         soft_cap: float | None = None, window: int | None = None) -> jax.Array:
+    """Contract attention (BTNH) through jax.experimental.pallas.ops.tpu.splash_attention. window: the contract's
+    local window (|i - j| < window, with causal a sliding window), the kernel's own LocalMask.
 
     The kernel is vmapped over the batch (one pallas_call whose grid gains a batch dimension, as MaxText
     calls it). batch_loop=True runs it one example at a time (jax.lax.map) instead: for running inside
@@ -84,7 +97,8 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     if segment_ids is not None or q_pad != q_len or kv_pad != kv_len:  # keep real queries off the padded keys
         segments = splash.SegmentIds(*padded_segment_ids(segment_ids, batch, q_len, kv_len))
 
-    kernel = make_kernel(heads, q_pad, kv_pad, causal, block_q=block_q, block_kv=block_kv, soft_cap=soft_cap)
+    kernel = make_kernel(heads, q_pad, kv_pad, causal, block_q=block_q, block_kv=block_kv, soft_cap=soft_cap,
+                         window=window)
     if segments is None:
         one = lambda args: kernel(*args)
         args = (qt, kt, vt)
@@ -99,4 +113,4 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
                                 is_supported=is_supported, call=splash_tpu_attention, custom_call=True,
-                                logit_soft_cap=True, score_block=(0, 0))
+                                local_window=True, logit_soft_cap=True, score_block=(0, 0))
