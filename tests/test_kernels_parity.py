@@ -62,20 +62,25 @@ def make_inputs(seed: int, batch: int, q_len: int, kv_len: int, kv_heads: int, h
 def check_against_reference(call, *, length: int, kv_heads: int, causal: bool, segments: bool,
                             dtype: str = "float32", head_dim: int = 32, kv_len: int | None = None,
                             scale: float | None = None, seed: int = 0,
-                            rows=segment_rows, soft_cap: float | None = None) -> None:
+                            rows=segment_rows, soft_cap: float | None = None, window: int | None = None) -> None:
     kv_len = length if kv_len is None else kv_len
     seg = rows(length) if segments else None
     batch = 2 if seg is None else len(seg)
     q, k, v = make_inputs(seed, batch, length, kv_len, kv_heads, head_dim, dtype)
     seg_arg = None if seg is None else jnp.asarray(seg)
     capped = {} if soft_cap is None else {"soft_cap": soft_cap}  # only kernels that take a cap are given one
+    if window is not None:  # likewise a local window
+        capped["window"] = window
     out = jax.jit(lambda q, k, v, s: call(q, k, v, segment_ids=s, causal=causal, scale=scale, **capped))(
         q, k, v, seg_arg)
     assert out.shape == q.shape and out.dtype == q.dtype
     out = np.asarray(out.astype(jnp.float32), np.float64)
     # the reference sees exactly the (possibly bf16-rounded) inputs the kernel saw
     inputs = [np.asarray(x.astype(jnp.float32)) for x in (q, k, v)]
-    ref = reference_attention(*inputs, segment_ids=seg, causal=causal, scale=scale, soft_cap=soft_cap)
+    ref = reference_attention(*inputs, segment_ids=seg, causal=causal, scale=scale, soft_cap=soft_cap, window=window)
+    if window is not None:  # the window hid keys: a kernel that ignored it would fail below
+        assert np.abs(ref - reference_attention(*inputs, segment_ids=seg, causal=causal, scale=scale,
+                                                soft_cap=soft_cap)).max() > 0.05
     if soft_cap is not None:  # the cap changed what was computed: a kernel that ignored it would fail below
         assert np.abs(ref - reference_attention(*inputs, segment_ids=seg, causal=causal, scale=scale)).max() > 0.05
     assert not np.isnan(out).any()
@@ -367,15 +372,17 @@ def test_splash_tpu_takes_grouped_query_without_repeating_kv_heads():
     assert (2, 2, 256, 64) not in legacy_shapes[0] and sum(s == (2, 12, 256, 64) for s in legacy_shapes[0]) == 3
 
 
-@pytest.mark.parametrize("causal,segments,soft_cap", [(True, True, None), (False, False, None), (True, True, 50.0)])
-def test_splash_tpu_lowers_for_tpu(causal, segments, soft_cap):
+@pytest.mark.parametrize("causal,segments,soft_cap,window", [(True, True, None, None), (False, False, None, None),
+                                                            (True, True, 50.0, None), (False, True, None, 17)])
+def test_splash_tpu_lowers_for_tpu(causal, segments, soft_cap, window):
     """The vmapped kernel (what runs on a TPU) lowers for the TPU backend from this CPU machine: one Mosaic
     kernel for the whole batch (the batch is a grid dimension), head_dim 32, a ragged length; Gemma 2's soft cap
-    inside that one kernel."""
+    and a local window inside that one kernel."""
     q = jax.ShapeDtypeStruct((4, 300, 12, 32), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((4, 300, 4, 32), jnp.bfloat16)
     seg = jax.ShapeDtypeStruct((4, 300), jnp.int32) if segments else None
-    call = lambda q, k, v, s: splash_tpu_attention(q, k, v, segment_ids=s, causal=causal, soft_cap=soft_cap)
+    call = lambda q, k, v, s: splash_tpu_attention(q, k, v, segment_ids=s, causal=causal, soft_cap=soft_cap,
+                                                   window=window)
     text = jax.jit(call).trace(q, k, k, seg).lower(lowering_platforms=("tpu",)).as_text()
     assert text.count("tpu_custom_call") == 1
 
@@ -456,6 +463,48 @@ def test_splash_tpu_soft_cap_interpreted(length, kv_heads, causal, segments, dty
     before the call, as the contract's (scale, then cap)."""
     check_against_reference(splash_interpreted, length=length, kv_heads=kv_heads, causal=causal, segments=segments,
                             dtype=dtype, scale=1.0, soft_cap=2.0, seed=length + 2)
+
+
+# splash_tpu's local window (its LocalMask) against the float64 reference's window_mask, in TPU interpret mode: a
+# decoder's sliding window (causal) and an encoder's both ways, over packed segments with padding (segment_rows) and
+# over lengths padded to 128 without segment ids; windows that divide neither the length nor the 128-token blocks, so
+# some blocks are partly in the window and (300 -> 384, three blocks) one lies wholly outside it and is skipped.
+SPLASH_WINDOW_CASES = [  # (length, window, causal, segments)
+    (300, 40, True, True),
+    (129, 17, False, True),
+    (200, 33, True, False),
+    (7, 1, False, True),
+]
+
+
+@pytest.mark.parametrize("length,window,causal,segments", SPLASH_WINDOW_CASES)
+def test_splash_tpu_local_window_interpreted(length, window, causal, segments):
+    check_against_reference(splash_interpreted, length=length, kv_heads=4, causal=causal, segments=segments,
+                            window=window, seed=length + window)
+
+
+def test_splash_tpu_skips_blocks_outside_the_window():
+    """Window block skipping, seen through its effect: with a sliding window of 40, the queries of block 2 (rows
+    256..383) see keys from 217 on, so NaN values in block 0 (tokens 0..127) are never read for them and they match
+    the reference; the earlier rows, whose blocks hold in-window pairs with block 0, do read it."""
+    q, k, v = make_inputs(9, 1, 384, 384, 4, 32, "float32")
+    poisoned = v.at[:, :128].set(jnp.nan)
+    out = np.asarray(jax.jit(lambda q, k, v: splash_interpreted(q, k, v, causal=True, scale=None, window=40))(
+        q, k, poisoned))
+    assert not np.isnan(out[:, 256:]).any()
+    assert np.isnan(out[:, :128]).all()
+    ref = reference_attention(*(np.asarray(x) for x in (q, k, v)), causal=True, window=40)
+    assert np.abs(out[:, 256:] - ref[:, 256:]).max() <= TOLERANCE["float32"]
+
+
+def test_every_kernel_that_takes_a_local_window_has_window_parity_cases_here():
+    """A kernel that says it takes a local window (Implementation.local_window) meets the reference with one here: the
+    CPU kernels through test_local_window_matches_reference_with_packing_and_grouped_query, any other through a
+    local-window test named for it."""
+    windowed = {name for name, impl in table.IMPLEMENTATIONS.items() if impl.local_window}
+    named = {name for name in windowed if any(name in test and "local_window" in test for test in globals())}
+    assert windowed - set(CPU_KERNELS) - named == set()
+    assert windowed == {"xla", "blockwise", "splash_tpu"}
 
 
 def test_every_kernel_that_takes_a_soft_cap_has_capped_parity_cases_here():
