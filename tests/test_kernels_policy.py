@@ -233,7 +233,7 @@ def test_available_lists_every_kernel_with_backends_and_limits():
     assert all(entry["limits"] for entry in listing.values())
     assert kernels.SHAPE_KEYS == ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
                                   "causal", "has_segments", "packed", "window", "soft_cap")
-    assert {name for name, entry in listing.items() if entry["local_window"]} == {"xla", "blockwise"}
+    assert {name for name, entry in listing.items() if entry["local_window"]} == {"xla", "blockwise", "splash_tpu"}
     assert {name for name, entry in listing.items() if entry["logit_soft_cap"]} == {"xla", "blockwise", "splash_tpu"}
 
 
@@ -273,17 +273,18 @@ def test_a_soft_cap_is_refused_by_kernels_without_one_before_any_data(backend):
             resolve("auto", backend, soft_cap=bad)
 
 
-@pytest.mark.parametrize("backend", ["gpu", "tpu"])
-def test_a_window_as_long_as_the_rows_masks_nothing_so_kernels_without_one_run_it(backend):
+@pytest.mark.parametrize("backend,choice", [("gpu", "flash"), ("tpu", "pallas_tpu")])
+def test_a_window_as_long_as_the_rows_masks_nothing_so_kernels_without_one_run_it(backend, choice):
     """A sliding-window model converted at its window (docscore convert's default) never runs a row longer than the
-    window, so the window hides no key: flash on GPU/TPU, whose kernels have no local window, runs it. A window
-    shorter than the rows is still refused there, and CPU's kernels give the same output with or without it."""
+    window, so the window hides no key: kernels without a local window (flash on GPU, the legacy pallas_tpu) run it.
+    A window shorter than the rows is still refused there, and CPU's kernels give the same output with or without
+    it."""
     info = dict(heads=4, kv_heads=2, head_dim=64, dtype="bfloat16", causal=True, has_segments=True,
                 q_len=1024, kv_len=1024)
-    plain = resolve("flash", backend, **info)
-    assert resolve("flash", backend, **info, window=1024) == resolve("flash", backend, **info, window=4096) == plain
+    plain = resolve(choice, backend, **info)
+    assert resolve(choice, backend, **info, window=1024) == resolve(choice, backend, **info, window=4096) == plain
     with pytest.raises(KernelUnsupportedError, match="sliding-window"):
-        resolve("flash", backend, **info, window=1023)
+        resolve(choice, backend, **info, window=1023)
     q = jax.random.normal(jax.random.key(0), (2, 48, 4, 16), jnp.float32)
     segments = jnp.asarray([[1] * 30 + [2] * 18, [1] * 40 + [0] * 8], jnp.int32)
     for name in ("xla", "blockwise"):  # the kernels themselves, given the window attention() drops
@@ -298,11 +299,14 @@ def test_a_window_as_long_as_the_rows_masks_nothing_so_kernels_without_one_run_i
 def test_an_encoders_local_window_is_refused_by_kernels_without_one_before_any_data(backend):
     """ModernBERT's local layers (a window without causal, |i - j| < window): shape info alone (what validation has
     before data is read) refuses every kernel without a local window by name and reason, auto passes them for xla
-    (or blockwise past xla's length), and a window as long as the rows is dropped as a decoder's is."""
+    (or blockwise past xla's length; splash_tpu, which has one, on TPU), and a window as long as the rows is dropped
+    as a decoder's is."""
     info = dict(heads=12, kv_heads=12, head_dim=64, dtype="bfloat16", causal=False, has_segments=True,
                 q_len=1024, kv_len=1024)
-    assert resolve("auto", backend, **info, window=65) == "xla"
-    assert resolve("auto", backend, **{**info, "q_len": 8192, "kv_len": 8192}, window=65) == "blockwise"
+    tpu = backend == "tpu"
+    assert resolve("auto", backend, **info, window=65) == ("splash_tpu" if tpu else "xla")
+    assert resolve("auto", backend, **{**info, "q_len": 8192, "kv_len": 8192}, window=65) == (
+        "splash_tpu" if tpu else "blockwise")
     assert resolve("native", backend, **info, window=65) == "xla"
     assert resolve("blockwise", backend, **info, window=65) == "blockwise"
     for name in table.IMPLEMENTATIONS:
@@ -320,9 +324,27 @@ def test_an_encoders_local_window_is_refused_by_kernels_without_one_before_any_d
             except KernelUnsupportedError as refusal:
                 outcomes.append(str(refusal))
         assert outcomes[0] == outcomes[1] and "sliding-window" not in outcomes[0]
-    if backend != "cpu":
+    if backend == "gpu":
         with pytest.raises(KernelUnsupportedError, match="--attention=flash .* cannot run on .*sliding-window"):
             resolve("flash", backend, **info, window=65)
+
+
+@pytest.mark.parametrize("causal,window", [(True, 4096), (False, 65)])
+def test_splash_tpu_runs_local_windows_on_tpu(causal, window):
+    """Local layers shorter than their rows (Mistral's 4096-token sliding window in rows of 8192, Gemma 2's with its
+    soft cap; ModernBERT's 64 positions each way): TPU's flash kernel splash_tpu takes them, so flash, auto and the
+    name itself run it there and only the legacy pallas_tpu, without a window, is refused before any data."""
+    info = dict(heads=32, kv_heads=8, head_dim=128, dtype="bfloat16", causal=causal, has_segments=True,
+                q_len=8192, kv_len=8192, window=window)
+    for choice in ("flash", "auto", "splash_tpu"):
+        assert resolve(choice, "tpu", **info) == "splash_tpu"
+        assert resolve(choice, "tpu", **info, soft_cap=50.0) == "splash_tpu"
+    with pytest.raises(KernelUnsupportedError, match="--attention=pallas_tpu cannot run on tpu: it has no local "
+                                                     ".sliding-window. attention"):
+        resolve("pallas_tpu", "tpu", **info)
+    for backend in ("cpu", "gpu"):  # no TPU: refused by the backend, not the window
+        with pytest.raises(KernelUnsupportedError, match="--attention=splash_tpu cannot run on .*: it needs a TPU"):
+            resolve("splash_tpu", backend, **info)
 
 
 @pytest.mark.parametrize("impl,length,expected", [

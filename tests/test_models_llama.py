@@ -391,8 +391,9 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
                    has_segments=True, q_len=4096, kv_len=4096, window=config.sliding_window) in ("xla", "blockwise")
     # Dataflow GPU/TPU workers: converted at its window (docscore convert's default where every layer slides), no
     # row is longer than the window, which then masks nothing, and their flash kernels run it; converted at twice
-    # the window, flash is refused before the job starts, as the workers' loader would refuse it. auto plans (and
-    # records) the kernel the workers will run. The workers read the input and the models from GCS (its emulator).
+    # the window, flash is refused on GPU before the job starts, as the workers' loader would refuse it, and TPU's
+    # splash_tpu runs the window. auto plans (and records) the kernel the workers will run. The workers read the
+    # input and the models from GCS (its emulator).
     fs = gcs.fs()
     fs.pipe(f"{gcs.bucket}/docs.jsonl", b'{"id": "a", "text": "a short text"}\n')
     window_dir, long_dir = tmp_path / "converted-at-the-window", tmp_path / "converted-at-twice-the-window"
@@ -418,6 +419,10 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
             assert plan("auto").kernel == "xla"
         else:
             assert plan("flash").kernel in table.FLASH[backend]
+        if backend == "tpu":  # TPU's flash kernel, splash_tpu, has the local window (and the soft cap) itself
+            twice = gcs.url("twice")
+            assert plan("flash", model=twice).kernel == plan("auto", model=twice).kernel == "splash_tpu"
+            continue
         with pytest.raises(ConfigError, match="--attention=flash .*sliding-window.*the Dataflow workers' accelerator"):
             plan("flash", model=gcs.url("twice"))
         assert plan("auto", model=gcs.url("twice")).kernel == "xla"
@@ -539,7 +544,8 @@ def test_a_long_document_through_the_flash_kernel_matches_native_and_transformer
 def test_the_kernel_is_chosen_for_the_runs_rows_not_the_models_longest(tmp_path, capsys):
     """--max_seq_len shorter than the model was converted at: the kernel is chosen for the rows the run builds.
     auto's xla limit on CPU (kv_len > 1024) judged a 2048-position model's rows at 2048 although the run's are 128,
-    and a Mistral window of 24 that rows of 24 tokens never reach refused TPU/GPU flash naming rows of 640."""
+    and a Mistral window of 24 that rows of 24 tokens never reach refused GPU flash naming rows of 640 (TPU's,
+    splash_tpu, takes the window in either)."""
     from pipeline.validate import resolve_kernel
 
     src = build_hf(tmp_path / "hf", "llama", max_position_embeddings=2048, num_hidden_layers=1)
@@ -554,9 +560,10 @@ def test_the_kernel_is_chosen_for_the_runs_rows_not_the_models_longest(tmp_path,
     window = build_hf(tmp_path / "hf-window", "qwen2-window", num_hidden_layers=3)
     assert convert_main(["--hf", str(window), "--out", str(tmp_path / "w"), "--max_seq_len", "640"]) == 0
     loaded = models.load(str(tmp_path / "w"), attention="native")
+    with pytest.raises(ConfigError, match="window of 24 needs in rows of 640 tokens"):
+        resolve_kernel("flash", "gpu", dtype="bfloat16", loaded=loaded)
+    assert resolve_kernel("flash", "tpu", dtype="bfloat16", loaded=loaded) == "splash_tpu"
     for backend in ("tpu", "gpu"):
-        with pytest.raises(ConfigError, match="window of 24 needs in rows of 640 tokens"):
-            resolve_kernel("flash", backend, dtype="bfloat16", loaded=loaded)
         assert resolve_kernel("flash", backend, dtype="bfloat16", loaded=loaded, max_len=24) in table.FLASH[backend]
 
 
