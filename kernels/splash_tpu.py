@@ -107,6 +107,8 @@ def splash_tpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
         args = (qt, kt, vt, segments.q, segments.kv)
     out = jax.lax.map(one, args) if batch_loop else jax.vmap(one)(args)
     out = out.transpose(0, 2, 1, 3)[:, :q_len]
+    if window and q_len >= kv_len + window - 1:  # queries past the last key's window see no key: the contract's 0
+        out = out.at[:, kv_len + window - 1:].set(0)
     out = zero_padding_rows(out, segment_ids)  # padding tokens attended to each other inside the kernel
     return out.astype(q.dtype)
 

@@ -326,6 +326,14 @@ def test_splash_tpu_cross_lengths_and_scale():
                             segments=False, scale=0.3, seed=301)
 
 
+def test_splash_tpu_cross_lengths_with_a_window():
+    """q_len > kv_len with a local window: queries from kv_len + window - 1 on have no key within the window, and
+    their rows are 0 as the reference's (the kernel itself leaves something there), both ways and causal."""
+    for causal in (True, False):
+        check_against_reference(splash_interpreted, length=140, kv_len=7, kv_heads=4, causal=causal,
+                                segments=False, window=20, seed=141)
+
+
 def test_splash_tpu_skips_causal_blocks_above_the_diagonal():
     """Causal block skipping, seen through its effect: NaN values in the keys' values of block 1 (tokens
     128..255) are never read by the queries of block 0 (rows 0..127), for which the whole block is in the
