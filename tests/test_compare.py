@@ -647,22 +647,24 @@ def test_the_settings_two_runs_recorded_differently_are_named_and_unrecorded_one
     """A drift is read against what changed: settings the summaries record differently are in the report and
     settings_changed; one an older summary did not record is not a change; a changed setting fails no limit."""
     rows = score_rows("a", "embed", 4, embeddings=np.eye(4))
-    model = {"model_id": "m@0123", "dtype": "float32", "prompts": {}, "pooling": "mean"}
+    model = {"model_id": "m@0123", "dtype": "float32", "prompts": {}, "pooling": "mean", "max_seq_len": 256}
     a = write_run(str(tmp_path), "a", rows, run_summary={**summary("a", "embed"), "model": model,
                                                          "config": {"stride": 32, "max_seq_len": None}})
     b = write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows], run_summary={
-        **summary("b", "embed"), "model": {**model, "dtype": "bfloat16", "prompts": {"document": "query: "}},
+        **summary("b", "embed"), "model": {**model, "dtype": "bfloat16", "prompts": {"document": "query: "},
+                                           "max_seq_len": 128},
         "config": {"stride": 32, "max_seq_len": 128}, "kernel": {"resolved": "xla"}})  # A recorded no kernel
     code, result = run_compare(capsys, a, b)
     assert code == 0 and result["settings_changed"] == {
         "model.prompts": {"a": {}, "b": {"document": "query: "}}, "model.dtype": {"a": "float32", "b": "bfloat16"},
-        "config.max_seq_len": {"a": None, "b": 128}}
+        "model.max_seq_len": {"a": 256, "b": 128}}
     assert compare([a, b]) == 0
     report = capsys.readouterr().out
     assert ('settings    model.prompts {} -> {"document": "query: "}; model.dtype "float32" -> "bfloat16"; '
-            "config.max_seq_len null -> 128") in report, report
+            "model.max_seq_len 256 -> 128") in report, report
+    # --max_seq_len 256 given where the model's own length is 256: the same windows, so not a change
     c = write_run(str(tmp_path), "c", [dict(r, run_id="c") for r in rows], run_summary={
-        **summary("c", "embed"), "model": model, "config": {"stride": 32, "max_seq_len": None}})
+        **summary("c", "embed"), "model": model, "config": {"stride": 32, "max_seq_len": 256}})
     assert compare([a, c]) == 0
     assert "settings    no recorded setting differs" in capsys.readouterr().out
 

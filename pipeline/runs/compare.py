@@ -35,7 +35,7 @@ EXIT_OK, EXIT_THRESHOLD, EXIT_USAGE = 0, 1, 2
 # What a run's scores depend on besides its documents (summary.json paths): compare names those that differ, so a
 # drift is read against the change that made it (another model, prompt, dtype, kernel or version), not guessed at.
 SETTINGS = ("model.model_id", "model.pooling", "model.prompts", "model.dtype", "model.matmul_precision",
-            "model.max_seq_len", "config.max_seq_len", "config.stride", "config.max_chunks", "config.text_field",
+            "model.max_seq_len", "config.stride", "config.max_chunks", "config.text_field",
             "config.labels", "config.temperature", "kernel.resolved", "backend.target", "versions.docscore",
             "versions.jax")
 _UNRECORDED = object()
