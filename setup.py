@@ -40,6 +40,7 @@ QUERY = ["duckdb==2.0.1", "pandas==3.1.1"]
 # torch==2.13.0 (a CPU build); the Makefile does that, see README.
 TEST = [
     "pytest==9.2.0",
+    "pytest-xdist==3.8.0",  # `make test` runs the suite on two worker processes
     "torch==2.13.0",
     "transformers==5.24.0",
     "sentence-transformers==6.3.0",

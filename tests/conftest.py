@@ -33,9 +33,9 @@ from pipeline.process_setup import MALLOPT_VALUES, ONE_ARENA, apply_mallopt  # n
 apply_mallopt(tuple(name for name in MALLOPT_VALUES if name != ONE_ARENA))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _remove_own_jax_cache():
-    yield
+def pytest_unconfigure(config):
+    # Under pytest-xdist the controller made the cache and its workers inherited it (their _OWN_JAX_CACHE is None):
+    # the controller removes it once every worker has finished.
     if _OWN_JAX_CACHE:
         shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
 
