@@ -60,6 +60,7 @@ def test_a_sparse_summary_gives_nulls_and_no_run_id_is_refused():
     row = history.history_row({"run_id": "old", "counts": {"records": 0, "scored": 0, "errors": 0}})
     assert row["error_rate"] is None and row["started_at"] is None and row["task_metrics"] is None
     assert row["command_wall_s"] is row["device_busy_fraction"] is row["compile_cold_count"] is row["batch_size"] is None
+    assert row["pooling"] is row["max_seq_len"] is row["document_prompt"] is None
     with pytest.raises(ValueError, match="no run_id"):
         history.history_row({"counts": {}})
 
@@ -77,8 +78,11 @@ def test_the_optional_sections_fill_their_columns():
         "device": {"busy_s": 40.0, "busy_processes": 1, "busy_fraction": 0.4, "host_us_per_doc": 6.0e6},
         "compile": {"count": 3, "time_ms": 1500, "cold_count": 2, "cached_count": 1},
         "command_wall_s": 130.0, "batching": {"batch_size": 16},
+        "model": {"pooling": "cls", "max_seq_len": 128, "matmul_precision": "highest", "prompts": {"query": "q: "}},
     }
     row = history.history_row(summary)
+    assert (row["pooling"], row["max_seq_len"], row["matmul_precision"]) == ("cls", 128, "highest")
+    assert (row["document_prompt"], row["query_prompt"]) == (None, "q: ")
     assert row["backend"] == "cpu,gpu"
     assert (row["shadow_attention_impl"], row["shadow_documents"], row["shadow_passed"]) == ("blockwise", 6, True)
     assert (row["shadow_output_max_abs_diff"], row["shadow_score_max_abs_diff"]) == (0.001, 0.0005)

@@ -189,6 +189,8 @@ def test_history_row_agrees_with_the_tables(finished_run):
     scores, errors = _scores(output), _errors(output)
     assert (row["run_id"], row["task"], row["attention_impl"]) == ("r1", "classify", "xla")
     assert row["runner"] == "DirectRunner"  # no --runner: Beam's default, named
+    assert (row["pooling"], row["max_seq_len"], row["matmul_precision"]) == ("mean", 32, "highest")  # --max_seq_len 32, f32
+    assert row["document_prompt"] is row["query_prompt"] is None
     assert row["model_fingerprint"] == summary["model"]["fingerprint"] and len(row["model_fingerprint"]) == 64
     assert (row["input_records"], row["scored"], row["errors"]) == (len(DOCS) + len(BAD_LINES), len(scores), len(errors))
     assert row["error_rate"] == pytest.approx(len(errors) / (len(scores) + len(errors)))

@@ -76,6 +76,14 @@ RUN_COST_COLUMNS = {  # what the run cost besides its throughput (#24): null whe
     "batch_size": ("batching.batch_size", pa.int64()),  # rows a model call
 }
 
+SETTINGS_COLUMNS = {  # what else shapes the outputs beside model and dtype (compare's settings): a drift over time
+    "pooling": ("model.pooling", pa.string()),  # mean | cls | lasttoken; null for a per-token task
+    "max_seq_len": ("model.max_seq_len", pa.int64()),  # tokens per window as run, the flag or the model's
+    "matmul_precision": ("model.matmul_precision", pa.string()),
+    "document_prompt": ("model.prompts.document", pa.string()),  # null: no prompt before the documents
+    "query_prompt": ("model.prompts.query", pa.string()),
+}
+
 HISTORY_SCHEMA = pa.schema(
     [
         pa.field("run_id", pa.string(), nullable=False),
@@ -92,6 +100,7 @@ HISTORY_SCHEMA = pa.schema(
         pa.field("attention", pa.string()),  # as requested: auto | native | flash | IMPL
         pa.field("attention_impl", pa.string()),  # as resolved: xla | blockwise | ...
         pa.field("dtype", pa.string()),
+        *[pa.field(name, type_) for name, (_, type_) in SETTINGS_COLUMNS.items()],
         pa.field("input_records", pa.int64()),
         pa.field("scored", pa.int64()),
         pa.field("errors", pa.int64()),
@@ -159,8 +168,8 @@ def history_row(summary: dict[str, Any]) -> dict[str, Any]:
     }
     for name, (path, _) in (SHADOW_COLUMNS | GATE_COLUMNS).items():
         row[name] = summary_value(summary, path)
-    for name, (path, type_) in RUN_COST_COLUMNS.items():
-        row[name] = (_int if type_ == pa.int64() else _float)(summary_value(summary, path))
+    for name, (path, type_) in (SETTINGS_COLUMNS | RUN_COST_COLUMNS).items():
+        row[name] = _AS_TYPE[type_](summary_value(summary, path))
     for stage in STAGES:
         stats = stage_stats(summary, stage)
         for stat in ("p50", "p95"):
@@ -208,3 +217,6 @@ def _int(value: Any) -> int | None:
 
 def _str(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+_AS_TYPE = {pa.int64(): _int, pa.float64(): _float, pa.string(): _str}
