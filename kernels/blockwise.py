@@ -5,7 +5,8 @@ Online softmax over key/value blocks inside a loop over query blocks: never mate
 back; skips blocks with nothing to attend to (causal upper triangle, outside a local window, padding,
 other segments); grouped-query by reshaping q, never repeating K/V. A length that fits one block runs that block
 without a loop (it compiles faster), and keys that fit one block take one plain softmax
-step instead of the online update. Must not branch in Python on traced values.
+step instead of the online update. A relative position bias is gathered per block ([heads, block_q, block_k], as
+the block's scores), so it too never holds [q_len, kv_len]. Must not branch in Python on traced values.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernels.interface import Implementation
-from kernels.masking import MASKED_SCORE, causal_mask, segment_mask, soft_capped, window_mask
+from kernels.masking import MASKED_SCORE, causal_mask, relative_bias_scores, segment_mask, soft_capped, window_mask
 
 NAME = "blockwise"
 BACKENDS = ("cpu", "gpu", "tpu")
@@ -43,9 +44,11 @@ def _pad(x: jax.Array, axis: int, size: int) -> jax.Array:
 def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                         segment_ids: jax.Array | None = None, causal: bool = False,
                         scale: float | None = None, window: int | None = None, block_q: int = BLOCK_Q,
-                        block_k: int = BLOCK_K, soft_cap: float | None = None) -> jax.Array:
+                        block_k: int = BLOCK_K, soft_cap: float | None = None,
+                        relative_bias: jax.Array | None = None) -> jax.Array:
     """Contract attention (BTNH) computed block by block with an online softmax; with soft_cap each block's scaled
-    scores are capped, tanh(scores / soft_cap) * soft_cap, before its mask."""
+    scores are capped, tanh(scores / soft_cap) * soft_cap, and with relative_bias [heads, q_len + kv_len - 1] its
+    entries at the block's offsets added to them, before its mask (the contract takes one or the other)."""
     batch, q_len, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
     groups = heads // kv_heads
@@ -77,16 +80,26 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
             mask &= window_mask(q_positions, kv_positions, window)[None]
         return mask
 
+    bias = None if relative_bias is None else relative_bias.astype(jnp.float32)
+
+    def bias_at(q_index, kv_index):
+        """What _block_scores gathers a block's relative bias from (None without one): inside lax.cond, so a block
+        skipped for having nothing to attend to gathers none."""
+        if bias is None:
+            return None
+        return bias, q_index * bq + jnp.arange(bq), kv_index * bk + jnp.arange(bk), q_len
+
     def one_q_block(args):
         q_index, q_blk, q_seg_blk = args
         if nk == 1:  # static: all keys fit one block, so one plain softmax step; no running max, no scan
-            return _single_block(q_blk, kb[0], vb[0], kv_mask(q_index, q_seg_blk, 0, kv_seg[0]), scale, soft_cap)
+            return _single_block(q_blk, kb[0], vb[0], kv_mask(q_index, q_seg_blk, 0, kv_seg[0]), scale, soft_cap,
+                                 bias_at(q_index, 0))
 
         def one_kv_block(carry, kv_args):
             kv_index, k_blk, v_blk, kv_seg_blk = kv_args
             mask = kv_mask(q_index, q_seg_blk, kv_index, kv_seg_blk)
             return lax.cond(jnp.any(mask), _update, lambda c, *_: c,
-                            carry, q_blk, k_blk, v_blk, mask, scale, soft_cap), None
+                            carry, q_blk, k_blk, v_blk, mask, scale, soft_cap, bias_at(q_index, kv_index)), None
 
         init = (jnp.full((batch, kv_heads, groups, bq), -jnp.inf, jnp.float32),
                 jnp.zeros((batch, kv_heads, groups, bq), jnp.float32),
@@ -102,22 +115,26 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     return out[:, :q_len].astype(q.dtype)
 
 
-def _block_scores(q_blk, k_blk, mask, scale, fill, soft_cap):
-    """Scaled (and, with soft_cap, capped) q.k scores of one block in float32 (as xla computes them), `fill` where
-    mask is False."""
+def _block_scores(q_blk, k_blk, mask, scale, fill, soft_cap, bias_at=None):
+    """Scaled (and, with soft_cap, capped; with bias_at, its relative bias added) q.k scores of one block in float32
+    (as xla computes them), `fill` where mask is False. bias_at: (the [heads, q_len + kv_len - 1] bias, the block's
+    query and key positions, q_len)."""
     scores = jnp.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
     if soft_cap is not None:
         scores = soft_capped(scores, soft_cap)
+    if bias_at is not None:
+        bias = relative_bias_scores(*bias_at)  # [heads, bq, bk]; the block's padded positions read an end, masked
+        scores = scores + bias.reshape(*scores.shape[1:3], *bias.shape[1:])[None]
     return jnp.where(mask, scores, fill)
 
 
-def _single_block(q_blk, k_blk, v_blk, mask, scale, soft_cap):
+def _single_block(q_blk, k_blk, v_blk, mask, scale, soft_cap, bias_at=None):
     """All keys in one block: the online softmax's first step without its rescaling, normalised after the
     weighted sum (as every block is). A finite fill keeps one fused pass over the scores; rows with nothing
     to attend to (padding) are zeroed at the end. It makes flash as fast as native inside the whole model at the
     pipeline's row shapes (benchmarks/kernel_in_model.py)."""
     mask = mask[:, None, None]  # [B, 1, 1, bq, bk]
-    scores = _block_scores(q_blk, k_blk, mask, scale, MASKED_SCORE, soft_cap)
+    scores = _block_scores(q_blk, k_blk, mask, scale, MASKED_SCORE, soft_cap, bias_at)
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     total = jnp.sum(weights, axis=-1)
     acc = jnp.einsum("bhgqk,bhkd->bhgqd", weights.astype(v_blk.dtype), v_blk, preferred_element_type=jnp.float32)
@@ -125,11 +142,11 @@ def _single_block(q_blk, k_blk, v_blk, mask, scale, soft_cap):
     return jnp.where(attends[..., None], acc / total[..., None], 0.0)
 
 
-def _update(carry, q_blk, k_blk, v_blk, mask, scale, soft_cap):
+def _update(carry, q_blk, k_blk, v_blk, mask, scale, soft_cap, bias_at=None):
     """One online-softmax step: fold a key/value block into (running max, running sum, acc)."""
     run_max, run_sum, acc = carry
     mask = mask[:, None, None]  # [B, 1, 1, bq, bk]
-    scores = _block_scores(q_blk, k_blk, mask, scale, -jnp.inf, soft_cap)
+    scores = _block_scores(q_blk, k_blk, mask, scale, -jnp.inf, soft_cap, bias_at)
     new_max = jnp.maximum(run_max, jnp.max(scores, axis=-1))
     safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)  # rows with nothing seen yet
     weights = jnp.where(mask, jnp.exp(scores - safe_max[..., None]), 0.0)
@@ -142,4 +159,4 @@ def _update(carry, q_blk, k_blk, v_blk, mask, scale, soft_cap):
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
                                 is_supported=is_supported, call=blockwise_attention, local_window=True,
-                                logit_soft_cap=True, score_block=(BLOCK_Q, BLOCK_K))
+                                logit_soft_cap=True, relative_position_bias=True, score_block=(BLOCK_Q, BLOCK_K))

@@ -18,7 +18,8 @@ from kernels.policy import resolve
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
               causal: bool = False, scale: float | None = None, impl: str = "auto",
-              packed: bool = True, window: int | None = None, soft_cap: float | None = None) -> jax.Array:
+              packed: bool = True, window: int | None = None, soft_cap: float | None = None,
+              relative_bias: jax.Array | None = None) -> jax.Array:
     """Scaled dot-product attention, BTNH: q [B, Lq, H, D], k/v [B, Lkv, KH, D], H % KH == 0.
 
     segment_ids int32 [B, L] (needs Lq == Lkv): 0 = padding, tokens attend only within their own
@@ -32,19 +33,31 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     the window is at least the rows' length: it then masks nothing and is dropped (interface.effective_window).
     soft_cap: the scaled scores become tanh(scores / soft_cap) * soft_cap before the mask and softmax (Gemma 2's
     attention-logit soft-capping); kernels without it (Implementation.logit_soft_cap) are refused. None: no cap.
+    relative_bias: float [H, Lq + Lkv - 1], a bias by key-query offset: relative_bias[h, j - i + Lq - 1] is added to
+    head h's scaled score of query i and key j before the mask and softmax (MPNet's bucketed relative position bias,
+    looked up per offset by the model). Indexed by offset, it holds O(length) values, and kernels that never hold
+    [Lq, Lkv] scores (blockwise) gather it a block at a time. Offsets are of row indices: a document packed after
+    others in a row has the same offsets between its tokens as alone, and other segments are masked. It is refused
+    beside soft_cap (no model docscore reads has both, and whether it is added inside or outside the cap's tanh is
+    the model's to say); kernels without it (Implementation.relative_position_bias) are refused. None: no bias.
     Under a mesh of several devices in context (jax.sharding.get_abstract_mesh(); models trace under
     theirs) a custom-call kernel (Pallas, cuDNN) runs under jax.shard_map: batch on "data", heads on
     "model" (kernels/mesh.py says how grouped-query and axes that do not divide are split).
     """
-    check_inputs(q, k, v, segment_ids)
+    check_inputs(q, k, v, segment_ids, relative_bias)
     check_static_arguments(causal, scale, window, soft_cap)
+    if soft_cap is not None and relative_bias is not None:
+        raise ValueError("attention takes a soft_cap or a relative_bias, not both: no model docscore reads has both, "
+                         "and whether the bias is added inside or outside the cap is the model's choice")
     window = effective_window(window, q.shape[1], k.shape[1])
     soft_cap = None if soft_cap is None else float(soft_cap)
     name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed, window=window,
-                       soft_cap=soft_cap)
+                       soft_cap=soft_cap, relative_bias=relative_bias)
     local = {"window": window} if window else {}  # only kernels with local_window take it
     if soft_cap is not None:  # only kernels with logit_soft_cap take it
         local["soft_cap"] = soft_cap
+    if relative_bias is not None:  # only kernels with relative_position_bias take it
+        local["relative_bias"] = relative_bias
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     implementation = table.IMPLEMENTATIONS[name]
     with jax.named_scope(f"attention/{name}"):
@@ -56,19 +69,23 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
 
 def resolve_for(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = None,
                 causal: bool = False, impl: str = "auto", backend: str | None = None,
-                packed: bool = True, window: int | None = None, soft_cap: float | None = None) -> str:
+                packed: bool = True, window: int | None = None, soft_cap: float | None = None,
+                relative_bias: jax.Array | None = None) -> str:
     """The implementation name attention() runs for these arrays (for callers to record). A refusal speaks of
     the `impl=` argument (policy's messages name the command's --attention flag)."""
-    check_inputs(q, k, k, segment_ids)
+    check_inputs(q, k, k, segment_ids, relative_bias)
     try:
-        return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed, window, soft_cap))
+        return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed, window, soft_cap,
+                                                      relative_bias))
     except KernelUnsupportedError as e:
         raise KernelUnsupportedError(str(e).replace("--attention=", "impl=")) from None
 
 
-def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> None:
+def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
+                 relative_bias: jax.Array | None = None) -> None:
     """Refuse inputs outside the contract with a message that says what shape was expected."""
     arrays = {"q": q, "k": k, "v": v} | ({} if segment_ids is None else {"segment_ids": segment_ids})
+    arrays |= {} if relative_bias is None else {"relative_bias": relative_bias}
     for name, x in arrays.items():
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
             raise TypeError(f"attention wants {name} as an array (jax or numpy); got {type(x).__name__}")
@@ -101,6 +118,12 @@ def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arra
         if not (dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.integer) and dtype.itemsize <= 4):
             raise ValueError(f"segment_ids must be integers of at most 32 bits (int32); got {dtype} "
                              "(cast them: segment_ids.astype(jnp.int32))")
+    if relative_bias is not None:
+        offsets = (q.shape[2], q.shape[1] + k.shape[1] - 1)
+        if tuple(relative_bias.shape) != offsets or not jnp.issubdtype(relative_bias.dtype, jnp.floating):
+            raise ValueError(f"relative_bias must be floating point [heads, q_len + kv_len - 1] = {list(offsets)}, one "
+                             f"value per head and key-query offset; got {relative_bias.dtype}"
+                             f"{list(relative_bias.shape)}")
 
 
 def check_static_arguments(causal: bool, scale: float | None, window: int | None,

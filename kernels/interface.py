@@ -21,8 +21,9 @@ import jax.numpy as jnp
 # shape, so a kernel cannot see this at trace time: the caller states it. Missing, it follows
 # has_segments (segment ids may be packed); False promises one segment per row followed by padding.
 # soft_cap: the attention-logit soft cap (Gemma 2's attn_logit_softcapping), or missing / None for none.
+# relative_bias: whether the call adds a relative position bias to its scores (MPNet's); missing / None / False: none.
 SHAPE_KEYS = ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype", "causal", "has_segments",
-              "packed", "window", "soft_cap")
+              "packed", "window", "soft_cap", "relative_bias")
 
 
 class KernelUnsupportedError(ValueError):
@@ -54,6 +55,9 @@ class Implementation:
     # takes soft_cap= (scores = tanh(scores / soft_cap) * soft_cap after the scale, before the mask and softmax: Gemma
     # 2's attention-logit soft-capping); the policy refuses a kernel without it for inputs that have one
     logit_soft_cap: bool = False
+    # takes relative_bias= ([heads, q_len + kv_len - 1], entry j - i + q_len - 1 added to the scaled score of query i and
+    # key j: MPNet's bucketed relative position bias); the policy refuses a kernel without it for inputs that have one
+    relative_position_bias: bool = False
     # The oldest NVIDIA GPU it compiles for, as (major, minor) compute capability; the policy refuses it on an older
     # local GPU before any data is read (cuDNN's fused attention and Pallas' Triton need Ampere, 8.0).
     min_gpu_capability: tuple[int, int] | None = None
@@ -99,9 +103,10 @@ def effective_window(window: int | None, q_len: int | None, kv_len: int | None =
 
 
 def shape_info_of(q: jax.Array, k: jax.Array, segment_ids: jax.Array | None, causal: bool,
-                  packed: bool = True, window: int | None = None, soft_cap: float | None = None) -> dict:
+                  packed: bool = True, window: int | None = None, soft_cap: float | None = None,
+                  relative_bias: jax.Array | None = None) -> dict:
     """The shape info of one attention call (static under jit); `packed` as the caller states it."""
     return dict(q_len=q.shape[1], kv_len=k.shape[1], heads=q.shape[2], kv_heads=k.shape[2],
                 head_dim=q.shape[3], dtype=dtype_name(q.dtype), causal=bool(causal),
                 has_segments=segment_ids is not None, packed=segment_ids is not None and bool(packed),
-                window=window or None, soft_cap=soft_cap)
+                window=window or None, soft_cap=soft_cap, relative_bias=relative_bias is not None)

@@ -1,7 +1,8 @@
 """Which (query, key) pairs may attend: the contract's segment and causal masks, written once, and the
 finite fill kernels give masked scores. Used by xla, blockwise and the float64 reference (pure array expressions,
 so they run on NumPy and JAX arrays alike); the zeroing of padding rows the custom-call kernels need, and the
-attention-logit soft cap xla and blockwise apply to scores before these masks; no kernel choice and no softmax here.
+attention-logit soft cap and the relative position bias xla and blockwise apply to scores before these masks; no
+kernel choice and no softmax here.
 """
 from __future__ import annotations
 
@@ -59,6 +60,14 @@ def soft_capped(scores: jax.Array, cap: float) -> jax.Array:
     and the softmax (xla and blockwise; the float64 reference writes it out for itself) and its final logits
     (models/llama.py)."""
     return jnp.tanh(scores / cap) * cap
+
+
+def relative_bias_scores(relative_bias, q_positions, kv_positions, q_len: int):
+    """[heads, q, kv]: the contract's relative_bias ([heads, q_len + kv_len - 1]) at each pair, entry j - i + q_len - 1
+    for query position i and key position j, so every pair at one offset reads one entry (xla, blockwise and the float64
+    reference). Positions past the rows (a block's padding, masked anyway) read the nearest end instead of past it."""
+    index = kv_positions[None, :] - q_positions[:, None] + (q_len - 1)
+    return relative_bias[:, index.clip(0, relative_bias.shape[1] - 1)]
 
 
 def zero_padding_rows(out, segment_ids):

@@ -21,6 +21,7 @@ import math
 import numbers
 
 import jax
+import numpy as np
 
 from kernels import table
 from kernels.interface import SHAPE_KEYS, KernelUnsupportedError, dtype_name, effective_window
@@ -35,10 +36,10 @@ GPU_INFO = "gpu"  # info's (device kind, (major, minor)) of the GPU the kernel w
 
 
 def available() -> dict[str, dict]:
-    """Each implementation: the backends it runs on, its limits, whether it takes a local (sliding) window and an
-    attention-logit soft cap, and where it is the flash kernel."""
+    """Each implementation: the backends it runs on, its limits, whether it takes a local (sliding) window, an
+    attention-logit soft cap and a relative position bias, and where it is the flash kernel."""
     return {name: {"backends": list(impl.backends), "limits": impl.limits, "local_window": impl.local_window,
-                   "logit_soft_cap": impl.logit_soft_cap,
+                   "logit_soft_cap": impl.logit_soft_cap, "relative_position_bias": impl.relative_position_bias,
                    "flash_on": [b for b, names in table.FLASH.items() if name in names]}
             for name, impl in table.IMPLEMENTATIONS.items()}
 
@@ -134,6 +135,9 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
     if info.get("soft_cap") and not impl.logit_soft_cap:
         return False, (f"it has no attention-logit soft-capping (scores = tanh(scores / cap) * cap), which this "
                        f"model's cap of {info['soft_cap']:g} needs (Gemma 2's attn_logit_softcapping)")
+    if info.get("relative_bias") and not impl.relative_position_bias:
+        return False, ("it has no relative position bias (a learned score per head and key-query offset added to the "
+                       "scores), which this model's attention needs (MPNet's relative_attention_bias)")
     return impl.is_supported(**info)
 
 
@@ -227,6 +231,9 @@ def _normal_shape_info(shape_info: dict) -> dict:
     cap = info.get("soft_cap")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not 0 < cap < math.inf):
         raise TypeError(f"resolve() got soft_cap {cap!r}; give a positive, finite number (or None: no cap)")
+    if not isinstance(info.get("relative_bias", False), (bool, np.bool_)):
+        raise TypeError(f"resolve() got relative_bias of type {type(info['relative_bias']).__name__}; give True or False "
+                        "(whether the call adds a relative position bias), not the bias itself")
     if "packed" not in info and "has_segments" in info:  # unstated: segment ids may be packed
         info["packed"] = bool(info["has_segments"])
     if effective_window(info.get("window"), info.get("q_len"), info.get("kv_len")) is None:

@@ -13,9 +13,11 @@ from kernels.masking import causal_mask, segment_mask, window_mask
 
 def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
                         scale: float | None = None, window: int | None = None,
-                        soft_cap: float | None = None) -> np.ndarray:
+                        soft_cap: float | None = None, relative_bias=None) -> np.ndarray:
     """Contract attention in float64: q [B, Lq, H, D], k/v [B, Lkv, KH, D]; returns float64. soft_cap: the scaled
-    scores become tanh(scores / soft_cap) * soft_cap before the mask (Gemma 2's attention-logit soft-capping)."""
+    scores become tanh(scores / soft_cap) * soft_cap before the mask (Gemma 2's attention-logit soft-capping).
+    relative_bias [H, Lq + Lkv - 1]: its entry j - i + Lq - 1 is added to the scaled score of query i and key j
+    before the mask (MPNet's relative position bias); the contract takes it or soft_cap, never both."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     batch, q_len, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
@@ -26,6 +28,9 @@ def reference_attention(q, k, v, *, segment_ids=None, causal: bool = False,
     scores = (q @ k.transpose(0, 1, 3, 2)) * scale
     if soft_cap is not None:
         scores = np.tanh(scores / soft_cap) * soft_cap
+    if relative_bias is not None:  # written out here, apart from the kernels' masking.relative_bias_scores
+        offsets = np.subtract.outer(np.arange(kv_len), np.arange(q_len)).T  # [q, kv]: j - i
+        scores = scores + np.asarray(relative_bias, np.float64)[:, offsets + q_len - 1][None]
     mask = np.ones((batch, q_len, kv_len), dtype=bool)
     if segment_ids is not None:
         seg = np.asarray(segment_ids)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.interface import Implementation
-from kernels.masking import MASKED_SCORE, allowed, soft_capped
+from kernels.masking import MASKED_SCORE, allowed, relative_bias_scores, soft_capped
 
 NAME = "xla"
 BACKENDS = ("cpu", "gpu", "tpu")
@@ -24,9 +24,10 @@ def is_supported(**shape_info) -> tuple[bool, str]:
 
 def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
                   causal: bool = False, scale: float | None = None, window: int | None = None,
-                  soft_cap: float | None = None) -> jax.Array:
+                  soft_cap: float | None = None, relative_bias: jax.Array | None = None) -> jax.Array:
     """Contract attention (BTNH, grouped-query by reshaping, never repeating K/V); with soft_cap the scaled scores
-    are capped, tanh(scores / soft_cap) * soft_cap, before the mask and softmax."""
+    are capped, tanh(scores / soft_cap) * soft_cap, and with relative_bias [heads, q_len + kv_len - 1] its entry
+    j - i + q_len - 1 is added to them, before the mask and softmax (the contract takes one or the other)."""
     batch, q_len, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
     groups = heads // kv_heads
@@ -39,6 +40,9 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.
     scores = jnp.einsum("bhgqd,bhdk->bhgqk", qt, kt, preferred_element_type=jnp.float32) * scale
     if soft_cap is not None:
         scores = soft_capped(scores, soft_cap)
+    if relative_bias is not None:  # one [heads, q, kv] for the whole batch, as the scores are per head
+        bias = relative_bias_scores(relative_bias.astype(jnp.float32), jnp.arange(q_len), jnp.arange(kv_len), q_len)
+        scores = scores + bias.reshape(kv_heads, groups, q_len, kv_len)[None]
     mask = allowed(segment_ids, segment_ids, jnp.arange(q_len), jnp.arange(kv_len), causal, window)
     if mask is not None:
         # A finite fill keeps one fused pass over the scores (an -inf fill needs extra passes
@@ -55,4 +59,4 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.
 
 IMPLEMENTATION = Implementation(name=NAME, backends=BACKENDS, limits=LIMITS,
                                 is_supported=is_supported, call=xla_attention, local_window=True,
-                                logit_soft_cap=True)
+                                logit_soft_cap=True, relative_position_bias=True)

@@ -62,7 +62,8 @@ def make_inputs(seed: int, batch: int, q_len: int, kv_len: int, kv_heads: int, h
 def check_against_reference(call, *, length: int, kv_heads: int, causal: bool, segments: bool,
                             dtype: str = "float32", head_dim: int = 32, kv_len: int | None = None,
                             scale: float | None = None, seed: int = 0,
-                            rows=segment_rows, soft_cap: float | None = None, window: int | None = None) -> None:
+                            rows=segment_rows, soft_cap: float | None = None, window: int | None = None,
+                            relative_bias: bool = False) -> None:
     kv_len = length if kv_len is None else kv_len
     seg = rows(length) if segments else None
     batch = 2 if seg is None else len(seg)
@@ -71,13 +72,22 @@ def check_against_reference(call, *, length: int, kv_heads: int, causal: bool, s
     capped = {} if soft_cap is None else {"soft_cap": soft_cap}  # only kernels that take a cap are given one
     if window is not None:  # likewise a local window
         capped["window"] = window
+    bias = None
+    if relative_bias:  # likewise a relative bias: a different value at every offset, about as large as the scores
+        bias = (np.random.default_rng(seed + 1).standard_normal((HEADS, length + kv_len - 1)) * 2).astype(np.float32)
+        capped["relative_bias"] = jnp.asarray(bias)
     out = jax.jit(lambda q, k, v, s: call(q, k, v, segment_ids=s, causal=causal, scale=scale, **capped))(
         q, k, v, seg_arg)
     assert out.shape == q.shape and out.dtype == q.dtype
     out = np.asarray(out.astype(jnp.float32), np.float64)
     # the reference sees exactly the (possibly bf16-rounded) inputs the kernel saw
     inputs = [np.asarray(x.astype(jnp.float32)) for x in (q, k, v)]
-    ref = reference_attention(*inputs, segment_ids=seg, causal=causal, scale=scale, soft_cap=soft_cap, window=window)
+    ref = reference_attention(*inputs, segment_ids=seg, causal=causal, scale=scale, soft_cap=soft_cap, window=window,
+                              relative_bias=bias)
+    if bias is not None:  # a kernel that ignored the bias, or read it one offset off either way, would fail below
+        for wrong in (None, np.roll(bias, 1, axis=1), np.roll(bias, -1, axis=1)):
+            assert np.abs(ref - reference_attention(*inputs, segment_ids=seg, causal=causal, scale=scale,
+                                                    window=window, relative_bias=wrong)).max() > 0.05
     if window is not None:  # the window hid keys: a kernel that ignored it would fail below
         assert np.abs(ref - reference_attention(*inputs, segment_ids=seg, causal=causal, scale=scale,
                                                 soft_cap=soft_cap)).max() > 0.05
@@ -523,6 +533,64 @@ def test_every_kernel_that_takes_a_soft_cap_has_capped_parity_cases_here():
     named = {name for name in capped if any(name in test and "soft_cap" in test for test in globals())}
     assert capped - set(CPU_KERNELS) - named == set()
     assert capped == {"xla", "blockwise", "splash_tpu"}
+
+
+# A relative position bias (MPNet's: relative_bias[h, j - i + q_len - 1] added to the scaled scores before the mask)
+# in every kernel that takes one (Implementation.relative_position_bias) against the reference's: packed segments with
+# padding, rows without segments, grouped-query, bfloat16, q_len != kv_len, and lengths that divide none of
+# blockwise's blocks (300: two query blocks of 256, one key block; 129, 7: one block of each).
+RELATIVE_BIAS_CASES = [  # (length, kv_len, kv_heads, causal, segments, dtype)
+    (300, 300, 4, False, True, "float32"),
+    (129, 129, 12, False, False, "float32"),
+    (7, 7, 1, True, True, "bfloat16"),
+    (129, 300, 4, True, False, "float32"),
+]
+
+
+@pytest.mark.parametrize("impl", CPU_KERNELS)
+@pytest.mark.parametrize("length,kv_len,kv_heads,causal,segments,dtype", RELATIVE_BIAS_CASES)
+def test_relative_bias_matches_reference(impl, length, kv_len, kv_heads, causal, segments, dtype):
+    check_against_reference(attention_via(impl), length=length, kv_len=kv_len, kv_heads=kv_heads, causal=causal,
+                            segments=segments, dtype=dtype, relative_bias=True, seed=length + kv_len)
+
+
+def test_blockwise_relative_bias_across_many_blocks():
+    """The bias gathered block by block inside the online softmax: blocks of 64 queries and 48 keys over 300 tokens
+    (a ragged tail in each), so every block pair reads its own stretch of offsets, and blocks of other segments or
+    padding are skipped without reading any."""
+    def call(q, k, v, **kw):
+        return blockwise_attention(q, k, v, block_q=64, block_k=48, **kw)
+    check_against_reference(call, length=300, kv_heads=4, causal=False, segments=True, relative_bias=True, seed=348)
+
+
+@pytest.mark.parametrize("impl", CPU_KERNELS)
+def test_relative_bias_of_a_packed_document_is_its_bias_alone_in_a_row(impl):
+    """Offsets are of row indices, so a document packed after others in a row sees between its own tokens the offsets
+    it would see alone in an unpadded row of its length (transformers' MPNet), and nothing of the other segments: the
+    packed output of each segment equals that segment run alone, with the bias cut to its own offsets."""
+    length = 120
+    q, k, v = make_inputs(21, 1, length, length, 4, 32, "float32")
+    bias = jnp.asarray(np.random.default_rng(22).standard_normal((HEADS, 2 * length - 1)) * 2, jnp.float32)
+    seg = np.repeat(np.array([[1, 2, 3, 0]], np.int32), [45, 50, 15, 10], axis=1)
+    call = jax.jit(lambda q, k, v, bias, seg=None: attention(q, k, v, segment_ids=seg, relative_bias=bias, impl=impl))
+    packed = np.asarray(call(q, k, v, bias, jnp.asarray(seg)))
+    for segment in (1, 2, 3):
+        where = np.flatnonzero(seg[0] == segment)
+        n = len(where)
+        own = bias[:, length - n:length + n - 1]  # offsets -(n - 1) .. n - 1 of a row of n tokens
+        alone = call(q[:, where], k[:, where], v[:, where], own)
+        assert np.abs(packed[:, where] - np.asarray(alone)).max() <= TOLERANCE["float32"], segment
+    assert (packed[:, seg[0] == 0] == 0.0).all()
+
+
+def test_every_kernel_that_takes_a_relative_bias_has_parity_cases_here():
+    """A kernel that says it takes a relative position bias (Implementation.relative_position_bias) meets the
+    reference with one here: the CPU kernels through test_relative_bias_matches_reference, any other through a
+    relative-bias test named for it."""
+    biased = {name for name, impl in table.IMPLEMENTATIONS.items() if impl.relative_position_bias}
+    named = {name for name in biased if any(name in test and "relative_bias" in test for test in globals())}
+    assert biased - set(CPU_KERNELS) - named == set()
+    assert biased == {"xla", "blockwise"}
 
 
 def test_every_kernel_in_the_table_has_parity_cases_here():

@@ -232,9 +232,10 @@ def test_available_lists_every_kernel_with_backends_and_limits():
     assert listing["pallas_gpu"]["backends"] == ["gpu"] and "packed" in listing["pallas_gpu"]["limits"]
     assert all(entry["limits"] for entry in listing.values())
     assert kernels.SHAPE_KEYS == ("q_len", "kv_len", "heads", "kv_heads", "head_dim", "dtype",
-                                  "causal", "has_segments", "packed", "window", "soft_cap")
+                                  "causal", "has_segments", "packed", "window", "soft_cap", "relative_bias")
     assert {name for name, entry in listing.items() if entry["local_window"]} == {"xla", "blockwise", "splash_tpu"}
     assert {name for name, entry in listing.items() if entry["logit_soft_cap"]} == {"xla", "blockwise", "splash_tpu"}
+    assert {name for name, entry in listing.items() if entry["relative_position_bias"]} == {"xla", "blockwise"}
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
@@ -271,6 +272,54 @@ def test_a_soft_cap_is_refused_by_kernels_without_one_before_any_data(backend):
     for bad in (0, -1.0, float("nan"), float("inf"), True, "50"):
         with pytest.raises(TypeError, match="soft_cap"):
             resolve("auto", backend, soft_cap=bad)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_a_relative_bias_is_refused_by_kernels_without_one_before_any_data(backend):
+    """MPNet's relative position bias: shape info alone (what validation has before data is read) refuses every kernel
+    without one (cudnn, pallas_gpu, splash_tpu, pallas_tpu) by name and reason, where the same inputs without it run;
+    flash is blockwise on CPU and refused on GPU and TPU, whose flash kernels all lack it; auto passes them by for xla,
+    or blockwise past xla's length."""
+    info = dict(heads=12, kv_heads=12, head_dim=64, dtype="bfloat16", causal=False, has_segments=True, packed=False,
+                q_len=384, kv_len=384)
+    for name, impl in table.IMPLEMENTATIONS.items():
+        if backend not in impl.backends:
+            continue
+        assert resolve(name, backend, **info) == resolve(name, backend, **info, relative_bias=False) == name
+        if impl.relative_position_bias:
+            assert resolve(name, backend, **info, relative_bias=True) == name
+            continue
+        with pytest.raises(KernelUnsupportedError, match=f"--attention={name} cannot run on {backend}: it has no "
+                                                         "relative position bias .*MPNet's relative_attention_bias"):
+            resolve(name, backend, **info, relative_bias=True)
+    if backend == "cpu":
+        assert resolve("flash", backend, **info, relative_bias=True) == "blockwise"
+    else:
+        with pytest.raises(KernelUnsupportedError, match=f"--attention=flash .* cannot run on {backend}: .*it has no "
+                                                         "relative position bias.*use --attention=native or auto"):
+            resolve("flash", backend, **info, relative_bias=True)
+    assert resolve("auto", backend, **info, relative_bias=True) == "xla"
+    assert resolve("auto", backend, **{**info, "q_len": 8192, "kv_len": 8192}, relative_bias=True) == "blockwise"
+    assert resolve("native", backend, **info, relative_bias=True) == "xla"
+    with pytest.raises(TypeError, match="relative_bias .*give True or False"):
+        resolve("auto", backend, relative_bias=np.zeros((12, 767)))
+
+
+def test_attention_checks_a_relative_bias_shape_and_refuses_it_beside_a_soft_cap():
+    """The bias is one value per query head and key-query offset, [heads, q_len + kv_len - 1] (a per-pair [L, L]
+    bias, or one of kv heads, is refused with the shape wanted); with a soft cap it is refused, since where it goes
+    relative to the cap is the model's to say; a kernel named explicitly that lacks it is refused by attention too."""
+    q = jnp.ones((1, 5, 4, 8))
+    k = jnp.ones((1, 3, 2, 8))
+    assert attention(q, k, k, relative_bias=jnp.zeros((4, 7))).shape == q.shape
+    for bad in (jnp.zeros((4, 5, 3)), jnp.zeros((2, 7)), jnp.zeros((4, 8)), jnp.zeros((4, 7), jnp.int32)):
+        with pytest.raises(ValueError, match=r"relative_bias must be floating point \[heads, q_len \+ kv_len - 1\] = "
+                                             r"\[4, 7\]"):
+            attention(q, k, k, relative_bias=bad)
+    with pytest.raises(ValueError, match="a soft_cap or a relative_bias, not both"):
+        attention(q, k, k, relative_bias=jnp.zeros((4, 7)), soft_cap=50.0)
+    with pytest.raises(KernelUnsupportedError, match="impl=pallas_gpu cannot run on gpu: it has no relative position"):
+        resolve_for(q, k, impl="pallas_gpu", backend="gpu", relative_bias=jnp.zeros((4, 7)))
 
 
 @pytest.mark.parametrize("backend,choice", [("gpu", "flash"), ("tpu", "pallas_tpu")])
