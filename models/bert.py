@@ -1,16 +1,20 @@
-"""BERT-family encoder (Flax NNX) for BERT, RoBERTa, XLM-RoBERTa, CamemBERT and DistilBERT checkpoints, laid out
-like the paper's diagram: embeddings, post-norm blocks (attention -> add & norm -> feed-forward -> add & norm),
-final hidden states.
+"""BERT-family encoder (Flax NNX) for BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT and MPNet checkpoints, laid
+out like the paper's diagram: embeddings, post-norm blocks (attention -> add & norm -> feed-forward -> add & norm),
+final hidden states. MPNet adds to every block's scores a relative position bias by key-query offset, looked up once
+per call in the table its layers share and passed to the kernels contract (relative_bias).
 
 Must not pool, tokenize or pick a kernel: the attention name comes in through the constructor.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from models.config import ModelConfig
+from models.config import MPNET_BUCKETS, ModelConfig
 from models.layers import (COMPUTE_DTYPES, FeedForward, SelfAttention, embedding_dense, layer_norm, positions_in_segments,
                            run_blocks)
 
@@ -39,6 +43,33 @@ class BertEmbeddings(nnx.Module):
         return self.norm(x)
 
 
+MPNET_MAX_DISTANCE = 128  # MPNetEncoder.relative_position_bucket's max_distance (transformers 5.24)
+
+
+def relative_position_buckets(offsets: np.ndarray, num_buckets: int = MPNET_BUCKETS,
+                              max_distance: int = MPNET_MAX_DISTANCE) -> np.ndarray:
+    """MPNet's bucket of each key-query offset j - i (MPNetEncoder.relative_position_bucket, T5's bidirectional
+    buckets): keys after the query in the upper half of the buckets; within each half, distances below a quarter of the
+    buckets exactly, then logarithmically up to max_distance, past which one bucket. The logarithm in float32, as
+    torch computes it, so a distance on a bucket's edge (16, 32, 64) falls where transformers puts it."""
+    distance = -np.asarray(offsets, np.int64)  # query - key, as transformers' n
+    half = num_buckets // 2
+    upper = (distance < 0).astype(np.int64) * half
+    distance = np.abs(distance)
+    exact = half // 2
+    ratio = (np.log(np.maximum(distance, 1).astype(np.float32) / np.float32(exact))
+             / np.float32(math.log(max_distance / exact)))
+    far = np.minimum(exact + (ratio * np.float32(half - exact)).astype(np.int64), half - 1)
+    return upper + np.where(distance < exact, distance, far)
+
+
+def relative_position_bias(table: jax.Array, length: int) -> jax.Array:
+    """The kernels' relative_bias [heads, 2 * length - 1] of rows of `length` tokens from MPNet's [buckets, heads]
+    table: entry e is offset e - (length - 1), its bucket's row (static: the buckets depend on the length only)."""
+    buckets = relative_position_buckets(np.arange(2 * length - 1) - (length - 1))
+    return table[jnp.asarray(buckets)].T.astype(jnp.float32)
+
+
 class BertLayer(nnx.Module):
     """One post-norm transformer block."""
 
@@ -50,8 +81,8 @@ class BertLayer(nnx.Module):
                                         activation=config.activation, dtype=dtype, rngs=rngs)
         self.output_norm = layer_norm(config.hidden_size, config.layer_norm_eps, rngs)
 
-    def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        x = self.attention_norm(x + self.attention(x, segment_ids))
+    def __call__(self, x: jax.Array, segment_ids: jax.Array, relative_bias: jax.Array | None = None) -> jax.Array:
+        x = self.attention_norm(x + self.attention(x, segment_ids, relative_bias))
         return self.output_norm(x + self.feed_forward(x))
 
 
@@ -63,10 +94,18 @@ class BertEncoder(nnx.Module):
         self.embeddings = BertEmbeddings(config, rngs)
         self.layers = nnx.List([BertLayer(config, attention_impl=attention_impl, dtype=compute, rngs=rngs)
                                 for _ in range(config.num_layers)])
+        # MPNet: one [buckets, heads] table for every layer (transformers' encoder.relative_attention_bias)
+        buckets = config.relative_attention_buckets
+        self.relative_attention_bias = nnx.Embed(buckets, config.num_heads, rngs=rngs) if buckets else None
         self.dense = embedding_dense(config, rngs)  # a sentence-transformers model's Dense modules after pooling
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        return run_blocks(self.layers, self.embeddings(input_ids, segment_ids), segment_ids)
+        x = self.embeddings(input_ids, segment_ids)
+        if self.relative_attention_bias is None:
+            return run_blocks(self.layers, x, segment_ids)
+        # offsets of row indices: within a packed segment the same as in the document's own unpadded row
+        bias = relative_position_bias(self.relative_attention_bias.embedding[...], input_ids.shape[1])
+        return run_blocks(self.layers, x, segment_ids, relative_bias=bias)
 
     def final_hidden(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:
         """The hidden states an embedding pools, as every family names them (a decoder's precede its logits)."""

@@ -1,6 +1,6 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
-Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT; ModernBERT encoder;
+Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet; ModernBERT encoder;
 GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3 and the text model
 of its multimodal release),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
@@ -29,14 +29,22 @@ ACTIVATIONS = {
     "relu": "relu",
 }
 # HF model_type -> family: RoBERTa, XLM-RoBERTa and CamemBERT are BERT with positions counted past the padding id,
-# DistilBERT is BERT without token types under other names; Mistral, Qwen2, Qwen3, Phi-3 (and Phi-4, model_type phi3:
+# DistilBERT is BERT without token types under other names, MPNet is RoBERTa's positions without token types plus one
+# relative position bias table all its layers share; Mistral, Qwen2, Qwen3, Phi-3 (and Phi-4, model_type phi3:
 # Llama's block with fused weights, split at convert), Gemma 2 and Gemma 3 (its text model) are Llama's architecture
 # with a few config switches.
-FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert", "gpt2": "gpt2",
+FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert",
+            "mpnet": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
             "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "modernbert": "modernbert"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
-POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert")
+POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
+# MPNet's relative position bias as transformers 5.24 computes it: its positions count past padding id 1 whatever
+# pad_token_id says (MPNetEmbeddings.padding_idx), and MPNetEncoder.compute_position_bias looks key-query offsets up in
+# 32 buckets (its num_buckets default, not relative_attention_num_buckets) of a table of relative_attention_num_buckets
+# rows, so a table of fewer rows than 32 cannot be run
+MPNET_PADDING_IDX = 1
+MPNET_BUCKETS = 32
 
 # ModelConfig size field -> its key in each family's config.json (errors name the key the file holds); a model_type
 # with keys of its own (DistilBERT) has its own entry (hf_keys).
@@ -48,6 +56,9 @@ HF_KEYS = {
              "intermediate_size": "n_inner", "max_positions": "n_positions"},
     "distilbert": {"vocab_size": "vocab_size", "hidden_size": "dim", "num_layers": "n_layers", "num_heads": "n_heads",
                    "intermediate_size": "hidden_dim", "max_positions": "max_position_embeddings"},
+    "mpnet": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+              "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
+              "max_positions": "max_position_embeddings", "relative_attention_buckets": "relative_attention_num_buckets"},
     "modernbert": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
                    "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
                    "max_positions": "max_position_embeddings"},
@@ -63,7 +74,8 @@ HF_KEYS["gemma3"] = {field: f"text_config.{key}" for field, key in HF_KEYS["llam
 # build the model's shape, before any other check could refuse them.
 MAX_SIZES = {"num_layers": 512, "hidden_size": 65_536, "num_heads": 1_024, "num_kv_heads": 1_024,
              "head_size": 65_536, "intermediate_size": 262_144,
-             "vocab_size": 4_194_304, "max_positions": 1_048_576, "type_vocab_size": 1_024}
+             "vocab_size": 4_194_304, "max_positions": 1_048_576, "type_vocab_size": 1_024,
+             "relative_attention_buckets": 1_024}
 
 
 # Rotary scalings the Llama decoder computes exactly as transformers does; others are refused by name.
@@ -112,6 +124,7 @@ class ModelConfig:
     activation: str
     type_vocab_size: int = 0                       # bert only
     position_offset: int = 0                       # bert: RoBERTa's first position id (pad_token_id + 1)
+    relative_attention_buckets: int = 0            # bert: MPNet's relative position bias table rows, one for all layers
     scale_attn_by_inverse_layer_idx: bool = False  # gpt2 only
     num_kv_heads: int = 0                          # llama: grouped-query key/value heads (0: num_heads)
     head_size: int = 0                             # llama: config.json's head_dim (0: hidden_size // num_heads)
@@ -205,7 +218,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     if family is None:
         raise ModelLoadError(
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
-            f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert' or 'distilbert', encoder), ModernBERT (model_type "
+            f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert', 'distilbert' or 'mpnet', encoder), ModernBERT (model_type "
             f"'modernbert', encoder), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma2', "
             f"'gemma3_text' or "
@@ -231,7 +244,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
                              "bidirectional attention (every token sees the whole text), which docscore computes for "
                              f"the Llama family only{instead}; its embeddings and scores would differ from the model's")
     try:
-        config = {"bert": _distilbert if model_type == "distilbert" else _bert, "gpt2": _gpt2,
+        config = {"bert": {"distilbert": _distilbert, "mpnet": _mpnet}.get(model_type, _bert), "gpt2": _gpt2,
                   "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3}.get(model_type, _llama),
                   "modernbert": _modernbert}[family](hf)
         config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
@@ -337,6 +350,20 @@ def _distilbert(hf: dict[str, Any]) -> ModelConfig:
         family="bert", vocab_size=hf["vocab_size"], hidden_size=hf["dim"], num_layers=hf["n_layers"],
         num_heads=hf["n_heads"], intermediate_size=hf["hidden_dim"], max_positions=hf["max_position_embeddings"],
         layer_norm_eps=1e-12, activation=_activation("activation", hf.get("activation", "gelu")), type_vocab_size=0)
+
+
+def _mpnet(hf: dict[str, Any]) -> ModelConfig:
+    """MPNetModel: BERT's post-norm blocks (attn.q/k/v/o, intermediate, output) and exact GELU, positions counted past
+    padding id 1 as RoBERTa's (MPNET_PADDING_IDX, whatever pad_token_id says), no token types, and one relative
+    position bias table [relative_attention_num_buckets, heads] shared by every layer, added to the scaled scores of
+    each head at the bucket of the key-query offset (models/bert.py relative_position_buckets)."""
+    buckets = hf.get("relative_attention_num_buckets", MPNET_BUCKETS)
+    if type(buckets) is int and 0 < buckets < MPNET_BUCKETS:
+        raise ModelLoadError(f"relative_attention_num_buckets {buckets} is not supported: transformers' MPNet looks "
+                             f"offsets up in {MPNET_BUCKETS} buckets whatever this says, so a table of {buckets} rows "
+                             "fails there for any text of two tokens or more; set it to the model's real value (32)")
+    config = _bert({**hf, "pad_token_id": MPNET_PADDING_IDX, "type_vocab_size": 0})
+    return dataclasses.replace(config, relative_attention_buckets=buckets)
 
 
 # ModernBertConfig's defaults where a config.json leaves the key out

@@ -1,5 +1,5 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
-*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT), ModernBERT, GPT-2 and
+*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet), ModernBERT, GPT-2 and
 Llama (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 3, the text model of Gemma 3's multimodal release) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree (the command's flags: pipeline/convert.py).
@@ -102,6 +102,27 @@ def distilbert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
                        "position": {"embedding": src.take("embeddings.position_embeddings.weight")},
                        "norm": src.norm("embeddings.LayerNorm")},
         "layers": {i: layer(i) for i in range(config.num_layers)},
+    }
+
+
+def mpnet_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Hugging Face MPNetModel names -> our BertEncoder tree (no token types; the encoder's relative_attention_bias,
+    one table for every layer). Its pooler, unused by sentence-transformers' pooling, is left out as BERT's."""
+    def layer(i: int) -> dict[str, Any]:
+        p = f"encoder.layer.{i}."
+        return {
+            "attention": {"query": src.linear(p + "attention.attn.q"), "key": src.linear(p + "attention.attn.k"),
+                          "value": src.linear(p + "attention.attn.v"), "output": src.linear(p + "attention.attn.o")},
+            "attention_norm": src.norm(p + "attention.LayerNorm"),
+            "feed_forward": {"up": src.linear(p + "intermediate.dense"), "down": src.linear(p + "output.dense")},
+            "output_norm": src.norm(p + "output.LayerNorm"),
+        }
+    return {
+        "embeddings": {"word": {"embedding": src.take("embeddings.word_embeddings.weight")},
+                       "position": {"embedding": src.take("embeddings.position_embeddings.weight")},
+                       "norm": src.norm("embeddings.LayerNorm")},
+        "layers": {i: layer(i) for i in range(config.num_layers)},
+        "relative_attention_bias": {"embedding": src.take("encoder.relative_attention_bias.weight")},
     }
 
 
@@ -276,6 +297,7 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
     "llama": (("model.", ""), llama_params),        # *ForCausalLM under "model.", the bare model at the root
     "modernbert": (("model.", ""), modernbert_params),  # ModernBertForX under "model.", the bare model at the root
     "distilbert": (("distilbert.", ""), distilbert_params),  # a model_type whose names are its own (params_reader)
+    "mpnet": (("mpnet.", ""), mpnet_params),  # MPNetForX under "mpnet.", the bare model at the root
     "gemma3_text": (("model.", ""), gemma3_params),
     "phi3": (("model.", ""), phi3_params),  # Phi3ForCausalLM under "model.", Phi3Model at the root
     "gemma3": (("model.language_model.",), gemma3_params),  # multimodal_text_tensors' names
@@ -284,7 +306,8 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
 MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
            "modernbert": "embeddings.tok_embeddings.weight",
-           "distilbert": "embeddings.word_embeddings.weight", "gemma3_text": "embed_tokens.weight",
+           "distilbert": "embeddings.word_embeddings.weight", "mpnet": "embeddings.word_embeddings.weight",
+           "gemma3_text": "embed_tokens.weight",
            "gemma3": "embed_tokens.weight", "gemma2": "embed_tokens.weight", "phi3": "embed_tokens.weight"}
 
 # Gemma3ForConditionalGeneration's text model under the names transformers 4.52-4.57 saved it with (and 5.x loads),

@@ -96,7 +96,8 @@ class SelfAttention(nnx.Module):
         self.causal = causal
         self.scale = scale
 
-    def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segment_ids: jax.Array, relative_bias: jax.Array | None = None) -> jax.Array:
+        """relative_bias: the kernels' [heads, 2L - 1] bias by key-query offset (MPNet's), or None."""
         batch, length, hidden = x.shape
 
         def split_heads(t: jax.Array) -> jax.Array:  # [B, L, D] -> [B, L, N, H] (BTNH), compute dtype
@@ -104,7 +105,7 @@ class SelfAttention(nnx.Module):
 
         context = attention(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)),
                             segment_ids=segment_ids, causal=self.causal, scale=self.scale,
-                            impl=self.attention_impl)
+                            impl=self.attention_impl, relative_bias=relative_bias)
         return self.output(context.reshape(batch, length, hidden))
 
 
@@ -130,29 +131,31 @@ class StackedBlocks(nnx.Module):
     def __init__(self, stacked: nnx.Module):
         self.stacked = stacked  # one block, or an nnx.List of a period's blocks; the attribute name is sharding.STACKED
 
-    def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segment_ids: jax.Array, **shared: jax.Array) -> jax.Array:
         graphdef, state = nnx.split(self.stacked)
 
         def step(x: jax.Array, layer: nnx.State) -> tuple[jax.Array, None]:
             period = nnx.merge(graphdef, layer)
             for block in period if isinstance(period, nnx.List) else [period]:
-                x = constrain_rows(block(x, segment_ids))
+                x = constrain_rows(block(x, segment_ids, **shared))
             return x, None
 
         x, _ = jax.lax.scan(step, constrain_rows(x), state)
         return x
 
 
-def run_blocks(blocks: nnx.List | StackedBlocks, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+def run_blocks(blocks: nnx.List | StackedBlocks, x: jax.Array, segment_ids: jax.Array,
+               **shared: jax.Array) -> jax.Array:
     """x through `blocks` in order: stacked blocks as one scanned step (JAX traces and compiles one period of
     blocks, not every block: faster compiles, benchmarks/README.md), a list one entry after another: blocks (of
     different structure, e.g. GPT-2's with a per-layer attention scale, or a model stack_blocks was not applied
     to) and the StackedBlocks of repeating runs among them. Under a model mesh (models/sharding.py) each block's
-    input and output stay split by rows and whole in hidden."""
+    input and output stay split by rows and whole in hidden. `shared`: arrays every block takes beside its input,
+    computed once for them all (MPNet's relative position bias, from the one table its layers share)."""
     if isinstance(blocks, StackedBlocks):
-        return blocks(x, segment_ids)
+        return blocks(x, segment_ids, **shared)
     for block in blocks:
-        x = constrain_rows(block(constrain_rows(x), segment_ids))
+        x = constrain_rows(block(constrain_rows(x), segment_ids, **shared))
     return x
 
 

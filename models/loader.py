@@ -287,9 +287,9 @@ def run_rows(max_seq_len: int | None, model_max: int) -> int:
 
 def model_kernel(attention: str, config: ModelConfig, max_seq_len: int, dtype: str, backend: str | None = None,
                  instead_of: str | None = None, gpu: tuple[str, tuple[int, int]] | None = None) -> str:
-    """The kernel `attention` means for this model's attention (heads, head_dim, causal, sliding window, soft cap;
-    packed rows of up to max_seq_len tokens) on `backend` (default: this process's) and `gpu` (kernels.resolve). Raises
-    KernelUnsupportedError (whose suggestions leave out `instead_of`)."""
+    """The kernel `attention` means for this model's attention (heads, head_dim, causal, sliding window, soft cap,
+    relative position bias; packed rows of up to max_seq_len tokens) on `backend` (default: this process's) and `gpu`
+    (kernels.resolve). Raises KernelUnsupportedError (whose suggestions leave out `instead_of`)."""
     return kernels.resolve(attention, backend, instead_of=instead_of, gpu=gpu,
                            **model_shape_info(config, max_seq_len, dtype))
 
@@ -299,7 +299,8 @@ def model_shape_info(config: ModelConfig, max_seq_len: int, dtype: str) -> dict:
     max_seq_len tokens."""
     return dict(heads=config.num_heads, kv_heads=config.kv_heads, head_dim=config.head_dim, dtype=dtype,
                 causal=config.causal, has_segments=True, q_len=max_seq_len, kv_len=max_seq_len,
-                window=config.sliding_window or None, soft_cap=config.attention_logit_cap or None)
+                window=config.sliding_window or None, soft_cap=config.attention_logit_cap or None,
+                relative_bias=bool(config.relative_attention_buckets))
 
 
 def load_model_dir(path: str, *, attention: str, dtype: str, name: str,

@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     parser = SubcommandParser(
         prog="docscore convert",
         description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
-                    "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT, ModernBERT, GPT-2 or Llama/Mistral/Qwen2/Qwen3/"
+                    "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT/MPNet, ModernBERT, GPT-2 or Llama/Mistral/Qwen2/Qwen3/"
                     "Phi-3 and Phi-4 (phi3)/Gemma 2 (gemma2)/Gemma 3 text (gemma3_text) family; Gemma 3's multimodal "
                     "models (gemma3) as their text model), or "
                     "a sentence-transformers directory around one (its pooling, Dense modules and prompts kept), into "
