@@ -174,6 +174,29 @@ def test_embeddings_through_docscore_run_equal_sentence_transformers(converted, 
         assert cosines.min() >= 0.99999, (attention, cosines.min())
 
 
+def test_cls_pooling_without_normalize_equals_sentence_transformers(converted, tmp_path):
+    """multi-qa-mpnet-base-dot-v1's layout: CLS pooling and no Normalize module (a dot-product model); docscore's
+    embedding is the same direction, L2-normalised as every docscore embedding is."""
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    src = Path(shutil.copytree(converted[0], tmp_path / "dot"))
+    (src / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                                "pooling_mode_cls_token": True}))
+    modules = json.loads((src / "modules.json").read_text())
+    (src / "modules.json").write_text(json.dumps([m for m in modules if not m["type"].endswith("Normalize")]))
+    assert convert_main(["--hf", str(src), "--out", str(tmp_path / "model")]) == 0
+    loaded = models.load(str(tmp_path / "model"), attention="native")
+    assert loaded.pooling == "cls"
+    text = " ".join(SENTENCES)  # one window whose first token sees keys past max_distance
+    expected = SentenceTransformer(str(src), device="cpu").encode([text], normalize_embeddings=True)[0]
+    window = loaded.tokenizer.encode_windows([text])[0].windows[0]
+    assert len(window) > 129
+    got = loaded.embed_packed(window[None], np.ones_like(window)[None], 1)[0, 0]
+    assert float(got @ expected) >= 0.99999
+
+
 def hub_config(**changes) -> dict:
     """sentence-transformers/all-mpnet-base-v2's config.json keys (multi-qa-mpnet-base-dot-v1's are the same), with
     `changes` (None removes a key)."""
