@@ -50,8 +50,8 @@ def relative_position_buckets(offsets: np.ndarray, num_buckets: int = MPNET_BUCK
                               max_distance: int = MPNET_MAX_DISTANCE) -> np.ndarray:
     """MPNet's bucket of each key-query offset j - i (MPNetEncoder.relative_position_bucket, T5's bidirectional
     buckets): keys after the query in the upper half of the buckets; within each half, distances below a quarter of the
-    buckets exactly, then logarithmically up to max_distance, past which one bucket. The logarithm in float32, as
-    torch computes it, so a distance on a bucket's edge (16, 32, 64) falls where transformers puts it."""
+    buckets exactly, then logarithmically up to max_distance, past which one bucket. Each step in float32 as torch
+    computes it (tests/test_models_mpnet.py checks every offset to +-5000, the buckets' edges among them)."""
     distance = -np.asarray(offsets, np.int64)  # query - key, as transformers' n
     half = num_buckets // 2
     upper = (distance < 0).astype(np.int64) * half
