@@ -23,7 +23,6 @@ SETUP = (ROOT / "setup.py").read_text()
 NOT_TEMPLATE_PARAMETERS = {
     "tfds_data_dir": "TFDS inputs are local datasets; scheduled runs read GCS shards",
     "split": "TFDS only",
-    "cache_dir": "the image sets DOCSCORE_CACHE_DIR",
     "job_labels": "Flex Template launches carry their own job labels",
     "no_progress": "a template launch does not wait for the job, so it shows no progress; and a bare "
                    "store_true flag cannot take the --name=value form template parameters arrive in",
@@ -210,6 +209,7 @@ SAMPLE = {
     "document_prompt": "task: classification | query: ", "query_prompt": "query: ", "max_seq_len": "128", "stride": "16", "max_chunks": "4", "batch_size": "64", "calls_per_beam_batch": "8", "dtype": "bfloat16", "matmul_precision": "float32",
     "output_format": "parquet", "shadow_attention": "native", "shadow_fraction": "0.25", "shadow_tolerance": "0.0001",
     "max_record_bytes": "1048576", "max_error_fraction": "0.05", "profile_dir": "gs://bucket/profiles",
+    "cache_dir": "gs://bucket/docscore-cache",
 }
 
 
