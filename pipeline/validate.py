@@ -448,12 +448,66 @@ def check_options(eo: EvalOptions) -> None:
     dataflow_checks.check_job_labels(eo)
 
 
+# Beam (apache_beam/coders/coders.py) encodes with dill, which must be this version, for an
+# --update_compatibility_version before DILL_CODERS_BEFORE; it says so only when the job runs
+DILL_CODERS_BEFORE, DILL_FOR_OLD_CODERS = "2.68.0", "0.3.1.1"
+
+
+def installed_version(distribution: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_beam_options(eo: EvalOptions) -> None:
+    """What Beam checks of its own options only when the launcher makes and builds the job's pipeline, after
+    validation has loaded the model and peeked at the data and the launcher has taken the run's lease (a traceback,
+    exit 1): the pickling library (--pickle_library dill without dill), --resource_hints, its options validator,
+    --update_compatibility_version, and --type_check_strictness ALL_REQUIRED, which docscore's graph cannot pass.
+    An empty pipeline is made here for the first three, on a DirectRunner whatever --runner says: Dataflow's own
+    settings are dataflow_checks', and Beam's check of its temp_location calls Cloud Storage."""
+    import shutil
+
+    import apache_beam as beam
+
+    if eo.get_all_options().get("type_check_strictness") == "ALL_REQUIRED":
+        raise ConfigError("--type_check_strictness=ALL_REQUIRED needs an output type hint on every transform, which "
+                          "docscore's graph (and the Beam transforms it uses) do not all declare, so the job could not "
+                          "be built; drop it (the default, DEFAULT_TO_ANY, still checks the hints that are declared)")
+    version = eo.get_all_options().get("update_compatibility_version")
+    try:
+        before_cloudpickle_coders = eo.is_compat_version_prior_to(DILL_CODERS_BEFORE)  # as Beam reads it
+    except ValueError:
+        raise ConfigError(f"--update_compatibility_version={version} is not a Beam version; write it as "
+                          "MAJOR.MINOR.PATCH (e.g. 2.68.0), or drop it") from None
+    if before_cloudpickle_coders and installed_version("dill") != DILL_FOR_OLD_CODERS:
+        raise ConfigError(f"--update_compatibility_version={version}: Beam encodes some values with dill for a version "
+                          f"before {DILL_CODERS_BEFORE}, and needs dill=={DILL_FOR_OLD_CODERS} installed for it (found: "
+                          f"{installed_version('dill') or 'none'}); install it, or drop the flag (a batch job "
+                          "updates no running job)")
+    try:
+        pipeline = beam.Pipeline(runner=beam.runners.DirectRunner(), options=eo)
+    except ImportError as e:  # the --pickle_library's package is not installed
+        raise ConfigError(f"--pickle_library={eo.get_all_options().get('pickle_library')}: {e} Or drop "
+                          "--pickle_library (Beam's default pickles docscore's job)") from None
+    except ValueError as e:  # a resource hint, or the options validator's list (which names each flag)
+        message = " ".join(str(e).replace("Pipeline has validations errors:", "").split()).rstrip(".")
+        flag = "--resource_hints: " if "resource hint" in message.lower() else ""
+        raise ConfigError(f"{flag}{message}; Beam refuses these options when it makes the job: fix or drop the flag "
+                          "it names") from None
+    shutil.rmtree(pipeline.local_tempdir, ignore_errors=True)
+
+
 def check_before_data(eo: EvalOptions) -> tuple[str, str, batching.BatchSettings]:
     """The checks of the options alone, with no data, model or network: (backend, kernel, batch settings). A
     scheduled run's options are checked with these before any launch (runners/scheduling.py)."""
     check_options(eo)
     dataflow_checks.check_dataflow_options(eo)
     dataflow_checks.check_paths_on_workers(eo)
+    check_beam_options(eo)
     tfds_flags = [f"--{flag}" for flag in ("tfds_data_dir", "split") if flag in eo.get_all_options(drop_default=True)]
     if tfds_flags and not eo.input.startswith(tfds_reader.TFDS_PREFIX):
         them, apply = ("them", "apply") if len(tfds_flags) > 1 else ("it", "applies")

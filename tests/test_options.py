@@ -296,6 +296,19 @@ CASES = {
     "similarity_without_query_field": (lambda t: ["--task", "similarity"], "--task=similarity", True),
     "run_id_escaping_output": (lambda t: ["--run_id", "../../etc"], "--run_id", False),
     "tfds_without_data_dir": (lambda t: ["--input", "tfds:foo"], "--tfds_data_dir", False),
+    # Beam's own checks of its options, which it makes when the job's pipeline is made or built: a traceback, exit 1,
+    # after the model load, the field peek and the run's lease
+    "beam_pickle_library_not_installed": (lambda t: ["--pickle_library", "dill"], "--pickle_library=dill: ", False),
+    "beam_resource_hint_invalid": (lambda t: ["--resource_hints", "min_ram=abc"],
+                                   "--resource_hints: Resource hint min_ram has invalid value abc", False),
+    "beam_options_validator": (lambda t: ["--profiler_agent", "x", "--profile_cpu"],
+                               "--profiler_agent is mutually exclusive with --profile_cpu", False),
+    "beam_type_check_all_required": (lambda t: ["--type_check_strictness", "ALL_REQUIRED"],
+                                     "--type_check_strictness=ALL_REQUIRED needs an output type hint", False),
+    "beam_update_compatibility_version_not_a_version": (lambda t: ["--update_compatibility_version", "abc"],
+                                                        "--update_compatibility_version=abc is not a Beam version", False),
+    "beam_update_compatibility_version_without_dill": (lambda t: ["--update_compatibility_version", "2.60.0"],
+                                                       "needs dill==0.3.1.1 installed", False),
 }
 
 
