@@ -732,6 +732,10 @@ def test_the_output_dir_alone_reports_the_run_that_finished_last(tmp_path):
         write_run(out, run_id, score_rows(run_id, "embed", 2, embeddings=np.eye(2, 4)),
                   run_summary={**summary(run_id, "embed"), "finished_at": finished})
     assert report.locate_run(out) == (out, "a-late")
+    # an empty --run_id (`--run_id "$RUN"` with RUN unset) is refused, not read as "the run that finished last"
+    for empty in ("", " "):
+        with pytest.raises(report.ReportError, match="--run_id=.* is empty"):
+            report.locate_run(out, empty)
 
 
 def test_the_pages_tables_say_what_the_summary_says():

@@ -76,6 +76,9 @@ def locate_run(path: str, run_id: str | None = None) -> tuple[str, str]:
         raise ReportError(bigquery_message(path, "report"))
     if not path.strip():
         raise ReportError("no run given (an empty argument): pass the output DIR, a run's folder or its summary.json")
+    if run_id is not None and not run_id.strip():  # `--run_id "$RUN"` with RUN unset: not "the run that finished last"
+        raise ReportError(f"--run_id={run_id!r} is empty (an unset variable?); pass the run's id, or leave --run_id out "
+                          "for the run that finished last")
     path = path.rstrip("/") or "/"
     named = run_commit.named_run(path)
     if named:
