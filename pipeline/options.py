@@ -224,8 +224,9 @@ def dict_to_flags(values: dict[str, Any], origin: str = "--config") -> list[str]
             if isinstance(beam_parser().get_default(key), bool):  # a value that means true/false (Beam's --dry_run)
                 flags += [f"--{key}=True"] if value else []
                 continue
-            raise ConfigError(f"{origin}: `{key}` is {str(value).lower()} (a YAML boolean) but takes a value; quote "
-                              f"it if it is text: {key}: \"{str(value).lower()}\"")
+            fix = (f"quote it if it is text: {key}: \"{str(value).lower()}\"" if takes_text(key) else
+                   f"give it a value of its type (`docscore run --help`), or leave `{key}` out for its default")
+            raise ConfigError(f"{origin}: `{key}` is {str(value).lower()} (a YAML boolean) but takes a value; {fix}")
         if value is None or value is False:
             continue
         if not isinstance(value, bool) and is_switch(key):
@@ -258,10 +259,22 @@ def checked_value_flag(key: str, value: Any, origin: str) -> str:
 
 
 def takes_value(name: str) -> bool:
-    """--name takes a value (is not a bare switch such as --no_progress); unknown names count as taking one."""
+    """--name takes a value (is not a bare switch such as --no_progress); unknown names count as taking one. A
+    typed option (--stride) refuses the text "a" too, but needs an argument, which a switch does not."""
+    if takes_text(name):
+        return True
+    try:
+        beam_parser().parse_known_args([f"--{name}"])
+    except ConfigError:  # "expected one argument"
+        return True
+    return False
+
+
+def takes_text(name: str) -> bool:
+    """--name=a parses: a text option (or a name no option has)."""
     try:
         beam_parser().parse_known_args([f"--{name}=a"])
-    except ConfigError:  # a switch given a value
+    except ConfigError:  # a switch given a value, or a value not of the option's type
         return False
     return True
 

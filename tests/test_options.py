@@ -642,7 +642,12 @@ def test_a_relative_input_from_a_config_run_elsewhere_says_it_is_taken_from_the_
 
 @pytest.mark.parametrize("line, message", [("batch_size: sixteen", "`batch_size: sixteen`: --batch_size: invalid int value"),
                                            ("stride: 3.5", "`stride: 3.5`: --stride: invalid int value"),
-                                           ("temperature: warm", "`temperature: warm`: --temperature: invalid float value")])
+                                           ("temperature: warm", "`temperature: warm`: --temperature: invalid float value"),
+                                           # a YAML boolean for a number: `false` was dropped unseen, `true` refused
+                                           # as the command line's "--stride: expected one argument"
+                                           ("stride: false", "`stride` is false (a YAML boolean) but takes a value; "
+                                                             "give it a value of its type"),
+                                           ("batch_size: true", "`batch_size` is true (a YAML boolean) but takes a value")])
 def test_a_config_value_of_the_wrong_type_names_the_file(tmp_path, line, message):
     path = config_file(tmp_path, line + "\n")
     with pytest.raises(ConfigError) as refused:
