@@ -240,6 +240,10 @@ def dict_to_flags(values: dict[str, Any], origin: str = "--config") -> list[str]
             flags += [f"--{key}={item}" for item in value]
         elif isinstance(value, dict) and key == "labels":
             flags.append(f"--labels={LABELS_MAPPING_MARK}" + json.dumps(checked_label_mapping(value)))
+        elif isinstance(value, dict) and repeatable(key):  # job_labels: {team: nlp} for job_labels: [team=nlp]
+            entries = ", ".join(f"{name}={entry}" for name, entry in value.items())
+            raise ConfigError(f"{origin}: `{key}` is a mapping but takes a list of values; write it as a list, e.g. "
+                              f"{key}: [{entries}]")
         elif isinstance(value, dict):
             raise ConfigError(f"{origin}: `{key}` is a mapping but takes one value; give one")
         else:
