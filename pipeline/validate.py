@@ -380,6 +380,11 @@ def check_options(eo: EvalOptions) -> None:
     if eo.output != eo.output.strip():  # ' ' made a folder named by a space; 'out ' one that ls shows as out
         raise ConfigError(f"--output {eo.output!r} begins or ends with white space (an unquoted or unset variable?); "
                           "pass the directory's name without it")
+    for flag in ("cache_dir", "profile_dir"):  # '' is falsy: the default cache, no profile, without a word
+        value = getattr(eo, flag)
+        if value is not None and not value.strip():
+            raise ConfigError(f"--{flag}={value!r} is empty (an unset variable?); pass a directory, or leave --{flag} "
+                              "out")
     check_choice("task", eo.task, tuple(tasks.TASKS))  # the live registry: a task registered at run time counts
     check_choice("output_format", eo.output_format, OUTPUT_FORMATS)
     if eo.output.startswith(sinks.BQ_PREFIX):

@@ -309,6 +309,8 @@ CASES = {
                                                         "--update_compatibility_version=abc is not a Beam version", False),
     "beam_update_compatibility_version_without_dill": (lambda t: ["--update_compatibility_version", "2.60.0"],
                                                        "needs dill==0.3.1.1 installed", False),
+    "cache_dir_empty": (lambda t: ["--cache_dir", ""], "--cache_dir='' is empty (an unset variable?)", False),
+    "profile_dir_white_space": (lambda t: ["--profile_dir", " "], "--profile_dir=' ' is empty", False),
     "config_mapping_for_a_list_option": (lambda t: ["--config", config_file(t, "job_labels: {team: nlp}\n")],
                                          "takes a list of values; write it as a list, e.g. job_labels: [team=nlp]", False),
 }
