@@ -327,6 +327,20 @@ def load_config_file(path: str) -> dict[str, Any]:
     return data
 
 
+def set_by_config(eo: "EvalOptions", option: str) -> str:
+    """" (set by --config FILE: ...)" when the --config file sets `option` to the value it has, so a refusal that says
+    to drop a flag does not send the user to a command line that never had it; "" otherwise."""
+    if not eo.config:
+        return ""
+    try:
+        config = load_config_file(eo.config)
+    except ConfigError:
+        return ""
+    if option not in config or config[option] != eo.get_all_options().get(option):
+        return ""
+    return f" (set by --config {eo.config}: remove `{option}:` there)"
+
+
 def load_preset(name: str, argv: list[str]) -> dict[str, Any]:
     """The preset's options (runners.presets; it reads cloud settings from argv or the environment)."""
     try:

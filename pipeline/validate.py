@@ -24,7 +24,8 @@ from models.builtin import BUILTINS
 from models.tokenizer import MIN_SEQ_LEN
 from pipeline import dataflow_checks, input_checks, process_setup, tasks
 from pipeline.io import input_files, run_commit, sinks, sources, tfds_reader
-from pipeline.options import DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels
+from pipeline.options import (DTYPES, OUTPUT_FORMATS, TARGET_BACKENDS, ConfigError, EvalOptions, parse_labels,
+                              set_by_config)
 from pipeline.stages import batching, shadow
 from pipeline.stages.inference import ModelSpec, shared_model, texts_embedder
 from pipeline.stages.preprocess import WindowSpec
@@ -449,7 +450,7 @@ def check_options(eo: EvalOptions) -> None:
         )
     if "temperature" in eo.get_all_options(drop_default=True) and not task.takes_labels:
         raise ConfigError(f"--temperature is only for {label_tasks} (the softmax over its labels); --task={eo.task} "
-                          f"would ignore it: drop --temperature, or pass {label_tasks}")
+                          f"would ignore it: drop --temperature{set_by_config(eo, 'temperature')}, or pass {label_tasks}")
     dataflow_checks.check_job_labels(eo)
 
 
@@ -715,6 +716,7 @@ def check_shadow_flags(eo: EvalOptions) -> None:
             raise ConfigError(
                 f"--{flag}={given[flag]} has no effect without --shadow_attention ({meaning}); add "
                 f"--shadow_attention=KERNEL (e.g. --shadow_attention=flash) to shadow the run, or drop --{flag}"
+                f"{set_by_config(eo, flag)}"
             )
 
 

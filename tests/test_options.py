@@ -309,6 +309,11 @@ CASES = {
                                                         "--update_compatibility_version=abc is not a Beam version", False),
     "beam_update_compatibility_version_without_dill": (lambda t: ["--update_compatibility_version", "2.60.0"],
                                                        "needs dill==0.3.1.1 installed", False),
+    # a refusal to drop a flag the --config file set says so: the command line never had it
+    "temperature_from_the_config_with_embed": (lambda t: ["--config", config_file(t, "temperature: 0.1\n"), "--task", "embed"],
+                                               "drop --temperature (set by --config", False),
+    "shadow_fraction_from_the_config_without_shadow": (lambda t: ["--config", config_file(t, "shadow_fraction: 0.5\n")],
+                                                       "or drop --shadow_fraction (set by --config", False),
     "cache_dir_empty": (lambda t: ["--cache_dir", ""], "--cache_dir='' is empty (an unset variable?)", False),
     "profile_dir_white_space": (lambda t: ["--profile_dir", " "], "--profile_dir=' ' is empty", False),
     "config_mapping_for_a_list_option": (lambda t: ["--config", config_file(t, "job_labels: {team: nlp}\n")],
