@@ -223,11 +223,15 @@ def describe_cpu_choice(features: frozenset[str] | None) -> str:
 def add_xla_flags(flags: tuple[str, ...] | list[str]) -> list[str]:
     """Append flags to $XLA_FLAGS unless the flag's name is already there (the user's value wins).
     Returns the flags added."""
-    current = shlex.split(os.environ.get("XLA_FLAGS", ""))
-    present = {f.split("=", 1)[0] for f in current}
+    current = os.environ.get("XLA_FLAGS", "")
+    try:
+        names = shlex.split(current)
+    except ValueError:  # an unbalanced quote: XLA reads the value all the same, so docscore must not stop on it
+        names = current.split()
+    present = {f.split("=", 1)[0] for f in names}
     added = [f for f in flags if f.split("=", 1)[0] not in present]
-    if added:
-        os.environ["XLA_FLAGS"] = " ".join(current + added)
+    if added:  # the user's value kept as written, ours after it
+        os.environ["XLA_FLAGS"] = " ".join(([current] if current.strip() else []) + added)
     return added
 
 

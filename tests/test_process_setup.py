@@ -42,6 +42,12 @@ def test_xla_flags_are_chosen_per_dtype_and_the_users_value_wins(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
     assert process_setup.add_xla_flags([process_setup.YNN_INDIVIDUAL_DOT]) == [process_setup.YNN_INDIVIDUAL_DOT]
     assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_enable_fast_math=false", process_setup.YNN_INDIVIDUAL_DOT]
+    # the user's value as written: a quoted value keeps its quotes (rejoined unquoted, XLA read "/tmp/a" and "b"), and
+    # an unbalanced quote, which XLA reads all the same, stops nothing
+    for users in ('--xla_dump_to="/tmp/a b"', '--xla_dump_to="/tmp/a b'):
+        monkeypatch.setenv("XLA_FLAGS", users)
+        assert process_setup.add_xla_flags([process_setup.YNN_INDIVIDUAL_DOT]) == [process_setup.YNN_INDIVIDUAL_DOT]
+        assert os.environ["XLA_FLAGS"] == f"{users} {process_setup.YNN_INDIVIDUAL_DOT}"
     monkeypatch.setenv(process_setup.ENV_SWITCH, "0")
     report = process_setup.apply_cpu_tuning(process_setup.CpuTuning(compilation_cache=False))
     assert report.mallopt == {} and report.xla_flags_added == [] and report.skipped
