@@ -71,8 +71,12 @@ def options_given(argv: Sequence[str]) -> dict[str, Any]:
 
 def environment_value(setting: CloudSetting, environ: Mapping[str, str]) -> str | None:
     for var in setting.env:
-        if environ.get(var):
-            return environ[var]
+        value = environ.get(var)
+        if value and value != value.strip():  # `export DOCSCORE_REGION="us-central1 "`: Dataflow refuses it at submission
+            raise ValueError(f"{var}={value!r} begins or ends with white space; set it without (or pass "
+                             f"{setting.flag})")
+        if value:
+            return value
     return None
 
 

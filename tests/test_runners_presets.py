@@ -105,6 +105,20 @@ def test_a_bad_setting_from_the_environment_names_the_variable(no_cloud_env):
         check_before_data(eo)
 
 
+def test_a_setting_from_the_environment_with_white_space_around_it_is_refused_naming_the_variable(no_cloud_env):
+    """`export DOCSCORE_REGION="us-central1 "` passed every check before data and failed at Dataflow's submission."""
+    for name, value in CLOUD_ENV.items():
+        no_cloud_env.setenv(name, value)
+    flags = ["--preset", "dataflow-cpu", "--input", "gs://docscore-test-bucket/in/", "--output", "gs://docscore-test-bucket/out"]
+    for name, value in (("DOCSCORE_REGION", "us-central1 "), ("DOCSCORE_IMAGE", " "),
+                        ("DOCSCORE_TEMP_LOCATION", " gs://docscore-test-bucket/tmp")):
+        no_cloud_env.setenv(name, value)
+        with pytest.raises(ConfigError, match=rf"--preset dataflow-cpu: {name}='{value}' begins or ends with white space"):
+            parse_options(flags)
+        no_cloud_env.setenv(name, CLOUD_ENV[name])
+    assert parse_options(flags)[1].get_all_options()["region"] == CLOUD_ENV["DOCSCORE_REGION"]
+
+
 def test_flags_on_the_command_line_stand_in_for_the_environment(no_cloud_env):
     argv = ["--project=flag-project", "--region", "europe-west4", "--temp_location=gs://b-flag/tmp",
             "--sdk_container_image=img:flag"]
