@@ -20,7 +20,7 @@ from models.config import (DENSE_ACTIVATIONS, ENCODER_FAMILIES, MAX_SIZES, Dense
                            with_checkpoint_head)
 from models.errors import ModelLoadError
 from models.checkpoint import stored_shapes
-from models.model_dir import CONFIG, PARAMS, ModelMetadata, check_new_dir, unwritten_pooling, write_model_dir
+from models.model_dir import CONFIG, METADATA, PARAMS, ModelMetadata, check_new_dir, unwritten_pooling, write_model_dir
 from models.tokenizer import MIN_SEQ_LEN, DocTokenizer
 
 # Tensors of task heads and buffers that carry no encoder/decoder weights.
@@ -377,6 +377,8 @@ def read_safetensors(src: str, leave_out: tuple[str, ...] = ()) -> tuple[dict[st
         has_pickle = any(f.endswith((".bin", ".pt", ".pth", ".ckpt")) for f in os.listdir(src))
         hint = (" (it has PyTorch pickle files, which docscore never loads: re-save with "
                 "save_pretrained(dir, safe_serialization=True))" if has_pickle else "")
+        if os.path.isfile(os.path.join(src, METADATA)) and os.path.isdir(os.path.join(src, PARAMS)):
+            hint = " (it is a docscore model directory, converted already: pass it to `docscore run --model`)"
         raise ModelLoadError(f"{src}: no *.safetensors weights found{hint}")
     tensors = {}
     for name in files:

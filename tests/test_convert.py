@@ -139,6 +139,13 @@ def test_pickle_weights_are_refused(hf_bert, tmp_path, capsys):
     assert code == 2 and f"{src}: no *.safetensors weights found" in message and "pickle" in message
 
 
+def test_a_converted_directory_given_as_the_source_is_named_as_one(hf_bert, tmp_path, capsys):
+    assert convert(hf_bert, tmp_path / "once", capsys)[0] == 0
+    code, message = convert(tmp_path / "once", tmp_path / "twice", capsys)
+    assert code == 2 and "no *.safetensors weights found (it is a docscore model directory" in message, message
+    assert "docscore run --model" in message and not (tmp_path / "twice").exists()
+
+
 def test_missing_tokenizer(hf_bert, tmp_path, capsys):
     src = broken_copy(hf_bert, tmp_path)
     (src / "tokenizer.json").unlink()
