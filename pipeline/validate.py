@@ -310,6 +310,9 @@ def check_writable_location(flag: str, location: str, kinds: str) -> None:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise ConfigError(f"{flag} {location}: its disk is full ({e.strerror}); free space there, or choose "
                               "another directory") from None
+        if e.errno in (errno.EEXIST, errno.ENOTDIR) and "://" not in location:  # it, or a folder above it, is a file
+            raise ConfigError(f"{flag} {location} is a file, or lies under one, where a directory is needed "
+                              f"({e.strerror}); choose a directory") from None
         raise ConfigError(f"{flag} {location} is not writable ({e}); choose a directory you can write to") from None
     except ValueError as e:
         raise ConfigError(f"{flag} {location}: {e}; use {kinds}") from None

@@ -212,6 +212,9 @@ CASES = {
                                                  "is inside what --input", False),
     "flag_with_one_dash": (lambda t: ["-batch_size=4"], "unknown option -batch_size=4 (did you mean --batch_size?)", False),
     "flag_with_one_dash_and_a_value": (lambda t: ["-task", "embed"], "unknown option -task (did you mean --task?)", False),
+    "output_is_a_file": (lambda t: ["--output", str(placed(t / "o0" / "out"))], "out is a file, or lies under one", False),
+    "output_under_a_file": (lambda t: ["--output", str(placed(t / "o0" / "f") / "out")], "out is a file, or lies under one",
+                            False),
     "output_holds_a_file_where_a_table_folder_goes": (lambda t: ["--output", str(placed(t / "o1" / "scores").parent)],
                                                       "scores is a file where the run writes a folder", False),
     "output_holds_a_file_where_the_run_partition_goes": (
