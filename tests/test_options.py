@@ -299,6 +299,8 @@ CASES = {
     "similarity_without_query_field": (lambda t: ["--task", "similarity"], "--task=similarity", True),
     "run_id_escaping_output": (lambda t: ["--run_id", "../../etc"], "--run_id", False),
     "tfds_without_data_dir": (lambda t: ["--input", "tfds:foo"], "--tfds_data_dir", False),
+    "tfds_without_a_name": (lambda t: ["--input", "tfds:", "--tfds_data_dir", str(t)], "--input tfds:: name the dataset",
+                            False),
     # Beam's own checks of its options, which it makes when the job's pipeline is made or built: a traceback, exit 1,
     # after the model load, the field peek and the run's lease
     "beam_pickle_library_not_installed": (lambda t: ["--pickle_library", "dill"], "--pickle_library=dill: ", False),

@@ -67,6 +67,8 @@ def parse_tfds_input(spec: str) -> tuple[str, str | None]:
 def locate_dataset(spec: str, data_dir: str) -> TfdsDataset:
     """Find the prepared dataset directory; raises FileNotFoundError naming what is missing."""
     name, version = parse_tfds_input(spec)
+    if not name.strip():  # tfds: alone would look for versions in the data dir itself
+        raise FileNotFoundError(f"--input {spec}: name the dataset, tfds:NAME or tfds:NAME:VERSION (e.g. tfds:imdb_reviews)")
     if "://" not in data_dir:  # shard paths are rows' `source` and fallback ids: the same from any directory
         data_dir = os.path.abspath(data_dir)
     fs, root = fsspec.core.url_to_fs(posixpath.join(data_dir, name))
