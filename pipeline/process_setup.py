@@ -221,17 +221,20 @@ def describe_cpu_choice(features: frozenset[str] | None) -> str:
 
 
 def add_xla_flags(flags: tuple[str, ...] | list[str]) -> list[str]:
-    """Append flags to $XLA_FLAGS unless the flag's name is already there (the user's value wins).
-    Returns the flags added."""
+    """Append flags to $XLA_FLAGS unless the flag's name is already there (the user's value wins; one with an
+    unbalanced quote gets them before it, where XLA reads them). Returns the flags added."""
     current = os.environ.get("XLA_FLAGS", "")
+    unbalanced = False
     try:
         names = shlex.split(current)
     except ValueError:  # an unbalanced quote: XLA reads the value all the same, so docscore must not stop on it
-        names = current.split()
+        names, unbalanced = current.split(), True
     present = {f.split("=", 1)[0] for f in names}
     added = [f for f in flags if f.split("=", 1)[0] not in present]
-    if added:  # the user's value kept as written, ours after it
-        os.environ["XLA_FLAGS"] = " ".join(([current] if current.strip() else []) + added)
+    if added:  # the user's value kept as written, ours after it; XLA reads an unbalanced quote's value to the end of
+        # XLA_FLAGS, which would take ours into it (never applied, and the user's --xla_dump_to path changed): before it
+        user = [current] if current.strip() else []
+        os.environ["XLA_FLAGS"] = " ".join(added + user if unbalanced else user + added)
     return added
 
 
