@@ -19,9 +19,16 @@ import pytest
 # One JAX persistent compilation cache for this test session, inherited by the worker processes of
 # multi_processing runs, so they reuse what the in-process runs compiled (same programs, same
 # results; only compile time is saved). Set before jax is imported anywhere.
+# Under pytest-xdist each worker process takes a folder of its own inside it: JAX writes an entry without a lock,
+# so another process compiling the same program could read it half-written (a warning, then docscore's clean-up).
 _OWN_JAX_CACHE = None
+_SESSION_JAX_CACHE = "DOCSCORE_TEST_JAX_CACHE"
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _OWN_JAX_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="docscore-test-jax-cache-")
+    _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="docscore-test-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_JAX_CACHE] = _OWN_JAX_CACHE
+elif os.environ.get("PYTEST_XDIST_WORKER") and os.environ["JAX_COMPILATION_CACHE_DIR"] == os.environ.get(_SESSION_JAX_CACHE):
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ[_SESSION_JAX_CACHE], os.environ["PYTEST_XDIST_WORKER"])
+    os.makedirs(os.environ["JAX_COMPILATION_CACHE_DIR"], exist_ok=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # gcsfs reads this once, at import: without it, it stalls ~60 s probing bucket types on the emulator.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
