@@ -7,16 +7,13 @@ Must not pool, tokenize or pick a kernel: the attention name comes in through th
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from models.config import MPNET_BUCKETS, ModelConfig
 from models.layers import (COMPUTE_DTYPES, FeedForward, SelfAttention, embedding_dense, layer_norm, positions_in_segments,
-                           run_blocks)
+                           relative_position_bias, run_blocks)
 
 
 class BertEmbeddings(nnx.Module):
@@ -44,30 +41,6 @@ class BertEmbeddings(nnx.Module):
 
 
 MPNET_MAX_DISTANCE = 128  # MPNetEncoder.relative_position_bucket's max_distance (transformers 5.24)
-
-
-def relative_position_buckets(offsets: np.ndarray, num_buckets: int = MPNET_BUCKETS,
-                              max_distance: int = MPNET_MAX_DISTANCE) -> np.ndarray:
-    """MPNet's bucket of each key-query offset j - i (MPNetEncoder.relative_position_bucket, T5's bidirectional
-    buckets): keys after the query in the upper half of the buckets; within each half, distances below a quarter of the
-    buckets exactly, then logarithmically up to max_distance, past which one bucket. Each step in float32 as torch
-    computes it (tests/test_models_mpnet.py checks every offset to +-5000, the buckets' edges among them)."""
-    distance = -np.asarray(offsets, np.int64)  # query - key, as transformers' n
-    half = num_buckets // 2
-    upper = (distance < 0).astype(np.int64) * half
-    distance = np.abs(distance)
-    exact = half // 2
-    ratio = (np.log(np.maximum(distance, 1).astype(np.float32) / np.float32(exact))
-             / np.float32(math.log(max_distance / exact)))
-    far = np.minimum(exact + (ratio * np.float32(half - exact)).astype(np.int64), half - 1)
-    return upper + np.where(distance < exact, distance, far)
-
-
-def relative_position_bias(table: jax.Array, length: int) -> jax.Array:
-    """The kernels' relative_bias [heads, 2 * length - 1] of rows of `length` tokens from MPNet's [buckets, heads]
-    table: entry e is offset e - (length - 1), its bucket's row (static: the buckets depend on the length only)."""
-    buckets = relative_position_buckets(np.arange(2 * length - 1) - (length - 1))
-    return table[jnp.asarray(buckets)].T.astype(jnp.float32)
 
 
 class BertLayer(nnx.Module):
@@ -104,7 +77,8 @@ class BertEncoder(nnx.Module):
         if self.relative_attention_bias is None:
             return run_blocks(self.layers, x, segment_ids)
         # offsets of row indices: within a packed segment the same as in the document's own unpadded row
-        bias = relative_position_bias(self.relative_attention_bias.embedding[...], input_ids.shape[1])
+        bias = relative_position_bias(self.relative_attention_bias.embedding[...], input_ids.shape[1], MPNET_BUCKETS,
+                                      MPNET_MAX_DISTANCE)
         return run_blocks(self.layers, x, segment_ids, relative_bias=bias)
 
     def final_hidden(self, input_ids: jax.Array, segment_ids: jax.Array) -> jax.Array:

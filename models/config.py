@@ -356,7 +356,7 @@ def _mpnet(hf: dict[str, Any]) -> ModelConfig:
     """MPNetModel: BERT's post-norm blocks (attn.q/k/v/o, intermediate, output) and exact GELU, positions counted past
     padding id 1 as RoBERTa's (MPNET_PADDING_IDX, whatever pad_token_id says), no token types, and one relative
     position bias table [relative_attention_num_buckets, heads] shared by every layer, added to the scaled scores of
-    each head at the bucket of the key-query offset (models/bert.py relative_position_buckets)."""
+    each head at the bucket of the key-query offset (models/layers.py relative_position_buckets)."""
     buckets = hf.get("relative_attention_num_buckets", MPNET_BUCKETS)
     if type(buckets) is int and 0 < buckets < MPNET_BUCKETS:
         raise ModelLoadError(f"relative_attention_num_buckets {buckets} is not supported: transformers' MPNet looks "

@@ -9,6 +9,7 @@ with to `kernels.attention` and knows nothing else about kernels.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,6 +80,31 @@ def positions_in_segments(segment_ids: jax.Array, counted: jax.Array | None = No
     previous = jnp.pad(segment_ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
     starts = jnp.where(segment_ids != previous, before, 0)
     return jnp.where(segment_ids > 0, before - jax.lax.cummax(starts, axis=1), 0)
+
+
+def relative_position_buckets(offsets: np.ndarray, num_buckets: int, max_distance: int) -> np.ndarray:
+    """The bucket of each key-query offset j - i in T5's bidirectional buckets (T5Attention._relative_position_bucket,
+    which MPNetEncoder.relative_position_bucket copies): keys after the query in the upper half of the buckets; within
+    each half, distances below a quarter of the buckets exactly, then logarithmically up to max_distance, past which
+    one bucket. Each step in float32 as torch computes it (tests/test_models_mpnet.py checks every offset to +-5000,
+    the buckets' edges among them)."""
+    distance = -np.asarray(offsets, np.int64)  # query - key, as transformers' n
+    half = num_buckets // 2
+    upper = (distance < 0).astype(np.int64) * half
+    distance = np.abs(distance)
+    exact = half // 2
+    ratio = (np.log(np.maximum(distance, 1).astype(np.float32) / np.float32(exact))
+             / np.float32(math.log(max_distance / exact)))
+    far = np.minimum(exact + (ratio * np.float32(half - exact)).astype(np.int64), half - 1)
+    return upper + np.where(distance < exact, distance, far)
+
+
+def relative_position_bias(table: jax.Array, length: int, num_buckets: int, max_distance: int) -> jax.Array:
+    """The kernels' relative_bias [heads, 2 * length - 1] of rows of `length` tokens from a [buckets, heads] table
+    (MPNet's, T5's): entry e is offset e - (length - 1), its bucket's row (static: the buckets depend on the length
+    only). Offsets are of row indices: within a packed segment the same as in the document's own unpadded row."""
+    buckets = relative_position_buckets(np.arange(2 * length - 1) - (length - 1), num_buckets, max_distance)
+    return table[jnp.asarray(buckets)].T.astype(jnp.float32)
 
 
 class SelfAttention(nnx.Module):

@@ -17,8 +17,9 @@ from flax import nnx
 
 import models
 from kernels import KernelUnsupportedError
-from models.bert import relative_position_buckets
-from models.config import config_from_hf
+from models.bert import MPNET_MAX_DISTANCE
+from models.config import MPNET_BUCKETS, config_from_hf
+from models.layers import relative_position_buckets
 from models.loader import model_kernel
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
@@ -91,7 +92,7 @@ def test_buckets_are_transformers_own():
 
     offsets = np.arange(-5000, 5001)
     expected = MPNetEncoder.relative_position_bucket(torch.as_tensor(offsets)).numpy()
-    np.testing.assert_array_equal(relative_position_buckets(offsets), expected)
+    np.testing.assert_array_equal(relative_position_buckets(offsets, MPNET_BUCKETS, MPNET_MAX_DISTANCE), expected)
     assert len(set(expected.tolist())) == 31  # both halves used (bucket 16, offset 0 looked at from after, never is)
 
 
