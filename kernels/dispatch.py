@@ -34,8 +34,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     soft_cap: the scaled scores become tanh(scores / soft_cap) * soft_cap before the mask and softmax (Gemma 2's
     attention-logit soft-capping); kernels without it (Implementation.logit_soft_cap) are refused. None: no cap.
     relative_bias: float [H, Lq + Lkv - 1], a bias by key-query offset: relative_bias[h, j - i + Lq - 1] is added to
-    head h's scaled score of query i and key j before the mask and softmax (MPNet's bucketed relative position bias,
-    looked up per offset by the model). Indexed by offset, it holds O(length) values, and kernels that never hold
+    head h's scaled score of query i and key j before the mask and softmax (MPNet's and T5's bucketed relative position
+    bias, looked up per offset by the model). Indexed by offset, it holds O(length) values, and kernels that never hold
     [Lq, Lkv] scores (blockwise) gather it a block at a time. Offsets are of row indices: a document packed after
     others in a row has the same offsets between its tokens as alone, and other segments are masked. It is refused
     beside soft_cap (no model docscore reads has both, and whether it is added inside or outside the cap's tanh is

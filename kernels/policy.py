@@ -137,7 +137,7 @@ def _supported(name: str, backend: str, info: dict) -> tuple[bool, str]:
                        f"model's cap of {info['soft_cap']:g} needs (Gemma 2's attn_logit_softcapping)")
     if info.get("relative_bias") and not impl.relative_position_bias:
         return False, ("it has no relative position bias (a learned score per head and key-query offset added to the "
-                       "scores), which this model's attention needs (MPNet's relative_attention_bias)")
+                       "scores), which this model's attention needs (MPNet's and T5's relative_attention_bias)")
     return impl.is_supported(**info)
 
 

@@ -1,7 +1,7 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
 Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet; ModernBERT encoder;
-GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3 and the text model
+T5 encoder: T5, mT5; GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3 and the text model
 of its multimodal release),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
@@ -14,10 +14,11 @@ from typing import Any, Literal
 
 from models.errors import ModelLoadError
 
-Family = Literal["bert", "modernbert", "gpt2", "llama"]
-ENCODER_FAMILIES = ("bert", "modernbert")  # bidirectional models whose outputs are embeddings
+Family = Literal["bert", "modernbert", "t5", "gpt2", "llama"]
+ENCODER_FAMILIES = ("bert", "modernbert", "t5")  # bidirectional models whose outputs are embeddings
 # families whose MLP is models/llama.py GatedFeedForward, down(act(gate(x)) * up(x)): the memory estimate counts
-# three [tokens, intermediate] tensors for it where BERT's and GPT-2's hold one (pipeline/telemetry/memory.py)
+# three [tokens, intermediate] tensors for it where BERT's and GPT-2's hold one (pipeline/telemetry/memory.py); a T5's
+# is gated or not by checkpoint (ModelConfig.gated_feed_forward)
 GATED_MLP_FAMILIES = ("llama", "modernbert")
 
 # Hugging Face activation name -> our name (the module maps our name to a function).
@@ -32,11 +33,12 @@ ACTIVATIONS = {
 # DistilBERT is BERT without token types under other names, MPNet is RoBERTa's positions without token types plus one
 # relative position bias table all its layers share; Mistral, Qwen2, Qwen3, Phi-3 (and Phi-4, model_type phi3:
 # Llama's block with fused weights, split at convert), Gemma 2 and Gemma 3 (its text model) are Llama's architecture
-# with a few config switches.
+# with a few config switches. mT5 is T5's code under another model_type (MT5Config's defaults differ).
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert",
             "mpnet": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
-            "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "modernbert": "modernbert"}
+            "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "modernbert": "modernbert",
+            "t5": "t5", "mt5": "t5"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
 # MPNet's relative position bias as transformers 5.24 computes it: its positions count past padding id 1 whatever
@@ -67,6 +69,10 @@ HF_KEYS = {
               "head_size": "head_dim", "intermediate_size": "intermediate_size",
               "max_positions": "max_position_embeddings"},
 }
+HF_KEYS["t5"] = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_layers": "num_layers", "num_heads": "num_heads",
+                 "head_size": "d_kv", "intermediate_size": "d_ff", "max_positions": "n_positions",
+                 "relative_attention_buckets": "relative_attention_num_buckets",
+                 "relative_attention_max_distance": "relative_attention_max_distance"}
 # Gemma3ForConditionalGeneration (model_type gemma3): its text model's keys under text_config
 HF_KEYS["gemma3"] = {field: f"text_config.{key}" for field, key in HF_KEYS["llama"].items()}
 # Upper bounds of each size: far above any BERT or GPT-2 model (BERT-large: 24 layers, hidden 1024; GPT-2 XL:
@@ -75,7 +81,7 @@ HF_KEYS["gemma3"] = {field: f"text_config.{key}" for field, key in HF_KEYS["llam
 MAX_SIZES = {"num_layers": 512, "hidden_size": 65_536, "num_heads": 1_024, "num_kv_heads": 1_024,
              "head_size": 65_536, "intermediate_size": 262_144,
              "vocab_size": 4_194_304, "max_positions": 1_048_576, "type_vocab_size": 1_024,
-             "relative_attention_buckets": 1_024}
+             "relative_attention_buckets": 1_024, "relative_attention_max_distance": 1_048_576}
 
 
 # Rotary scalings the Llama decoder computes exactly as transformers does; others are refused by name.
@@ -124,10 +130,12 @@ class ModelConfig:
     activation: str
     type_vocab_size: int = 0                       # bert only
     position_offset: int = 0                       # bert: RoBERTa's first position id (pad_token_id + 1)
-    relative_attention_buckets: int = 0            # bert: MPNet's relative position bias table rows, one for all layers
+    relative_attention_buckets: int = 0            # bert (MPNet), t5: relative position bias table rows, one for all layers
+    relative_attention_max_distance: int = 0       # t5: the offset from which one bucket (MPNet's is fixed: models/bert.py)
+    gated_feed_forward: bool = False               # t5: T5 v1.1's and mT5's gated MLP (wi_0, wi_1), not wi alone
     scale_attn_by_inverse_layer_idx: bool = False  # gpt2 only
     num_kv_heads: int = 0                          # llama: grouped-query key/value heads (0: num_heads)
-    head_size: int = 0                             # llama: config.json's head_dim (0: hidden_size // num_heads)
+    head_size: int = 0                             # llama: config.json's head_dim, t5: d_kv (0: hidden_size // num_heads)
     rope: Rope = Rope()                            # llama, modernbert (its global layers')
     local_rope: Rope | None = None                 # modernbert: its local layers' rotary settings (None: rope's)
     qkv_bias: bool = False                         # llama: Qwen2's q/k/v biases, or attention_bias; modernbert's Wqkv
@@ -197,7 +205,7 @@ class ModelConfig:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.family in GATED_MLP_FAMILIES
+        return self.family in GATED_MLP_FAMILIES or self.gated_feed_forward
 
 
 def with_checkpoint_head(config: ModelConfig, has_head: bool, pooling: str | None) -> ModelConfig:
@@ -219,7 +227,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
         raise ModelLoadError(
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
             f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert', 'distilbert' or 'mpnet', encoder), ModernBERT (model_type "
-            f"'modernbert', encoder), the GPT-2 family (model_type 'gpt2', "
+            f"'modernbert', encoder), T5's encoder (model_type 't5' or 'mt5', its decoder not read), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma2', "
             f"'gemma3_text' or "
             f"'gemma3', Gemma 3's multimodal release read as its text model, decoder)")
@@ -246,7 +254,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     try:
         config = {"bert": {"distilbert": _distilbert, "mpnet": _mpnet}.get(model_type, _bert), "gpt2": _gpt2,
                   "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3}.get(model_type, _llama),
-                  "modernbert": _modernbert}[family](hf)
+                  "modernbert": _modernbert, "t5": _t5}[family](hf)
         config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: {model_type} config lacks the field {missing}; "
@@ -259,7 +267,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     if config.family == "llama" and config.num_heads % config.kv_heads:
         raise ModelLoadError(f"{path}: num_attention_heads {config.num_heads} is not a multiple of "
                              f"num_key_value_heads {config.kv_heads}")
-    head_dim_given = config.family == "llama" and (hf.get("head_dim") is not None or model_type in ("qwen3", "gemma3_text"))
+    head_dim_given = config.family == "t5" or (  # T5's d_kv (mT5-small: 6 heads of 64 over d_model 512)
+        config.family == "llama" and (hf.get("head_dim") is not None or model_type in ("qwen3", "gemma3_text")))
     if not head_dim_given and config.hidden_size % config.num_heads:
         raise ModelLoadError(f"{path}: hidden size {config.hidden_size} is not a multiple of "
                              f"{config.num_heads} attention heads")
@@ -289,7 +298,7 @@ def check_bounds(config: ModelConfig, path: str = "config.json") -> None:
     eps = config.layer_norm_eps
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         key = {"bert": "layer_norm_eps", "gpt2": "layer_norm_epsilon", "llama": "rms_norm_eps",
-               "modernbert": "norm_eps"}[config.family]
+               "modernbert": "norm_eps", "t5": "layer_norm_epsilon"}[config.family]
         raise ModelLoadError(f"{path}: {key} is {_shown(eps)}; it must be a number between 0 and 1 (e.g. 1e-12); "
                              "set it to the model's real value, or re-create the model directory with `docscore convert`")
 
@@ -364,6 +373,58 @@ def _mpnet(hf: dict[str, Any]) -> ModelConfig:
                              "fails there for any text of two tokens or more; set it to the model's real value (32)")
     config = _bert({**hf, "pad_token_id": MPNET_PADDING_IDX, "type_vocab_size": 0})
     return dataclasses.replace(config, relative_attention_buckets=buckets)
+
+
+# T5Config's and MT5Config's defaults where a config.json leaves the key out (transformers 5.24), and the window length
+# docscore stops at when config.json has no n_positions: T5's positions are relative, so transformers runs any length,
+# but T5 was trained on 512 tokens (t5-base's config.json says n_positions 512)
+T5 = {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_heads": 8,
+      "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128, "layer_norm_epsilon": 1e-6,
+      "feed_forward_proj": "relu", "n_positions": 512}
+MT5 = {**T5, "vocab_size": 250112, "d_ff": 1024, "num_layers": 8, "num_heads": 6, "feed_forward_proj": "gated-gelu"}
+
+
+def _t5(hf: dict[str, Any]) -> ModelConfig:
+    """T5EncoderModel, and the encoder of T5Model / T5ForConditionalGeneration (model_type t5; mt5 is the same code): the
+    token embedding unscaled, pre-norm blocks (T5's RMSNorm; attention without biases or 1/sqrt(d) scaling, d_kv wide
+    heads, a relative position bias by key-query offset in relative_attention_num_buckets bidirectional buckets up to
+    relative_attention_max_distance, from one table layer 0 holds and every layer adds; a ReLU MLP, or a gated one
+    with feed_forward_proj gated-*), a final RMSNorm. The MLP as transformers 5 reads it: feed_forward_proj's
+    "gated-ACT" or "ACT" (gated-gelu: gelu_new), over which config.json's own is_gated_act and dense_act_fn win.
+    A decoder stack's config (is_decoder) is refused: docscore embeds with the encoder."""
+    if hf.get("is_decoder"):
+        raise ModelLoadError(f"is_decoder {_shown(hf['is_decoder'])}: this config describes a {hf['model_type']} decoder "
+                             "stack (causal, attending to an encoder's output), not an encoder; docscore embeds with "
+                             "T5's encoder: convert T5EncoderModel, or the whole model, whose decoder is not read")
+    hf = {**(MT5 if hf["model_type"] == "mt5" else T5), **hf}
+    proj = hf["feed_forward_proj"]
+    parts = proj.split("-") if isinstance(proj, str) else []
+    if not parts or len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        raise ModelLoadError(f"feed_forward_proj {_shown(proj)} is not supported; transformers reads 'ACT' or "
+                             "'gated-ACT' (T5's 'relu', T5 v1.1's and mT5's 'gated-gelu')")
+    gated = hf.get("is_gated_act", parts[0] == "gated")
+    if not isinstance(gated, bool):
+        raise ModelLoadError(f"is_gated_act is {_shown(gated)}; it must be true or false (or left out: "
+                             "feed_forward_proj says)")
+    activation = hf.get("dense_act_fn", "gelu_new" if proj == "gated-gelu" else parts[-1])
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        named = f"dense_act_fn {_shown(activation)}" if "dense_act_fn" in hf else f"feed_forward_proj {_shown(proj)}"
+        raise ModelLoadError(f"{named} is not supported; docscore computes T5's MLP with the activations "
+                             f"{sorted(ACTIVATIONS)}")
+    buckets, distance = hf["relative_attention_num_buckets"], hf["relative_attention_max_distance"]
+    # with fewer than 4 buckets, or a max_distance within the exact ones, torch's bucket arithmetic divides by zero
+    if type(buckets) is int and 0 < buckets < 4:
+        raise ModelLoadError(f"relative_attention_num_buckets {buckets} is not supported: T5's bidirectional buckets "
+                             "need at least 4 (transformers fails with fewer); set it to the model's real value (32)")
+    if type(buckets) is int and type(distance) is int and 0 < distance <= buckets // 4:
+        raise ModelLoadError(f"relative_attention_max_distance {distance} is not supported: it must exceed the "
+                             f"{buckets // 4} offsets relative_attention_num_buckets {buckets} counts exactly (transformers "
+                             "divides by zero otherwise); set it to the model's real value (128)")
+    return ModelConfig(
+        family="t5", vocab_size=hf["vocab_size"], hidden_size=hf["d_model"], num_layers=hf["num_layers"],
+        num_heads=hf["num_heads"], head_size=hf["d_kv"], intermediate_size=hf["d_ff"], max_positions=hf["n_positions"],
+        layer_norm_eps=hf["layer_norm_epsilon"], activation=ACTIVATIONS[activation],
+        relative_attention_buckets=buckets, relative_attention_max_distance=distance, gated_feed_forward=gated)
 
 
 # ModernBertConfig's defaults where a config.json leaves the key out

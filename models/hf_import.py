@@ -1,6 +1,6 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
-*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet), ModernBERT, GPT-2 and
-Llama (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 3, the text model of Gemma 3's multimodal release) families.
+*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet), ModernBERT, T5
+(T5, mT5: the encoder), GPT-2 and Llama (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 3, the text model of Gemma 3's multimodal release) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree (the command's flags: pipeline/convert.py).
 Reads safetensors only (never pickle); must not run models.
@@ -290,6 +290,39 @@ def modernbert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
     return params
 
 
+def t5_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Hugging Face T5EncoderModel names (the encoder of T5Model and T5ForConditionalGeneration too, whose decoder
+    read_safetensors leaves out: SEQ2SEQ_DECODERS) -> our T5Encoder tree: block i's layer.0 (norm, attention) and
+    layer.1 (norm, DenseReluDense: wi, or the gated wi_0 and wi_1, then wo), none with a bias; block 0's
+    relative_attention_bias, which transformers shares with every later block; the final norm. The token table is
+    encoder.embed_tokens.weight where the checkpoint holds one (transformers then unties it from shared.weight), else
+    shared.weight."""
+    def linear(name: str) -> dict[str, np.ndarray]:
+        return {"kernel": src.take(f"{name}.weight").T}
+
+    def layer(i: int) -> dict[str, Any]:
+        p = f"encoder.block.{i}.layer."
+        mlp = p + "1.DenseReluDense."
+        feed_forward = ({"gate": linear(mlp + "wi_0"), "up": linear(mlp + "wi_1"), "down": linear(mlp + "wo")}
+                        if config.gated_feed_forward else {"up": linear(mlp + "wi"), "down": linear(mlp + "wo")})
+        return {
+            "attention_norm": {"scale": src.take(p + "0.layer_norm.weight")},
+            "attention": {ours: linear(p + f"0.SelfAttention.{theirs}")
+                          for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v"), ("output", "o"))},
+            "feed_forward_norm": {"scale": src.take(p + "1.layer_norm.weight")},
+            "feed_forward": feed_forward,
+        }
+    own = src.prefix + "encoder.embed_tokens.weight" in src.tensors
+    if own and src.prefix + "shared.weight" in src.tensors:
+        src.taken.add(src.prefix + "shared.weight")  # the decoder's and head's table, which docscore does not compute
+    return {
+        "token_embedding": {"embedding": src.take("encoder.embed_tokens.weight" if own else "shared.weight")},
+        "relative_attention_bias": {"embedding": src.take("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")},
+        "layers": {i: layer(i) for i in range(config.num_layers)},
+        "final_norm": {"scale": src.take("encoder.final_layer_norm.weight")},
+    }
+
+
 FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelConfig], dict[str, Any]]]] = {
     "bert": (("bert.", "roberta.", ""), bert_params),  # BertForX under "bert.", RobertaForX under "roberta.",
                                                       # the bare model at the root
@@ -302,13 +335,15 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
     "phi3": (("model.", ""), phi3_params),  # Phi3ForCausalLM under "model.", Phi3Model at the root
     "gemma3": (("model.language_model.",), gemma3_params),  # multimodal_text_tensors' names
     "gemma2": (("model.", ""), gemma3_params),
+    "t5": (("",), t5_params),  # T5EncoderModel, T5Model and T5ForConditionalGeneration at the root
 }
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
 MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
            "modernbert": "embeddings.tok_embeddings.weight",
            "distilbert": "embeddings.word_embeddings.weight", "mpnet": "embeddings.word_embeddings.weight",
            "gemma3_text": "embed_tokens.weight",
-           "gemma3": "embed_tokens.weight", "gemma2": "embed_tokens.weight", "phi3": "embed_tokens.weight"}
+           "gemma3": "embed_tokens.weight", "gemma2": "embed_tokens.weight", "phi3": "embed_tokens.weight",
+           "t5": "encoder.final_layer_norm.weight"}
 
 # Gemma3ForConditionalGeneration's text model under the names transformers 4.52-4.57 saved it with (and 5.x loads),
 # each from the name transformers 4.50 saved it with (and 5.x saves again: its save writes the checkpoint's first names)
@@ -317,6 +352,10 @@ MULTIMODAL_TEXT_NAMES = {"gemma3": (("language_model.model.", "model.language_mo
 # its vision encoder, under either save's names: never read (gemma-3-27b's is 400M parameters)
 MULTIMODAL_VISION_PREFIXES = {"gemma3": ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                                          "model.multi_modal_projector.")}
+
+# an encoder-decoder checkpoint's decoder (T5Model, T5ForConditionalGeneration: t5-base, mT5): never read, since docscore
+# embeds with the encoder as sentence-transformers does (T5EncoderModel); lm_head is an IGNORED_PREFIXES head
+SEQ2SEQ_DECODERS = {"t5": ("decoder.",), "mt5": ("decoder.",)}
 
 
 def multimodal_text_tensors(tensors: dict[str, np.ndarray], model_type: str, where: str) -> dict[str, np.ndarray]:
@@ -738,6 +777,25 @@ def dropped_vision(src: str) -> str | None:
             "not images")
 
 
+def dropped_decoder(src: str) -> str | None:
+    """What convert says of an encoder-decoder checkpoint (T5's) whose encoder alone it converted; None when the
+    checkpoint holds no decoder (T5EncoderModel, as sentence-transformers saves a T5) or is no such model."""
+    config = json_object(os.path.join(src, "config.json"))
+    prefixes = SEQ2SEQ_DECODERS.get(config.get("model_type")) if isinstance(config.get("model_type"), str) else None
+    if not prefixes:
+        return None
+    held = False
+    for name in checkpoint_files(src):
+        with safe_open(os.path.join(src, name), framework="flax") as f:
+            held = held or any(key.startswith(prefixes) for key in f.keys())
+    if not held:
+        return None
+    names = ", ".join(a for a in config.get("architectures") or [] if isinstance(a, str)) or config["model_type"]
+    return (f"{names} is an encoder-decoder model: its encoder was converted (what sentence-transformers embeds with, "
+            "T5EncoderModel) and its decoder (decoder.*, lm_head) left out, so docscore embeds text with it; it "
+            "generates and scores no tokens")
+
+
 def embedder_only(dst: str, metadata: ModelMetadata) -> str | None:
     """What convert says of a decoder embedder it wrote without a language-model head (its checkpoint had no untied
     lm_head.weight: with_checkpoint_head); None for any other model directory."""
@@ -808,7 +866,8 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
                              f"{tokenizer.n_special} special tokens{beside}; pass a larger --max_seq_len")
     tokenizer.check_vocab(config.vocab_size, os.path.join(src, "config.json"))
 
-    tensors, where = read_safetensors(src, leave_out=MULTIMODAL_VISION_PREFIXES.get(config.model_type, ()))
+    tensors, where = read_safetensors(src, leave_out=MULTIMODAL_VISION_PREFIXES.get(config.model_type, ())
+                                      + SEQ2SEQ_DECODERS.get(config.model_type, ()))
     if config.model_type in MULTIMODAL_TEXT_NAMES:
         tensors = multimodal_text_tensors(tensors, config.model_type, where)
     config = with_checkpoint_head(config, "lm_head.weight" in tensors, pooling)

@@ -86,8 +86,8 @@ def relative_position_buckets(offsets: np.ndarray, num_buckets: int, max_distanc
     """The bucket of each key-query offset j - i in T5's bidirectional buckets (T5Attention._relative_position_bucket,
     which MPNetEncoder.relative_position_bucket copies): keys after the query in the upper half of the buckets; within
     each half, distances below a quarter of the buckets exactly, then logarithmically up to max_distance, past which
-    one bucket. Each step in float32 as torch computes it (tests/test_models_mpnet.py checks every offset to +-5000,
-    the buckets' edges among them)."""
+    one bucket. Each step in float32 as torch computes it (tests/test_models_mpnet.py and tests/test_models_t5.py check
+    every offset to +-5000, the buckets' edges among them)."""
     distance = -np.asarray(offsets, np.int64)  # query - key, as transformers' n
     half = num_buckets // 2
     upper = (distance < 0).astype(np.int64) * half

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from models.errors import ModelLoadError
-from models.hf_import import (convert_hf_dir, dropped_head, dropped_special_tokens, dropped_vision, embedder_only,
-                              transformer_folder)
+from models.hf_import import (convert_hf_dir, dropped_decoder, dropped_head, dropped_special_tokens, dropped_vision,
+                              embedder_only, transformer_folder)
 from models.model_dir import remove_unfinished
 from pipeline.cli import SubcommandParser
 from pipeline.interrupt import exit_on_interrupt
@@ -17,7 +17,8 @@ def main(argv: list[str]) -> int:
     parser = SubcommandParser(
         prog="docscore convert",
         description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
-                    "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT/MPNet, ModernBERT, GPT-2 or Llama/Mistral/Qwen2/Qwen3/"
+                    "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT/MPNet, ModernBERT, T5/mT5 (t5, mt5: the encoder), "
+                    "GPT-2 or Llama/Mistral/Qwen2/Qwen3/"
                     "Phi-3 and Phi-4 (phi3)/Gemma 2 (gemma2)/Gemma 3 text (gemma3_text) family; Gemma 3's multimodal "
                     "models (gemma3) as their text model), or "
                     "a sentence-transformers directory around one (its pooling, Dense modules and prompts kept), into "
@@ -58,7 +59,8 @@ def main(argv: list[str]) -> int:
     prompts_left_out = None if metadata.include_prompt else (
         "its sentence-transformers pooling leaves a prompt's tokens out (include_prompt false), which docscore does "
         "not compute, so `docscore run` refuses --document_prompt and --query_prompt with it")
-    for note in (dropped_head(model_folder), dropped_vision(model_folder), dropped_special_tokens(args.hf, args.out),
+    for note in (dropped_head(model_folder), dropped_vision(model_folder), dropped_decoder(model_folder),
+                 dropped_special_tokens(args.hf, args.out),
                  embedder_only(args.out, metadata), prompts_left_out):
         if note:
             print(f"docscore convert: note: {note}", file=sys.stderr)

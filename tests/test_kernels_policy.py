@@ -290,7 +290,7 @@ def test_a_relative_bias_is_refused_by_kernels_without_one_before_any_data(backe
             assert resolve(name, backend, **info, relative_bias=True) == name
             continue
         with pytest.raises(KernelUnsupportedError, match=f"--attention={name} cannot run on {backend}: it has no "
-                                                         "relative position bias .*MPNet's relative_attention_bias"):
+                                                         "relative position bias .*MPNet's and T5's relative_attention_bias"):
             resolve(name, backend, **info, relative_bias=True)
     if backend == "cpu":
         assert resolve("flash", backend, **info, relative_bias=True) == "blockwise"
