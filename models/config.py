@@ -37,7 +37,7 @@ ACTIVATIONS = {
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert",
             "mpnet": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
-            "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "modernbert": "modernbert",
+            "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "olmo2": "llama", "modernbert": "modernbert",
             "t5": "t5", "mt5": "t5"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
@@ -140,6 +140,7 @@ class ModelConfig:
     local_rope: Rope | None = None                 # modernbert: its local layers' rotary settings (None: rope's)
     qkv_bias: bool = False                         # llama: Qwen2's q/k/v biases, or attention_bias; modernbert's Wqkv
     qk_norm: bool = False                          # llama: Qwen3's RMSNorm of each head's q and k before rotary
+    qk_norm_across_heads: bool = False             # llama: OLMo 2's q/k RMSNorm is over all heads at once, not each
     output_bias: bool = False                      # llama: attention_bias also biases o_proj; modernbert's Wo
     mlp_bias: bool = False                         # llama, modernbert
     norm_bias: bool = True                         # modernbert: its LayerNorms have biases (norm_bias)
@@ -148,7 +149,8 @@ class ModelConfig:
     # but scores no tokens. Not in config.json: the checkpoint tells (models/hf_import.py, models/loader.py).
     lm_head: bool = True
     embed_scale: float = 0.0                       # llama: Gemma's multiplier of the token embedding, sqrt(hidden) (0: none)
-    sandwich_norms: bool = False                   # llama: Gemma's RMSNorms after the attention and the MLP too
+    pre_norms: bool = True                         # llama: RMSNorms before the attention and the MLP (OLMo 2: none)
+    post_norms: bool = False                       # llama: RMSNorms of the attention's and MLP's outputs (Gemma, OLMo 2)
     query_pre_attn_scalar: float = 0.0             # llama: Gemma's attention scale is its -1/2 power (0: head_dim's)
     bidirectional: bool = False                    # llama: every token attends both ways (EmbeddingGemma): an embedder
     # llama: Gemma 2's soft caps, cap * tanh(x / cap) (0: none): of the attention scores (attn_logit_softcapping, the
@@ -229,8 +231,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
             f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert', 'distilbert' or 'mpnet', encoder), ModernBERT (model_type "
             f"'modernbert', encoder), T5's encoder (model_type 't5' or 'mt5', its decoder not read), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma2', "
-            f"'gemma3_text' or "
-            f"'gemma3', Gemma 3's multimodal release read as its text model, decoder)")
+            f"'gemma3_text', 'gemma3' (Gemma 3's multimodal release read as its text model) or 'olmo2', "
+            f"decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
@@ -253,7 +255,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
                              f"the Llama family only{instead}; its embeddings and scores would differ from the model's")
     try:
         config = {"bert": {"distilbert": _distilbert, "mpnet": _mpnet}.get(model_type, _bert), "gpt2": _gpt2,
-                  "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3}.get(model_type, _llama),
+                  "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3,
+                            "olmo2": _olmo2}.get(model_type, _llama),
                   "modernbert": _modernbert, "t5": _t5}[family](hf)
         config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
     except KeyError as missing:
@@ -536,9 +539,15 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
         scale_attn_by_inverse_layer_idx=bool(hf.get("scale_attn_by_inverse_layer_idx", False)))
 
 
+# The biases as transformers builds each model, whatever else its config says: attention_bias (q/k/v and o_proj)
+# where the model reads it, mlp_bias likewise; Qwen2 always has q/k/v biases and no others; Mistral and Phi-3 none
+ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2")
+MLP_BIAS_READ = ("llama",)
+
+
 def _llama(hf: dict[str, Any]) -> ModelConfig:
     """LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM configs (transformers 4.x and
-    5.x layouts)."""
+    5.x layouts), and the Llama blocks the other model types' readers start from."""
     model_type, hidden, heads = hf["model_type"], hf["hidden_size"], hf["num_attention_heads"]
     activation = hf.get("hidden_act", "silu")
     if activation not in LLAMA_ACTIVATIONS:
@@ -550,10 +559,8 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
     if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
         head_size = max(1, hidden // heads) if type(hidden) is int and type(heads) is int and heads > 0 else 1
     kv_heads = hf.get("num_key_value_heads")
-    # the biases as transformers builds each model, whatever else its config says: Llama reads attention_bias and
-    # mlp_bias; Qwen3 attention_bias (q/k/v and o_proj); Qwen2 always has q/k/v biases and no others; Mistral none
-    attention_bias = model_type in ("llama", "qwen3") and bool(hf.get("attention_bias", False))
-    mlp_bias = model_type == "llama" and bool(hf.get("mlp_bias", False))
+    attention_bias = model_type in ATTENTION_BIAS_READ and bool(hf.get("attention_bias", False))
+    mlp_bias = model_type in MLP_BIAS_READ and bool(hf.get("mlp_bias", False))
     return ModelConfig(
         family="llama", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=hf["num_hidden_layers"],
         num_heads=heads, intermediate_size=hf["intermediate_size"],
@@ -579,6 +586,22 @@ def _phi3(hf: dict[str, Any]) -> ModelConfig:
         raise ModelLoadError(f"rope_type {config.rope.kind!r} is not supported for phi3; transformers' Phi3Config "
                              "takes 'default' and 'longrope' only (and docscore computes 'default')")
     return config
+
+
+# Olmo2Config's defaults where a config.json leaves the key out; a num_key_value_heads left out or null is one per
+# head, and the rotary theta 10,000, as _llama reads them
+OLMO2 = {"vocab_size": 50_304, "hidden_size": 4096, "intermediate_size": 11_008, "num_hidden_layers": 32,
+         "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5}
+
+
+def _olmo2(hf: dict[str, Any]) -> ModelConfig:
+    """Olmo2ForCausalLM (model_type olmo2: OLMo-2-0425-1B, OLMo-2-1124-7B and 13B) as transformers 5 reads
+    Olmo2Config: Llama's blocks with their norms moved after the attention and the MLP (each output normalised
+    before it is added; nothing normalised before them), q and k each normalised by one RMSNorm over all their heads
+    (num_heads x head_dim wide, before the heads are split and rotated), attention_bias on q/k/v and o_proj, never an
+    MLP bias. A key the file leaves out is Olmo2Config's (OLMO2; rms_norm_eps 1e-5, an untied head)."""
+    config = _llama({**OLMO2, **hf})
+    return dataclasses.replace(config, pre_norms=False, post_norms=True, qk_norm=True, qk_norm_across_heads=True)
 
 
 # Gemma3TextConfig's defaults where a config.json leaves the key out: a multimodal release's text_config holds
@@ -677,7 +700,7 @@ def _gemma_blocks(hf: dict[str, Any], defaults: dict[str, Any], sliding: tuple[i
         qkv_bias=bias, output_bias=bias,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", defaults["tie_word_embeddings"])),
         sliding_window=window, sliding_layers=sliding,
-        embed_scale=float(hidden) ** 0.5 if type(hidden) is int and hidden > 0 else 1.0, sandwich_norms=True,
+        embed_scale=float(hidden) ** 0.5 if type(hidden) is int and hidden > 0 else 1.0, post_norms=True,
         query_pre_attn_scalar=number)
 
 
@@ -836,7 +859,7 @@ def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     model_type, layer_types = hf["model_type"], hf.get("layer_types")
     none = {"sliding_window": 0, "sliding_layers": ()}
     layers = hf["num_hidden_layers"] if type(hf.get("num_hidden_layers")) is int else 0
-    if model_type == "llama":
+    if model_type not in ("mistral", "phi3", "qwen2", "qwen3"):  # Llama, OLMo 2: none
         return none
     if layer_types is not None:
         _check_layer_types(layer_types)

@@ -160,6 +160,8 @@ def gpt2_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
 LLAMA_NORMS = {"attention_norm": "input_layernorm", "feed_forward_norm": "post_attention_layernorm"}
 GEMMA3_NORMS = {"attention_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
                 "feed_forward_norm": "pre_feedforward_layernorm", "post_feed_forward_norm": "post_feedforward_layernorm"}
+# OLMo 2's two: Gemma's names for the norms after the attention and the MLP, none before them
+OLMO2_NORMS = {"post_attention_norm": "post_attention_layernorm", "post_feed_forward_norm": "post_feedforward_layernorm"}
 
 
 def llama_params(src: TensorSource, config: ModelConfig, norms: dict[str, str] = LLAMA_NORMS,
@@ -219,6 +221,12 @@ def gemma3_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
     k_norm, which config.qk_norm leaves out) names -> our LlamaDecoder tree: Llama's, with four norms a block, each
     RMSNorm's weight w stored as the 1 + w it scales by."""
     return llama_params(src, config, norms=GEMMA3_NORMS, norm_offset=1.0)
+
+
+def olmo2_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Olmo2ForCausalLM / Olmo2Model names -> our LlamaDecoder tree: Llama's, with a block's two norms after its
+    attention and MLP and its q_norm / k_norm over all heads ([heads x head_dim] wide)."""
+    return llama_params(src, config, norms=OLMO2_NORMS)
 
 
 def phi3_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
@@ -335,6 +343,7 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
     "phi3": (("model.", ""), phi3_params),  # Phi3ForCausalLM under "model.", Phi3Model at the root
     "gemma3": (("model.language_model.",), gemma3_params),  # multimodal_text_tensors' names
     "gemma2": (("model.", ""), gemma3_params),
+    "olmo2": (("model.", ""), olmo2_params),
     "t5": (("",), t5_params),  # T5EncoderModel, T5Model and T5ForConditionalGeneration at the root
 }
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
@@ -343,6 +352,7 @@ MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "l
            "distilbert": "embeddings.word_embeddings.weight", "mpnet": "embeddings.word_embeddings.weight",
            "gemma3_text": "embed_tokens.weight",
            "gemma3": "embed_tokens.weight", "gemma2": "embed_tokens.weight", "phi3": "embed_tokens.weight",
+           "olmo2": "embed_tokens.weight",
            "t5": "encoder.final_layer_norm.weight"}
 
 # Gemma3ForConditionalGeneration's text model under the names transformers 4.52-4.57 saved it with (and 5.x loads),

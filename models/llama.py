@@ -80,8 +80,9 @@ class RMSNorm(nnx.Module):
 
 
 class GroupedQueryAttention(nnx.Module):
-    """q/k/v projections (kv_heads <= heads), Qwen3's RMSNorm over each head of q and k, rotary positions on q
-    and k, the injected kernel (causal; ModernBERT's encoder not), output projection."""
+    """q/k/v projections (kv_heads <= heads), Qwen3's RMSNorm over each head of q and k (OLMo 2's over all of q's
+    heads at once, and all of k's), rotary positions on q and k, the injected kernel (causal; ModernBERT's encoder
+    not), output projection."""
 
     def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs, window: int = 0,
                  causal: bool = True, rope: Rope | None = None):
@@ -90,8 +91,10 @@ class GroupedQueryAttention(nnx.Module):
         self.key = dense(hidden, kv_heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
         self.value = dense(hidden, kv_heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
         self.output = dense(heads * head_dim, hidden, bias=config.output_bias, dtype=dtype, rngs=rngs)
-        self.query_norm = RMSNorm(head_dim, config.layer_norm_eps) if config.qk_norm else None
-        self.key_norm = RMSNorm(head_dim, config.layer_norm_eps) if config.qk_norm else None
+        self.norm_across_heads = config.qk_norm_across_heads  # OLMo 2: one RMSNorm over the whole projection
+        query_width, key_width = (heads * head_dim, kv_heads * head_dim) if self.norm_across_heads else (head_dim,) * 2
+        self.query_norm = RMSNorm(query_width, config.layer_norm_eps) if config.qk_norm else None
+        self.key_norm = RMSNorm(key_width, config.layer_norm_eps) if config.qk_norm else None
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.rope, self.dtype, self.attention_impl = rope or config.rope, dtype, attention_impl
         self.window = window  # 0: the whole segment; else Mistral/Qwen2's sliding window, ModernBERT's local one
@@ -101,12 +104,15 @@ class GroupedQueryAttention(nnx.Module):
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         batch, length, _ = x.shape
+        q, k = self.query(x), self.key(x)
+        if self.query_norm is not None and self.norm_across_heads:
+            q, k = self.query_norm(q), self.key_norm(k)
+        q = q.reshape(batch, length, self.heads, self.head_dim)
+        k = k.reshape(batch, length, self.kv_heads, self.head_dim)
+        if self.query_norm is not None and not self.norm_across_heads:
+            q, k = self.query_norm(q), self.key_norm(k)
         # per block, so blocks keep run_blocks' (x, segment_ids) call; elementwise work beside the projections
         cos, sin = rotary_tables(segment_ids, self.rope, self.head_dim)
-        q = self.query(x).reshape(batch, length, self.heads, self.head_dim)
-        k = self.key(x).reshape(batch, length, self.kv_heads, self.head_dim)
-        if self.query_norm is not None:
-            q, k = self.query_norm(q), self.key_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = self.value(x).reshape(batch, length, self.kv_heads, self.head_dim)
         context = attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
@@ -129,27 +135,35 @@ class GatedFeedForward(nnx.Module):
         return self.down(ACTIVATIONS[self.activation](self.gate(x)) * self.up(x))
 
 
+def normalised(norm: RMSNorm | None, x: jax.Array) -> jax.Array:
+    """norm(x), or x where the block has no such norm."""
+    return x if norm is None else norm(x)
+
+
 class LlamaBlock(nnx.Module):
-    """One pre-norm causal block: x + attn(norm(x)), then x + mlp(norm(x)); with sandwich norms (Gemma) the
-    attention's and the MLP's outputs are normalised too before they are added."""
+    """One causal block: x + attn(norm(x)), then x + mlp(norm(x)). Its norms are where the model has them: before
+    the attention and the MLP (pre_norms: all but OLMo 2), of their outputs before they are added (post_norms: Gemma,
+    OLMo 2)."""
 
     def __init__(self, config: ModelConfig, layer: int, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
-        self.attention_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
+        def norm(present: bool) -> RMSNorm | None:
+            return RMSNorm(config.hidden_size, config.layer_norm_eps) if present else None
+
+        self.attention_norm = norm(config.pre_norms)
         self.attention = GroupedQueryAttention(config, attention_impl=attention_impl, dtype=dtype, rngs=rngs,
                                                window=config.layer_window(layer), rope=config.layer_rope(layer),
                                                causal=config.causal)
-        self.feed_forward_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
+        self.post_attention_norm = norm(config.post_norms)
+        self.feed_forward_norm = norm(config.pre_norms)
         self.feed_forward = GatedFeedForward(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
                                              dtype=dtype, rngs=rngs, activation=config.activation)
-        sandwich = config.sandwich_norms
-        self.post_attention_norm = RMSNorm(config.hidden_size, config.layer_norm_eps) if sandwich else None
-        self.post_feed_forward_norm = RMSNorm(config.hidden_size, config.layer_norm_eps) if sandwich else None
+        self.post_feed_forward_norm = norm(config.post_norms)
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        attended = self.attention(self.attention_norm(x), segment_ids)
-        x = x + (attended if self.post_attention_norm is None else self.post_attention_norm(attended))
-        fed = self.feed_forward(self.feed_forward_norm(x))
-        return x + (fed if self.post_feed_forward_norm is None else self.post_feed_forward_norm(fed))
+        attended = self.attention(normalised(self.attention_norm, x), segment_ids)
+        x = x + normalised(self.post_attention_norm, attended)
+        fed = self.feed_forward(normalised(self.feed_forward_norm, x))
+        return x + normalised(self.post_feed_forward_norm, fed)
 
 
 class LlamaDecoder(nnx.Module):

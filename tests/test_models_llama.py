@@ -77,6 +77,10 @@ FAMILIES = {
                dict(num_hidden_layers=4, max_position_embeddings=640, head_dim=32, sliding_window=16,
                     query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
                     rope_parameters={"rope_type": "default", "rope_theta": 1_000.0})),
+    # norms after the attention and the MLP only, q/k norms over all heads (k's 2 kv heads: 32 wide, q's 64), all biases
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
+              dict(num_hidden_layers=2, max_position_embeddings=640, attention_bias=True,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500_000.0})),
 }
 
 
@@ -185,17 +189,20 @@ def test_config_reads_each_family(converted):
         "qwen3": dict(head_dim=24, qk_norm=True, qkv_bias=True, output_bias=True, mlp_bias=False, sliding_window=0,
                       layer_norm_eps=1e-5, rope=Rope(1_000_000.0)),
         "gemma3": dict(head_dim=32, qk_norm=True, sliding_window=16, sliding_layers=(0, 2), tie_word_embeddings=True,
-                       embed_scale=8.0, sandwich_norms=True, query_pre_attn_scalar=24.0, activation="gelu_tanh",
+                       embed_scale=8.0, post_norms=True, query_pre_attn_scalar=24.0, activation="gelu_tanh",
                        rope=Rope(100_000.0, "linear", 2.0), local_rope=Rope(1_000.0)),
         "phi3": dict(kv_heads=2, head_dim=16, qkv_bias=False, output_bias=False, mlp_bias=False, sliding_window=20,
                      sliding_layers=(0, 1), layer_norm_eps=1e-5, tie_word_embeddings=False, rope=Rope(250_000.0)),
         "gemma2": dict(head_dim=32, qk_norm=False, sliding_window=16, sliding_layers=(0, 2), tie_word_embeddings=True,
-                       embed_scale=8.0, sandwich_norms=True, query_pre_attn_scalar=24.0, activation="gelu_tanh",
+                       embed_scale=8.0, post_norms=True, query_pre_attn_scalar=24.0, activation="gelu_tanh",
                        rope=Rope(1_000.0), local_rope=None, attention_logit_cap=5.0, final_logit_cap=3.0),
+        "olmo2": dict(kv_heads=2, head_dim=16, qkv_bias=True, output_bias=True, mlp_bias=False, layer_norm_eps=1e-5,
+                      tie_word_embeddings=False, rope=Rope(500_000.0)),
     }[family]
-    gemma = family.startswith("gemma")
-    assert config.qk_norm == (family in ("qwen3", "gemma3"))
-    assert config.sandwich_norms == gemma and (config.embed_scale > 0) == gemma
+    gemma, olmo = family.startswith("gemma"), family.startswith("olmo")
+    assert config.qk_norm == (family in ("qwen3", "gemma3") or olmo) and config.qk_norm_across_heads == olmo
+    assert config.post_norms == (gemma or olmo) and config.pre_norms == (not olmo)
+    assert (config.embed_scale > 0) == gemma
     assert (config.attention_logit_cap, config.final_logit_cap) == ((5.0, 3.0) if family == "gemma2" else (0.0, 0.0))
     assert {key: getattr(config, key) for key in want} == want
     metadata = json.loads((model_dir / "metadata.json").read_text())
@@ -578,6 +585,14 @@ def test_refusals_name_the_key_and_value_the_file_holds(hf, says):
         config_from_hf(hf)
 
 
+def test_an_unknown_model_type_is_refused_naming_every_model_type_docscore_reads():
+    from models.config import FAMILIES as MODEL_TYPES
+
+    with pytest.raises(models.ModelLoadError, match="model_type 'bloom' is not supported") as refused:
+        config_from_hf({**LLAMA, "model_type": "bloom"})
+    assert not [name for name in MODEL_TYPES if f"'{name}'" not in str(refused.value)], str(refused.value)
+
+
 GEMMA3_4X = {  # gemma-3-4b's text config as transformers 4.x saved it: one rope_theta, rope_scaling for the global
     "model_type": "gemma3_text", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 12,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 4096,
@@ -657,7 +672,7 @@ def test_gemma2_configs_read_as_transformers_reads_them():
     assert ours.sliding_layers == tuple(range(0, 26, 2)) and ours.sliding_window == theirs.sliding_window == 4096
     assert (ours.attention_logit_cap, ours.final_logit_cap) == (
         theirs.attn_logit_softcapping, theirs.final_logit_softcapping) == (50.0, 30.0)
-    assert ours.tie_word_embeddings and ours.sandwich_norms and not ours.qk_norm and ours.local_rope is None
+    assert ours.tie_word_embeddings and ours.post_norms and not ours.qk_norm and ours.local_rope is None
     assert ours.embed_scale == theirs.hidden_size ** 0.5 and ours.default_seq_len == 8192  # global layers see it all
     for rope in ({"rope_theta": 10_000.0}, {"rope_parameters": {"rope_type": "linear", "rope_theta": 5e4, "factor": 2.0}}):
         hf = {**{k: v for k, v in GEMMA2_9B.items() if k != "rope_theta"}, **rope}
@@ -689,6 +704,15 @@ def torch_no_grad():
     return torch.no_grad()
 
 
+def reference_logprobs(reference, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    """log p(ids[t+1] | ids[:t+1]) [rows, L - 1] of a transformers model as it stands (its switches set by hand)."""
+    import torch
+
+    with torch.no_grad():
+        logits = reference(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(segments)).logits
+    return torch.log_softmax(logits.double(), dim=-1).gather(-1, torch.tensor(ids[:, 1:, None])).numpy()[..., 0]
+
+
 @pytest.mark.parametrize("converted", ["gemma2"], indirect=True)
 def test_gemma2s_caps_are_what_makes_its_scores_transformers(converted):
     """Gemma 2's parity above (test_token_logprobs_match_transformers_padded_and_packed) holds because both caps are
@@ -701,20 +725,14 @@ def test_gemma2s_caps_are_what_makes_its_scores_transformers(converted):
     _, hf_dir, model_dir = converted
     ids, segments = padded(documents(300))
     reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-
-    def logprobs() -> np.ndarray:
-        with torch.no_grad():
-            logits = reference(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(segments)).logits
-        return torch.log_softmax(logits.double(), dim=-1).gather(-1, torch.tensor(ids[:, 1:, None])).numpy()[..., 0]
-
     real = segments[:, 1:] == 1
-    capped = logprobs()
+    capped = reference_logprobs(reference, ids, segments)
     reference.config.final_logit_softcapping = None
-    without_final = logprobs()
+    without_final = reference_logprobs(reference, ids, segments)
     reference.config.final_logit_softcapping = 3.0
     for layer in reference.model.layers:
         layer.self_attn.attn_logit_softcapping = None
-    without_attention = logprobs()
+    without_attention = reference_logprobs(reference, ids, segments)
     assert np.abs(capped - without_final)[real].max() > 1e-2
     assert np.abs(capped - without_attention)[real].max() > 1e-2
     loaded = models.load(str(model_dir), attention="flash")
@@ -852,3 +870,101 @@ def test_phi3_fused_tensors_that_do_not_fit_are_refused(tmp_path, capsys):
         save_file({**tensors, **changed}, src / "model.safetensors")
         code, message = convert(src, tmp_path / name, capsys)
         assert code == 2 and says in message, message
+
+
+def olmo_qk_norm_per_head(reference) -> None:
+    """OLMo's q_norm and k_norm as Qwen3's: each head normalised alone (by its own slice of the same weights)."""
+    import torch
+
+    class PerHead(torch.nn.Module):
+        def __init__(self, norm: torch.nn.Module, head_dim: int):
+            super().__init__()
+            self.norm, self.head_dim = norm, head_dim
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            heads = x.reshape(*x.shape[:-1], -1, self.head_dim)
+            normed = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.norm.variance_epsilon)
+            return normed.reshape(x.shape) * self.norm.weight
+
+    for layer in reference.model.layers:
+        attention = layer.self_attn
+        attention.q_norm = PerHead(attention.q_norm, attention.head_dim)
+        attention.k_norm = PerHead(attention.k_norm, attention.head_dim)
+
+
+def identity(module, *names: str) -> None:
+    import torch
+
+    for name in names:
+        setattr(module, name, torch.nn.Identity())
+
+
+# What each family's switches are, as transformers' own model with each one undone in turn (set by hand on the loaded
+# reference): a docscore without that switch would compute the undone model.
+SWITCHES_UNDONE = {
+    "olmo2": {
+        "no norms after the attention and the MLP": lambda m: [identity(layer, "post_attention_layernorm",
+                                                                        "post_feedforward_layernorm")
+                                                               for layer in m.model.layers],
+        "no q/k norms": lambda m: [identity(layer.self_attn, "q_norm", "k_norm") for layer in m.model.layers],
+        "q/k norms per head": olmo_qk_norm_per_head,
+    },
+}
+
+
+@pytest.mark.parametrize("converted", sorted(SWITCHES_UNDONE), indirect=True)
+def test_each_switch_is_what_makes_the_scores_transformers(converted):
+    """The parity above (test_token_logprobs_match_transformers_padded_and_packed, within 1e-4) holds for OLMo 2
+    because each of its switches is computed: transformers' own model with any one of
+    them undone scores the same tokens more than 1e-2 apart, so a docscore without it would fail there."""
+    import torch
+    import transformers
+
+    family, hf_dir, model_dir = converted
+    ids, segments = padded(documents(300))
+    real = segments[:, 1:] == 1
+    expected = transformers_logprobs(hf_dir, ids, segments)[:, :-1]
+    ours = models.load(str(model_dir), attention="native").token_logprobs(ids, segments)[:, :-1]
+    assert np.abs(ours - expected)[real].max() <= 1e-4
+    for undone, undo in SWITCHES_UNDONE[family].items():
+        reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        with torch.no_grad():
+            undo(reference)
+        moved = np.abs(reference_logprobs(reference, ids, segments) - expected)[real].max()
+        assert moved > 1e-2, (family, undone, moved)
+
+
+OLMO2_7B = {  # OLMo-2-1124-7B's config.json (sizes cut down)
+    "model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"], "vocab_size": 320, "hidden_size": 64,
+    "intermediate_size": 112, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0, "rope_scaling": None,
+    "attention_bias": False, "hidden_act": "silu", "tie_word_embeddings": False, "pad_token_id": 2}
+
+
+def assert_llama_sizes_as(ours, theirs) -> None:
+    """docscore's ModelConfig has the sizes, norm eps and head tying of a transformers config."""
+    assert (ours.vocab_size, ours.hidden_size, ours.intermediate_size, ours.num_layers, ours.num_heads, ours.kv_heads,
+            ours.head_dim, ours.max_positions, ours.layer_norm_eps, ours.tie_word_embeddings) == (
+        theirs.vocab_size, theirs.hidden_size, theirs.intermediate_size, theirs.num_hidden_layers,
+        theirs.num_attention_heads, theirs.num_key_value_heads, theirs.hidden_size // theirs.num_attention_heads,
+        theirs.max_position_embeddings, theirs.rms_norm_eps, theirs.tie_word_embeddings)
+
+
+def test_olmo2_configs_read_as_transformers_reads_them():
+    """An olmo2 config.json gives what Olmo2Config builds from it (its defaults for keys left out: one kv head per
+    head, eps 1e-5, theta 10,000), norms after the attention and the MLP only, q/k norms over all heads; what docscore
+    does not compute is refused by key."""
+    import transformers
+
+    for hf in (OLMO2_7B, {"model_type": "olmo2"}):
+        ours, theirs = config_from_hf(hf), transformers.Olmo2Config(**{k: v for k, v in hf.items() if k != "model_type"})
+        assert_llama_sizes_as(ours, theirs)
+        assert ours.rope == Rope(theirs.rope_parameters["rope_theta"])
+        assert ours.post_norms and not ours.pre_norms and ours.qk_norm and ours.qk_norm_across_heads
+        assert not (ours.qkv_bias or ours.mlp_bias or ours.sliding_window)
+    assert config_from_hf({**OLMO2_7B, "attention_bias": True, "mlp_bias": True}).output_bias
+    assert not config_from_hf({**OLMO2_7B, "mlp_bias": True}).mlp_bias  # Olmo2MLP has no bias whatever it says
+    for change, says in (({"rope_scaling": {"rope_type": "yarn", "factor": 8.0}}, 'rope_scaling.rope_type "yarn" is not'),
+                         ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported for olmo2")):
+        with pytest.raises(models.ModelLoadError, match=re.escape(says)):
+            config_from_hf({**OLMO2_7B, **change})

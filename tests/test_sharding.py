@@ -259,6 +259,28 @@ def test_a_llama_split_over_two_devices_per_row_shard_equals_one_device(tmp_path
     assert summary["counts"]["scored"] == len(SENTENCES)
 
 
+def test_an_olmo2_whose_q_norm_spans_the_heads_a_model_axis_splits_equals_one_device(tmp_path):
+    """OLMo 2 normalises q (and k) by one RMSNorm over all its heads, which a 2 x 2 mesh splits over the model axis:
+    the norm's scale is copied to every device and its mean taken across them, so the split model scores as one
+    device does."""
+    import models
+    from models.hf_import import convert_hf_dir
+    from tests.test_models_llama import build_hf
+
+    hf_dir = build_hf(tmp_path / "hf", "olmo2")
+    model_dir = str(tmp_path / "docscore")
+    convert_hf_dir(str(hf_dir), model_dir)
+    loaded = models.load(model_dir, attention="native")
+    ids, seg = packed_rows(loaded.config.vocab_size)
+    report, four = four_devices(tmp_path, model=model_dir, method="token_logprobs", ids=ids, seg=seg,
+                                budget=budget_for(loaded.config, 2))
+    assert report["layout"]["mesh"] == {"data": 2, "model": 2}
+    params, layers = report["params"], loaded.config.num_layers
+    assert params["layers/stacked/attention/query/kernel"]["shards"] == [[layers, 64, 32]] * 4  # 2 of 4 heads each
+    assert params["layers/stacked/attention/query_norm/scale"]["shards"] == [[layers, 64]] * 4  # all heads' scale
+    np.testing.assert_allclose(four, loaded.token_logprobs(ids, seg), atol=1e-5, rtol=1e-5)  # sums in another order
+
+
 def test_a_gemma3_stacked_by_its_periods_split_over_two_devices_per_row_shard_equals_one_device(tmp_path):
     """Gemma 3's blocks stacked by their repeating period (models/layers.py block_runs: local, local, global twice,
     then two local ones) as a 2 x 2 mesh: each stacked parameter split as one block's, its repeat axis whole."""
