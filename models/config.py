@@ -37,7 +37,8 @@ ACTIVATIONS = {
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert",
             "mpnet": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
-            "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "olmo2": "llama", "modernbert": "modernbert",
+            "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "olmo2": "llama", "granite": "llama",
+            "modernbert": "modernbert",
             "t5": "t5", "mt5": "t5"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
@@ -148,10 +149,14 @@ class ModelConfig:
     # llama: False for a decoder embedder saved without its untied head (Qwen3-Embedding-8B, e5-mistral): it embeds
     # but scores no tokens. Not in config.json: the checkpoint tells (models/hf_import.py, models/loader.py).
     lm_head: bool = True
-    embed_scale: float = 0.0                       # llama: Gemma's multiplier of the token embedding, sqrt(hidden) (0: none)
+    # llama: the token embedding's multiplier (0: none): Gemma's sqrt(hidden), Granite's embedding_multiplier
+    embed_scale: float = 0.0
     pre_norms: bool = True                         # llama: RMSNorms before the attention and the MLP (OLMo 2: none)
     post_norms: bool = False                       # llama: RMSNorms of the attention's and MLP's outputs (Gemma, OLMo 2)
     query_pre_attn_scalar: float = 0.0             # llama: Gemma's attention scale is its -1/2 power (0: head_dim's)
+    attention_multiplier: float = 0.0              # llama: Granite's attention scale itself (0: as above)
+    residual_multiplier: float = 0.0               # llama: Granite's scale of a block's outputs before each add (0: none)
+    logits_divisor: float = 0.0                    # llama: Granite's logits_scaling, which divides the logits (0: none)
     bidirectional: bool = False                    # llama: every token attends both ways (EmbeddingGemma): an embedder
     # llama: Gemma 2's soft caps, cap * tanh(x / cap) (0: none): of the attention scores (attn_logit_softcapping, the
     # kernels' soft_cap) and of the LM head's logits (final_logit_softcapping), where transformers applies them
@@ -231,8 +236,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
             f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert', 'distilbert' or 'mpnet', encoder), ModernBERT (model_type "
             f"'modernbert', encoder), T5's encoder (model_type 't5' or 'mt5', its decoder not read), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma2', "
-            f"'gemma3_text', 'gemma3' (Gemma 3's multimodal release read as its text model) or 'olmo2', "
-            f"decoder)")
+            f"'gemma3_text', 'gemma3' (Gemma 3's multimodal release read as its text model), 'olmo2' or "
+            f"'granite', decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
@@ -255,8 +260,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
                              f"the Llama family only{instead}; its embeddings and scores would differ from the model's")
     try:
         config = {"bert": {"distilbert": _distilbert, "mpnet": _mpnet}.get(model_type, _bert), "gpt2": _gpt2,
-                  "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3,
-                            "olmo2": _olmo2}.get(model_type, _llama),
+                  "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3, "olmo2": _olmo2,
+                            "granite": _granite}.get(model_type, _llama),
                   "modernbert": _modernbert, "t5": _t5}[family](hf)
         config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
     except KeyError as missing:
@@ -541,8 +546,8 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
 
 # The biases as transformers builds each model, whatever else its config says: attention_bias (q/k/v and o_proj)
 # where the model reads it, mlp_bias likewise; Qwen2 always has q/k/v biases and no others; Mistral and Phi-3 none
-ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2")
-MLP_BIAS_READ = ("llama",)
+ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2", "granite")
+MLP_BIAS_READ = ("llama", "granite")
 
 
 def _llama(hf: dict[str, Any]) -> ModelConfig:
@@ -602,6 +607,31 @@ def _olmo2(hf: dict[str, Any]) -> ModelConfig:
     MLP bias. A key the file leaves out is Olmo2Config's (OLMO2; rms_norm_eps 1e-5, an untied head)."""
     config = _llama({**OLMO2, **hf})
     return dataclasses.replace(config, pre_norms=False, post_norms=True, qk_norm=True, qk_norm_across_heads=True)
+
+
+# GraniteConfig's defaults where a config.json leaves the key out (kv heads and theta as OLMO2's)
+GRANITE = {"vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 11_008, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6}
+# Granite's multipliers, 1.0 when left out (GraniteConfig's) -> the ModelConfig field each sets
+GRANITE_MULTIPLIERS = {"embedding_multiplier": "embed_scale", "attention_multiplier": "attention_multiplier",
+                       "residual_multiplier": "residual_multiplier", "logits_scaling": "logits_divisor"}
+
+
+def _granite(hf: dict[str, Any]) -> ModelConfig:
+    """GraniteForCausalLM (model_type granite: granite-3.0, 3.1, 3.2 and 3.3's dense 2b and 8b) as transformers 5
+    reads GraniteConfig: Llama's blocks (attention_bias and mlp_bias as Llama reads them) with four multipliers: the
+    token embedding times embedding_multiplier, attention scores scaled by attention_multiplier (in place of
+    head_dim ** -0.5), each attention and MLP output times residual_multiplier before it is added, the logits
+    divided by logits_scaling. A key the file leaves out is GraniteConfig's (GRANITE; each multiplier 1.0)."""
+    hf = {**GRANITE, **hf}
+    multipliers = {}
+    for key, field in GRANITE_MULTIPLIERS.items():
+        value = hf.get(key, 1.0)
+        number = None if isinstance(value, bool) else _as_float(value)
+        if number is None or not 0 < number < math.inf:
+            raise ModelLoadError(f"{key} is {_shown(value)}; it must be a positive, finite number")
+        multipliers[field] = number
+    return dataclasses.replace(_llama(hf), **multipliers)
 
 
 # Gemma3TextConfig's defaults where a config.json leaves the key out: a multimodal release's text_config holds
@@ -859,7 +889,7 @@ def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     model_type, layer_types = hf["model_type"], hf.get("layer_types")
     none = {"sliding_window": 0, "sliding_layers": ()}
     layers = hf["num_hidden_layers"] if type(hf.get("num_hidden_layers")) is int else 0
-    if model_type not in ("mistral", "phi3", "qwen2", "qwen3"):  # Llama, OLMo 2: none
+    if model_type not in ("mistral", "phi3", "qwen2", "qwen3"):  # Llama, OLMo 2, Granite: none
         return none
     if layer_types is not None:
         _check_layer_types(layer_types)

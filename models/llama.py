@@ -99,7 +99,8 @@ class GroupedQueryAttention(nnx.Module):
         self.rope, self.dtype, self.attention_impl = rope or config.rope, dtype, attention_impl
         self.window = window  # 0: the whole segment; else Mistral/Qwen2's sliding window, ModernBERT's local one
         self.causal = causal
-        self.scale = (config.query_pre_attn_scalar or head_dim) ** -0.5  # Gemma scales by its own scalar
+        # Granite's attention_multiplier is the scale itself; Gemma scales by its own scalar's -1/2 power
+        self.scale = config.attention_multiplier or (config.query_pre_attn_scalar or head_dim) ** -0.5
         self.soft_cap = config.attention_logit_cap or None  # Gemma 2 caps the scaled scores
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
@@ -143,7 +144,7 @@ def normalised(norm: RMSNorm | None, x: jax.Array) -> jax.Array:
 class LlamaBlock(nnx.Module):
     """One causal block: x + attn(norm(x)), then x + mlp(norm(x)). Its norms are where the model has them: before
     the attention and the MLP (pre_norms: all but OLMo 2), of their outputs before they are added (post_norms: Gemma,
-    OLMo 2)."""
+    OLMo 2); Granite scales those outputs by residual_multiplier before they are added."""
 
     def __init__(self, config: ModelConfig, layer: int, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
         def norm(present: bool) -> RMSNorm | None:
@@ -158,12 +159,17 @@ class LlamaBlock(nnx.Module):
         self.feed_forward = GatedFeedForward(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
                                              dtype=dtype, rngs=rngs, activation=config.activation)
         self.post_feed_forward_norm = norm(config.post_norms)
+        self.residual_multiplier = config.residual_multiplier  # Granite's; 0: none
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         attended = self.attention(normalised(self.attention_norm, x), segment_ids)
-        x = x + normalised(self.post_attention_norm, attended)
+        x = x + self.residual(normalised(self.post_attention_norm, attended))
         fed = self.feed_forward(normalised(self.feed_forward_norm, x))
-        return x + normalised(self.post_feed_forward_norm, fed)
+        return x + self.residual(normalised(self.post_feed_forward_norm, fed))
+
+    def residual(self, output: jax.Array) -> jax.Array:
+        """What an attention's or MLP's (normalised) output adds to the stream: Granite's scaled by its multiplier."""
+        return output * self.residual_multiplier if self.residual_multiplier else output
 
 
 class LlamaDecoder(nnx.Module):
@@ -175,13 +181,14 @@ class LlamaDecoder(nnx.Module):
         self.token_embedding = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
         self.layers = nnx.List([LlamaBlock(config, i, attention_impl=attention_impl, dtype=self.compute_dtype,
                                            rngs=rngs) for i in range(config.num_layers)])
-        self.embed_scale = config.embed_scale  # Gemma's sqrt(hidden_size); 0: none
+        self.embed_scale = config.embed_scale  # Gemma's sqrt(hidden_size), Granite's embedding_multiplier; 0: none
         self.final_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
         self.dense = embedding_dense(config, rngs)  # a sentence-transformers model's Dense modules after pooling
         # An untied head is its own [hidden, vocab] matrix; a tied one reads the embedding table; an embedder saved
         # without its untied head has none (config.lm_head).
         self.has_lm_head = config.lm_head
         self.final_logit_cap = config.final_logit_cap  # Gemma 2's cap * tanh(logits / cap); 0: none
+        self.logits_divisor = config.logits_divisor  # Granite's logits_scaling; 0: none
         self.lm_head = None if config.tie_word_embeddings or not config.lm_head else dense(
             config.hidden_size, config.vocab_size, bias=False, dtype=self.compute_dtype, rngs=rngs)
 
@@ -195,8 +202,8 @@ class LlamaDecoder(nnx.Module):
         return self.final_norm(run_blocks(self.layers, x, segment_ids))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """Logits over the vocabulary, float32 out; soft-capped, cap * tanh(logits / cap), where the model caps them
-        (Gemma 2's final_logit_softcapping), before any log-softmax."""
+        """Logits over the vocabulary, float32 out; divided by Granite's logits_scaling, and soft-capped, cap *
+        tanh(logits / cap), where the model caps them (Gemma 2's final_logit_softcapping), before any log-softmax."""
         if not self.has_lm_head:
             raise ValueError("this decoder was converted without its language-model head (an embedder's checkpoint)")
         if self.lm_head is not None:
@@ -205,6 +212,8 @@ class LlamaDecoder(nnx.Module):
             table = self.token_embedding.embedding[...].astype(self.compute_dtype)
             logits = jnp.einsum("bld,vd->blv", hidden.astype(self.compute_dtype), table,
                                 preferred_element_type=jnp.float32)
+        if self.logits_divisor:
+            logits = logits.astype(jnp.float32) / jnp.float32(self.logits_divisor)
         if self.final_logit_cap:
             logits = soft_capped(logits.astype(jnp.float32), self.final_logit_cap)
         return logits

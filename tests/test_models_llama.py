@@ -81,6 +81,12 @@ FAMILIES = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
               dict(num_hidden_layers=2, max_position_embeddings=640, attention_bias=True,
                    rope_parameters={"rope_type": "default", "rope_theta": 500_000.0})),
+    # granite-3's multipliers but the attention's (0.0625 where head_dim 16 gives 0.25; granite-3-8b's is 1/128 for
+    # head_dim 128), its theta, a tied head
+    "granite": ("GraniteConfig", "GraniteForCausalLM",
+                dict(num_hidden_layers=2, max_position_embeddings=640, tie_word_embeddings=True,
+                     embedding_multiplier=12.0, attention_multiplier=0.0625, residual_multiplier=0.22,
+                     logits_scaling=8.0, rope_theta=10_000_000.0)),
 }
 
 
@@ -198,12 +204,16 @@ def test_config_reads_each_family(converted):
                        rope=Rope(1_000.0), local_rope=None, attention_logit_cap=5.0, final_logit_cap=3.0),
         "olmo2": dict(kv_heads=2, head_dim=16, qkv_bias=True, output_bias=True, mlp_bias=False, layer_norm_eps=1e-5,
                       tie_word_embeddings=False, rope=Rope(500_000.0)),
+        "granite": dict(head_dim=16, tie_word_embeddings=True, embed_scale=12.0, attention_multiplier=0.0625,
+                        residual_multiplier=0.22, logits_divisor=8.0, rope=Rope(10_000_000.0)),
     }[family]
     gemma, olmo = family.startswith("gemma"), family.startswith("olmo")
     assert config.qk_norm == (family in ("qwen3", "gemma3") or olmo) and config.qk_norm_across_heads == olmo
     assert config.post_norms == (gemma or olmo) and config.pre_norms == (not olmo)
-    assert (config.embed_scale > 0) == gemma
+    assert (config.embed_scale > 0) == (gemma or family == "granite")
     assert (config.attention_logit_cap, config.final_logit_cap) == ((5.0, 3.0) if family == "gemma2" else (0.0, 0.0))
+    assert (config.attention_multiplier, config.residual_multiplier, config.logits_divisor) == (
+        (0.0625, 0.22, 8.0) if family == "granite" else (0.0, 0.0, 0.0))
     assert {key: getattr(config, key) for key in want} == want
     metadata = json.loads((model_dir / "metadata.json").read_text())
     assert metadata["family"] == "llama"
@@ -909,13 +919,20 @@ SWITCHES_UNDONE = {
         "no q/k norms": lambda m: [identity(layer.self_attn, "q_norm", "k_norm") for layer in m.model.layers],
         "q/k norms per head": olmo_qk_norm_per_head,
     },
+    "granite": {
+        "embedding_multiplier 1": lambda m: setattr(m.model, "embedding_multiplier", 1.0),
+        "attention scale head_dim ** -0.5": lambda m: [setattr(layer.self_attn, "scaling", 16 ** -0.5)
+                                                       for layer in m.model.layers],
+        "residual_multiplier 1": lambda m: [setattr(layer, "residual_multiplier", 1.0) for layer in m.model.layers],
+        "logits_scaling 1": lambda m: setattr(m.config, "logits_scaling", 1.0),
+    },
 }
 
 
 @pytest.mark.parametrize("converted", sorted(SWITCHES_UNDONE), indirect=True)
 def test_each_switch_is_what_makes_the_scores_transformers(converted):
     """The parity above (test_token_logprobs_match_transformers_padded_and_packed, within 1e-4) holds for OLMo 2
-    because each of its switches is computed: transformers' own model with any one of
+    and Granite because each of their switches is computed: transformers' own model with any one of
     them undone scores the same tokens more than 1e-2 apart, so a docscore without it would fail there."""
     import torch
     import transformers
@@ -968,3 +985,31 @@ def test_olmo2_configs_read_as_transformers_reads_them():
                          ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported for olmo2")):
         with pytest.raises(models.ModelLoadError, match=re.escape(says)):
             config_from_hf({**OLMO2_7B, **change})
+
+
+GRANITE_3_8B = {  # granite-3.3-8b-base's config.json (sizes cut down): its four multipliers
+    "model_type": "granite", "architectures": ["GraniteForCausalLM"], "vocab_size": 320, "hidden_size": 64,
+    "intermediate_size": 112, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 10_000_000.0, "rope_scaling": None,
+    "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125, "residual_multiplier": 0.22,
+    "logits_scaling": 16.0, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
+    "tie_word_embeddings": True}
+
+
+def test_granite_configs_read_as_transformers_reads_them():
+    """A granite config.json gives GraniteConfig's multipliers (each 1.0 when left out) and sizes (its defaults
+    for keys left out); a multiplier that is no positive, finite number is refused naming its key."""
+    import transformers
+
+    for hf in (GRANITE_3_8B, {"model_type": "granite"}):
+        ours, theirs = config_from_hf(hf), transformers.GraniteConfig(**{k: v for k, v in hf.items() if k != "model_type"})
+        assert_llama_sizes_as(ours, theirs)
+        assert (ours.embed_scale, ours.attention_multiplier, ours.residual_multiplier, ours.logits_divisor) == (
+            theirs.embedding_multiplier, theirs.attention_multiplier, theirs.residual_multiplier, theirs.logits_scaling)
+        assert ours.rope == Rope(theirs.rope_parameters["rope_theta"])
+    for change, says in (({"logits_scaling": 0}, "logits_scaling is 0; it must be a positive, finite number"),
+                         ({"attention_multiplier": None}, "attention_multiplier is null; it must be a positive"),
+                         ({"residual_multiplier": "abc"}, 'residual_multiplier is "abc"; it must be a positive'),
+                         ({"embedding_multiplier": True}, "embedding_multiplier is true; it must be a positive")):
+        with pytest.raises(models.ModelLoadError, match=re.escape(says)):
+            config_from_hf({**GRANITE_3_8B, **change})
