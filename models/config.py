@@ -37,8 +37,8 @@ ACTIVATIONS = {
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert",
             "mpnet": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
-            "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "olmo2": "llama", "granite": "llama",
-            "modernbert": "modernbert",
+            "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "olmo2": "llama", "olmo3": "llama",
+            "granite": "llama", "modernbert": "modernbert",
             "t5": "t5", "mt5": "t5"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
@@ -236,8 +236,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
             f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert', 'distilbert' or 'mpnet', encoder), ModernBERT (model_type "
             f"'modernbert', encoder), T5's encoder (model_type 't5' or 'mt5', its decoder not read), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma2', "
-            f"'gemma3_text', 'gemma3' (Gemma 3's multimodal release read as its text model), 'olmo2' or "
-            f"'granite', decoder)")
+            f"'gemma3_text', 'gemma3' (Gemma 3's multimodal release read as its text model), 'olmo2', 'olmo3' "
+            f"or 'granite', decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
@@ -260,7 +260,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
                              f"the Llama family only{instead}; its embeddings and scores would differ from the model's")
     try:
         config = {"bert": {"distilbert": _distilbert, "mpnet": _mpnet}.get(model_type, _bert), "gpt2": _gpt2,
-                  "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3, "olmo2": _olmo2,
+                  "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3, "olmo2": _olmo2, "olmo3": _olmo3,
                             "granite": _granite}.get(model_type, _llama),
                   "modernbert": _modernbert, "t5": _t5}[family](hf)
         config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
@@ -546,7 +546,7 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
 
 # The biases as transformers builds each model, whatever else its config says: attention_bias (q/k/v and o_proj)
 # where the model reads it, mlp_bias likewise; Qwen2 always has q/k/v biases and no others; Mistral and Phi-3 none
-ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2", "granite")
+ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2", "olmo3", "granite")
 MLP_BIAS_READ = ("llama", "granite")
 
 
@@ -593,8 +593,8 @@ def _phi3(hf: dict[str, Any]) -> ModelConfig:
     return config
 
 
-# Olmo2Config's defaults where a config.json leaves the key out; a num_key_value_heads left out or null is one per
-# head, and the rotary theta 10,000, as _llama reads them
+# Olmo2Config's defaults where a config.json leaves the key out (Olmo3Config's too); a num_key_value_heads left out
+# or null is one per head, and the rotary theta 10,000, as _llama reads them
 OLMO2 = {"vocab_size": 50_304, "hidden_size": 4096, "intermediate_size": 11_008, "num_hidden_layers": 32,
          "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5}
 
@@ -607,6 +607,39 @@ def _olmo2(hf: dict[str, Any]) -> ModelConfig:
     MLP bias. A key the file leaves out is Olmo2Config's (OLMO2; rms_norm_eps 1e-5, an untied head)."""
     config = _llama({**OLMO2, **hf})
     return dataclasses.replace(config, pre_norms=False, post_norms=True, qk_norm=True, qk_norm_across_heads=True)
+
+
+# Olmo3Config's: every layer type's rotary theta (its default_theta, whatever rope_theta says for the sliding ones:
+# transformers 5 reads rope_theta for the full_attention layers only), the window, and one global layer in four
+OLMO3_ROPE_THETAS = {"full_attention": ("rope_theta", 500_000.0), "sliding_attention": (None, 500_000.0)}
+OLMO3_SLIDING_WINDOW = 4096
+OLMO3_GLOBAL_EVERY = 4
+
+
+def _olmo3(hf: dict[str, Any]) -> ModelConfig:
+    """Olmo3ForCausalLM (model_type olmo3: Olmo-3-7B and 32B) as transformers 5 reads Olmo3Config: OLMo 2's blocks
+    (_olmo2) with local layers (layer_types, else three of every four, the fourth global) attending within
+    sliding_window (4096 when left out), and a rotary setting per layer type: rope_parameters[type], a non-null
+    rope_scaling laid over the global layers' (Olmo-3's released yarn is refused so, naming it), a theta left out
+    500,000. A rope_theta other than 500,000 without a theta in rope_parameters.sliding_attention (and local layers to
+    rotate) is refused: transformers 5 rotates only the global layers by it (the local ones by 500,000), where
+    transformers 4.x rotated every layer by it, so the two disagree on the model."""
+    hf = {**OLMO2, **hf}
+    sliding = _local_layers(hf, None, OLMO3_GLOBAL_EVERY, global_first=False)
+    window = _local_window(hf, OLMO3_SLIDING_WINDOW) if sliding else 0
+    own = hf.get("rope_parameters")
+    sliding_theta = isinstance(own, dict) and isinstance(own.get("sliding_attention"), dict) and \
+        "rope_theta" in own["sliding_attention"]
+    theta = hf.get("rope_theta", OLMO3_ROPE_THETAS["full_attention"][1])
+    if sliding and not sliding_theta and theta != OLMO3_ROPE_THETAS["sliding_attention"][1]:
+        raise ModelLoadError(f"rope_theta {_shown(theta)} is not supported for olmo3: transformers 5 rotates only "
+                             "the full_attention layers by it and the sliding_attention ones by Olmo3Config's 500,000 "
+                             "(transformers 4.x rotated every layer by it); set rope_parameters.sliding_attention."
+                             "rope_theta to the theta the model was trained with")
+    ropes = _layer_type_ropes(hf, OLMO3_ROPE_THETAS, "OLMo 3")
+    blocks = _olmo2({key: value for key, value in hf.items() if not key.startswith("rope_")})
+    return dataclasses.replace(blocks, rope=ropes["full_attention"], local_rope=ropes["sliding_attention"],
+                               sliding_window=window, sliding_layers=sliding)
 
 
 # GraniteConfig's defaults where a config.json leaves the key out (kv heads and theta as OLMO2's)
@@ -634,9 +667,10 @@ def _granite(hf: dict[str, Any]) -> ModelConfig:
     return dataclasses.replace(_llama(hf), **multipliers)
 
 
+# Gemma 3's rotary theta per layer type where rope_parameters[type] leaves it out: the key that holds it, its default
+GEMMA3_ROPE_THETAS = {"full_attention": ("rope_theta", 1_000_000.0), "sliding_attention": ("rope_local_base_freq", 10_000.0)}
 # Gemma3TextConfig's defaults where a config.json leaves the key out: a multimodal release's text_config holds
 # little more than the sizes that differ from them (gemma-3-4b's: no heads, kv heads, vocabulary or positions)
-GEMMA3_ROPE_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 GEMMA3 = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
           "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
           "rms_norm_eps": 1e-6, "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
@@ -664,7 +698,7 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
     blocks = _gemma_blocks(hf, GEMMA3, sliding)
     if sliding and bidirectional:
         blocks["sliding_window"] = blocks["sliding_window"] // 2 + 1  # Gemma3TextConfig: |i - j| < window // 2 + 1
-    ropes = _gemma3_ropes(hf)
+    ropes = _layer_type_ropes(hf, GEMMA3_ROPE_THETAS, "Gemma 3")
     return ModelConfig(**blocks, rope=ropes["full_attention"], local_rope=ropes["sliding_attention"], qk_norm=True,
                        bidirectional=bidirectional,
                        final_logit_cap=_soft_cap(hf, "final_logit_softcapping", GEMMA3["final_logit_softcapping"]))
@@ -713,10 +747,7 @@ def _gemma_blocks(hf: dict[str, Any], defaults: dict[str, Any], sliding: tuple[i
     scale of query_pre_attn_scalar ** -0.5, the `sliding` layers attending within sliding_window, a head tied to
     the embedding unless tie_word_embeddings is false."""
     layers, hidden = hf["num_hidden_layers"], hf["hidden_size"]
-    window = hf.get("sliding_window", defaults["sliding_window"]) if sliding else 0
-    if sliding and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ModelLoadError(f"sliding_window is {_shown(window)}; it must be a whole number >= 1 (layer_types has "
-                             "sliding_attention layers)")
+    window = _local_window(hf, defaults["sliding_window"]) if sliding else 0
     scalar = hf.get("query_pre_attn_scalar", defaults["query_pre_attn_scalar"])
     number = None if isinstance(scalar, bool) else _as_float(scalar)
     if number is None or not 0 < number < math.inf:
@@ -732,6 +763,16 @@ def _gemma_blocks(hf: dict[str, Any], defaults: dict[str, Any], sliding: tuple[i
         sliding_window=window, sliding_layers=sliding,
         embed_scale=float(hidden) ** 0.5 if type(hidden) is int and hidden > 0 else 1.0, post_norms=True,
         query_pre_attn_scalar=number)
+
+
+def _local_window(hf: dict[str, Any], default: int | None) -> int:
+    """sliding_window (`default` when the file leaves it out) of a config with sliding_attention layers: a whole
+    number >= 1, or a refusal naming it (transformers cannot build those layers' mask without one)."""
+    window = hf.get("sliding_window", default)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ModelLoadError(f"sliding_window is {_shown(window)}; it must be a whole number >= 1 (layer_types has "
+                             "sliding_attention layers)")
+    return window
 
 
 def _soft_cap(hf: dict[str, Any], key: str, default: float | None) -> float:
@@ -778,13 +819,15 @@ def _gemma3_text_model(hf: dict[str, Any], path: str) -> ModelConfig:
     return dataclasses.replace(config, model_type="gemma3")
 
 
-def _gemma3_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
-    """Each layer type's Rope, as Gemma3TextConfig reads them: rope_parameters[type] (transformers 5), over which
-    a non-null rope_scaling (4.x) is laid for the global layers; a theta left out is rope_theta (global) or
-    rope_local_base_freq (local), else 1,000,000 and 10,000."""
+def _layer_type_ropes(hf: dict[str, Any], thetas: dict[str, tuple[str | None, float]], model: str
+                      ) -> dict[str, Rope]:
+    """Each layer type's Rope, as Gemma3TextConfig and Olmo3Config read them: rope_parameters[type] (transformers
+    5), over which a non-null rope_scaling (4.x) is laid for the global layers; a theta left out is read from the
+    key thetas[type] names (Gemma 3: rope_theta for the global layers, rope_local_base_freq for the local ones; None:
+    no key), else thetas[type]'s number. `model` names the model in a refusal."""
     params = hf.get("rope_parameters")
     if params is not None and (not isinstance(params, dict) or not all(kind in LAYER_TYPES for kind in params)):
-        raise ModelLoadError(f"rope_parameters is {_shown(params)}; Gemma 3's are per layer type "
+        raise ModelLoadError(f"rope_parameters is {_shown(params)}; {model}'s are per layer type "
                              f"({' and '.join(LAYER_TYPES)}), as transformers 5 saves them")
     params = params or {}
     for kind in LAYER_TYPES:
@@ -799,10 +842,10 @@ def _gemma3_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
         if scaling:  # as transformers: rope_scaling updates the global layers' settings, rope_parameters or not
             params["full_attention"].update(scaling)
             field["full_attention"] = "rope_scaling"  # named as the file holds it
-    thetas = {"full_attention": "rope_theta", "sliding_attention": "rope_local_base_freq"}
     ropes = {}
     for kind in LAYER_TYPES:
-        own = {"rope_theta": hf.get(thetas[kind], GEMMA3_ROPE_THETA[kind]), **params[kind]}
+        key, default = thetas[kind]
+        own = {"rope_theta": hf.get(key, default) if key else default, **params[kind]}
         try:
             ropes[kind] = _rope({field[kind]: own, "max_position_embeddings": hf.get("max_position_embeddings")})
         except ModelLoadError as err:
@@ -889,7 +932,7 @@ def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     model_type, layer_types = hf["model_type"], hf.get("layer_types")
     none = {"sliding_window": 0, "sliding_layers": ()}
     layers = hf["num_hidden_layers"] if type(hf.get("num_hidden_layers")) is int else 0
-    if model_type not in ("mistral", "phi3", "qwen2", "qwen3"):  # Llama, OLMo 2, Granite: none
+    if model_type not in ("mistral", "phi3", "qwen2", "qwen3"):  # Llama, OLMo 2, Granite: none; OLMo 3: its own
         return none
     if layer_types is not None:
         _check_layer_types(layer_types)

@@ -160,7 +160,7 @@ def gpt2_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
 LLAMA_NORMS = {"attention_norm": "input_layernorm", "feed_forward_norm": "post_attention_layernorm"}
 GEMMA3_NORMS = {"attention_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
                 "feed_forward_norm": "pre_feedforward_layernorm", "post_feed_forward_norm": "post_feedforward_layernorm"}
-# OLMo 2's two: Gemma's names for the norms after the attention and the MLP, none before them
+# OLMo 2's (and 3's) two: Gemma's names for the norms after the attention and the MLP, none before them
 OLMO2_NORMS = {"post_attention_norm": "post_attention_layernorm", "post_feed_forward_norm": "post_feedforward_layernorm"}
 
 
@@ -224,8 +224,8 @@ def gemma3_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
 
 
 def olmo2_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
-    """Olmo2ForCausalLM / Olmo2Model names -> our LlamaDecoder tree: Llama's, with a block's two norms after its
-    attention and MLP and its q_norm / k_norm over all heads ([heads x head_dim] wide)."""
+    """Olmo2ForCausalLM / Olmo2Model (and Olmo3's: the same names) -> our LlamaDecoder tree: Llama's, with a block's
+    two norms after its attention and MLP and its q_norm / k_norm over all heads ([heads x head_dim] wide)."""
     return llama_params(src, config, norms=OLMO2_NORMS)
 
 
@@ -344,6 +344,7 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
     "gemma3": (("model.language_model.",), gemma3_params),  # multimodal_text_tensors' names
     "gemma2": (("model.", ""), gemma3_params),
     "olmo2": (("model.", ""), olmo2_params),
+    "olmo3": (("model.", ""), olmo2_params),
     "t5": (("",), t5_params),  # T5EncoderModel, T5Model and T5ForConditionalGeneration at the root
 }
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
@@ -352,7 +353,7 @@ MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "l
            "distilbert": "embeddings.word_embeddings.weight", "mpnet": "embeddings.word_embeddings.weight",
            "gemma3_text": "embed_tokens.weight",
            "gemma3": "embed_tokens.weight", "gemma2": "embed_tokens.weight", "phi3": "embed_tokens.weight",
-           "olmo2": "embed_tokens.weight",
+           "olmo2": "embed_tokens.weight", "olmo3": "embed_tokens.weight",
            "t5": "encoder.final_layer_norm.weight"}
 
 # Gemma3ForConditionalGeneration's text model under the names transformers 4.52-4.57 saved it with (and 5.x loads),

@@ -19,8 +19,8 @@ def main(argv: list[str]) -> int:
         description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
                     "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT/MPNet, ModernBERT, T5/mT5 (t5, mt5: the encoder), "
                     "GPT-2 or Llama/Mistral/Qwen2/Qwen3/"
-                    "Phi-3 and Phi-4 (phi3)/Gemma 2 (gemma2)/Gemma 3 text (gemma3_text)/OLMo 2 (olmo2)/Granite "
-                    "(granite) family; Gemma 3's multimodal models (gemma3) as their text model), or "
+                    "Phi-3 and Phi-4 (phi3)/Gemma 2 (gemma2)/Gemma 3 text (gemma3_text)/OLMo 2 (olmo2)/OLMo 3 (olmo3)/"
+                    "Granite (granite) family; Gemma 3's multimodal models (gemma3) as their text model), or "
                     "a sentence-transformers directory around one (its pooling, Dense modules and prompts kept), into "
                     "a docscore model directory (Orbax params).")
     parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
                              "max_seq_length, or the tokenizer_config.json model_max_length of a directory "
                              "sentence-transformers 6 saved, else the model's position count, or the sliding window "
                              "of a decoder whose every layer slides (Mistral, Phi-3) when it is shorter; local windows "
-                             "beside global layers (Gemma 3, ModernBERT) do not shorten it)")
+                             "beside global layers (Gemma 2 and 3, OLMo 3, ModernBERT) do not shorten it)")
     args = parser.parse_args(argv)
     empty = [flag for flag, value in (("--hf", args.hf), ("--out", args.out)) if not value.strip()]
     if empty:  # an unset variable: '' would be read as this folder ("already exists")

@@ -81,6 +81,12 @@ FAMILIES = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
               dict(num_hidden_layers=2, max_position_embeddings=640, attention_bias=True,
                    rope_parameters={"rope_type": "default", "rope_theta": 500_000.0})),
+    # OLMo 2's blocks, Olmo3Config's layer_types (three local layers within 16 tokens, then a global one), a rotary
+    # theta per layer type
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM",
+              dict(num_hidden_layers=4, max_position_embeddings=640, sliding_window=16,
+                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500_000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1_000.0}})),
     # granite-3's multipliers but the attention's (0.0625 where head_dim 16 gives 0.25; granite-3-8b's is 1/128 for
     # head_dim 128), its theta, a tied head
     "granite": ("GraniteConfig", "GraniteForCausalLM",
@@ -181,7 +187,8 @@ def test_config_reads_each_family(converted):
     ids = np.ones((1, 16), np.int32)
     scans = str(jax.make_jaxpr(loaded.model)(ids, ids)).count("scan[")
     # one scanned body; Qwen2's two windowed layers after its full one are one (models/layers.py block_runs), Gemma 3's
-    # local, global, local repeat nothing and run one by one; Gemma 2's local, global period is scanned twice
+    # local, global, local repeat nothing and run one by one; Gemma 2's local, global period is scanned twice; OLMo 3's
+    # three local layers are one scan, its global one runs alone
     assert scans == (0 if family == "gemma3" else 1)
     want = {
         "llama": dict(kv_heads=2, head_dim=16, qkv_bias=False, tie_word_embeddings=False, sliding_window=0,
@@ -204,6 +211,8 @@ def test_config_reads_each_family(converted):
                        rope=Rope(1_000.0), local_rope=None, attention_logit_cap=5.0, final_logit_cap=3.0),
         "olmo2": dict(kv_heads=2, head_dim=16, qkv_bias=True, output_bias=True, mlp_bias=False, layer_norm_eps=1e-5,
                       tie_word_embeddings=False, rope=Rope(500_000.0)),
+        "olmo3": dict(sliding_window=16, sliding_layers=(0, 1, 2), qkv_bias=False, rope=Rope(500_000.0),
+                      local_rope=Rope(1_000.0)),
         "granite": dict(head_dim=16, tie_word_embeddings=True, embed_scale=12.0, attention_multiplier=0.0625,
                         residual_multiplier=0.22, logits_divisor=8.0, rope=Rope(10_000_000.0)),
     }[family]
@@ -397,9 +406,11 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
     family, hf_dir, model_dir = converted
     config = models.load(str(model_dir), attention="native").config
     expected = {"mistral": (32, (0, 1)), "qwen2-window": (24, (1, 2)), "gemma3": (16, (0, 2)),
-                "phi3": (20, (0, 1)), "gemma2": (16, (0, 2))}.get(family, (0, ()))
+                "phi3": (20, (0, 1)), "gemma2": (16, (0, 2)), "olmo3": (16, (0, 1, 2))}.get(family, (0, ()))
     assert (config.sliding_window, config.sliding_layers) == expected
-    if not config.sliding_window or family == "phi3":  # Phi-3 windows every layer as Mistral does: its plans below
+    # Phi-3 windows every layer as Mistral does, OLMo 3 some layers as Qwen2 and Gemma do: the plans below are the
+    # kernel policy's for a window, which is the same whatever model holds it
+    if not config.sliding_window or family in ("phi3", "olmo3"):
         return
     with pytest.raises(KernelUnsupportedError, match="sliding-window"):
         resolve("flash", "gpu", heads=4, kv_heads=2, head_dim=16, dtype="bfloat16", causal=True,
@@ -902,6 +913,13 @@ def olmo_qk_norm_per_head(reference) -> None:
         attention.k_norm = PerHead(attention.k_norm, attention.head_dim)
 
 
+def without_window(reference) -> None:
+    """Every layer attending to its whole text: a window longer than any row, the layers' flash argument unset."""
+    reference.config.sliding_window = 10_000
+    for layer in reference.model.layers:
+        layer.self_attn.sliding_window = None
+
+
 def identity(module, *names: str) -> None:
     import torch
 
@@ -919,6 +937,11 @@ SWITCHES_UNDONE = {
         "no q/k norms": lambda m: [identity(layer.self_attn, "q_norm", "k_norm") for layer in m.model.layers],
         "q/k norms per head": olmo_qk_norm_per_head,
     },
+    "olmo3": {
+        "no window on the sliding layers": without_window,
+        "the global layers' theta on the sliding ones": lambda m: m.model.rotary_emb.sliding_attention_inv_freq.copy_(
+            m.model.rotary_emb.full_attention_inv_freq),
+    },
     "granite": {
         "embedding_multiplier 1": lambda m: setattr(m.model, "embedding_multiplier", 1.0),
         "attention scale head_dim ** -0.5": lambda m: [setattr(layer.self_attn, "scaling", 16 ** -0.5)
@@ -931,8 +954,8 @@ SWITCHES_UNDONE = {
 
 @pytest.mark.parametrize("converted", sorted(SWITCHES_UNDONE), indirect=True)
 def test_each_switch_is_what_makes_the_scores_transformers(converted):
-    """The parity above (test_token_logprobs_match_transformers_padded_and_packed, within 1e-4) holds for OLMo 2
-    and Granite because each of their switches is computed: transformers' own model with any one of
+    """The parity above (test_token_logprobs_match_transformers_padded_and_packed, within 1e-4) holds for OLMo 2,
+    OLMo 3 and Granite because each of their switches is computed: transformers' own model with any one of
     them undone scores the same tokens more than 1e-2 apart, so a docscore without it would fail there."""
     import torch
     import transformers
@@ -985,6 +1008,49 @@ def test_olmo2_configs_read_as_transformers_reads_them():
                          ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported for olmo2")):
         with pytest.raises(models.ModelLoadError, match=re.escape(says)):
             config_from_hf({**OLMO2_7B, **change})
+
+
+OLMO3_7B = {  # Olmo-3-1025-7B's config.json (sizes cut down): three local layers in four, yarn on the global ones
+    **OLMO2_7B, "model_type": "olmo3", "architectures": ["Olmo3ForCausalLM"], "num_hidden_layers": 8,
+    "max_position_embeddings": 65536, "sliding_window": 4096,
+    "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 2,
+    "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                     "attention_factor": 1.2079441541679836, "original_max_position_embeddings": 8192}}
+
+
+def test_olmo3_configs_read_as_transformers_reads_them():
+    """An olmo3 config.json gives what Olmo3Config builds from it: its defaults for keys left out (OLMo 2's, one
+    global layer in four, window 4096, theta 500,000 for each layer type), Olmo-3-7B's layers and each layer type's
+    theta; what docscore does not compute is refused by key: Olmo-3's released yarn on its global layers, and a
+    rope_theta transformers 5 reads for the global layers only."""
+    import transformers
+
+    ours, theirs = config_from_hf({"model_type": "olmo3"}), transformers.Olmo3Config()
+    assert_llama_sizes_as(ours, theirs)
+    assert ours.post_norms and not ours.pre_norms and ours.qk_norm and ours.qk_norm_across_heads
+    assert ours.sliding_layers == tuple(i for i, kind in enumerate(theirs.layer_types) if kind == "sliding_attention")
+    assert (ours.sliding_window, ours.rope, ours.local_rope) == (theirs.sliding_window, Rope(500_000.0), Rope(500_000.0))
+    no_yarn = {k: v for k, v in OLMO3_7B.items() if k != "rope_scaling"}
+    ours, theirs = config_from_hf(no_yarn), transformers.Olmo3Config(**no_yarn)
+    assert_llama_sizes_as(ours, theirs)
+    assert ours.sliding_layers == (0, 1, 2, 4, 5, 6) and ours.default_seq_len == 65536  # the global layers see it all
+    per_type = {"full_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1_000.0}}
+    for rope in ({"rope_parameters": per_type}, {"rope_theta": 10_000.0, "layer_types": ["full_attention"] * 8}):
+        hf = {**no_yarn, **rope}
+        ours, theirs = config_from_hf(hf), transformers.Olmo3Config(**hf).rope_parameters
+        assert ours.rope == Rope(theirs["full_attention"]["rope_theta"]), rope
+        assert ours.local_rope == Rope(theirs["sliding_attention"]["rope_theta"]), rope
+    # transformers 5 reads a rope_theta for the global layers only and gives the local ones its 500,000
+    assert transformers.Olmo3Config(**{**no_yarn, "rope_theta": 10_000.0}).rope_parameters["sliding_attention"][
+        "rope_theta"] == 500_000.0
+    for hf, says in ((OLMO3_7B, 'full_attention layers: rope_scaling.rope_type "yarn" is not supported'),
+                     ({**no_yarn, "rope_theta": 10_000.0}, "rope_theta 10000.0 is not supported for olmo3: "
+                                                           "transformers 5 rotates only the full_attention layers"),
+                     ({**no_yarn, "sliding_window": None}, "sliding_window is null; it must be a whole number >= 1"),
+                     ({**no_yarn, "rope_parameters": {"rope_type": "default"}}, "OLMo 3's are per layer type")):
+        with pytest.raises(models.ModelLoadError, match=re.escape(says)):
+            config_from_hf(hf)
 
 
 GRANITE_3_8B = {  # granite-3.3-8b-base's config.json (sizes cut down): its four multipliers
