@@ -38,7 +38,7 @@ FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert
             "mpnet": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
             "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "olmo2": "llama", "olmo3": "llama",
-            "granite": "llama", "modernbert": "modernbert",
+            "granite": "llama", "smollm3": "llama", "modernbert": "modernbert",
             "t5": "t5", "mt5": "t5"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
@@ -157,6 +157,7 @@ class ModelConfig:
     attention_multiplier: float = 0.0              # llama: Granite's attention scale itself (0: as above)
     residual_multiplier: float = 0.0               # llama: Granite's scale of a block's outputs before each add (0: none)
     logits_divisor: float = 0.0                    # llama: Granite's logits_scaling, which divides the logits (0: none)
+    nope_layers: tuple[int, ...] = ()              # llama: SmolLM3's layers without rotary positions (NoPE)
     bidirectional: bool = False                    # llama: every token attends both ways (EmbeddingGemma): an embedder
     # llama: Gemma 2's soft caps, cap * tanh(x / cap) (0: none): of the attention scores (attn_logit_softcapping, the
     # kernels' soft_cap) and of the LM head's logits (final_logit_softcapping), where transformers applies them
@@ -236,8 +237,8 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
             f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert', 'distilbert' or 'mpnet', encoder), ModernBERT (model_type "
             f"'modernbert', encoder), T5's encoder (model_type 't5' or 'mt5', its decoder not read), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma2', "
-            f"'gemma3_text', 'gemma3' (Gemma 3's multimodal release read as its text model), 'olmo2', 'olmo3' "
-            f"or 'granite', decoder)")
+            f"'gemma3_text', 'gemma3' (Gemma 3's multimodal release read as its text model), 'olmo2', 'olmo3', "
+            f"'granite' or 'smollm3', decoder)")
     quantized = hf.get("quantization_config")
     if quantized:
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
@@ -261,7 +262,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     try:
         config = {"bert": {"distilbert": _distilbert, "mpnet": _mpnet}.get(model_type, _bert), "gpt2": _gpt2,
                   "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3, "olmo2": _olmo2, "olmo3": _olmo3,
-                            "granite": _granite}.get(model_type, _llama),
+                            "granite": _granite, "smollm3": _smollm3}.get(model_type, _llama),
                   "modernbert": _modernbert, "t5": _t5}[family](hf)
         config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
     except KeyError as missing:
@@ -480,19 +481,29 @@ def _local_layers(hf: dict[str, Any], key: str | None, default: int, *, global_f
     layer_types, else every `key`-th layer global (`default` when the file leaves `key` out, or always without a key:
     Gemma 2's every other layer; the first of each group when global_first, as ModernBERT's; the last, as Gemma 3's)
     and the others local. Refuses a pattern or list transformers could not run, naming it."""
-    layers, layer_types = hf["num_hidden_layers"], hf.get("layer_types")
-    if layer_types is None:
-        every = hf.get(key, default) if key else default
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ModelLoadError(f"{key} is {_shown(every)}; it must be a whole number >= 1 ({says})")
-        shift = 0 if global_first else 1
-        layer_types = ["sliding_attention" if (i + shift) % every else "full_attention"
-                       for i in range(layers if type(layers) is int and 0 < layers <= MAX_SIZES["num_layers"] else 0)]
-    else:
-        _check_layer_types(layer_types)
-        if type(layers) is int and len(layer_types) != layers:
-            raise ModelLoadError(f"layer_types has {len(layer_types)} entries for num_hidden_layers {layers}; it "
-                                 "names one attention type per layer")
+    if hf.get("layer_types") is not None:
+        return _marked_sliding(hf)
+    every = hf.get(key, default) if key else default
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ModelLoadError(f"{key} is {_shown(every)}; it must be a whole number >= 1 ({says})")
+    shift = 0 if global_first else 1
+    return tuple(i for i in range(_layer_count(hf)) if (i + shift) % every)
+
+
+def _layer_count(hf: dict[str, Any]) -> int:
+    """num_hidden_layers where it is a whole number in bounds, else 0 (check_bounds refuses it, naming the key)."""
+    layers = hf.get("num_hidden_layers")
+    return layers if type(layers) is int and 0 < layers <= MAX_SIZES["num_layers"] else 0
+
+
+def _marked_sliding(hf: dict[str, Any]) -> tuple[int, ...]:
+    """The layers config.json's layer_types marks sliding_attention; a list that is not one of LAYER_TYPES per
+    layer is refused."""
+    layers, layer_types = hf["num_hidden_layers"], hf["layer_types"]
+    _check_layer_types(layer_types)
+    if type(layers) is int and len(layer_types) != layers:
+        raise ModelLoadError(f"layer_types has {len(layer_types)} entries for num_hidden_layers {layers}; it "
+                             "names one attention type per layer")
     return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
 
 
@@ -544,10 +555,13 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
         scale_attn_by_inverse_layer_idx=bool(hf.get("scale_attn_by_inverse_layer_idx", False)))
 
 
+# The model types whose config docscore refuses with pretraining_tp > 1 (Llama's config reads it); transformers 5's
+# OLMo, Granite and SmolLM3 never read it (SmolLM3-3B's config.json says 2), so neither does docscore for them
+PRETRAINING_TP_READ = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # The biases as transformers builds each model, whatever else its config says: attention_bias (q/k/v and o_proj)
 # where the model reads it, mlp_bias likewise; Qwen2 always has q/k/v biases and no others; Mistral and Phi-3 none
-ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2", "olmo3", "granite")
-MLP_BIAS_READ = ("llama", "granite")
+ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2", "olmo3", "granite", "smollm3")
+MLP_BIAS_READ = ("llama", "granite", "smollm3")
 
 
 def _llama(hf: dict[str, Any]) -> ModelConfig:
@@ -558,7 +572,7 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
     if activation not in LLAMA_ACTIVATIONS:
         raise ModelLoadError(f"hidden_act {activation!r} is not supported for {model_type}; the gated MLP "
                              f"of docscore's Llama decoder uses one of {list(LLAMA_ACTIVATIONS)}")
-    if hf.get("pretraining_tp", 1) not in (1, None):
+    if model_type in PRETRAINING_TP_READ and hf.get("pretraining_tp", 1) not in (1, None):
         raise ModelLoadError(f"pretraining_tp {hf['pretraining_tp']!r} is not supported (only 1)")
     head_size = hf.get("head_dim", QWEN3_HEAD_DIM if model_type == "qwen3" else None)
     if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
@@ -665,6 +679,50 @@ def _granite(hf: dict[str, Any]) -> ModelConfig:
             raise ModelLoadError(f"{key} is {_shown(value)}; it must be a positive, finite number")
         multipliers[field] = number
     return dataclasses.replace(_llama(hf), **multipliers)
+
+
+# SmolLM3Config's defaults where a config.json leaves the key out (a null num_key_value_heads is one per head)
+SMOLLM3 = {"vocab_size": 128_256, "hidden_size": 2048, "intermediate_size": 11_008, "num_hidden_layers": 36,
+           "num_attention_heads": 16, "num_key_value_heads": 4, "max_position_embeddings": 32_768,
+           "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 2_000_000.0, "no_rope_layer_interval": 4}
+
+
+def _smollm3(hf: dict[str, Any]) -> ModelConfig:
+    """SmolLM3ForCausalLM (model_type smollm3: SmolLM3-3B) as transformers 5 reads SmolLM3Config: Llama's blocks
+    (attention_bias and mlp_bias as Llama reads them) whose layers no_rope_layers marks 0 have no rotary positions
+    (NoPE: q and k as projected; one 0 or 1 per layer, 1 rotating; left out, every no_rope_layer_interval-th layer is
+    0, the last of each group), and local layers where use_sliding_window (layer_types, else the NoPE layers when
+    sliding_window is set) attending within sliding_window. A key the file leaves out is SmolLM3Config's (SMOLLM3:
+    4 kv heads, a tied head, theta 2,000,000); pretraining_tp is not read, as transformers' SmolLM3 does not."""
+    hf = {**SMOLLM3, **hf}
+    rotates = hf.get("no_rope_layers")
+    if rotates is None:
+        every = hf["no_rope_layer_interval"]
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ModelLoadError(f"no_rope_layer_interval is {_shown(every)}; it must be a whole number >= 1 (every "
+                                 "that many layers, the last has no rotary positions)")
+        rotates = [int((i + 1) % every != 0) for i in range(_layer_count(hf))]
+    elif not isinstance(rotates, list) or len(rotates) != _layer_count(hf):
+        what = f"has {len(rotates)} entries" if isinstance(rotates, list) else f"is {_shown(rotates)}"
+        raise ModelLoadError(f"no_rope_layers {what} for num_hidden_layers {_shown(hf['num_hidden_layers'])}; it "
+                             "lists one 0 (no rotary positions) or 1 (rotary positions) per layer")
+    elif any(isinstance(mark, bool) or mark not in (0, 1) for mark in rotates):
+        other = next(mark for mark in rotates if isinstance(mark, bool) or mark not in (0, 1))
+        raise ModelLoadError(f"no_rope_layers holds {_shown(other)}; each layer's entry must be 0 (no rotary "
+                             "positions) or 1 (rotary positions)")
+    nope = tuple(i for i, mark in enumerate(rotates) if not mark)
+    window, use_window = hf.get("sliding_window"), bool(hf.get("use_sliding_window", False))
+    if hf.get("layer_types") is not None:
+        sliding = _marked_sliding(hf)
+        if sliding and (not use_window or window is None):
+            raise ModelLoadError(f"layer_types marks layers {list(sliding)[:8]} sliding_attention, but "
+                                 "use_sliding_window is false or sliding_window null: transformers' SmolLM3 then masks "
+                                 "them by a window in its eager and sdpa attention (or fails without one) and not in "
+                                 "its flash attention; set use_sliding_window and sliding_window, or drop layer_types")
+    else:  # as SmolLM3Config fills layer_types
+        sliding = nope if use_window and window is not None else ()
+    return dataclasses.replace(_llama(hf), nope_layers=nope, sliding_layers=sliding,
+                               sliding_window=_local_window(hf, None) if sliding else 0)
 
 
 # Gemma 3's rotary theta per layer type where rope_parameters[type] leaves it out: the key that holds it, its default
@@ -932,7 +990,7 @@ def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     model_type, layer_types = hf["model_type"], hf.get("layer_types")
     none = {"sliding_window": 0, "sliding_layers": ()}
     layers = hf["num_hidden_layers"] if type(hf.get("num_hidden_layers")) is int else 0
-    if model_type not in ("mistral", "phi3", "qwen2", "qwen3"):  # Llama, OLMo 2, Granite: none; OLMo 3: its own
+    if model_type not in ("mistral", "phi3", "qwen2", "qwen3"):  # Llama, OLMo 2, Granite: none; OLMo 3, SmolLM3: theirs
         return none
     if layer_types is not None:
         _check_layer_types(layer_types)

@@ -81,11 +81,11 @@ class RMSNorm(nnx.Module):
 
 class GroupedQueryAttention(nnx.Module):
     """q/k/v projections (kv_heads <= heads), Qwen3's RMSNorm over each head of q and k (OLMo 2's over all of q's
-    heads at once, and all of k's), rotary positions on q and k, the injected kernel (causal; ModernBERT's encoder
-    not), output projection."""
+    heads at once, and all of k's), rotary positions on q and k (SmolLM3's NoPE layers: none), the injected kernel
+    (causal; ModernBERT's encoder not), output projection."""
 
     def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs, window: int = 0,
-                 causal: bool = True, rope: Rope | None = None):
+                 causal: bool = True, rope: Rope | None = None, rotary: bool = True):
         hidden, heads, kv_heads, head_dim = config.hidden_size, config.num_heads, config.kv_heads, config.head_dim
         self.query = dense(hidden, heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
         self.key = dense(hidden, kv_heads * head_dim, bias=config.qkv_bias, dtype=dtype, rngs=rngs)
@@ -97,6 +97,7 @@ class GroupedQueryAttention(nnx.Module):
         self.key_norm = RMSNorm(key_width, config.layer_norm_eps) if config.qk_norm else None
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.rope, self.dtype, self.attention_impl = rope or config.rope, dtype, attention_impl
+        self.rotary = rotary  # False: a NoPE layer (SmolLM3), whose q and k carry no positions
         self.window = window  # 0: the whole segment; else Mistral/Qwen2's sliding window, ModernBERT's local one
         self.causal = causal
         # Granite's attention_multiplier is the scale itself; Gemma scales by its own scalar's -1/2 power
@@ -112,9 +113,10 @@ class GroupedQueryAttention(nnx.Module):
         k = k.reshape(batch, length, self.kv_heads, self.head_dim)
         if self.query_norm is not None and not self.norm_across_heads:
             q, k = self.query_norm(q), self.key_norm(k)
-        # per block, so blocks keep run_blocks' (x, segment_ids) call; elementwise work beside the projections
-        cos, sin = rotary_tables(segment_ids, self.rope, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.rotary:
+            # per block, so blocks keep run_blocks' (x, segment_ids) call; elementwise work beside the projections
+            cos, sin = rotary_tables(segment_ids, self.rope, self.head_dim)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = self.value(x).reshape(batch, length, self.kv_heads, self.head_dim)
         context = attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
                             segment_ids=segment_ids, causal=self.causal, scale=self.scale,
@@ -153,7 +155,7 @@ class LlamaBlock(nnx.Module):
         self.attention_norm = norm(config.pre_norms)
         self.attention = GroupedQueryAttention(config, attention_impl=attention_impl, dtype=dtype, rngs=rngs,
                                                window=config.layer_window(layer), rope=config.layer_rope(layer),
-                                               causal=config.causal)
+                                               rotary=layer not in config.nope_layers, causal=config.causal)
         self.post_attention_norm = norm(config.post_norms)
         self.feed_forward_norm = norm(config.pre_norms)
         self.feed_forward = GatedFeedForward(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,

@@ -20,7 +20,8 @@ def main(argv: list[str]) -> int:
                     "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT/MPNet, ModernBERT, T5/mT5 (t5, mt5: the encoder), "
                     "GPT-2 or Llama/Mistral/Qwen2/Qwen3/"
                     "Phi-3 and Phi-4 (phi3)/Gemma 2 (gemma2)/Gemma 3 text (gemma3_text)/OLMo 2 (olmo2)/OLMo 3 (olmo3)/"
-                    "Granite (granite) family; Gemma 3's multimodal models (gemma3) as their text model), or "
+                    "Granite (granite)/SmolLM3 (smollm3) family; Gemma 3's multimodal models (gemma3) as their text "
+                    "model), or "
                     "a sentence-transformers directory around one (its pooling, Dense modules and prompts kept), into "
                     "a docscore model directory (Orbax params).")
     parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")

@@ -1,5 +1,6 @@
 """Llama family end to end: small random LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-Phi3ForCausalLM and Gemma3ForCausalLM models built
+Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, GraniteForCausalLM and
+SmolLM3ForCausalLM models built
 in transformers (no download) with a BPE tokenizer that adds a BOS token as Llama's does, converted with
 `docscore convert`, scored against transformers (padding, packing, both CPU kernels, lengths across the
 blockwise kernel's blocks and past llama3's original context); the configs refused (unsupported rotary
@@ -93,6 +94,12 @@ FAMILIES = {
                 dict(num_hidden_layers=2, max_position_embeddings=640, tie_word_embeddings=True,
                      embedding_multiplier=12.0, attention_multiplier=0.0625, residual_multiplier=0.22,
                      logits_scaling=8.0, rope_theta=10_000_000.0)),
+    # every second layer without rotary positions (no_rope_layer_interval 2: layers 1 and 3), which slide within 16
+    # tokens (SmolLM3Config's layer_types with use_sliding_window), SmolLM3-3B's theta; pad_token_id in the vocabulary
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
+                dict(num_hidden_layers=4, max_position_embeddings=640, no_rope_layer_interval=2,
+                     use_sliding_window=True, sliding_window=16, pad_token_id=2,
+                     rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0})),
 }
 
 
@@ -187,8 +194,8 @@ def test_config_reads_each_family(converted):
     ids = np.ones((1, 16), np.int32)
     scans = str(jax.make_jaxpr(loaded.model)(ids, ids)).count("scan[")
     # one scanned body; Qwen2's two windowed layers after its full one are one (models/layers.py block_runs), Gemma 3's
-    # local, global, local repeat nothing and run one by one; Gemma 2's local, global period is scanned twice; OLMo 3's
-    # three local layers are one scan, its global one runs alone
+    # local, global, local repeat nothing and run one by one; Gemma 2's local, global period is scanned twice, as is
+    # SmolLM3's rotary, NoPE one; OLMo 3's three local layers are one scan, its global one runs alone
     assert scans == (0 if family == "gemma3" else 1)
     want = {
         "llama": dict(kv_heads=2, head_dim=16, qkv_bias=False, tie_word_embeddings=False, sliding_window=0,
@@ -215,6 +222,8 @@ def test_config_reads_each_family(converted):
                       local_rope=Rope(1_000.0)),
         "granite": dict(head_dim=16, tie_word_embeddings=True, embed_scale=12.0, attention_multiplier=0.0625,
                         residual_multiplier=0.22, logits_divisor=8.0, rope=Rope(10_000_000.0)),
+        "smollm3": dict(nope_layers=(1, 3), sliding_window=16, sliding_layers=(1, 3), tie_word_embeddings=True,
+                        rope=Rope(5_000_000.0)),
     }[family]
     gemma, olmo = family.startswith("gemma"), family.startswith("olmo")
     assert config.qk_norm == (family in ("qwen3", "gemma3") or olmo) and config.qk_norm_across_heads == olmo
@@ -223,6 +232,7 @@ def test_config_reads_each_family(converted):
     assert (config.attention_logit_cap, config.final_logit_cap) == ((5.0, 3.0) if family == "gemma2" else (0.0, 0.0))
     assert (config.attention_multiplier, config.residual_multiplier, config.logits_divisor) == (
         (0.0625, 0.22, 8.0) if family == "granite" else (0.0, 0.0, 0.0))
+    assert config.nope_layers == ((1, 3) if family == "smollm3" else ())
     assert {key: getattr(config, key) for key in want} == want
     metadata = json.loads((model_dir / "metadata.json").read_text())
     assert metadata["family"] == "llama"
@@ -406,11 +416,12 @@ def test_sliding_window_is_a_local_mask_and_kernels_without_one_are_refused(conv
     family, hf_dir, model_dir = converted
     config = models.load(str(model_dir), attention="native").config
     expected = {"mistral": (32, (0, 1)), "qwen2-window": (24, (1, 2)), "gemma3": (16, (0, 2)),
-                "phi3": (20, (0, 1)), "gemma2": (16, (0, 2)), "olmo3": (16, (0, 1, 2))}.get(family, (0, ()))
+                "phi3": (20, (0, 1)), "gemma2": (16, (0, 2)), "olmo3": (16, (0, 1, 2)),
+                "smollm3": (16, (1, 3))}.get(family, (0, ()))
     assert (config.sliding_window, config.sliding_layers) == expected
-    # Phi-3 windows every layer as Mistral does, OLMo 3 some layers as Qwen2 and Gemma do: the plans below are the
-    # kernel policy's for a window, which is the same whatever model holds it
-    if not config.sliding_window or family in ("phi3", "olmo3"):
+    # Phi-3 windows every layer as Mistral does, OLMo 3 and SmolLM3 some layers as Qwen2 and Gemma do: the plans below
+    # are the kernel policy's for a window, which is the same whatever model holds it
+    if not config.sliding_window or family in ("phi3", "olmo3", "smollm3"):
         return
     with pytest.raises(KernelUnsupportedError, match="sliding-window"):
         resolve("flash", "gpu", heads=4, kv_heads=2, head_dim=16, dtype="bfloat16", causal=True,
@@ -949,13 +960,17 @@ SWITCHES_UNDONE = {
         "residual_multiplier 1": lambda m: [setattr(layer, "residual_multiplier", 1.0) for layer in m.model.layers],
         "logits_scaling 1": lambda m: setattr(m.config, "logits_scaling", 1.0),
     },
+    "smollm3": {
+        "rotary positions on every layer": lambda m: [setattr(layer.self_attn, "use_rope", 1) for layer in m.model.layers],
+        "no window on the NoPE layers": without_window,
+    },
 }
 
 
 @pytest.mark.parametrize("converted", sorted(SWITCHES_UNDONE), indirect=True)
 def test_each_switch_is_what_makes_the_scores_transformers(converted):
     """The parity above (test_token_logprobs_match_transformers_padded_and_packed, within 1e-4) holds for OLMo 2,
-    OLMo 3 and Granite because each of their switches is computed: transformers' own model with any one of
+    OLMo 3, Granite and SmolLM3 because each of their switches is computed: transformers' own model with any one of
     them undone scores the same tokens more than 1e-2 apart, so a docscore without it would fail there."""
     import torch
     import transformers
@@ -1079,3 +1094,50 @@ def test_granite_configs_read_as_transformers_reads_them():
                          ({"embedding_multiplier": True}, "embedding_multiplier is true; it must be a positive")):
         with pytest.raises(models.ModelLoadError, match=re.escape(says)):
             config_from_hf({**GRANITE_3_8B, **change})
+
+
+SMOLLM3_3B = {  # SmolLM3-3B's config.json (sizes cut down): every fourth layer without rotary positions, no window
+    "model_type": "smollm3", "architectures": ["SmolLM3ForCausalLM"], "vocab_size": 320, "hidden_size": 64,
+    "intermediate_size": 112, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 65536, "rms_norm_eps": 1e-6, "rope_theta": 5_000_000.0, "rope_scaling": None,
+    "no_rope_layers": [1, 1, 1, 0] * 2, "no_rope_layer_interval": 4, "use_sliding_window": False,
+    "sliding_window": None, "max_window_layers": 28, "pretraining_tp": 2, "attention_bias": False, "mlp_bias": False,
+    "hidden_act": "silu", "tie_word_embeddings": True, "pad_token_id": 2}
+
+
+def test_smollm3_configs_read_as_transformers_reads_them():
+    """A smollm3 config.json gives the NoPE and local layers SmolLM3Config and SmolLM3ForCausalLM build from it:
+    no_rope_layers as written (1 rotates), else from no_rope_layer_interval; windows only with use_sliding_window,
+    on the NoPE layers unless layer_types says; its defaults for keys left out (4 kv heads, a tied head, theta
+    2,000,000); pretraining_tp, which SmolLM3-3B sets to 2 and transformers' SmolLM3 never reads, is not refused.
+    What transformers could not run, or would run two ways, is refused by key."""
+    import transformers
+
+    def theirs(hf):
+        return transformers.SmolLM3Config(**{k: v for k, v in hf.items() if k != "model_type"})
+
+    def unturned(config) -> tuple[int, ...]:
+        return tuple(i for i, rotates in enumerate(config.no_rope_layers) if not rotates)
+
+    def sliding(config) -> tuple[int, ...]:
+        return tuple(i for i, kind in enumerate(config.layer_types) if kind == "sliding_attention")
+
+    interval = {k: v for k, v in SMOLLM3_3B.items() if k != "no_rope_layers"}
+    for hf in (SMOLLM3_3B, {**interval, "no_rope_layer_interval": 3}, {"model_type": "smollm3"},
+               {**SMOLLM3_3B, "use_sliding_window": True, "sliding_window": 64},
+               {**SMOLLM3_3B, "use_sliding_window": True, "sliding_window": 64, "layer_types": ["sliding_attention"] * 8}):
+        ours, reference = config_from_hf(hf), theirs(hf)
+        assert_llama_sizes_as(ours, reference)
+        assert ours.nope_layers == unturned(reference) and ours.sliding_layers == sliding(reference), hf
+        assert ours.sliding_window == (reference.sliding_window if ours.sliding_layers else 0)
+        assert ours.rope == Rope(reference.rope_parameters["rope_theta"])
+    assert config_from_hf(SMOLLM3_3B).nope_layers == (3, 7) and config_from_hf({"model_type": "smollm3"}).kv_heads == 4
+    for change, says in (({"no_rope_layers": [1, 0]}, "no_rope_layers has 2 entries for num_hidden_layers 8"),
+                         ({"no_rope_layers": [1, 1, 1, 2] * 2}, "no_rope_layers holds 2; each layer's entry must be 0"),
+                         ({"no_rope_layers": None, "no_rope_layer_interval": 0}, "no_rope_layer_interval is 0"),
+                         ({"layer_types": ["full_attention", "sliding_attention"] * 4, "sliding_window": 64},
+                          "layer_types marks layers [1, 3, 5, 7] sliding_attention, but use_sliding_window is false"),
+                         ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 65536}},
+                          'rope_scaling.rope_type "yarn" is not supported')):
+        with pytest.raises(models.ModelLoadError, match=re.escape(says)):
+            config_from_hf({**SMOLLM3_3B, **change})
