@@ -2,7 +2,7 @@
 
 Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet; ModernBERT encoder;
 T5 encoder: T5, mT5; GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3 and the text model
-of its multimodal release),
+of its multimodal release, OLMo 2, OLMo 3, Granite, SmolLM3),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ ACTIVATIONS = {
 # HF model_type -> family: RoBERTa, XLM-RoBERTa and CamemBERT are BERT with positions counted past the padding id,
 # DistilBERT is BERT without token types under other names, MPNet is RoBERTa's positions without token types plus one
 # relative position bias table all its layers share; Mistral, Qwen2, Qwen3, Phi-3 (and Phi-4, model_type phi3:
-# Llama's block with fused weights, split at convert), Gemma 2 and Gemma 3 (its text model) are Llama's architecture
-# with a few config switches. mT5 is T5's code under another model_type (MT5Config's defaults differ).
+# Llama's block with fused weights, split at convert), Gemma 2, Gemma 3 (its text model), OLMo 2, OLMo 3, Granite and
+# SmolLM3 are Llama's architecture with a few config switches. mT5 is T5's code under another model_type (MT5Config's defaults differ).
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert",
             "mpnet": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",

@@ -1,6 +1,7 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
 *.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet), ModernBERT, T5
-(T5, mT5: the encoder), GPT-2 and Llama (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 3, the text model of Gemma 3's multimodal release) families.
+(T5, mT5: the encoder), GPT-2 and Llama (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3, the text model of Gemma 3's
+multimodal release, OLMo 2, OLMo 3, Granite, SmolLM3) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree (the command's flags: pipeline/convert.py).
 Reads safetensors only (never pickle); must not run models.

@@ -1,8 +1,11 @@
 """Llama-family decoder (Flax NNX) for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-Gemma2ForCausalLM and Gemma3ForCausalLM checkpoints: token embedding (Gemma: scaled), pre-norm blocks (RMSNorm,
-grouped-query causal attention with rotary positions and Qwen3's and Gemma 3's per-head q/k norms, Gemma 2's
-soft-capped scores, gated SiLU or GELU MLP; Gemma: norms after the attention and MLP too), final RMSNorm, and an
-output head tied to the embedding or its own (Gemma 2: its logits soft-capped).
+Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, GraniteForCausalLM and
+SmolLM3ForCausalLM checkpoints: token embedding (Gemma, Granite: scaled), pre-norm blocks (RMSNorm, grouped-query
+causal attention with rotary positions (SmolLM3: not on every layer) and Qwen3's and Gemma 3's per-head q/k norms
+(OLMo 2's over all heads at once), Gemma 2's soft-capped scores, Granite's own attention scale, gated SiLU or GELU
+MLP; Gemma: norms after the attention and MLP too; OLMo 2: only after them; Granite: their outputs scaled before
+they are added), final RMSNorm, and an output head tied to the embedding or its own (Gemma 2: its logits
+soft-capped; Granite: divided).
 
 Must not tokenize, score or pick a kernel: the attention name comes in through the constructor, and the
 kernel sees only the contract's q/k/v, segment ids and causal flag. Rotary positions restart in every packed
