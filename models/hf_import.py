@@ -66,6 +66,13 @@ class TensorSource:
             raise ModelLoadError(f"{self.where}: tensors {sorted(left)[:5]} have no place in the model; {why}")
 
 
+def bert_embeddings(src: TensorSource) -> dict[str, Any]:
+    """The word and position tables and LayerNorm every BERT-family checkpoint names alike (BERT's token types aside)."""
+    return {"word": {"embedding": src.take("embeddings.word_embeddings.weight")},
+            "position": {"embedding": src.take("embeddings.position_embeddings.weight")},
+            "norm": src.norm("embeddings.LayerNorm")}
+
+
 def bert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
     """Hugging Face BertModel (and RobertaModel, XLMRobertaModel: the same names) -> our BertEncoder tree."""
     def layer(i: int) -> dict[str, Any]:
@@ -79,10 +86,8 @@ def bert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
             "output_norm": src.norm(p + "output.LayerNorm"),
         }
     return {
-        "embeddings": {"word": {"embedding": src.take("embeddings.word_embeddings.weight")},
-                       "position": {"embedding": src.take("embeddings.position_embeddings.weight")},
-                       "token_type": {"embedding": src.take("embeddings.token_type_embeddings.weight")},
-                       "norm": src.norm("embeddings.LayerNorm")},
+        "embeddings": {**bert_embeddings(src),
+                       "token_type": {"embedding": src.take("embeddings.token_type_embeddings.weight")}},
         "layers": {i: layer(i) for i in range(config.num_layers)},
     }
 
@@ -99,9 +104,7 @@ def distilbert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
             "output_norm": src.norm(p + "output_layer_norm"),
         }
     return {
-        "embeddings": {"word": {"embedding": src.take("embeddings.word_embeddings.weight")},
-                       "position": {"embedding": src.take("embeddings.position_embeddings.weight")},
-                       "norm": src.norm("embeddings.LayerNorm")},
+        "embeddings": bert_embeddings(src),
         "layers": {i: layer(i) for i in range(config.num_layers)},
     }
 
@@ -119,9 +122,7 @@ def mpnet_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
             "output_norm": src.norm(p + "output.LayerNorm"),
         }
     return {
-        "embeddings": {"word": {"embedding": src.take("embeddings.word_embeddings.weight")},
-                       "position": {"embedding": src.take("embeddings.position_embeddings.weight")},
-                       "norm": src.norm("embeddings.LayerNorm")},
+        "embeddings": bert_embeddings(src),
         "layers": {i: layer(i) for i in range(config.num_layers)},
         "relative_attention_bias": {"embedding": src.take("encoder.relative_attention_bias.weight")},
     }

@@ -226,6 +226,15 @@ def padded(docs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return ids, segments
 
 
+def transformers_hidden(model, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    """A transformers encoder's last_hidden_state over right-padded rows (attention_mask 1 on tokens), float32."""
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.as_tensor(ids, dtype=torch.long),
+                     attention_mask=torch.as_tensor(segments > 0, dtype=torch.long)).last_hidden_state.numpy()
+
+
 def transformers_logprobs(hf_dir, ids: np.ndarray, segments: np.ndarray, model_class: str = "AutoModelForCausalLM"
                           ) -> np.ndarray:
     """Reference: transformers' `model_class` (default AutoModelForCausalLM) log p(ids[t+1] | ids[:t+1]) from

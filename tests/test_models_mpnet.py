@@ -23,7 +23,7 @@ from models.layers import relative_position_buckets
 from models.loader import model_kernel
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
-from tests.conftest import SENTENCES, padded
+from tests.conftest import SENTENCES, padded, transformers_hidden
 from tests.test_models_roberta import embed_run, write_sentence_transformers_modules
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -94,15 +94,6 @@ def test_buckets_are_transformers_own():
     expected = MPNetEncoder.relative_position_bucket(torch.as_tensor(offsets)).numpy()
     np.testing.assert_array_equal(relative_position_buckets(offsets, MPNET_BUCKETS, MPNET_MAX_DISTANCE), expected)
     assert len(set(expected.tolist())) == 31  # both halves used (bucket 16, offset 0 looked at from after, never is)
-
-
-def transformers_hidden(model, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """MPNetModel's last_hidden_state over right-padded rows (attention_mask 1 on tokens), float32."""
-    import torch
-
-    with torch.no_grad():
-        return model(input_ids=torch.as_tensor(ids, dtype=torch.long),
-                     attention_mask=torch.as_tensor(segments > 0, dtype=torch.long)).last_hidden_state.numpy()
 
 
 @pytest.mark.parametrize("attention", ["native", "flash"])

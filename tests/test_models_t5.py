@@ -27,7 +27,7 @@ from models.loader import model_kernel
 from models.sharding import partition_spec
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
-from tests.conftest import SENTENCES, padded
+from tests.conftest import SENTENCES, padded, transformers_hidden
 from tests.test_models_roberta import embed_run
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -131,15 +131,6 @@ def test_buckets_are_transformers_own(buckets, max_distance):
                                                      num_buckets=buckets, max_distance=max_distance).numpy()
     np.testing.assert_array_equal(relative_position_buckets(offsets, buckets, max_distance), expected)
     assert len(set(expected.tolist())) == buckets - 1  # both halves used (offset 0 seen from after, never is)
-
-
-def transformers_hidden(model, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """T5EncoderModel's last_hidden_state over right-padded rows (attention_mask 1 on tokens), float32."""
-    import torch
-
-    with torch.no_grad():
-        return model(input_ids=torch.as_tensor(ids, dtype=torch.long),
-                     attention_mask=torch.as_tensor(segments > 0, dtype=torch.long)).last_hidden_state.numpy()
 
 
 @pytest.mark.parametrize("attention", ["native", "flash"])

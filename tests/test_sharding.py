@@ -259,21 +259,29 @@ def test_a_llama_split_over_two_devices_per_row_shard_equals_one_device(tmp_path
     assert summary["counts"]["scored"] == len(SENTENCES)
 
 
-def test_an_olmo2_whose_q_norm_spans_the_heads_a_model_axis_splits_equals_one_device(tmp_path):
-    """OLMo 2 normalises q (and k) by one RMSNorm over all its heads, which a 2 x 2 mesh splits over the model axis:
-    the norm's scale is copied to every device and its mean taken across them, so the split model scores as one
-    device does."""
+def decoder_on_four_devices(tmp_path, model_type: str, **config):
+    """A tiny random `model_type` decoder (tests/test_models_llama.py build_hf), converted, its packed rows' token
+    log-likelihoods computed on one device and on a 2 x 2 mesh its memory budget forces: (loaded model, ids,
+    segment ids, the four-device run's report, its log-likelihoods)."""
     import models
     from models.hf_import import convert_hf_dir
     from tests.test_models_llama import build_hf
 
-    hf_dir = build_hf(tmp_path / "hf", "olmo2")
+    hf_dir = build_hf(tmp_path / "hf", model_type, **config)
     model_dir = str(tmp_path / "docscore")
     convert_hf_dir(str(hf_dir), model_dir)
     loaded = models.load(model_dir, attention="native")
     ids, seg = packed_rows(loaded.config.vocab_size)
     report, four = four_devices(tmp_path, model=model_dir, method="token_logprobs", ids=ids, seg=seg,
                                 budget=budget_for(loaded.config, 2))
+    return loaded, ids, seg, report, four
+
+
+def test_an_olmo2_whose_q_norm_spans_the_heads_a_model_axis_splits_equals_one_device(tmp_path):
+    """OLMo 2 normalises q (and k) by one RMSNorm over all its heads, which a 2 x 2 mesh splits over the model axis:
+    the norm's scale is copied to every device and its mean taken across them, so the split model scores as one
+    device does."""
+    loaded, ids, seg, report, four = decoder_on_four_devices(tmp_path, "olmo2")
     assert report["layout"]["mesh"] == {"data": 2, "model": 2}
     params, layers = report["params"], loaded.config.num_layers
     assert params["layers/stacked/attention/query/kernel"]["shards"] == [[layers, 64, 32]] * 4  # 2 of 4 heads each
@@ -284,18 +292,9 @@ def test_an_olmo2_whose_q_norm_spans_the_heads_a_model_axis_splits_equals_one_de
 def test_a_gemma3_stacked_by_its_periods_split_over_two_devices_per_row_shard_equals_one_device(tmp_path):
     """Gemma 3's blocks stacked by their repeating period (models/layers.py block_runs: local, local, global twice,
     then two local ones) as a 2 x 2 mesh: each stacked parameter split as one block's, its repeat axis whole."""
-    import models
-    from models.hf_import import convert_hf_dir
-    from tests.test_models_llama import build_hf
-
     local, full = "sliding_attention", "full_attention"
-    hf_dir = build_hf(tmp_path / "hf", "gemma3", num_hidden_layers=8, layer_types=[local, local, full] * 2 + [local] * 2)
-    model_dir = str(tmp_path / "docscore")
-    convert_hf_dir(str(hf_dir), model_dir)
-    loaded = models.load(model_dir, attention="native")
-    ids, seg = packed_rows(loaded.config.vocab_size)
-    report, four = four_devices(tmp_path, model=model_dir, method="token_logprobs", ids=ids, seg=seg,
-                                budget=budget_for(loaded.config, 2))
+    loaded, ids, seg, report, four = decoder_on_four_devices(
+        tmp_path, "gemma3", num_hidden_layers=8, layer_types=[local, local, full] * 2 + [local] * 2)
     assert report["layout"]["mesh"] == {"data": 2, "model": 2}
     params = report["params"]
     # the period's global layer (position 2) twice: 4 query heads x 32 split in two
