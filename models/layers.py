@@ -64,10 +64,11 @@ def layer_norm(features: int, eps: float, rngs: nnx.Rngs, *, bias: bool = True) 
     return nnx.LayerNorm(features, epsilon=eps, dtype=jnp.float32, use_fast_variance=False, use_bias=bias, rngs=rngs)
 
 
-def linear(features_in: int, features_out: int, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
-    """Dense layer: float32 params cast to `dtype` for the matmul, accumulated and returned in float32. No
-    precision of its own: the dot runs at the one models/precision.py sets where the program is traced."""
-    return nnx.Linear(features_in, features_out, dtype=dtype,
+def linear(features_in: int, features_out: int, dtype: jnp.dtype, rngs: nnx.Rngs, *, bias: bool = True) -> nnx.Linear:
+    """Dense layer: float32 params cast to `dtype` for the matmul, accumulated and returned in float32; without a
+    bias where the checkpoint has none (T5's, Llama's). No precision of its own: the dot runs at the one
+    models/precision.py sets where the program is traced."""
+    return nnx.Linear(features_in, features_out, use_bias=bias, dtype=dtype,
                       preferred_element_type=jnp.float32, rngs=rngs)
 
 
@@ -108,14 +109,18 @@ def relative_position_bias(table: jax.Array, length: int, num_buckets: int, max_
 
 
 class SelfAttention(nnx.Module):
-    """Multi-head self-attention: q/k/v projections, the injected kernel, output projection."""
+    """Multi-head self-attention: q/k/v projections, the injected kernel, output projection. Heads are
+    hidden / heads wide unless head_dim says (T5's d_kv: heads x d_kv need not be hidden, mT5-small's 6 x 64 over
+    512); the projections have biases unless bias is False (T5's)."""
 
     def __init__(self, hidden: int, heads: int, *, attention_impl: str, causal: bool, scale: float,
-                 dtype: jnp.dtype, rngs: nnx.Rngs):
-        self.query = linear(hidden, hidden, dtype, rngs)
-        self.key = linear(hidden, hidden, dtype, rngs)
-        self.value = linear(hidden, hidden, dtype, rngs)
-        self.output = linear(hidden, hidden, dtype, rngs)
+                 dtype: jnp.dtype, rngs: nnx.Rngs, head_dim: int | None = None, bias: bool = True):
+        self.head_dim = head_dim or hidden // heads
+        inner = heads * self.head_dim
+        self.query = linear(hidden, inner, dtype, rngs, bias=bias)
+        self.key = linear(hidden, inner, dtype, rngs, bias=bias)
+        self.value = linear(hidden, inner, dtype, rngs, bias=bias)
+        self.output = linear(inner, hidden, dtype, rngs, bias=bias)
         self.dtype = dtype
         self.heads = heads
         self.attention_impl = attention_impl
@@ -123,24 +128,26 @@ class SelfAttention(nnx.Module):
         self.scale = scale
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array, relative_bias: jax.Array | None = None) -> jax.Array:
-        """relative_bias: the kernels' [heads, 2L - 1] bias by key-query offset (MPNet's), or None."""
-        batch, length, hidden = x.shape
+        """relative_bias: the kernels' [heads, 2L - 1] bias by key-query offset (MPNet's, T5's), or None."""
+        batch, length, _ = x.shape
 
-        def split_heads(t: jax.Array) -> jax.Array:  # [B, L, D] -> [B, L, N, H] (BTNH), compute dtype
-            return t.reshape(batch, length, self.heads, hidden // self.heads).astype(self.dtype)
+        def split_heads(t: jax.Array) -> jax.Array:  # [B, L, N * H] -> [B, L, N, H] (BTNH), compute dtype
+            return t.reshape(batch, length, self.heads, self.head_dim).astype(self.dtype)
 
         context = attention(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)),
                             segment_ids=segment_ids, causal=self.causal, scale=self.scale,
                             impl=self.attention_impl, relative_bias=relative_bias)
-        return self.output(context.reshape(batch, length, hidden))
+        return self.output(context.reshape(batch, length, self.heads * self.head_dim))
 
 
 class FeedForward(nnx.Module):
-    """Position-wise MLP: up projection, activation (float32), down projection."""
+    """Position-wise MLP: up projection, activation (float32), down projection; biases unless bias is False
+    (T5's DenseReluDense: wi, wo)."""
 
-    def __init__(self, hidden: int, intermediate: int, *, activation: str, dtype: jnp.dtype, rngs: nnx.Rngs):
-        self.up = linear(hidden, intermediate, dtype, rngs)
-        self.down = linear(intermediate, hidden, dtype, rngs)
+    def __init__(self, hidden: int, intermediate: int, *, activation: str, dtype: jnp.dtype, rngs: nnx.Rngs,
+                 bias: bool = True):
+        self.up = linear(hidden, intermediate, dtype, rngs, bias=bias)
+        self.down = linear(intermediate, hidden, dtype, rngs, bias=bias)
         self.activation = activation
 
     def __call__(self, x: jax.Array) -> jax.Array:

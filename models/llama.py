@@ -23,13 +23,12 @@ from flax import nnx
 from kernels import attention
 from kernels.masking import soft_capped
 from models.config import ModelConfig, Rope
-from models.layers import ACTIVATIONS, COMPUTE_DTYPES, embedding_dense, positions_in_segments, run_blocks
+from models.layers import ACTIVATIONS, COMPUTE_DTYPES, embedding_dense, linear, positions_in_segments, run_blocks
 
 
 def dense(features_in: int, features_out: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
-    """layers.linear with the bias optional (Llama's projections have none; Qwen2's q/k/v do)."""
-    return nnx.Linear(features_in, features_out, use_bias=bias, dtype=dtype,
-                      preferred_element_type=jnp.float32, rngs=rngs)
+    """layers.linear with the bias a required choice (Llama's projections have none; Qwen2's q/k/v do)."""
+    return linear(features_in, features_out, dtype, rngs, bias=bias)
 
 
 def rope_frequencies(rope: Rope, head_dim: int) -> np.ndarray:

@@ -15,62 +15,28 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels import attention
 from models.config import ModelConfig
-from models.layers import ACTIVATIONS, COMPUTE_DTYPES, embedding_dense, relative_position_bias, run_blocks
-from models.llama import GatedFeedForward, RMSNorm, dense
-
-
-class T5Attention(nnx.Module):
-    """q/k/v projections to heads of d_kv (heads x d_kv need not be d_model: mT5-small's 6 x 64 over 512), the
-    injected kernel at scale 1 (T5 folds the scaling into its weights) with the relative bias, output projection."""
-
-    def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
-        hidden, inner = config.hidden_size, config.num_heads * config.head_dim
-        self.query = dense(hidden, inner, bias=False, dtype=dtype, rngs=rngs)
-        self.key = dense(hidden, inner, bias=False, dtype=dtype, rngs=rngs)
-        self.value = dense(hidden, inner, bias=False, dtype=dtype, rngs=rngs)
-        self.output = dense(inner, hidden, bias=False, dtype=dtype, rngs=rngs)
-        self.heads, self.head_dim = config.num_heads, config.head_dim
-        self.dtype, self.attention_impl = dtype, attention_impl
-
-    def __call__(self, x: jax.Array, segment_ids: jax.Array, relative_bias: jax.Array) -> jax.Array:
-        batch, length, _ = x.shape
-
-        def split_heads(t: jax.Array) -> jax.Array:  # [B, L, N * H] -> [B, L, N, H] (BTNH), compute dtype
-            return t.reshape(batch, length, self.heads, self.head_dim).astype(self.dtype)
-
-        context = attention(split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x)),
-                            segment_ids=segment_ids, causal=False, scale=1.0, impl=self.attention_impl,
-                            relative_bias=relative_bias)
-        return self.output(context.reshape(batch, length, self.heads * self.head_dim))
-
-
-class T5FeedForward(nnx.Module):
-    """T5's DenseReluDense without biases: down(act(up(x))) (wi, wo)."""
-
-    def __init__(self, hidden: int, intermediate: int, *, activation: str, dtype: jnp.dtype, rngs: nnx.Rngs):
-        self.up = dense(hidden, intermediate, bias=False, dtype=dtype, rngs=rngs)
-        self.down = dense(intermediate, hidden, bias=False, dtype=dtype, rngs=rngs)
-        self.activation = activation
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(ACTIVATIONS[self.activation](self.up(x)))
+from models.layers import (COMPUTE_DTYPES, FeedForward, SelfAttention, embedding_dense, relative_position_bias,
+                           run_blocks)
+from models.llama import GatedFeedForward, RMSNorm
 
 
 class T5Block(nnx.Module):
-    """x + attn(norm(x)), then x + mlp(norm(x))."""
+    """x + attn(norm(x)), then x + mlp(norm(x)). No projection has a bias; the attention's heads are d_kv wide and
+    its kernel runs at scale 1 (T5 folds the scaling into its weights) with the relative bias; the MLP is T5's
+    DenseReluDense, down(act(up(x))) (wi, wo), or the gated one."""
 
     def __init__(self, config: ModelConfig, *, attention_impl: str, dtype: jnp.dtype, rngs: nnx.Rngs):
         self.attention_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
-        self.attention = T5Attention(config, attention_impl=attention_impl, dtype=dtype, rngs=rngs)
+        self.attention = SelfAttention(config.hidden_size, config.num_heads, head_dim=config.head_dim, bias=False,
+                                       attention_impl=attention_impl, causal=False, scale=1.0, dtype=dtype, rngs=rngs)
         self.feed_forward_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
         if config.gated_feed_forward:  # wi_0 is the gate (activated), wi_1 the up projection
             self.feed_forward = GatedFeedForward(config.hidden_size, config.intermediate_size, bias=False, dtype=dtype,
                                                  rngs=rngs, activation=config.activation)
         else:
-            self.feed_forward = T5FeedForward(config.hidden_size, config.intermediate_size,
-                                              activation=config.activation, dtype=dtype, rngs=rngs)
+            self.feed_forward = FeedForward(config.hidden_size, config.intermediate_size, bias=False,
+                                            activation=config.activation, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array, relative_bias: jax.Array) -> jax.Array:
         x = x + self.attention(self.attention_norm(x), segment_ids, relative_bias)
