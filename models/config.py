@@ -532,10 +532,7 @@ def _modernbert_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
                                  "computes the default rotary positions only")
         theta_key = f"rope_parameters.{kind}.rope_theta" if "rope_theta" in merged else MODERNBERT_THETA_KEYS[kind]
         theta = merged.get("rope_theta", hf.get(MODERNBERT_THETA_KEYS[kind], MODERNBERT_ROPE_THETA[kind]))
-        number = None if isinstance(theta, bool) else _as_float(theta)
-        if number is None or not 0 < number < math.inf:
-            raise ModelLoadError(f"{theta_key} is {_shown(theta)}; it must be a positive, finite number")
-        ropes[kind] = Rope(theta=number)
+        ropes[kind] = Rope(theta=_positive(theta_key, theta))
     return ropes
 
 
@@ -671,13 +668,7 @@ def _granite(hf: dict[str, Any]) -> ModelConfig:
     head_dim ** -0.5), each attention and MLP output times residual_multiplier before it is added, the logits
     divided by logits_scaling. A key the file leaves out is GraniteConfig's (GRANITE; each multiplier 1.0)."""
     hf = {**GRANITE, **hf}
-    multipliers = {}
-    for key, field in GRANITE_MULTIPLIERS.items():
-        value = hf.get(key, 1.0)
-        number = None if isinstance(value, bool) else _as_float(value)
-        if number is None or not 0 < number < math.inf:
-            raise ModelLoadError(f"{key} is {_shown(value)}; it must be a positive, finite number")
-        multipliers[field] = number
+    multipliers = {field: _positive(key, hf.get(key, 1.0)) for key, field in GRANITE_MULTIPLIERS.items()}
     return dataclasses.replace(_llama(hf), **multipliers)
 
 
@@ -806,10 +797,7 @@ def _gemma_blocks(hf: dict[str, Any], defaults: dict[str, Any], sliding: tuple[i
     the embedding unless tie_word_embeddings is false."""
     layers, hidden = hf["num_hidden_layers"], hf["hidden_size"]
     window = _local_window(hf, defaults["sliding_window"]) if sliding else 0
-    scalar = hf.get("query_pre_attn_scalar", defaults["query_pre_attn_scalar"])
-    number = None if isinstance(scalar, bool) else _as_float(scalar)
-    if number is None or not 0 < number < math.inf:
-        raise ModelLoadError(f"query_pre_attn_scalar is {_shown(scalar)}; it must be a positive, finite number")
+    scalar = _positive("query_pre_attn_scalar", hf.get("query_pre_attn_scalar", defaults["query_pre_attn_scalar"]))
     bias = bool(hf.get("attention_bias", False))
     return dict(
         family="llama", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=layers,
@@ -820,7 +808,7 @@ def _gemma_blocks(hf: dict[str, Any], defaults: dict[str, Any], sliding: tuple[i
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", defaults["tie_word_embeddings"])),
         sliding_window=window, sliding_layers=sliding,
         embed_scale=float(hidden) ** 0.5 if type(hidden) is int and hidden > 0 else 1.0, post_norms=True,
-        query_pre_attn_scalar=number)
+        query_pre_attn_scalar=scalar)
 
 
 def _local_window(hf: dict[str, Any], default: int | None) -> int:
@@ -837,12 +825,7 @@ def _soft_cap(hf: dict[str, Any], key: str, default: float | None) -> float:
     """A soft cap as transformers reads it (`default` where the file leaves `key` out): null is none (0.0); else a
     positive, finite number, or a refusal naming the key (a cap of 0 makes every score NaN)."""
     value = hf.get(key, default)
-    if value is None:
-        return 0.0
-    number = None if isinstance(value, bool) else _as_float(value)
-    if number is None or not 0 < number < math.inf:
-        raise ModelLoadError(f"{key} is {_shown(value)}; it must be a positive, finite number, or null for none")
-    return number
+    return 0.0 if value is None else _positive(key, value, ", or null for none")
 
 
 def _gemma3_text_model(hf: dict[str, Any], path: str) -> ModelConfig:
@@ -936,11 +919,7 @@ def _rope(hf: dict[str, Any]) -> Rope:
     def positive(key: str, value: Any) -> float:
         """A rope setting as a positive, finite number, or a refusal naming it (0, a negative or NaN value makes
         every rotary frequency, and so every score, NaN)."""
-        number = None if isinstance(value, bool) else _as_float(value)
-        if number is None or not 0 < number < math.inf:
-            raise ModelLoadError(f"{key} of rope_type {kind!r} is {_shown(value)}; it must be a positive, finite "
-                                 "number")
-        return number
+        return _positive(f"{key} of rope_type {kind!r}", value)
 
     theta = positive("rope_theta", params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
     try:
@@ -956,6 +935,15 @@ def _rope(hf: dict[str, Any]) -> Rope:
                     original_max_positions=int(positive("original_max_position_embeddings", original)))
     except KeyError as missing:
         raise ModelLoadError(f"{field} of rope_type {kind!r} lacks {missing}") from None
+
+
+def _positive(key: str, value: Any, or_else: str = "") -> float:
+    """value as a positive, finite number, or a refusal naming `key` (a JSON true, a string that is no number, 0, a
+    negative, infinite or NaN value); `or_else` says what else the key may hold."""
+    number = None if isinstance(value, bool) else _as_float(value)
+    if number is None or not 0 < number < math.inf:
+        raise ModelLoadError(f"{key} is {_shown(value)}; it must be a positive, finite number{or_else}")
+    return number
 
 
 def _as_float(value: Any) -> float | None:
