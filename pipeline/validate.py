@@ -482,11 +482,12 @@ def check_beam_options(eo: EvalOptions) -> None:
 
     import apache_beam as beam
 
-    if eo.get_all_options().get("type_check_strictness") == "ALL_REQUIRED":
+    given = eo.get_all_options()  # one parse of the flags for every check below
+    if given.get("type_check_strictness") == "ALL_REQUIRED":
         raise ConfigError("--type_check_strictness=ALL_REQUIRED needs an output type hint on every transform, which "
                           "docscore's graph (and the Beam transforms it uses) do not all declare, so the job could not "
                           "be built; drop it (the default, DEFAULT_TO_ANY, still checks the hints that are declared)")
-    version = eo.get_all_options().get("update_compatibility_version")
+    version = given.get("update_compatibility_version")
     try:
         before_cloudpickle_coders = eo.is_compat_version_prior_to(DILL_CODERS_BEFORE)  # as Beam reads it
     except ValueError:
@@ -500,7 +501,7 @@ def check_beam_options(eo: EvalOptions) -> None:
     try:
         pipeline = beam.Pipeline(runner=beam.runners.DirectRunner(), options=eo)
     except ImportError as e:  # the --pickle_library's package is not installed
-        raise ConfigError(f"--pickle_library={eo.get_all_options().get('pickle_library')}: {e} Or drop "
+        raise ConfigError(f"--pickle_library={given.get('pickle_library')}: {e} Or drop "
                           "--pickle_library (Beam's default pickles docscore's job)") from None
     except ValueError as e:  # a resource hint, or the options validator's list (which names each flag)
         message = " ".join(str(e).replace("Pipeline has validations errors:", "").split()).rstrip(".")
