@@ -198,8 +198,8 @@ def test_changed_content_fails_the_fingerprint(model_dir, tmp_path):
 
 def test_unsupported_family_names_the_config(model_dir, tmp_path):
     target = copy_of(model_dir, tmp_path)
-    (target / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 64}))
-    with pytest.raises(models.ModelLoadError, match=f"{target}/config.json: model_type 't5' is not supported"):
+    (target / "config.json").write_text(json.dumps({"model_type": "bart", "d_model": 64}))
+    with pytest.raises(models.ModelLoadError, match=f"{target}/config.json: model_type 'bart' is not supported"):
         models.load(str(target))
 
 
