@@ -46,9 +46,6 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     """
     check_inputs(q, k, v, segment_ids, relative_bias)
     check_static_arguments(causal, scale, window, soft_cap)
-    if soft_cap is not None and relative_bias is not None:
-        raise ValueError("attention takes a soft_cap or a relative_bias, not both: no model docscore reads has both, "
-                         "and whether the bias is added inside or outside the cap is the model's choice")
     window = effective_window(window, q.shape[1], k.shape[1])
     soft_cap = None if soft_cap is None else float(soft_cap)
     name = resolve_for(q, k, segment_ids=segment_ids, causal=causal, impl=impl, packed=packed, window=window,
@@ -74,6 +71,9 @@ def resolve_for(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = N
     """The implementation name attention() runs for these arrays (for callers to record). A refusal speaks of
     the `impl=` argument (policy's messages name the command's --attention flag)."""
     check_inputs(q, k, k, segment_ids, relative_bias)
+    if soft_cap is not None and relative_bias is not None:  # here, so no kernel is named for what attention refuses
+        raise ValueError("attention takes a soft_cap or a relative_bias, not both: no model docscore reads has both, "
+                         "and whether the bias is added inside or outside the cap is the model's choice")
     try:
         return resolve(impl, backend, **shape_info_of(q, k, segment_ids, causal, packed, window, soft_cap,
                                                       relative_bias))

@@ -318,6 +318,8 @@ def test_attention_checks_a_relative_bias_shape_and_refuses_it_beside_a_soft_cap
             attention(q, k, k, relative_bias=bad)
     with pytest.raises(ValueError, match="a soft_cap or a relative_bias, not both"):
         attention(q, k, k, relative_bias=jnp.zeros((4, 7)), soft_cap=50.0)
+    with pytest.raises(ValueError, match="a soft_cap or a relative_bias, not both"):  # no kernel named for it either
+        resolve_for(q, k, relative_bias=jnp.zeros((4, 7)), soft_cap=50.0)
     with pytest.raises(KernelUnsupportedError, match="impl=pallas_gpu cannot run on gpu: it has no relative position"):
         resolve_for(q, k, impl="pallas_gpu", backend="gpu", relative_bias=jnp.zeros((4, 7)))
 
