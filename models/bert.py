@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.config import MPNET_BUCKETS, ModelConfig
+from models.config import MPNET_BUCKETS, MPNET_MAX_DISTANCE, ModelConfig
 from models.layers import (COMPUTE_DTYPES, FeedForward, SelfAttention, embedding_dense, layer_norm, positions_in_segments,
                            relative_position_bias, run_blocks)
 
@@ -38,9 +38,6 @@ class BertEmbeddings(nnx.Module):
         if self.token_type is not None:
             x = x + self.token_type.embedding[0]
         return self.norm(x)
-
-
-MPNET_MAX_DISTANCE = 128  # MPNetEncoder.relative_position_bucket's max_distance (transformers 5.24)
 
 
 class BertLayer(nnx.Module):

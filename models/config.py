@@ -48,6 +48,7 @@ POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
 # rows, so a table of fewer rows than 32 cannot be run
 MPNET_PADDING_IDX = 1
 MPNET_BUCKETS = 32
+MPNET_MAX_DISTANCE = 128  # MPNetEncoder.relative_position_bucket's max_distance, fixed as its buckets are
 
 # ModelConfig size field -> its key in each family's config.json (errors name the key the file holds); a model_type
 # with keys of its own (DistilBERT) has its own entry (hf_keys).
@@ -132,7 +133,7 @@ class ModelConfig:
     type_vocab_size: int = 0                       # bert only
     position_offset: int = 0                       # bert: RoBERTa's first position id (pad_token_id + 1)
     relative_attention_buckets: int = 0            # bert (MPNet), t5: relative position bias table rows, one for all layers
-    relative_attention_max_distance: int = 0       # t5: the offset from which one bucket (MPNet's is fixed: models/bert.py)
+    relative_attention_max_distance: int = 0       # t5: the offset from which one bucket (MPNet's is fixed: MPNET_MAX_DISTANCE)
     gated_feed_forward: bool = False               # t5: T5 v1.1's and mT5's gated MLP (wi_0, wi_1), not wi alone
     scale_attn_by_inverse_layer_idx: bool = False  # gpt2 only
     num_kv_heads: int = 0                          # llama: grouped-query key/value heads (0: num_heads)

@@ -17,8 +17,7 @@ from flax import nnx
 
 import models
 from kernels import KernelUnsupportedError
-from models.bert import MPNET_MAX_DISTANCE
-from models.config import MPNET_BUCKETS, config_from_hf
+from models.config import MPNET_BUCKETS, MPNET_MAX_DISTANCE, config_from_hf
 from models.layers import relative_position_buckets
 from models.loader import model_kernel
 from pipeline.convert import main as convert_main
