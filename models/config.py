@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from models.errors import ModelLoadError
 
@@ -86,8 +86,11 @@ MAX_SIZES = {"num_layers": 512, "hidden_size": 65_536, "num_heads": 1_024, "num_
              "relative_attention_buckets": 1_024, "relative_attention_max_distance": 1_048_576}
 
 
-# Rotary scalings the Llama decoder computes exactly as transformers does; others are refused by name.
-ROPE_TYPES = ("default", "linear", "llama3")
+# Rotary scalings the Llama decoder computes exactly as transformers does; others (dynamic, ...) are refused by name.
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+# YaRN's ramp bounds in rotations where a config leaves beta_fast / beta_slow out, null or 0 (transformers' `or 32`)
+YARN_BETA_FAST = 32.0
+YARN_BETA_SLOW = 1.0
 LLAMA_ACTIVATIONS = ("silu", "swish")  # transformers maps both to SiLU
 # The attention types of config.json's layer_types docscore computes (Qwen2's, Qwen3's and ModernBERT's read alike)
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -99,10 +102,16 @@ class Rope:
 
     theta: float = 10_000.0
     kind: str = "default"              # one of ROPE_TYPES
-    factor: float = 1.0                # linear and llama3
+    factor: float = 1.0                # linear, llama3 and yarn
     low_freq_factor: float = 1.0       # llama3
     high_freq_factor: float = 4.0      # llama3
-    original_max_positions: int = 0    # llama3
+    original_max_positions: int = 0    # llama3, yarn, longrope: the context the model was pretrained on
+    attention_factor: float = 1.0      # yarn, longrope: multiplies cos and sin, as transformers' attention_scaling
+    beta_fast: float = YARN_BETA_FAST  # yarn: the ramp between extrapolated and interpolated frequencies, in rotations
+    beta_slow: float = YARN_BETA_SLOW  # yarn
+    truncate: bool = True              # yarn: the ramp's ends rounded outwards to whole dimensions
+    short_factor: tuple[float, ...] = ()  # longrope: each frequency's divisor in a segment within original_max_positions
+    long_factor: tuple[float, ...] = ()   # longrope: the same in a longer segment
 
 
 # A Dense module's activation_function (sentence-transformers: a torch module path) -> our name
@@ -583,25 +592,37 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
         num_heads=heads, intermediate_size=hf["intermediate_size"],
         max_positions=hf["max_position_embeddings"], layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
         activation="silu", num_kv_heads=heads if kv_heads is None else kv_heads, head_size=head_size,
-        rope=_rope(hf), qkv_bias=model_type == "qwen2" or attention_bias, output_bias=attention_bias,
+        rope=_rope(hf, head_size), qkv_bias=model_type == "qwen2" or attention_bias, output_bias=attention_bias,
         qk_norm=model_type == "qwen3",
         mlp_bias=mlp_bias, tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         **_sliding_window(hf))
 
 
 PHI3_RMS_NORM_EPS = 1e-5  # Phi3Config's, where _llama's default is Llama's 1e-6
+# Phi3Config's original_max_position_embeddings: a field of its own, so it (this default where the file leaves it
+# out) wins over the one in the rope settings
+PHI3_ORIGINAL_MAX_POSITIONS = 4096
+# Phi3Config reads rope_type yarn as longrope (su too, but transformers 5.24 then fails its own validation, so su is
+# refused as any other unknown type)
+PHI3_LONGROPE_NAMES = ("yarn",)
 
 
 def _phi3(hf: dict[str, Any]) -> ModelConfig:
     """Phi3ForCausalLM (model_type phi3: Phi-3-mini, Phi-3-medium, Phi-3.5-mini, Phi-4, Phi-4-mini) as transformers 5
     reads Phi3Config: Llama's block (its fused qkv_proj and gate_up_proj are split at convert), no biases whatever
     attention_bias says, rms_norm_eps 1e-5 when left out, sliding_window (null when left out) on every layer. Its
-    rotary types are default and longrope (Phi-3's 128k releases, Phi-3.5, Phi-4-mini), which _rope refuses; linear
-    and llama3, which _rope computes, are refused here as Phi3Config refuses them."""
-    config = _llama({"rms_norm_eps": PHI3_RMS_NORM_EPS, **hf})
-    if config.rope.kind != "default":
+    rotary types are default and longrope (Phi-3's 128k releases, Phi-3.5, Phi-4-mini; yarn read as longrope, its
+    original context the top-level original_max_position_embeddings, 4096 when left out); linear and llama3, which
+    _rope computes, are refused here as Phi3Config refuses them."""
+    hf = {"rms_norm_eps": PHI3_RMS_NORM_EPS, "original_max_position_embeddings": PHI3_ORIGINAL_MAX_POSITIONS, **hf}
+    field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"  # the settings _rope reads
+    params = hf.get(field)
+    if isinstance(params, dict) and params.get(_rope_type_key(params)) in PHI3_LONGROPE_NAMES:
+        hf = {**hf, field: {**params, _rope_type_key(params): "longrope"}}
+    config = _llama(hf)
+    if config.rope.kind not in ("default", "longrope"):
         raise ModelLoadError(f"rope_type {config.rope.kind!r} is not supported for phi3; transformers' Phi3Config "
-                             "takes 'default' and 'longrope' only (and docscore computes 'default')")
+                             "takes 'default' and 'longrope' (or 'yarn', read as longrope) only")
     return config
 
 
@@ -648,8 +669,8 @@ def _olmo3(hf: dict[str, Any]) -> ModelConfig:
                              "the full_attention layers by it and the sliding_attention ones by Olmo3Config's 500,000 "
                              "(transformers 4.x rotated every layer by it); set rope_parameters.sliding_attention."
                              "rope_theta to the theta the model was trained with")
-    ropes = _layer_type_ropes(hf, OLMO3_ROPE_THETAS, "OLMo 3")
     blocks = _olmo2({key: value for key, value in hf.items() if not key.startswith("rope_")})
+    ropes = _layer_type_ropes(hf, OLMO3_ROPE_THETAS, "OLMo 3", blocks.head_size)
     return dataclasses.replace(blocks, rope=ropes["full_attention"], local_rope=ropes["sliding_attention"],
                                sliding_window=window, sliding_layers=sliding)
 
@@ -748,7 +769,7 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
     blocks = _gemma_blocks(hf, GEMMA3, sliding)
     if sliding and bidirectional:
         blocks["sliding_window"] = blocks["sliding_window"] // 2 + 1  # Gemma3TextConfig: |i - j| < window // 2 + 1
-    ropes = _layer_type_ropes(hf, GEMMA3_ROPE_THETAS, "Gemma 3")
+    ropes = _layer_type_ropes(hf, GEMMA3_ROPE_THETAS, "Gemma 3", blocks["head_size"])
     return ModelConfig(**blocks, rope=ropes["full_attention"], local_rope=ropes["sliding_attention"], qk_norm=True,
                        bidirectional=bidirectional,
                        final_logit_cap=_soft_cap(hf, "final_logit_softcapping", GEMMA3["final_logit_softcapping"]))
@@ -777,7 +798,7 @@ def _gemma2(hf: dict[str, Any]) -> ModelConfig:
     _gemma_activation(hf, GEMMA2)
     hf = {**{key: GEMMA2[key] for key in GEMMA_SIZES}, **hf}  # transformers fills a size left out, never a null one
     sliding = _local_layers(hf, None, 2, global_first=False)
-    return ModelConfig(**_gemma_blocks(hf, GEMMA2, sliding), rope=_rope(hf),
+    return ModelConfig(**_gemma_blocks(hf, GEMMA2, sliding), rope=_rope(hf, hf["head_dim"]),
                        attention_logit_cap=_soft_cap(hf, "attn_logit_softcapping", GEMMA2["attn_logit_softcapping"]),
                        final_logit_cap=_soft_cap(hf, "final_logit_softcapping", GEMMA2["final_logit_softcapping"]))
 
@@ -861,12 +882,14 @@ def _gemma3_text_model(hf: dict[str, Any], path: str) -> ModelConfig:
     return dataclasses.replace(config, model_type="gemma3")
 
 
-def _layer_type_ropes(hf: dict[str, Any], thetas: dict[str, tuple[str | None, float]], model: str
-                      ) -> dict[str, Rope]:
+def _layer_type_ropes(hf: dict[str, Any], thetas: dict[str, tuple[str | None, float]], model: str,
+                      head_dim: Any) -> dict[str, Rope]:
     """Each layer type's Rope, as Gemma3TextConfig and Olmo3Config read them: rope_parameters[type] (transformers
     5), over which a non-null rope_scaling (4.x) is laid for the global layers; a theta left out is read from the
     key thetas[type] names (Gemma 3: rope_theta for the global layers, rope_local_base_freq for the local ones; None:
-    no key), else thetas[type]'s number. `model` names the model in a refusal."""
+    no key), else thetas[type]'s number. A yarn or longrope original_max_position_embeddings left out is
+    max_position_embeddings (a top-level one is not read), and yarn always truncates. `model` names the model in a
+    refusal."""
     params = hf.get("rope_parameters")
     if params is not None and (not isinstance(params, dict) or not all(kind in LAYER_TYPES for kind in params)):
         raise ModelLoadError(f"rope_parameters is {_shown(params)}; {model}'s are per layer type "
@@ -888,18 +911,23 @@ def _layer_type_ropes(hf: dict[str, Any], thetas: dict[str, tuple[str | None, fl
     for kind in LAYER_TYPES:
         key, default = thetas[kind]
         own = {"rope_theta": hf.get(key, default) if key else default, **params[kind]}
+        # transformers reads yarn's truncate from rope_parameters itself, which holds the layer types here
+        own.pop("truncate", None)
         try:
-            ropes[kind] = _rope({field[kind]: own, "max_position_embeddings": hf.get("max_position_embeddings")})
+            ropes[kind] = _rope({field[kind]: own, "max_position_embeddings": hf.get("max_position_embeddings")},
+                                head_dim)
         except ModelLoadError as err:
             raise ModelLoadError(f"{kind} layers: {err}") from None
     return ropes
 
 
-def _rope(hf: dict[str, Any]) -> Rope:
+def _rope(hf: dict[str, Any], head_dim: Any = None) -> Rope:
     """Rope of `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x), read as transformers
     5 reads them (a non-empty rope_scaling wins over rope_parameters; a top-level
-    original_max_position_embeddings wins over the one in the rope settings); refuses the scalings the
-    decoder does not compute (yarn, dynamic, longrope, ...) naming the field and value."""
+    original_max_position_embeddings wins over the one in the rope settings, which else defaults to
+    max_position_embeddings); yarn's and longrope's attention factor is computed here as transformers' init
+    functions compute it, and longrope's factor lists are checked against `head_dim` where it is known. Refuses
+    the scalings the decoder does not compute (dynamic, ...) naming the field and value."""
     field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
     params = hf.get(field) or {}
     if not isinstance(params, dict):
@@ -907,7 +935,7 @@ def _rope(hf: dict[str, Any]) -> Rope:
     if params and all(isinstance(v, dict) for v in params.values()):
         raise ModelLoadError(f"{field} holds per-layer-type settings ({sorted(params)}); only one rotary "
                              "setting for all layers is supported")
-    kind_key = "rope_type" if "rope_type" in params or "type" not in params else "type"  # transformers 4.x: "type"
+    kind_key = _rope_type_key(params)
     kind = params.get(kind_key, "default")
     if kind not in ROPE_TYPES:
         raise ModelLoadError(f"{field}.{kind_key} {_shown(kind)} is not supported; docscore's Llama decoder "
@@ -928,14 +956,92 @@ def _rope(hf: dict[str, Any]) -> Rope:
             return Rope(theta=theta)
         if kind == "linear":
             return Rope(theta=theta, kind=kind, factor=positive(f"{field}.factor", params["factor"]))
-        original = (hf.get("original_max_position_embeddings")
-                    or params.get("original_max_position_embeddings", hf.get("max_position_embeddings")))
-        return Rope(theta=theta, kind=kind, factor=positive(f"{field}.factor", params["factor"]),
-                    low_freq_factor=positive(f"{field}.low_freq_factor", params["low_freq_factor"]),
-                    high_freq_factor=positive(f"{field}.high_freq_factor", params["high_freq_factor"]),
-                    original_max_positions=int(positive("original_max_position_embeddings", original)))
+        original = int(positive("original_max_position_embeddings", hf.get("original_max_position_embeddings")
+                                or params.get("original_max_position_embeddings", hf.get("max_position_embeddings"))))
+        if kind == "llama3":
+            return Rope(theta=theta, kind=kind, factor=positive(f"{field}.factor", params["factor"]),
+                        low_freq_factor=positive(f"{field}.low_freq_factor", params["low_freq_factor"]),
+                        high_freq_factor=positive(f"{field}.high_freq_factor", params["high_freq_factor"]),
+                        original_max_positions=original)
+        if kind == "yarn":
+            settings = _yarn(params, field, original, hf.get("max_position_embeddings"), positive)
+        else:
+            settings = _longrope(params, field, original, hf.get("max_position_embeddings"), head_dim, positive)
+        return Rope(theta=theta, kind=kind, original_max_positions=original, **settings)
     except KeyError as missing:
         raise ModelLoadError(f"{field} of rope_type {kind!r} lacks {missing}") from None
+
+
+def _rope_type_key(params: dict[str, Any]) -> str:
+    """The key rope settings name their type by: rope_type, else transformers 4.x's type."""
+    return "rope_type" if "rope_type" in params or "type" not in params else "type"
+
+
+def _yarn(params: dict[str, Any], field: str, original: int, max_positions: Any,
+          positive: Callable[[str, Any], float]) -> dict[str, Any]:
+    """The Rope fields of a yarn setting as transformers' _compute_yarn_parameters reads them: factor (null:
+    max_position_embeddings / original), attention_factor, else its mscale ratio, else 0.1 ln(factor) + 1 (1 for a
+    factor <= 1), beta_fast and beta_slow (null or 0: 32 and 1), truncate (left out: true; null: false)."""
+    factor = params["factor"]
+    if factor is None:  # transformers' DeepSeek-V3 reading: the ratio of the context lengths
+        factor = _positive("max_position_embeddings", max_positions) / original
+    else:
+        factor = positive(f"{field}.factor", factor)
+    attention, mscale, mscale_all_dim = (params.get(key) for key in ("attention_factor", "mscale", "mscale_all_dim"))
+    if attention is not None:
+        attention = positive(f"{field}.attention_factor", attention)
+    elif mscale and mscale_all_dim:
+        attention = (_yarn_mscale(factor, positive(f"{field}.mscale", mscale))
+                     / _yarn_mscale(factor, positive(f"{field}.mscale_all_dim", mscale_all_dim)))
+    else:
+        attention = _yarn_mscale(factor)
+    truncate = params.get("truncate", True)
+    if truncate is not None and not isinstance(truncate, bool):
+        raise ModelLoadError(f"{field}.truncate is {_shown(truncate)}; it must be true or false")
+    return dict(factor=factor, attention_factor=attention, truncate=bool(truncate),
+                beta_fast=positive(f"{field}.beta_fast", params.get("beta_fast") or YARN_BETA_FAST),
+                beta_slow=positive(f"{field}.beta_slow", params.get("beta_slow") or YARN_BETA_SLOW))
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention scale for `factor` (transformers' get_mscale, in Python floats as it computes it)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _longrope(params: dict[str, Any], field: str, original: int, max_positions: Any, head_dim: Any,
+              positive: Callable[[str, Any], float]) -> dict[str, Any]:
+    """The Rope fields of a longrope setting as transformers' _compute_longrope_parameters reads them: short_factor
+    and long_factor (one positive number per rotated pair of a head's dimensions), attention_factor, else
+    sqrt(1 + ln(factor) / ln(original)) for factor (left out or null: max_position_embeddings / original) above 1."""
+    lists = {key: _rope_factors(f"{field}.{key}", params[key], head_dim) for key in ("short_factor", "long_factor")}
+    factor = params.get("factor")
+    if factor is None:  # Phi-3's reading: the ratio of the context lengths
+        factor = _positive("max_position_embeddings", max_positions) / original
+    else:
+        factor = positive(f"{field}.factor", factor)
+    attention = params.get("attention_factor")
+    if attention is not None:
+        attention = positive(f"{field}.attention_factor", attention)
+    elif factor <= 1.0:
+        attention = 1.0
+    elif original < 2:  # ln(1) = 0: transformers divides by zero
+        raise ModelLoadError(f"original_max_position_embeddings is {original}; rope_type 'longrope' needs at least 2 "
+                             "to compute its attention factor (or set attention_factor)")
+    else:
+        attention = math.sqrt(1 + math.log(factor) / math.log(original))
+    return dict(attention_factor=attention, **lists)
+
+
+def _rope_factors(key: str, values: Any, head_dim: Any) -> tuple[float, ...]:
+    """A longrope factor list as a tuple of positive, finite numbers, head_dim / 2 of them where head_dim is a
+    whole number (else check_bounds refuses it), or a refusal naming `key`."""
+    if not isinstance(values, list):
+        raise ModelLoadError(f"{key} is {_shown(values)}; expected a list of positive numbers, one per rotated pair "
+                             "of a head's dimensions")
+    if type(head_dim) is int and head_dim > 0 and len(values) != head_dim // 2:
+        raise ModelLoadError(f"{key} has {len(values)} entries; rope_type 'longrope' needs head_dim / 2 = "
+                             f"{head_dim // 2}, one per rotated pair of a head's dimensions")
+    return tuple(_positive(f"{key}[{i}]", value) for i, value in enumerate(values))
 
 
 def _positive(key: str, value: Any, or_else: str = "") -> float:

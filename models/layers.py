@@ -83,6 +83,16 @@ def positions_in_segments(segment_ids: jax.Array, counted: jax.Array | None = No
     return jnp.where(segment_ids > 0, before - jax.lax.cummax(starts, axis=1), 0)
 
 
+def segment_lengths(segment_ids: jax.Array) -> jax.Array:
+    """The length [B, L] of each token's segment (a run of one segment id; 0 on padding): its last position + 1,
+    the length transformers sees when that document is encoded alone."""
+    index = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)[None, :]
+    following = jnp.pad(segment_ids[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
+    last = jnp.where(segment_ids != following, index, segment_ids.shape[1])  # each run's last token
+    end = jax.lax.cummin(last, axis=1, reverse=True)
+    return jnp.where(segment_ids > 0, end - index + positions_in_segments(segment_ids) + 1, 0)
+
+
 def relative_position_buckets(offsets: np.ndarray, num_buckets: int, max_distance: int) -> np.ndarray:
     """The bucket of each key-query offset j - i in T5's bidirectional buckets (T5Attention._relative_position_bucket,
     which MPNetEncoder.relative_position_bucket copies): keys after the query in the upper half of the buckets; within

@@ -23,7 +23,8 @@ from flax import nnx
 from kernels import attention
 from kernels.masking import soft_capped
 from models.config import ModelConfig, Rope
-from models.layers import ACTIVATIONS, COMPUTE_DTYPES, embedding_dense, linear, positions_in_segments, run_blocks
+from models.layers import (ACTIVATIONS, COMPUTE_DTYPES, embedding_dense, linear, positions_in_segments, run_blocks,
+                           segment_lengths)
 
 
 def dense(features_in: int, features_out: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
@@ -31,13 +32,17 @@ def dense(features_in: int, features_out: int, *, bias: bool, dtype: jnp.dtype, 
     return linear(features_in, features_out, dtype, rngs, bias=bias)
 
 
-def rope_frequencies(rope: Rope, head_dim: int) -> np.ndarray:
+def rope_frequencies(rope: Rope, head_dim: int, *, long: bool = False) -> np.ndarray:
     """Inverse frequencies [head_dim / 2] float32, computed as transformers' rope init functions do
-    (default, linear, llama3), so the angles match theirs to the last bits that matter at 1e-4."""
+    (default, linear, llama3, yarn, longrope), so the angles match theirs to the last bits that matter at 1e-4.
+    longrope's are its short factors' (transformers' inv_freq), or with `long` its long factors'."""
     f32 = np.float32  # every step in float32 as torch does: one ulp of a frequency is 1e-4 rad at 4k positions
     exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)
     # theta ** e rounded once to float32, which torch's vectorised powf gives in nearly every element
     powers = np.power(float(rope.theta), exponents.astype(np.float64)).astype(f32)
+    if rope.kind == "longrope":  # each frequency divided by its own factor
+        factors = np.asarray(rope.long_factor if long else rope.short_factor, dtype=f32)
+        return (f32(1.0) / (factors * powers)).astype(np.float32)
     inv_freq = f32(1.0) / powers
     if rope.kind == "linear":
         inv_freq = inv_freq / f32(rope.factor)
@@ -51,15 +56,51 @@ def rope_frequencies(rope: Rope, head_dim: int) -> np.ndarray:
         blended = (f32(1) - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         inv_freq = np.where(medium, blended, scaled)
+    elif rope.kind == "yarn":
+        inv_freq = yarn_frequencies(rope, head_dim, powers)
     return inv_freq.astype(np.float32)
 
 
+def yarn_frequencies(rope: Rope, head_dim: int, powers: np.ndarray) -> np.ndarray:
+    """YaRN's inverse frequencies from theta ** (2i / head_dim) (`powers`), as transformers'
+    _compute_yarn_parameters: the fast-rotating dimensions kept (extrapolated), the slow ones divided by factor
+    (interpolated), a linear ramp between the dimensions that turn beta_fast and beta_slow times in the original
+    context (its ends rounded outwards where truncate)."""
+    f32 = np.float32
+
+    def dimension(rotations: float) -> float:  # in Python floats, as transformers' find_correction_dim
+        return (head_dim * math.log(rope.original_max_positions / (rotations * 2 * math.pi))) / (
+            2 * math.log(rope.theta))
+
+    low, high = dimension(rope.beta_fast), dimension(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = np.clip((np.arange(head_dim // 2, dtype=f32) - f32(low)) / f32(high - low), f32(0), f32(1))
+    extrapolated = f32(1) - ramp  # the share of each dimension kept as is
+    return (f32(1.0) / (f32(rope.factor) * powers)) * (f32(1) - extrapolated) + (f32(1.0) / powers) * extrapolated
+
+
 def rotary_tables(segment_ids: jax.Array, rope: Rope, head_dim: int) -> tuple[jax.Array, jax.Array]:
-    """(cos, sin) [B, L, 1, head_dim] float32 at each token's position within its segment."""
-    positions = positions_in_segments(segment_ids).astype(jnp.float32)
-    angles = positions[:, :, None] * jnp.asarray(rope_frequencies(rope, head_dim))[None, None, :]
+    """(cos, sin) [B, L, 1, head_dim] float32 at each token's position within its segment, both times the rope's
+    attention_factor (yarn, longrope) as transformers scales them. longrope's frequencies are chosen per segment: its
+    long factors where the segment is longer than original_max_positions, which is what transformers gives that
+    document encoded alone (it chooses once per call, by the batch's longest position), so a document's scores and
+    embedding never depend on what it is packed or batched with."""
+    positions = positions_in_segments(segment_ids).astype(jnp.float32)[:, :, None]
+    angles = positions * jnp.asarray(rope_frequencies(rope, head_dim))[None, None, :]
+    if rope.kind == "longrope":  # both tables at static shapes, then each token's by its segment's length
+        long = (segment_lengths(segment_ids) > rope.original_max_positions)[:, :, None]
+        angles = jnp.where(long, positions * jnp.asarray(rope_frequencies(rope, head_dim, long=True))[None, None, :],
+                           angles)
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    return jnp.cos(angles), jnp.sin(angles)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    if rope.attention_factor != 1.0:
+        scale = jnp.float32(rope.attention_factor)
+        cos, sin = cos * scale, sin * scale
+    return cos, sin
 
 
 def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

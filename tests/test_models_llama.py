@@ -264,6 +264,8 @@ def test_transformers_4_config_layout_reads_the_same_rope():
 ROPE_BASE = {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 512}
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+YARN = {"rope_type": "yarn", "rope_theta": 10_000.0, "factor": 8.0, "original_max_position_embeddings": 64}
+FACTORS = {"short_factor": [1.0 + i / 8 for i in range(8)], "long_factor": [1.0 + i for i in range(8)]}  # head_dim 16
 ROPE_CASES = {  # config.json rope keys as different transformers versions (and hand edits) leave them
     "4.x-theta-only": {"rope_theta": 300_000.0},
     "5.x-linear": {"rope_parameters": {"rope_type": "linear", "rope_theta": 20_000.0, "factor": 2.0}},
@@ -275,22 +277,40 @@ ROPE_CASES = {  # config.json rope keys as different transformers versions (and 
     "llama3-in-dict": {"rope_parameters": {**LLAMA3, "original_max_position_embeddings": 64}},
     "llama3-top-level-only": {"original_max_position_embeddings": 32, "rope_parameters": LLAMA3},
     "llama3-both": {"original_max_position_embeddings": 32, "rope_parameters": {**LLAMA3, "original_max_position_embeddings": 64}},
+    "yarn-5.x": {"rope_parameters": {**YARN, "beta_fast": 16, "beta_slow": 2}},
+    "yarn-4.x-type": {"rope_theta": 1e6, "rope_scaling": {"type": "yarn", "factor": 4.0}},  # original: max positions
+    "yarn-top-level-original": {"original_max_position_embeddings": 32, "rope_scaling": YARN},
+    "yarn-untruncated-mscale": {"rope_parameters": {**YARN, "truncate": False, "mscale": 1.0, "mscale_all_dim": 0.5}},
+    "yarn-nulls": {"rope_parameters": {**YARN, "truncate": None, "factor": None, "beta_fast": None, "beta_slow": 0}},
+    "yarn-attention-factor": {"rope_parameters": {**YARN, "attention_factor": 1.5}},
+    "longrope-5.x": {"rope_parameters": {"rope_type": "longrope", "original_max_position_embeddings": 64, **FACTORS}},
+    "longrope-4.x-factor": {"original_max_position_embeddings": 128,
+                            "rope_scaling": {"type": "longrope", "factor": 3.0, "original_max_position_embeddings": 64,
+                                             **FACTORS}},
+    "longrope-attention-factor": {"rope_parameters": {"rope_type": "longrope", "attention_factor": 0.9, **FACTORS}},
 }
 
 
 @pytest.mark.parametrize("case", sorted(ROPE_CASES))
 def test_rope_frequencies_are_the_ones_transformers_builds_from_the_same_config_json(case, tmp_path):
     """transformers 5 prefers a non-empty rope_scaling over rope_parameters, and a top-level
-    original_max_position_embeddings over the one in the rope settings (llama3); docscore reads them alike."""
+    original_max_position_embeddings over the one in the rope settings (llama3, yarn, longrope); docscore reads them
+    alike, to the same frequencies (longrope: the long ones too) and attention scaling (yarn's from its factor or
+    mscales, longrope's from its factor or the ratio of the context lengths, each unless attention_factor says)."""
     import torch
     import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     (tmp_path / "config.json").write_text(json.dumps({**ROPE_BASE, **ROPE_CASES[case]}))
     reference = transformers.AutoConfig.from_pretrained(str(tmp_path))
     with torch.no_grad():
-        theirs = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(reference).inv_freq.numpy()
+        rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(reference)
     config = config_from_hf(json.loads((tmp_path / "config.json").read_text()))
-    np.testing.assert_allclose(rope_frequencies(config.rope, config.head_dim), theirs, rtol=1e-6)
+    np.testing.assert_allclose(rope_frequencies(config.rope, config.head_dim), rotary.inv_freq.numpy(), rtol=1e-6)
+    assert config.rope.attention_factor == rotary.attention_scaling
+    if config.rope.kind == "longrope":  # what transformers switches to past the original context
+        long, _ = ROPE_INIT_FUNCTIONS["longrope"](reference, seq_len=config.rope.original_max_positions + 1)
+        np.testing.assert_allclose(rope_frequencies(config.rope, config.head_dim, long=True), long.numpy(), rtol=1e-6)
 
 
 WINDOW_BASE = {"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 30, "num_attention_heads": 4,
@@ -389,9 +409,8 @@ def test_rope_values_that_make_every_score_nan_are_refused_naming_the_key(settin
     assert named in str(caught.value) and "must be a positive, finite number" in str(caught.value), str(caught.value)
 
 
-@pytest.mark.parametrize("rope_type, extra", [("yarn", {"factor": 4.0, "original_max_position_embeddings": 64}),
-                                              ("dynamic", {"factor": 2.0}),
-                                              ("longrope", {"short_factor": [1.0], "long_factor": [1.0]})])
+@pytest.mark.parametrize("rope_type, extra", [("dynamic", {"factor": 2.0}),  # its frequencies follow the batch's length
+                                              ("su", {"short_factor": [1.0] * 8, "long_factor": [1.0] * 8})])
 def test_unsupported_rope_scaling_is_refused_naming_field_and_value(rope_type, extra, tmp_path, capsys):
     src = build_hf(tmp_path / "hf", "llama", num_hidden_layers=1)
     config = json.loads((src / "config.json").read_text())
@@ -400,7 +419,7 @@ def test_unsupported_rope_scaling_is_refused_naming_field_and_value(rope_type, e
     code, message = convert(src, tmp_path / "out", capsys)
     assert code == 2, message
     assert f'{src}/config.json: rope_parameters.rope_type "{rope_type}" is not supported' in message
-    assert "'default', 'linear', 'llama3'" in message and not (tmp_path / "out").exists()
+    assert "'default', 'linear', 'llama3', 'yarn', 'longrope' only" in message and not (tmp_path / "out").exists()
     # the transformers 4.x layout names its own field
     del config["rope_parameters"]
     config["rope_scaling"] = {"type": rope_type, **extra}
@@ -610,7 +629,7 @@ def test_the_kernel_is_chosen_for_the_runs_rows_not_the_models_longest(tmp_path,
     ({k: v for k, v in LLAMA.items() if k != "model_type"}, "has no model_type, so its architecture is unknown"),
     ({**LLAMA, "model_type": "qwen3", "layer_types": ["full_attention", "chunked_attention"]},
      "layer_types holds 'chunked_attention', which is not supported"),
-    ({**LLAMA, "rope_scaling": {"type": "yarn", "factor": 4.0}}, 'rope_scaling.type "yarn" is not supported'),
+    ({**LLAMA, "rope_scaling": {"type": "dynamic", "factor": 4.0}}, 'rope_scaling.type "dynamic" is not supported'),
 ], ids=["no-model-type", "unknown-layer-type", "transformers-4-rope-key"])
 def test_refusals_name_the_key_and_value_the_file_holds(hf, says):
     with pytest.raises(models.ModelLoadError, match=re.escape(says)):
@@ -669,7 +688,7 @@ def test_gemma3_configs_read_as_transformers_reads_them():
     for change, says in (({"final_logit_softcapping": 0}, "final_logit_softcapping is 0; it must be a positive"),
                          ({"hidden_activation": "gelu"}, "hidden_activation 'gelu' is not supported for gemma3_text"),
                          ({"sliding_window_pattern": 0}, "sliding_window_pattern is 0"),
-                         ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "full_attention layers: rope_scaling"),
+                         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "full_attention layers: rope_scaling"),
                          ({"rope_parameters": {"rope_type": "default"}}, "Gemma 3's are per layer type")):
         with pytest.raises(models.ModelLoadError, match=re.escape(says)):
             config_from_hf({**GEMMA3_4X, **change})
@@ -724,7 +743,7 @@ def test_gemma2_configs_read_as_transformers_reads_them():
                          ({"use_bidirectional_attention": True}, "use_bidirectional_attention true is not supported"),
                          ({"hidden_activation": "gelu"}, "hidden_activation 'gelu' is not supported for gemma2"),
                          ({"sliding_window": None}, "sliding_window is null; it must be a whole number >= 1"),
-                         ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, 'rope_type "yarn" is not supported'),
+                         ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, 'rope_type "dynamic" is not supported'),
                          ({"num_key_value_heads": None}, "num_key_value_heads is null")):
         with pytest.raises(models.ModelLoadError, match=re.escape(says)):
             config_from_hf({**GEMMA2_9B, **change})
@@ -853,13 +872,18 @@ LONGROPE = {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] 
 def test_phi3_configs_read_as_transformers_reads_them():
     """Phi-3-mini-4k's and Phi-4's config.json read as transformers 5's Phi3Config and Phi3ForCausalLM read them (the
     window on every layer, kv heads, norm eps, theta; a key left out is Phi3Config's default: no window, eps 1e-5;
-    attention_bias, which Phi-3 has no place for, ignored); the rotary settings docscore does not compute are
-    refused naming their key: Phi-3.5-mini's and Phi-4-mini's longrope (and Phi-3-128k's first name for it, su),
-    Phi-4-mini's partial_rotary_factor 0.75, and the types Phi3Config itself refuses."""
+    attention_bias, which Phi-3 has no place for, ignored); Phi-3.5-mini's longrope (and yarn, which Phi3Config reads
+    as longrope) gives Phi3RotaryEmbedding's frequencies, long ones and attention scaling, its original context the
+    top-level original_max_position_embeddings (Phi3Config's 4096 when left out) whatever the rope settings say; the
+    rotary settings docscore does not compute are refused naming their key: Phi-4-mini's partial_rotary_factor 0.75,
+    factor lists of the wrong length (as Phi3Config refuses them), the types Phi3Config itself refuses, and su, which
+    Phi3Config renames longrope but then fails to validate."""
     import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-    def theirs(hf):
-        return transformers.Phi3Config(**{k: v for k, v in hf.items() if k != "model_type"})
+    def theirs(hf):  # a copy: Phi3Config writes its defaults into the rope settings it is given
+        return transformers.Phi3Config(**{k: v for k, v in json.loads(json.dumps(hf)).items() if k != "model_type"})
 
     left_out = {k: v for k, v in PHI3_MINI_4K.items() if k not in ("sliding_window", "rms_norm_eps")}
     biased = {**PHI3_MINI_4K, "attention_bias": True}
@@ -871,11 +895,27 @@ def test_phi3_configs_read_as_transformers_reads_them():
         assert ours.sliding_window == window and ours.sliding_layers == (tuple(range(4)) if window else ())
         assert ours.rope.kind == "default" and not (ours.qkv_bias or ours.output_bias or ours.mlp_bias)
     assert config_from_hf(PHI3_MINI_4K).default_seq_len == 2047 and config_from_hf(PHI4).default_seq_len == 16384
+    phi35_mini = {**PHI3_MINI_4K, "max_position_embeddings": 131072, "sliding_window": 262144, "rope_scaling": LONGROPE}
+    no_top_level = {k: v for k, v in phi35_mini.items() if k != "original_max_position_embeddings"}
+    for hf in (phi35_mini, {**phi35_mini, "rope_scaling": {**LONGROPE, "type": "yarn"}},
+               {**no_top_level, "rope_scaling": {**LONGROPE, "original_max_position_embeddings": 2048}}):
+        ours, reference = config_from_hf(hf), theirs(hf)
+        rotary = Phi3RotaryEmbedding(reference)
+        long, _ = ROPE_INIT_FUNCTIONS["longrope"](reference, seq_len=4097)
+        assert ours.rope.kind == "longrope" and ours.rope.original_max_positions == 4096 == \
+            reference.rope_parameters["original_max_position_embeddings"]
+        assert ours.rope.attention_factor == rotary.attention_scaling == math.sqrt(1 + math.log(32) / math.log(4096))
+        np.testing.assert_array_equal(rope_frequencies(ours.rope, ours.head_dim), rotary.inv_freq.numpy())
+        np.testing.assert_array_equal(rope_frequencies(ours.rope, ours.head_dim, long=True), long.numpy())
     phi4_mini = {**PHI4, "tie_word_embeddings": True, "partial_rotary_factor": 0.75, "rope_scaling": LONGROPE}
-    for change, says in (({"rope_scaling": LONGROPE}, 'rope_scaling.type "longrope" is not supported'),
-                         ({"rope_scaling": {**LONGROPE, "type": "su"}}, 'rope_scaling.type "su" is not supported'),
-                         (phi4_mini, 'rope_scaling.type "longrope" is not supported'),
+    short = {**LONGROPE, "long_factor": [4.0] * 7}
+    for change, says in ((phi4_mini, "partial_rotary_factor 0.75 is not supported"),
                          ({"partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is not supported"),
+                         ({"rope_scaling": short}, "rope_scaling.long_factor has 7 entries; rope_type 'longrope' "
+                                                   "needs head_dim / 2 = 8"),
+                         ({"rope_scaling": {"type": "longrope", "long_factor": [4.0] * 8}},
+                          "rope_scaling of rope_type 'longrope' lacks 'short_factor'"),
+                         ({"rope_scaling": {**LONGROPE, "type": "su"}}, 'rope_scaling.type "su" is not supported'),
                          ({"rope_scaling": {"type": "linear", "factor": 2.0}},
                           "rope_type 'linear' is not supported for phi3; transformers' Phi3Config takes"),
                          ({"layer_types": ["sliding_attention", "full_attention"] * 2},
@@ -884,6 +924,10 @@ def test_phi3_configs_read_as_transformers_reads_them():
             config_from_hf({**PHI3_MINI_4K, **change})
     with pytest.raises(Exception, match="must be one of"):  # transformers refuses the rope types Phi-3 has not
         theirs({**PHI3_MINI_4K, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    with pytest.raises(Exception, match="long_factor field must have length 8"):  # and factor lists that do not fit
+        theirs({**PHI3_MINI_4K, "rope_scaling": short})
+    with pytest.raises(KeyError, match="original_max_position_embeddings"):  # and su, once renamed
+        theirs({**phi35_mini, "rope_scaling": {**LONGROPE, "type": "su"}})
 
 
 def test_phi3_fused_tensors_that_do_not_fit_are_refused(tmp_path, capsys):
@@ -1019,7 +1063,7 @@ def test_olmo2_configs_read_as_transformers_reads_them():
         assert not (ours.qkv_bias or ours.mlp_bias or ours.sliding_window)
     assert config_from_hf({**OLMO2_7B, "attention_bias": True, "mlp_bias": True}).output_bias
     assert not config_from_hf({**OLMO2_7B, "mlp_bias": True}).mlp_bias  # Olmo2MLP has no bias whatever it says
-    for change, says in (({"rope_scaling": {"rope_type": "yarn", "factor": 8.0}}, 'rope_scaling.rope_type "yarn" is not'),
+    for change, says in (({"rope_scaling": {"rope_type": "dynamic", "factor": 8.0}}, 'rope_scaling.rope_type "dynamic" is not'),
                          ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported for olmo2")):
         with pytest.raises(models.ModelLoadError, match=re.escape(says)):
             config_from_hf({**OLMO2_7B, **change})
@@ -1036,9 +1080,11 @@ OLMO3_7B = {  # Olmo-3-1025-7B's config.json (sizes cut down): three local layer
 def test_olmo3_configs_read_as_transformers_reads_them():
     """An olmo3 config.json gives what Olmo3Config builds from it: its defaults for keys left out (OLMo 2's, one
     global layer in four, window 4096, theta 500,000 for each layer type), Olmo-3-7B's layers and each layer type's
-    theta; what docscore does not compute is refused by key: Olmo-3's released yarn on its global layers, and a
-    rope_theta transformers 5 reads for the global layers only."""
+    theta, and its released yarn on the global layers: Olmo3RotaryEmbedding's frequencies and attention scaling (a
+    truncate it says false ignored, as transformers reads truncate beside the layer types); what docscore does not
+    compute is refused by key: a dynamic rope, and a rope_theta transformers 5 reads for the global layers only."""
     import transformers
+    from transformers.models.olmo3.modeling_olmo3 import Olmo3RotaryEmbedding
 
     ours, theirs = config_from_hf({"model_type": "olmo3"}), transformers.Olmo3Config()
     assert_llama_sizes_as(ours, theirs)
@@ -1059,7 +1105,18 @@ def test_olmo3_configs_read_as_transformers_reads_them():
     # transformers 5 reads a rope_theta for the global layers only and gives the local ones its 500,000
     assert transformers.Olmo3Config(**{**no_yarn, "rope_theta": 10_000.0}).rope_parameters["sliding_attention"][
         "rope_theta"] == 500_000.0
-    for hf, says in ((OLMO3_7B, 'full_attention layers: rope_scaling.rope_type "yarn" is not supported'),
+    for hf in (OLMO3_7B, {**OLMO3_7B, "rope_scaling": {**OLMO3_7B["rope_scaling"], "truncate": False}}):
+        ours, rotary = config_from_hf(hf), Olmo3RotaryEmbedding(transformers.Olmo3Config(**json.loads(json.dumps(hf))))
+        assert ours.rope == Rope(500_000.0, "yarn", 8.0, original_max_positions=8192,
+                                 attention_factor=1.2079441541679836, beta_fast=32.0, beta_slow=1.0, truncate=True)
+        assert ours.local_rope == Rope(500_000.0)
+        assert ours.rope.attention_factor == rotary.full_attention_attention_scaling
+        assert rotary.sliding_attention_attention_scaling == 1.0
+        np.testing.assert_array_equal(rope_frequencies(ours.rope, ours.head_dim), rotary.full_attention_inv_freq.numpy())
+        np.testing.assert_array_equal(rope_frequencies(ours.local_rope, ours.head_dim),
+                                      rotary.sliding_attention_inv_freq.numpy())
+    for hf, says in (({**no_yarn, "rope_scaling": {"rope_type": "dynamic", "factor": 8.0}},
+                      'full_attention layers: rope_scaling.rope_type "dynamic" is not supported'),
                      ({**no_yarn, "rope_theta": 10_000.0}, "rope_theta 10000.0 is not supported for olmo3: "
                                                            "transformers 5 rotates only the full_attention layers"),
                      ({**no_yarn, "sliding_window": None}, "sliding_window is null; it must be a whole number >= 1"),
@@ -1137,7 +1194,7 @@ def test_smollm3_configs_read_as_transformers_reads_them():
                          ({"no_rope_layers": None, "no_rope_layer_interval": 0}, "no_rope_layer_interval is 0"),
                          ({"layer_types": ["full_attention", "sliding_attention"] * 4, "sliding_window": 64},
                           "layer_types marks layers [1, 3, 5, 7] sliding_attention, but use_sliding_window is false"),
-                         ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 65536}},
-                          'rope_scaling.rope_type "yarn" is not supported')):
+                         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+                          'rope_scaling.rope_type "dynamic" is not supported')):
         with pytest.raises(models.ModelLoadError, match=re.escape(says)):
             config_from_hf({**SMOLLM3_3B, **change})
