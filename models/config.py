@@ -653,8 +653,7 @@ def _olmo3(hf: dict[str, Any]) -> ModelConfig:
     """Olmo3ForCausalLM (model_type olmo3: Olmo-3-7B and 32B) as transformers 5 reads Olmo3Config: OLMo 2's blocks
     (_olmo2) with local layers (layer_types, else three of every four, the fourth global) attending within
     sliding_window (4096 when left out), and a rotary setting per layer type: rope_parameters[type], a non-null
-    rope_scaling laid over the global layers' (Olmo-3's released yarn is refused so, naming it), a theta left out
-    500,000. A rope_theta other than 500,000 without a theta in rope_parameters.sliding_attention (and local layers to
+    rope_scaling laid over the global layers' (Olmo-3's released yarn), a theta left out 500,000. A rope_theta other than 500,000 without a theta in rope_parameters.sliding_attention (and local layers to
     rotate) is refused: transformers 5 rotates only the global layers by it (the local ones by 500,000), where
     transformers 4.x rotated every layer by it, so the two disagree on the model."""
     hf = {**OLMO2, **hf}

@@ -9,7 +9,8 @@ soft-capped; Granite: divided).
 
 Must not tokenize, score or pick a kernel: the attention name comes in through the constructor, and the
 kernel sees only the contract's q/k/v, segment ids and causal flag. Rotary positions restart in every packed
-segment, so a document packed into a row is computed exactly as alone in its own row.
+segment (and longrope's factors follow each segment's own length), so a document packed into a row is computed
+exactly as alone in its own row.
 """
 from __future__ import annotations
 
