@@ -562,9 +562,6 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
         scale_attn_by_inverse_layer_idx=bool(hf.get("scale_attn_by_inverse_layer_idx", False)))
 
 
-# The model types whose config docscore refuses with pretraining_tp > 1 (Llama's config reads it); transformers 5's
-# OLMo, Granite and SmolLM3 never read it (SmolLM3-3B's config.json says 2), so neither does docscore for them
-PRETRAINING_TP_READ = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # The biases as transformers builds each model, whatever else its config says: attention_bias (q/k/v and o_proj)
 # where the model reads it, mlp_bias likewise; Qwen2 always has q/k/v biases and no others; Mistral and Phi-3 none
 ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2", "olmo3", "granite", "smollm3")
@@ -579,8 +576,6 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
     if activation not in LLAMA_ACTIVATIONS:
         raise ModelLoadError(f"hidden_act {activation!r} is not supported for {model_type}; the gated MLP "
                              f"of docscore's Llama decoder uses one of {list(LLAMA_ACTIVATIONS)}")
-    if model_type in PRETRAINING_TP_READ and hf.get("pretraining_tp", 1) not in (1, None):
-        raise ModelLoadError(f"pretraining_tp {hf['pretraining_tp']!r} is not supported (only 1)")
     head_size = hf.get("head_dim", QWEN3_HEAD_DIM if model_type == "qwen3" else None)
     if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
         head_size = max(1, hidden // heads) if type(hidden) is int and type(heads) is int and heads > 0 else 1
@@ -950,6 +945,9 @@ def _rope(hf: dict[str, Any], head_dim: Any = None) -> Rope:
         return _positive(f"{key} of rope_type {kind!r}", value)
 
     theta = positive("rope_theta", params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+    if kind == "yarn" and theta == 1.0:
+        raise ModelLoadError("rope_theta of rope_type 'yarn' is 1; it must be a positive, finite number other than 1 "
+                             "(YaRN's correction range divides by ln(rope_theta))")
     try:
         if kind == "default":
             return Rope(theta=theta)

@@ -397,7 +397,9 @@ ROPE_VALUES = [({"rope_theta": -5}, 'rope_theta of rope_type \'default\' is -5')
                ({"rope_scaling": {"rope_type": "llama3", "factor": "x", "low_freq_factor": 1, "high_freq_factor": 4}},
                 'rope_scaling.factor of rope_type \'llama3\' is "x"'),
                ({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": float("nan"), "high_freq_factor": 4}},
-                "rope_scaling.low_freq_factor of rope_type 'llama3' is NaN")]
+                "rope_scaling.low_freq_factor of rope_type 'llama3' is NaN"),
+               ({"rope_theta": 1, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},  # its ramp divides by ln(theta)
+                "rope_theta of rope_type 'yarn' is 1")]
 
 
 @pytest.mark.parametrize("settings, named", ROPE_VALUES)
@@ -634,6 +636,15 @@ def test_the_kernel_is_chosen_for_the_runs_rows_not_the_models_longest(tmp_path,
 def test_refusals_name_the_key_and_value_the_file_holds(hf, says):
     with pytest.raises(models.ModelLoadError, match=re.escape(says)):
         config_from_hf(hf)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "phi3"])
+def test_pretraining_tp_is_read_as_the_same_model(model_type):
+    """pretraining_tp > 1 (Llama-2's and some fine-tunes' config.json say 2 or 4) only split transformers 4.x's MLP
+    matmuls into slices summed back, the same linear map, and transformers 5 does not read it: the model is the one
+    without it."""
+    hf = {**LLAMA, "model_type": model_type}
+    assert config_from_hf({**hf, "pretraining_tp": 4}) == config_from_hf(hf)
 
 
 def test_an_unknown_model_type_is_refused_naming_every_model_type_docscore_reads():
