@@ -829,6 +829,9 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
     if not os.path.isdir(src):
         raise ModelLoadError(f"{src}: not a directory; --hf takes a Hugging Face model directory "
                              "(config.json, tokenizer.json, *.safetensors)")
+    if os.path.abspath(dst) == os.path.abspath(src):
+        raise ModelLoadError(f"--out {dst}: the --hf directory itself; convert into a new directory, e.g. "
+                             f"--out {os.path.normpath(dst)}-docscore")
     if not exist_ok:  # before reading gigabytes of weights
         check_new_dir(dst)
     refuse_a_module_folder(src)

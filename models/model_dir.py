@@ -96,7 +96,7 @@ def is_remote(path: str) -> bool:
 UNFINISHED: set[Path] = set()
 
 
-ALREADY_THERE = "already exists; choose an --out that does not exist yet, or delete it"
+ALREADY_THERE = "already exists; choose an --out that does not exist yet, or an empty directory"
 
 
 def taken(path: Path) -> bool:
@@ -197,12 +197,24 @@ def remove_failed_write(tmp: Path, settle: bool) -> None:
 
 
 def read_metadata(path: str) -> ModelMetadata:
-    """metadata.json of the model directory `path`; ModelLoadError naming the file when absent or bad."""
+    """metadata.json of the model directory `path`; ModelLoadError naming the file when absent or bad, and saying
+    so when `path` is a Hugging Face or sentence-transformers directory not converted yet."""
     if not os.path.isdir(path):
         raise ModelLoadError(f"{path}: no such model directory; pass --model minilm-l6 or a directory made by "
                              "`docscore convert --hf SRC --out DIR`")
     file = os.path.join(path, METADATA)
+    if not os.path.lexists(file) and is_hugging_face_dir(path):
+        raise ModelLoadError(f"{path}: a Hugging Face model directory, not a docscore one; convert it first "
+                             f"(`docscore convert --hf {path} --out DIR`), then pass --model DIR")
     return parse_metadata(read_text(path, METADATA), file)
+
+
+def is_hugging_face_dir(path: str) -> bool:
+    """`path` holds what `docscore convert --hf` reads (a config.json beside weights, or a sentence-transformers
+    modules.json) and no docscore params/."""
+    names = set(os.listdir(path))
+    weights = any(name.endswith((".safetensors", ".bin")) for name in names)
+    return PARAMS not in names and ("modules.json" in names or ("config.json" in names and weights))
 
 
 def parse_metadata(text: str | bytes, file: str) -> ModelMetadata:

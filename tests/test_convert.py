@@ -181,12 +181,31 @@ def test_missing_and_misshapen_tensors(hf_bert, tmp_path, capsys):
     assert code == 2 and f"{src}/model.safetensors: cannot read safetensors" in message
 
 
+def test_an_unconverted_directory_given_to_run_is_named_as_one_with_the_convert_command(hf_bert, tmp_path, capsys):
+    """`--model HF_DIR` said metadata.json was missing and to "re-create it with docscore convert"; the source
+    directory was never a docscore one."""
+    from tests.conftest import run_docscore
+
+    (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "one"}\n')
+    code = run_docscore("--input", tmp_path / "docs.jsonl", "--output", tmp_path / "out", "--model", hf_bert)
+    message = capsys.readouterr().err
+    assert code == 2 and f"{hf_bert}: a Hugging Face model directory, not a docscore one" in message, message
+    assert f"docscore convert --hf {hf_bert} --out DIR" in message and not (tmp_path / "out").exists()
+
+
+def test_the_source_directory_as_out_is_refused_without_telling_to_delete_it(hf_bert, tmp_path, capsys):
+    code, message = convert(hf_bert, hf_bert, capsys)
+    assert code == 2 and f"--out {hf_bert}: the --hf directory itself" in message, message
+    assert f"--out {hf_bert}-docscore" in message and "delete" not in message
+
+
 def test_existing_output_is_not_overwritten(hf_bert, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     code, message = convert(hf_bert, out, capsys)
     assert code == 2 and f"--out {out}: already exists; choose an --out that does not exist yet" in message
+    assert "or an empty directory" in message and "delete" not in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "keep.txt").read_text() == "mine"
 
 
