@@ -568,6 +568,9 @@ BEAM_NOISE = (
     # of its file sink, and docscore's last line then names the error and says nothing was published.
     *((name, fault) for name in ("apache_beam.runners.common", "apache_beam.runners.portability.local_job_service")
       for fault in ("No space left on device", "Read-only file system", "Disk quota exceeded")),
+    # FnApiRunner says in_memory ignores direct_num_workers > 1, but its ParallelBundleManager then splits each
+    # bundle over that many threads (docscore's batching.local_threads; README: Memory).
+    ("apache_beam.runners.portability.fn_api_runner.fn_runner", "If direct_num_workers is not equal to 1"),
     # Beam's SDK worker prints a failed bundle's traceback to stderr, then logs the same traceback again.
     ("apache_beam.runners.worker.sdk_worker", "Original traceback is"),
 )
