@@ -112,6 +112,7 @@ class Rope:
     truncate: bool = True              # yarn: the ramp's ends rounded outwards to whole dimensions
     short_factor: tuple[float, ...] = ()  # longrope: each frequency's divisor in a segment within original_max_positions
     long_factor: tuple[float, ...] = ()   # longrope: the same in a longer segment
+    rotary_dim: int = 0                # phi3's partial_rotary_factor: only a head's first rotary_dim turn; 0: all
 
 
 # A Dense module's activation_function (sentence-transformers: a torch module path) -> our name
@@ -566,6 +567,11 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
 # where the model reads it, mlp_bias likewise; Qwen2 always has q/k/v biases and no others; Mistral and Phi-3 none
 ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2", "olmo3", "granite", "smollm3")
 MLP_BIAS_READ = ("llama", "granite", "smollm3")
+# The model types whose transformers attention rotates only a head's first int(head_dim * partial_rotary_factor)
+# dimensions and passes the rest through (Phi3's apply_rotary_pos_emb slices q and k by cos's width); every other
+# Llama-family attention rotates whole heads: transformers 5.24 fails there on a smaller factor with a scaled rope type
+# (cos narrower than q) and ignores it with the default one
+PARTIAL_ROTARY_MODEL_TYPES = ("phi3",)
 
 
 def _llama(hf: dict[str, Any]) -> ModelConfig:
@@ -587,7 +593,8 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
         num_heads=heads, intermediate_size=hf["intermediate_size"],
         max_positions=hf["max_position_embeddings"], layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
         activation="silu", num_kv_heads=heads if kv_heads is None else kv_heads, head_size=head_size,
-        rope=_rope(hf, head_size), qkv_bias=model_type == "qwen2" or attention_bias, output_bias=attention_bias,
+        rope=_rope(hf, head_size, partial=model_type in PARTIAL_ROTARY_MODEL_TYPES),
+        qkv_bias=model_type == "qwen2" or attention_bias, output_bias=attention_bias,
         qk_norm=model_type == "qwen3",
         mlp_bias=mlp_bias, tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         **_sliding_window(hf))
@@ -915,13 +922,15 @@ def _layer_type_ropes(hf: dict[str, Any], thetas: dict[str, tuple[str | None, fl
     return ropes
 
 
-def _rope(hf: dict[str, Any], head_dim: Any = None) -> Rope:
+def _rope(hf: dict[str, Any], head_dim: Any = None, *, partial: bool = False) -> Rope:
     """Rope of `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x), read as transformers
     5 reads them (a non-empty rope_scaling wins over rope_parameters; a top-level
     original_max_position_embeddings wins over the one in the rope settings, which else defaults to
     max_position_embeddings); yarn's and longrope's attention factor is computed here as transformers' init
-    functions compute it, and longrope's factor lists are checked against `head_dim` where it is known. Refuses
-    the scalings the decoder does not compute (dynamic, ...) naming the field and value."""
+    functions compute it, and longrope's factor lists are checked against `head_dim` where it is known (against the
+    rotated dimensions where `partial`: phi3 rotates a head's first int(head_dim * partial_rotary_factor) only; else
+    any factor but 1 is refused). Refuses the scalings the decoder does not compute (dynamic, ...) naming the field
+    and value."""
     field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
     params = hf.get(field) or {}
     if not isinstance(params, dict):
@@ -934,11 +943,7 @@ def _rope(hf: dict[str, Any], head_dim: Any = None) -> Rope:
     if kind not in ROPE_TYPES:
         raise ModelLoadError(f"{field}.{kind_key} {_shown(kind)} is not supported; docscore's Llama decoder "
                              f"computes rotary positions of rope_type {', '.join(map(repr, ROPE_TYPES))} only")
-    where = field if params.get("partial_rotary_factor") is not None else None
-    partial = params.get("partial_rotary_factor") if where else hf.get("partial_rotary_factor")
-    if partial is not None and partial != 1.0:  # null is unset, as transformers reads it
-        raise ModelLoadError(f"{f'{where}.' if where else ''}partial_rotary_factor {_shown(partial)} is not supported; "
-                             "docscore rotates every dimension of a head (1.0)")
+    rotary_dim = _rotary_dim(hf, params, field, head_dim) if partial else _whole_heads(hf, params, field)
     def positive(key: str, value: Any) -> float:
         """A rope setting as a positive, finite number, or a refusal naming it (0, a negative or NaN value makes
         every rotary frequency, and so every score, NaN)."""
@@ -950,23 +955,59 @@ def _rope(hf: dict[str, Any], head_dim: Any = None) -> Rope:
                              "(YaRN's correction range divides by ln(rope_theta))")
     try:
         if kind == "default":
-            return Rope(theta=theta)
+            return Rope(theta=theta, rotary_dim=rotary_dim)
         if kind == "linear":
-            return Rope(theta=theta, kind=kind, factor=positive(f"{field}.factor", params["factor"]))
+            return Rope(theta=theta, kind=kind, factor=positive(f"{field}.factor", params["factor"]),
+                        rotary_dim=rotary_dim)
         original = int(positive("original_max_position_embeddings", hf.get("original_max_position_embeddings")
                                 or params.get("original_max_position_embeddings", hf.get("max_position_embeddings"))))
         if kind == "llama3":
             return Rope(theta=theta, kind=kind, factor=positive(f"{field}.factor", params["factor"]),
                         low_freq_factor=positive(f"{field}.low_freq_factor", params["low_freq_factor"]),
                         high_freq_factor=positive(f"{field}.high_freq_factor", params["high_freq_factor"]),
-                        original_max_positions=original)
+                        original_max_positions=original, rotary_dim=rotary_dim)
         if kind == "yarn":
             settings = _yarn(params, field, original, hf.get("max_position_embeddings"), positive)
         else:
-            settings = _longrope(params, field, original, hf.get("max_position_embeddings"), head_dim, positive)
-        return Rope(theta=theta, kind=kind, original_max_positions=original, **settings)
+            settings = _longrope(params, field, original, hf.get("max_position_embeddings"), head_dim, rotary_dim,
+                                 positive)
+        return Rope(theta=theta, kind=kind, original_max_positions=original, rotary_dim=rotary_dim, **settings)
     except KeyError as missing:
         raise ModelLoadError(f"{field} of rope_type {kind!r} lacks {missing}") from None
+
+
+def _whole_heads(hf: dict[str, Any], params: dict[str, Any], field: str) -> int:
+    """0 (every dimension of a head rotated) for a model whose attention rotates whole heads, or a refusal naming a
+    partial_rotary_factor other than 1 in the rope settings, else at the top level (null: unset, as transformers
+    reads it)."""
+    where = field if params.get("partial_rotary_factor") is not None else None
+    partial = params.get("partial_rotary_factor") if where else hf.get("partial_rotary_factor")
+    if partial is not None and partial != 1.0:
+        raise ModelLoadError(f"{f'{where}.' if where else ''}partial_rotary_factor {_shown(partial)} is not supported; "
+                             "docscore rotates every dimension of a head (1.0)")
+    return 0
+
+
+def _rotary_dim(hf: dict[str, Any], params: dict[str, Any], field: str, head_dim: Any) -> int:
+    """How many of a head's first dimensions Phi-3 rotates (0: all of them), read as Phi3Config reads
+    partial_rotary_factor: the rope settings' own (`field`, even null) over the top-level one, 1.0 when both are left
+    out; int(head_dim * factor) as transformers' rope init functions compute it. A factor that is no number in (0, 1]
+    (null too, which transformers fails on), or whose rotated dimensions are odd or fewer than 2, is refused naming
+    its key."""
+    own = "partial_rotary_factor" in params
+    key = f"{field}.partial_rotary_factor" if own else "partial_rotary_factor"
+    factor = params["partial_rotary_factor"] if own else hf.get("partial_rotary_factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise ModelLoadError(f"{key} is {_shown(factor)}; it must be a number in (0, 1]: the share of each head's "
+                             "dimensions rotary positions turn")
+    if type(head_dim) is not int or head_dim < 1:
+        return 0  # check_bounds refuses the head size itself
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim % 2 or rotary_dim < 2:
+        raise ModelLoadError(f"{key} {_shown(factor)} rotates int(head_dim {head_dim} * {factor}) = {rotary_dim} "
+                             "dimensions of each head; rotary positions turn pairs of dimensions, so it must give an "
+                             "even number of at least 2")
+    return 0 if rotary_dim == head_dim else rotary_dim
 
 
 def _rope_type_key(params: dict[str, Any]) -> str:
@@ -1005,12 +1046,14 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def _longrope(params: dict[str, Any], field: str, original: int, max_positions: Any, head_dim: Any,
+def _longrope(params: dict[str, Any], field: str, original: int, max_positions: Any, head_dim: Any, rotary_dim: int,
               positive: Callable[[str, Any], float]) -> dict[str, Any]:
     """The Rope fields of a longrope setting as transformers' _compute_longrope_parameters reads them: short_factor
-    and long_factor (one positive number per rotated pair of a head's dimensions), attention_factor, else
+    and long_factor (one positive number per rotated pair of a head's dimensions: rotary_dim / 2 where only
+    rotary_dim are rotated), attention_factor, else
     sqrt(1 + ln(factor) / ln(original)) for factor (left out or null: max_position_embeddings / original) above 1."""
-    lists = {key: _rope_factors(f"{field}.{key}", params[key], head_dim) for key in ("short_factor", "long_factor")}
+    lists = {key: _rope_factors(f"{field}.{key}", params[key], head_dim, rotary_dim)
+             for key in ("short_factor", "long_factor")}
     factor = params.get("factor")
     if factor is None:  # Phi-3's reading: the ratio of the context lengths
         factor = _positive("max_position_embeddings", max_positions) / original
@@ -1029,13 +1072,18 @@ def _longrope(params: dict[str, Any], field: str, original: int, max_positions: 
     return dict(attention_factor=attention, **lists)
 
 
-def _rope_factors(key: str, values: Any, head_dim: Any) -> tuple[float, ...]:
-    """A longrope factor list as a tuple of positive, finite numbers, head_dim / 2 of them where head_dim is a
-    whole number (else check_bounds refuses it), or a refusal naming `key`."""
+def _rope_factors(key: str, values: Any, head_dim: Any, rotary_dim: int) -> tuple[float, ...]:
+    """A longrope factor list as a tuple of positive, finite numbers, one per rotated pair of a head's dimensions:
+    rotary_dim / 2 (phi3's partial rotary, as Phi3Config checks them), else head_dim / 2 where head_dim is a whole
+    number (else check_bounds refuses it); or a refusal naming `key`."""
     if not isinstance(values, list):
         raise ModelLoadError(f"{key} is {_shown(values)}; expected a list of positive numbers, one per rotated pair "
                              "of a head's dimensions")
-    if type(head_dim) is int and head_dim > 0 and len(values) != head_dim // 2:
+    if rotary_dim and len(values) != rotary_dim // 2:
+        raise ModelLoadError(f"{key} has {len(values)} entries; rope_type 'longrope' needs int(head_dim {head_dim} * "
+                             f"partial_rotary_factor) / 2 = {rotary_dim // 2}, one per rotated pair of a head's "
+                             "dimensions")
+    if not rotary_dim and type(head_dim) is int and head_dim > 0 and len(values) != head_dim // 2:
         raise ModelLoadError(f"{key} has {len(values)} entries; rope_type 'longrope' needs head_dim / 2 = "
                              f"{head_dim // 2}, one per rotated pair of a head's dimensions")
     return tuple(_positive(f"{key}[{i}]", value) for i, value in enumerate(values))

@@ -885,10 +885,11 @@ def test_phi3_configs_read_as_transformers_reads_them():
     window on every layer, kv heads, norm eps, theta; a key left out is Phi3Config's default: no window, eps 1e-5;
     attention_bias, which Phi-3 has no place for, ignored); Phi-3.5-mini's longrope (and yarn, which Phi3Config reads
     as longrope) gives Phi3RotaryEmbedding's frequencies, long ones and attention scaling, its original context the
-    top-level original_max_position_embeddings (Phi3Config's 4096 when left out) whatever the rope settings say; the
-    rotary settings docscore does not compute are refused naming their key: Phi-4-mini's partial_rotary_factor 0.75,
-    factor lists of the wrong length (as Phi3Config refuses them), the types Phi3Config itself refuses, and su, which
-    Phi3Config renames longrope but then fails to validate."""
+    top-level original_max_position_embeddings (Phi3Config's 4096 when left out) whatever the rope settings say;
+    Phi-4-mini's partial_rotary_factor 0.75 turns a head's first 12 of 16 dimensions, by Phi3RotaryEmbedding's
+    frequencies, its factor lists one per turned pair; the rotary settings docscore does not compute are refused naming
+    their key: factor lists of the wrong length (as Phi3Config refuses them), the types Phi3Config itself refuses, and
+    su, which Phi3Config renames longrope but then fails to validate."""
     import transformers
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
@@ -918,10 +919,19 @@ def test_phi3_configs_read_as_transformers_reads_them():
         assert ours.rope.attention_factor == rotary.attention_scaling == math.sqrt(1 + math.log(32) / math.log(4096))
         np.testing.assert_array_equal(rope_frequencies(ours.rope, ours.head_dim), rotary.inv_freq.numpy())
         np.testing.assert_array_equal(rope_frequencies(ours.rope, ours.head_dim, long=True), long.numpy())
-    phi4_mini = {**PHI4, "tie_word_embeddings": True, "partial_rotary_factor": 0.75, "rope_scaling": LONGROPE}
+    phi4_mini = {**PHI4, "tie_word_embeddings": True, "partial_rotary_factor": 0.75, "max_position_embeddings": 131072,
+                 "original_max_position_embeddings": 4096,
+                 "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6, "long_factor": [4.0] * 6}}
+    ours, reference = config_from_hf(phi4_mini), theirs(phi4_mini)
+    rotary, (long, _) = Phi3RotaryEmbedding(reference), ROPE_INIT_FUNCTIONS["longrope"](reference, seq_len=4097)
+    assert (ours.rope.kind, ours.rope.rotary_dim, ours.tie_word_embeddings) == ("longrope", 12, True)
+    assert ours.rope.attention_factor == rotary.attention_scaling
+    np.testing.assert_array_equal(rope_frequencies(ours.rope, ours.head_dim), rotary.inv_freq.numpy())
+    np.testing.assert_array_equal(rope_frequencies(ours.rope, ours.head_dim, long=True), long.numpy())
     short = {**LONGROPE, "long_factor": [4.0] * 7}
-    for change, says in ((phi4_mini, "partial_rotary_factor 0.75 is not supported"),
-                         ({"partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is not supported"),
+    for change, says in ((phi4_mini | {"rope_scaling": LONGROPE},
+                          "rope_scaling.short_factor has 8 entries; rope_type 'longrope' needs int(head_dim 16 * "
+                          "partial_rotary_factor) / 2 = 6"),
                          ({"rope_scaling": short}, "rope_scaling.long_factor has 7 entries; rope_type 'longrope' "
                                                    "needs head_dim / 2 = 8"),
                          ({"rope_scaling": {"type": "longrope", "long_factor": [4.0] * 8}},
@@ -937,6 +947,8 @@ def test_phi3_configs_read_as_transformers_reads_them():
         theirs({**PHI3_MINI_4K, "rope_scaling": {"type": "linear", "factor": 2.0}})
     with pytest.raises(Exception, match="long_factor field must have length 8"):  # and factor lists that do not fit
         theirs({**PHI3_MINI_4K, "rope_scaling": short})
+    with pytest.raises(Exception, match="short_factor field must have length 6"):  # the turned pairs' number
+        theirs(phi4_mini | {"rope_scaling": LONGROPE})
     with pytest.raises(KeyError, match="original_max_position_embeddings"):  # and su, once renamed
         theirs({**phi35_mini, "rope_scaling": {**LONGROPE, "type": "su"}})
 

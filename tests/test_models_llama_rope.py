@@ -25,6 +25,13 @@ from tests.test_models_llama import build_hf, documents, reference_logprobs
 
 YARN = {"rope_type": "yarn", "rope_theta": 10_000.0, "factor": 8.0, "original_max_position_embeddings": 64}
 FACTORS = {"short_factor": [1.0 + i / 8 for i in range(8)], "long_factor": [1.0 + i for i in range(8)]}  # head_dim 16
+
+
+def factors(pairs: int) -> dict[str, list[float]]:
+    """longrope's short and long factor lists for `pairs` rotated pairs (phi3's partial rotary: fewer than 8)."""
+    return {"short_factor": FACTORS["short_factor"][:pairs], "long_factor": FACTORS["long_factor"][:pairs]}
+
+
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10_000.0, "original_max_position_embeddings": 64, **FACTORS}
 ROTARY_BASE = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512}
@@ -41,6 +48,14 @@ ROTARY_CASES = {
     # Phi-3.5-mini's layout: longrope under rope_scaling, the original context beside it
     "phi3-longrope": ({"model_type": "phi3", "original_max_position_embeddings": 64,
                        "rope_scaling": {"type": "longrope", **FACTORS}}, "phi3.modeling_phi3.Phi3RotaryEmbedding"),
+    # phi3's partial rotary: a head's first 8 dimensions (factor in the rope settings), Phi-4-mini's layout (top level,
+    # 12 of 16); transformers' cos and sin are only as wide as the dimensions they turn
+    "phi3-longrope-partial": ({"model_type": "phi3", "original_max_position_embeddings": 64,
+                               "rope_parameters": {**LONGROPE, **factors(4), "partial_rotary_factor": 0.5}},
+                              "phi3.modeling_phi3.Phi3RotaryEmbedding"),
+    "phi3-longrope-partial-4.x": ({"model_type": "phi3", "original_max_position_embeddings": 64,
+                                   "partial_rotary_factor": 0.75, "rope_scaling": {"type": "longrope", **factors(6)}},
+                                  "phi3.modeling_phi3.Phi3RotaryEmbedding"),
     "granite-yarn": ({"model_type": "granite", "rope_parameters": {**YARN, "mscale": 1.0, "mscale_all_dim": 0.5}},
                      "granite.modeling_granite.GraniteRotaryEmbedding"),
     "gemma2-longrope": ({"model_type": "gemma2", "rope_parameters": LONGROPE},
@@ -112,9 +127,35 @@ def test_rotary_tables_are_transformers_cos_and_sin_for_each_segment_alone(case,
     ({"rope_scaling": {**YARN, "truncate": "no"}}, 'rope_scaling.truncate is "no"; it must be true or false'),
     ({"model_type": "olmo3", "rope_parameters": {"full_attention": {**LONGROPE, "long_factor": [2.0] * 9}}},
      "full_attention layers: rope_parameters.long_factor has 9 entries; rope_type 'longrope' needs head_dim / 2 = 8"),
+    # the families whose transformers attention rotates whole heads (it fails on a narrower cos, or ignores the factor)
+    ({"model_type": "qwen2", "partial_rotary_factor": 0.5},
+     "partial_rotary_factor 0.5 is not supported; docscore rotates every dimension of a head (1.0)"),
+    ({"model_type": "mistral", "rope_scaling": {**YARN, "partial_rotary_factor": 0.5}},
+     "rope_scaling.partial_rotary_factor 0.5 is not supported"),
+    ({"model_type": "olmo3", "rope_parameters": {"full_attention": {**YARN, "partial_rotary_factor": 0.5}}},
+     "full_attention layers: rope_parameters.partial_rotary_factor 0.5 is not supported"),
+    # phi3's partial rotary: an even number of at least 2 of a head's dimensions, factor lists one per rotated pair
+    ({"model_type": "phi3", "partial_rotary_factor": 0.3125},
+     "partial_rotary_factor 0.3125 rotates int(head_dim 16 * 0.3125) = 5 dimensions of each head; rotary positions "
+     "turn pairs of dimensions, so it must give an even number of at least 2"),
+    ({"model_type": "phi3", "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.1}},
+     "rope_parameters.partial_rotary_factor 0.1 rotates int(head_dim 16 * 0.1) = 1 dimensions"),
+    ({"model_type": "phi3", "partial_rotary_factor": 1.5},
+     "partial_rotary_factor is 1.5; it must be a number in (0, 1]"),
+    ({"model_type": "phi3", "partial_rotary_factor": 0}, "partial_rotary_factor is 0; it must be a number in (0, 1]"),
+    ({"model_type": "phi3", "partial_rotary_factor": "0.5"}, 'partial_rotary_factor is "0.5"; it must be a number'),
+    # Phi3Config reads the rope settings' own factor, even null (on which transformers fails), over the top-level one
+    ({"model_type": "phi3", "partial_rotary_factor": 0.5,
+      "rope_parameters": {"rope_type": "default", "partial_rotary_factor": None}},
+     "rope_parameters.partial_rotary_factor is null; it must be a number in (0, 1]"),
+    ({"model_type": "phi3", "partial_rotary_factor": 0.5, "rope_scaling": LONGROPE},
+     "rope_scaling.short_factor has 8 entries; rope_type 'longrope' needs int(head_dim 16 * partial_rotary_factor) / 2 "
+     "= 4, one per rotated pair of a head's dimensions"),
 ], ids=["dynamic", "dynamic-4.x", "short-factor-length", "long-factor-not-a-list", "long-factor-zero",
         "no-long-factor", "longrope-original-1", "yarn-no-factor", "yarn-negative-attention-factor",
-        "yarn-beta-not-a-number", "yarn-truncate-not-a-bool", "olmo3-long-factor-length"])
+        "yarn-beta-not-a-number", "yarn-truncate-not-a-bool", "olmo3-long-factor-length", "qwen2-partial",
+        "mistral-yarn-partial", "olmo3-partial", "phi3-odd-rotary-dim", "phi3-one-rotary-dim", "phi3-partial-above-1",
+        "phi3-partial-0", "phi3-partial-a-string", "phi3-partial-null-in-settings", "phi3-partial-factor-length"])
 def test_rope_settings_that_do_not_fit_are_refused_naming_the_key(hf, says):
     with pytest.raises(models.ModelLoadError, match=re.escape(says)):
         config_from_hf({**ROTARY_BASE, "model_type": "llama", **hf}, "/models/x/config.json")
@@ -200,15 +241,27 @@ def test_longrope_picks_each_documents_factors_by_its_own_length(tmp_path):
     long document packed in one row equal each alone and transformers' of each alone. transformers' own padded batch
     chooses once, by its longest row, and so scores the 40-token document with the long factors more than 1e-2 apart:
     the documents above did take both paths."""
-    import torch
-    import transformers
-
     hf_dir = build_hf(tmp_path / "hf", "phi3", sliding_window=None, original_max_position_embeddings=64,
                       rope_parameters=LONGROPE)
     loaded = convert(hf_dir, tmp_path / "docscore")
     rope = loaded.config.rope
     assert (rope.kind, rope.original_max_positions, rope.attention_factor > 1.2) == ("longrope", 64, True)
     docs = documents(loaded.config.vocab_size)
+    alone = assert_each_document_scores_and_embeds_as_transformers_alone(loaded, hf_dir, docs)
+    ids, segments = padded(docs)
+    batched = transformers_logprobs(hf_dir, ids, segments)
+    assert np.abs(batched[2, :len(docs[2]) - 1] - alone[2]).max() > 1e-2
+
+
+def assert_each_document_scores_and_embeds_as_transformers_alone(loaded, hf_dir: Path, docs: list[np.ndarray]
+                                                                 ) -> list[np.ndarray]:
+    """Token log-probabilities of docs (documents(): 1, 7, 40 and 552 tokens) in padded rows within 1e-4 of what
+    transformers gives each document alone; the 40-token and 552-token documents (within and past a 64-token original
+    context) packed in one row score and embed (mean pooled) as each alone, and those embeddings are within 1e-4 of
+    transformers' mean-pooled hidden states of each alone. transformers' log-probabilities of each document alone."""
+    import torch
+    import transformers
+
     reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     alone, hidden_alone = [], []
     for doc in docs:
@@ -217,12 +270,13 @@ def test_longrope_picks_each_documents_factors_by_its_own_length(tmp_path):
             hidden_alone.append(reference.model(torch.tensor(doc[None], dtype=torch.long)).last_hidden_state[0].numpy())
         logprobs = torch.log_softmax(logits.double(), dim=-1)[:-1].gather(-1, torch.tensor(doc[1:, None]))
         alone.append(logprobs[:, 0].numpy())
+    assert max(np.abs(a).max(initial=0) for a in alone) > 1.0  # not a near-uniform model
     ids, segments = padded(docs)
     ours = loaded.token_logprobs(ids, segments)
     for row, doc in enumerate(docs):
         assert np.abs(ours[row, :len(doc) - 1] - alone[row]).max(initial=0) <= 1e-4, (len(doc), row)
     short, long = docs[2], docs[3]
-    assert len(short) <= rope.original_max_positions < len(long)
+    assert len(short) <= 64 < len(long)
     packed_ids = np.concatenate([short, long])[None]
     packed_segments = np.concatenate([np.full(len(short), 1, np.int32), np.full(len(long), 2, np.int32)])[None]
     packed = loaded.token_logprobs(packed_ids, packed_segments)[0]
@@ -234,5 +288,32 @@ def test_longrope_picks_each_documents_factors_by_its_own_length(tmp_path):
     for ours_embedding, hidden in zip(alone_embeddings, hidden_alone[2:]):
         mean = hidden.astype(np.float64).mean(axis=0)
         np.testing.assert_allclose(ours_embedding, mean / np.linalg.norm(mean), atol=1e-4)
-    batched = transformers_logprobs(hf_dir, ids, segments)
-    assert np.abs(batched[2, :len(short) - 1] - alone[2]).max() > 1e-2
+    return alone
+
+
+# name: (partial_rotary_factor, build_hf's rope settings, the transformers 4.x config.json keys, if any)
+PARTIAL_ROTARY_MODELS = {
+    "0.75-default": (0.75, {"rope_type": "default", "rope_theta": 250_000.0}, None),
+    "0.5-longrope": (0.5, {**LONGROPE, **factors(4)}, None),
+    # Phi-4-mini's layout: the factor at the top level, longrope under rope_scaling, 3/4 of each head turned
+    "0.75-longrope-4.x": (0.75, {**LONGROPE, **factors(6)},
+                          {"rope_theta": 10_000.0, "rope_scaling": {"type": "longrope", **factors(6)}}),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", sorted(PARTIAL_ROTARY_MODELS))
+def test_partial_rotary_phi3_scores_and_embeds_as_transformers(name, tmp_path):
+    """A Phi-3 whose partial_rotary_factor turns only a head's first 12 or 8 of 16 dimensions (Phi-4-mini's 0.75; the
+    rest pass through as transformers' Phi3 attention passes them), with the default rope or longrope (short factors
+    within its 64-token original context, long ones past it), scores each document and embeds the short and the long
+    one as transformers does each alone, packed together as alone."""
+    factor, rope_parameters, layout_4x = PARTIAL_ROTARY_MODELS[name]
+    hf_dir = build_hf(tmp_path / "hf", "phi3", sliding_window=None, original_max_position_embeddings=64,
+                      partial_rotary_factor=factor, rope_parameters=rope_parameters)
+    if layout_4x:
+        to_4x_layout(hf_dir, **layout_4x)
+    assert json.loads((hf_dir / "config.json").read_text())["partial_rotary_factor"] == factor
+    loaded = convert(hf_dir, tmp_path / "docscore")
+    assert (loaded.config.rope.kind, loaded.config.rope.rotary_dim) == (rope_parameters["rope_type"], 16 * factor)
+    assert_each_document_scores_and_embeds_as_transformers_alone(loaded, hf_dir, documents(loaded.config.vocab_size))
