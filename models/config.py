@@ -615,7 +615,8 @@ def _phi3(hf: dict[str, Any]) -> ModelConfig:
     attention_bias says, rms_norm_eps 1e-5 when left out, sliding_window (null when left out) on every layer. Its
     rotary types are default and longrope (Phi-3's 128k releases, Phi-3.5, Phi-4-mini; yarn read as longrope, its
     original context the top-level original_max_position_embeddings, 4096 when left out); linear and llama3, which
-    _rope computes, are refused here as Phi3Config refuses them."""
+    _rope computes, are refused here as Phi3Config refuses them. partial_rotary_factor (Phi-4-mini's 0.75) turns a
+    head's first int(head_dim * factor) dimensions only (_rotary_dim)."""
     hf = {"rms_norm_eps": PHI3_RMS_NORM_EPS, "original_max_position_embeddings": PHI3_ORIGINAL_MAX_POSITIONS, **hf}
     field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"  # the settings _rope reads
     params = hf.get(field)

@@ -3,7 +3,8 @@
 document alone, longrope's short factors within the original context and its long ones past it; small random
 Qwen2, OLMo 3 (yarn, in transformers 5's and 4.x's config layouts) and Phi-3 (longrope) models built in transformers
 (no download), converted with `docscore convert`, score and embed as transformers does, a short and a long document
-packed in one row as each alone; the settings that do not fit are refused naming their key."""
+packed in one row as each alone, Phi-3 with a partial_rotary_factor too (only a head's first dimensions turn); the
+settings that do not fit are refused naming their key, a partial_rotary_factor outside phi3 among them."""
 from __future__ import annotations
 
 import dataclasses
