@@ -17,10 +17,11 @@ from models.config import ModelConfig
 from models.gpt2 import GPT2Decoder
 from models.llama import LlamaDecoder
 from models.modernbert import ModernBertEncoder
+from models.rotary_bert import RotaryBertEncoder
 from models.t5 import T5Encoder
 
-MODULES = {"bert": BertEncoder, "modernbert": ModernBertEncoder, "gpt2": GPT2Decoder, "llama": LlamaDecoder,
-           "t5": T5Encoder}
+MODULES = {"bert": BertEncoder, "modernbert": ModernBertEncoder, "rotary_bert": RotaryBertEncoder, "gpt2": GPT2Decoder,
+           "llama": LlamaDecoder, "t5": T5Encoder}
 
 
 def abstract_model(config: ModelConfig, *, attention_impl: str, dtype: str) -> tuple[nnx.GraphDef, nnx.State]:

@@ -1,7 +1,7 @@
 """`ModelConfig`: the architecture of a model, read from a Hugging Face config.json.
 
 Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet; ModernBERT encoder;
-T5 encoder: T5, mT5; GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3 and the text model
+rotary BERT encoder: NomicBERT, GTE; T5 encoder: T5, mT5; GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3 and the text model
 of its multimodal release, OLMo 2, OLMo 3, Granite, SmolLM3),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 """
@@ -14,12 +14,12 @@ from typing import Any, Callable, Literal
 
 from models.errors import ModelLoadError
 
-Family = Literal["bert", "modernbert", "t5", "gpt2", "llama"]
-ENCODER_FAMILIES = ("bert", "modernbert", "t5")  # bidirectional models whose outputs are embeddings
+Family = Literal["bert", "modernbert", "rotary_bert", "t5", "gpt2", "llama"]
+ENCODER_FAMILIES = ("bert", "modernbert", "rotary_bert", "t5")  # bidirectional models whose outputs are embeddings
 # families whose MLP is models/llama.py GatedFeedForward, down(act(gate(x)) * up(x)): the memory estimate counts
 # three [tokens, intermediate] tensors for it where BERT's and GPT-2's hold one (pipeline/telemetry/memory.py); a T5's
 # is gated or not by checkpoint (ModelConfig.gated_feed_forward)
-GATED_MLP_FAMILIES = ("llama", "modernbert")
+GATED_MLP_FAMILIES = ("llama", "modernbert", "rotary_bert")
 
 # Hugging Face activation name -> our name (the module maps our name to a function).
 ACTIVATIONS = {
@@ -33,12 +33,14 @@ ACTIVATIONS = {
 # DistilBERT is BERT without token types under other names, MPNet is RoBERTa's positions without token types plus one
 # relative position bias table all its layers share; Mistral, Qwen2, Qwen3, Phi-3 (and Phi-4, model_type phi3:
 # Llama's block with fused weights, split at convert), Gemma 2, Gemma 3 (its text model), OLMo 2, OLMo 3, Granite and
-# SmolLM3 are Llama's architecture with a few config switches. mT5 is T5's code under another model_type (MT5Config's defaults differ).
+# SmolLM3 are Llama's architecture with a few config switches. NomicBERT and GTE (and GTE's remote-code model_type
+# "new") are BERT's post-norm blocks with rotary positions and a gated MLP, differing in biases and activation. mT5 is T5's code under another model_type (MT5Config's defaults differ).
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert",
             "mpnet": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
             "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "olmo2": "llama", "olmo3": "llama",
             "granite": "llama", "smollm3": "llama", "modernbert": "modernbert",
+            "nomic_bert": "rotary_bert", "gte": "rotary_bert", "new": "rotary_bert",
             "t5": "t5", "mt5": "t5"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
 POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
@@ -66,6 +68,9 @@ HF_KEYS = {
     "modernbert": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
                    "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
                    "max_positions": "max_position_embeddings"},
+    "rotary_bert": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+                    "num_heads": "num_attention_heads", "head_size": "head_dim", "intermediate_size": "intermediate_size",
+                    "max_positions": "max_position_embeddings"},
     "llama": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
               "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
               "head_size": "head_dim", "intermediate_size": "intermediate_size",
@@ -140,7 +145,7 @@ class ModelConfig:
     max_positions: int                             # positions a segment can use (the table holds position_offset more)
     layer_norm_eps: float
     activation: str
-    type_vocab_size: int = 0                       # bert only
+    type_vocab_size: int = 0                       # bert, rotary_bert (token type 0 is added to every token)
     position_offset: int = 0                       # bert: RoBERTa's first position id (pad_token_id + 1)
     relative_attention_buckets: int = 0            # bert (MPNet), t5: relative position bias table rows, one for all layers
     relative_attention_max_distance: int = 0       # t5: the offset from which one bucket (MPNet's is fixed: MPNET_MAX_DISTANCE)
@@ -148,13 +153,14 @@ class ModelConfig:
     scale_attn_by_inverse_layer_idx: bool = False  # gpt2 only
     num_kv_heads: int = 0                          # llama: grouped-query key/value heads (0: num_heads)
     head_size: int = 0                             # llama: config.json's head_dim, t5: d_kv (0: hidden_size // num_heads)
-    rope: Rope = Rope()                            # llama, modernbert (its global layers')
+    rope: Rope = Rope()                            # llama, rotary_bert, modernbert (its global layers')
     local_rope: Rope | None = None                 # modernbert: its local layers' rotary settings (None: rope's)
     qkv_bias: bool = False                         # llama: Qwen2's q/k/v biases, or attention_bias; modernbert's Wqkv
     qk_norm: bool = False                          # llama: Qwen3's RMSNorm of each head's q and k before rotary
     qk_norm_across_heads: bool = False             # llama: OLMo 2's q/k RMSNorm is over all heads at once, not each
     output_bias: bool = False                      # llama: attention_bias also biases o_proj; modernbert's Wo
     mlp_bias: bool = False                         # llama, modernbert
+    mlp_output_bias: bool = False                  # rotary_bert: GTE's down_proj bias (its gate and up have none)
     norm_bias: bool = True                         # modernbert: its LayerNorms have biases (norm_bias)
     tie_word_embeddings: bool = False              # llama (GPT-2 is always tied)
     # llama: False for a decoder embedder saved without its untied head (Qwen3-Embedding-8B, e5-mistral): it embeds
@@ -246,7 +252,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
         raise ModelLoadError(
             f"{path}: model_type {model_type!r} is not supported; docscore models are the BERT "
             f"family (model_type 'bert', 'roberta', 'xlm-roberta', 'camembert', 'distilbert' or 'mpnet', encoder), ModernBERT (model_type "
-            f"'modernbert', encoder), T5's encoder (model_type 't5' or 'mt5', its decoder not read), the GPT-2 family (model_type 'gpt2', "
+            f"'modernbert', encoder), NomicBERT and GTE (model_type 'nomic_bert', 'gte' or 'new', encoder), T5's encoder (model_type 't5' or 'mt5', its decoder not read), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma2', "
             f"'gemma3_text', 'gemma3' (Gemma 3's multimodal release read as its text model), 'olmo2', 'olmo3', "
             f"'granite' or 'smollm3', decoder)")
@@ -274,7 +280,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
         config = {"bert": {"distilbert": _distilbert, "mpnet": _mpnet}.get(model_type, _bert), "gpt2": _gpt2,
                   "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3, "olmo2": _olmo2, "olmo3": _olmo3,
                             "granite": _granite, "smollm3": _smollm3}.get(model_type, _llama),
-                  "modernbert": _modernbert, "t5": _t5}[family](hf)
+                  "modernbert": _modernbert, "rotary_bert": _rotary_bert, "t5": _t5}[family](hf)
         config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: {model_type} config lacks the field {missing}; "
@@ -288,11 +294,12 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
         raise ModelLoadError(f"{path}: num_attention_heads {config.num_heads} is not a multiple of "
                              f"num_key_value_heads {config.kv_heads}")
     head_dim_given = config.family == "t5" or (  # T5's d_kv (mT5-small: 6 heads of 64 over d_model 512)
-        config.family == "llama" and (hf.get("head_dim") is not None or model_type in ("qwen3", "gemma3_text")))
+        config.family in ("llama", "rotary_bert") and
+        (hf.get("head_dim") is not None or model_type in ("qwen3", "gemma3_text")))
     if not head_dim_given and config.hidden_size % config.num_heads:
         raise ModelLoadError(f"{path}: hidden size {config.hidden_size} is not a multiple of "
                              f"{config.num_heads} attention heads")
-    if config.family in ("llama", "modernbert") and config.head_dim % 2:  # rotary embeddings turn pairs of dimensions
+    if config.family in ("llama", "modernbert", "rotary_bert") and config.head_dim % 2:  # rotary embeddings turn pairs of dimensions
         raise ModelLoadError(f"{path}: head_dim {config.head_dim} (hidden_size / num_attention_heads, or head_dim) is "
                              "odd; rotary position embeddings need an even head_dim, as transformers does")
     return config
@@ -318,7 +325,7 @@ def check_bounds(config: ModelConfig, path: str = "config.json") -> None:
     eps = config.layer_norm_eps
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         key = {"bert": "layer_norm_eps", "gpt2": "layer_norm_epsilon", "llama": "rms_norm_eps",
-               "modernbert": "norm_eps", "t5": "layer_norm_epsilon"}[config.family]
+               "modernbert": "norm_eps", "rotary_bert": "layer_norm_eps", "t5": "layer_norm_epsilon"}[config.family]
         raise ModelLoadError(f"{path}: {key} is {_shown(eps)}; it must be a number between 0 and 1 (e.g. 1e-12); "
                              "set it to the model's real value, or re-create the model directory with `docscore convert`")
 
@@ -334,11 +341,11 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:40] + "..."
 
 
-def _activation(key: str, name: Any) -> str:
-    """The activation config.json's `key` names, or a refusal naming the key (what to change)."""
-    if not isinstance(name, str) or name not in ACTIVATIONS:
-        raise ModelLoadError(f"{key} {_shown(name)} is not supported (supported: {sorted(ACTIVATIONS)})")
-    return ACTIVATIONS[name]
+def _activation(key: str, name: Any, known: dict[str, str] = ACTIVATIONS) -> str:
+    """The activation config.json's `key` names (among `known`), or a refusal naming the key (what to change)."""
+    if not isinstance(name, str) or name not in known:
+        raise ModelLoadError(f"{key} {_shown(name)} is not supported (supported: {sorted(known)})")
+    return known[name]
 
 
 def _bert(hf: dict[str, Any]) -> ModelConfig:
@@ -545,6 +552,86 @@ def _modernbert_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
         theta = merged.get("rope_theta", hf.get(MODERNBERT_THETA_KEYS[kind], MODERNBERT_ROPE_THETA[kind]))
         ropes[kind] = Rope(theta=_positive(theta_key, theta))
     return ropes
+
+
+# NomicBertConfig's and GteConfig's defaults where a config.json leaves the key out (transformers 5.24; their
+# default_theta is each rope_theta's). GTE's remote-code model_type "new" gets none: its NewConfig's defaults are its
+# own, so such a config.json must hold every key (save_pretrained writes them all).
+ROTARY_BERT = {
+    "nomic_bert": {"vocab_size": 30528, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                   "intermediate_size": 3072, "hidden_act": "silu", "max_position_embeddings": 2048,
+                   "type_vocab_size": 2, "layer_norm_eps": 1e-12, "rope_theta": 1_000.0},
+    "gte": {"vocab_size": 250048, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+            "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 8192, "type_vocab_size": 1,
+            "layer_norm_eps": 1e-12, "rope_theta": 160_000.0},
+}
+# The original remote-code NomicBERT config.json's keys (a GPT2Config's) -> NomicBertConfig's
+NOMIC_REMOTE_KEYS = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+                     "n_inner": "intermediate_size", "n_positions": "max_position_embeddings",
+                     "layer_norm_epsilon": "layer_norm_eps", "rotary_emb_base": "rope_theta"}
+# Remote-code settings (NomicBERT's, GTE's) and the one value with which that code computes what transformers'
+# NomicBertModel / GteModel compute; any other is refused (None: null, as the released configs say)
+NOMIC_REMOTE_SETTINGS = {"prenorm": False, "rotary_emb_interleaved": False, "rotary_emb_fraction": 1.0,
+                         "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False, "use_rms_norm": False,
+                         "causal": False, "parallel_block": False, "rotary_scaling_factor": None,
+                         "rotary_emb_scale_base": None, "scale_attn_by_inverse_layer_idx": False,
+                         "scale_attn_weights": True, "activation_function": "swiglu"}
+GTE_REMOTE_SETTINGS = {"position_embedding_type": "rope", "logn_attention_scale": False, "layer_norm_type": "layer_norm"}
+ROTARY_BERT_ACTIVATIONS = {**ACTIVATIONS, "silu": "silu", "swish": "silu"}  # transformers' ACT2FN names
+
+
+def _rotary_bert(hf: dict[str, Any]) -> ModelConfig:
+    """NomicBertModel (nomic-embed-text) and GteModel (gte-multilingual-base, snowflake-arctic-embed-m-v2.0; GTE's
+    remote-code model_type "new" read alike): word and token-type-0 embeddings and a LayerNorm, BERT's post-norm
+    blocks (attention with rotary positions over whole heads, no position table; a gated MLP, down(act(gate(x)) *
+    up(x))). NomicBERT has no biases and SiLU by default; GTE biases q/k/v/o and the MLP's down projection, GELU by
+    default. The original remote-code NomicBERT keys (n_embd, rotary_emb_base, ...) are read where their meaning is
+    one, and a remote-code setting that would compute otherwise (prenorm, interleaved or partial rotary, biases, a
+    scaling factor, GTE's logn attention scale, ...) is refused naming its key."""
+    model_type = hf["model_type"]
+    hf = {**ROTARY_BERT.get(model_type, {}), **_native_nomic_keys(hf)}
+    settings = {**(NOMIC_REMOTE_SETTINGS if model_type == "nomic_bert" else GTE_REMOTE_SETTINGS)}
+    for key, only in settings.items():
+        if key in hf and hf[key] != only and not (only is None and hf[key] is None):
+            raise ModelLoadError(f"{key} {_shown(hf[key])} is not supported: the {model_type} model transformers "
+                                 f"5.24 computes is the original's with {key} {_shown(only)}; docscore computes that one")
+    hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
+    head_size = hf.get("head_dim")
+    if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
+        head_size = max(1, hidden // heads) if type(hidden) is int and type(heads) is int and heads > 0 else 1
+    if "rope_theta" not in hf and not hf.get("rope_parameters"):  # model_type "new": NewConfig's default is its own
+        raise ModelLoadError(f"model_type {model_type!r} (GTE's remote code) config lacks rope_theta; save the "
+                             "model's config with its code's save_pretrained, which writes it")
+    biased = model_type != "nomic_bert"
+    return ModelConfig(
+        family="rotary_bert", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=hf["num_hidden_layers"],
+        num_heads=heads, head_size=head_size, intermediate_size=hf["intermediate_size"],
+        max_positions=hf["max_position_embeddings"], layer_norm_eps=hf["layer_norm_eps"],
+        activation=_activation("hidden_act", hf["hidden_act"], ROTARY_BERT_ACTIVATIONS),
+        type_vocab_size=_whole("type_vocab_size", hf["type_vocab_size"]), rope=_rope(hf, head_size),
+        qkv_bias=biased, output_bias=biased, mlp_output_bias=biased)
+
+
+def _native_nomic_keys(hf: dict[str, Any]) -> dict[str, Any]:
+    """`hf` with the remote-code NomicBERT keys it holds under NomicBertConfig's names (NOMIC_REMOTE_KEYS; the
+    remote activation_function "swiglu" as hidden_act silu); one both names give different values is refused."""
+    renamed = dict(hf)
+    for theirs, ours in {**NOMIC_REMOTE_KEYS, "activation_function": "hidden_act"}.items():
+        if theirs not in hf or hf["model_type"] != "nomic_bert":
+            continue
+        value = "silu" if theirs == "activation_function" and hf[theirs] == "swiglu" else hf[theirs]
+        if ours in hf and hf[ours] != value:
+            raise ModelLoadError(f"{theirs} {_shown(hf[theirs])} and {ours} {_shown(hf[ours])} disagree; the "
+                                 "original NomicBERT code reads the first, transformers the second")
+        renamed[ours] = value
+    return renamed
+
+
+def _whole(key: str, value: Any) -> int:
+    """A count config.json holds that may be 0 (no token types), or a refusal naming its key."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SIZES[key]:
+        raise ModelLoadError(f"{key} is {_shown(value)}; it must be a whole number from 0 to {MAX_SIZES[key]:,}")
+    return value
 
 
 def _gpt2(hf: dict[str, Any]) -> ModelConfig:

@@ -1,5 +1,6 @@
 """`docscore convert --hf SRC --out DST`: a Hugging Face model directory (config.json, tokenizer.json,
-*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet), ModernBERT, T5
+*.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet), ModernBERT,
+rotary BERT (NomicBERT, GTE), T5
 (T5, mT5: the encoder), GPT-2 and Llama (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3, the text model of Gemma 3's
 multimodal release, OLMo 2, OLMo 3, Granite, SmolLM3) families.
 
@@ -333,12 +334,91 @@ def t5_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
     }
 
 
+# The original (remote-code) checkpoints' tensor names -> transformers 5.24's, as its conversion_mapping.py renames
+# them on load ("nomic_bert", "gte": substrings replaced in this order; GTE's "new." prefix is a prefix of FAMILY_PARAMS)
+ORIGINAL_NAMES = {
+    "nomic_bert": (("encoder.layers.", "layers."), ("emb_ln.", "embeddings.LayerNorm."),
+                   ("attn.out_proj.", "self_attn.o_proj."), ("mlp.fc11.", "mlp.up_proj."),
+                   ("mlp.fc12.", "mlp.gate_proj."), ("mlp.fc2.", "mlp.down_proj."),
+                   ("norm1.", "post_attention_layernorm."), ("norm2.", "post_mlp_layernorm.")),
+    "gte": (("encoder.layer.", "layers."), ("attention.o_proj.", "self_attn.o_proj."),
+            ("attn_ln.", "post_attention_layernorm."), ("mlp_ln.", "post_mlp_layernorm.")),
+}
+# ... and their fused projections, split by rows into equal parts in this order (transformers' Chunk(dim=0))
+ORIGINAL_FUSED = {
+    "nomic_bert": {"attn.Wqkv.": ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.")},
+    "gte": {"attention.qkv_proj.": ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj."),
+            "mlp.up_gate_proj.": ("mlp.up_proj.", "mlp.gate_proj.")},
+}
+
+
+def native_rotary_bert_names(src: TensorSource, model_type: str) -> None:
+    """src's tensors under transformers' NomicBertModel / GteModel names, where the checkpoint holds the original
+    code's (ORIGINAL_NAMES, ORIGINAL_FUSED: the fused ones split, as numpy views); a checkpoint holding one tensor
+    under both names is refused."""
+    kind = "nomic_bert" if model_type == "nomic_bert" else "gte"  # "new" is GTE's
+    names, fused = ORIGINAL_NAMES[kind], ORIGINAL_FUSED[kind]
+    for key in [key for key in src.tensors if key.startswith(src.prefix)]:
+        name = key[len(src.prefix):]
+        for before, after in names:
+            name = name.replace(before, after)
+        parts = {name: src.tensors[key]}
+        for whole, pieces in fused.items():
+            if whole in name:
+                tensor = src.tensors[key]
+                if tensor.shape[0] % len(pieces):
+                    raise ModelLoadError(f"{src.where}: tensor {key!r} has {tensor.shape[0]} rows, which do not "
+                                         f"split into {len(pieces)} equal parts; is this the checkpoint that belongs "
+                                         "to config.json?")
+                parts = dict(zip((name.replace(whole, piece) for piece in pieces), np.split(tensor, len(pieces))))
+        if list(parts) == [name] and name == key[len(src.prefix):]:
+            continue
+        both = [new for new in parts if src.prefix + new in src.tensors]
+        if both:
+            raise ModelLoadError(f"{src.where}: holds both {key!r} and {src.prefix + both[0]!r}, one tensor under "
+                                 "the original code's name and transformers'; save the model again with "
+                                 "save_pretrained")
+        src.tensors.update({src.prefix + new: tensor for new, tensor in parts.items()})
+        src.taken.add(key)
+
+
+def rotary_bert_params(src: TensorSource, config: ModelConfig) -> dict[str, Any]:
+    """Hugging Face NomicBertModel / GteModel names (or the original code's: native_rotary_bert_names) -> our
+    RotaryBertEncoder tree: q/k/v/o and the MLP's gate, up and down, biased as config says (GTE: all but gate and
+    up), the two LayerNorms after the attention and the MLP."""
+    native_rotary_bert_names(src, config.model_type)
+
+    def dense(name: str, bias: bool) -> dict[str, np.ndarray]:
+        weights = {"kernel": src.take(f"{name}.weight").T}
+        return {**weights, "bias": src.take(f"{name}.bias")} if bias else weights
+
+    def layer(i: int) -> dict[str, Any]:
+        p = f"layers.{i}."
+        return {
+            "attention": {ours: dense(p + f"self_attn.{theirs}_proj", config.output_bias if theirs == "o" else
+                                      config.qkv_bias)
+                          for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v"), ("output", "o"))},
+            "attention_norm": src.norm(p + "post_attention_layernorm"),
+            "feed_forward": {"gate": dense(p + "mlp.gate_proj", config.mlp_bias),
+                             "up": dense(p + "mlp.up_proj", config.mlp_bias),
+                             "down": dense(p + "mlp.down_proj", config.mlp_output_bias)},
+            "output_norm": src.norm(p + "post_mlp_layernorm"),
+        }
+    embeddings = {"word": {"embedding": src.take("embeddings.word_embeddings.weight")},
+                  "norm": src.norm("embeddings.LayerNorm")}
+    if config.type_vocab_size:
+        embeddings["token_type"] = {"embedding": src.take("embeddings.token_type_embeddings.weight")}
+    return {"embeddings": embeddings, "layers": {i: layer(i) for i in range(config.num_layers)}}
+
+
 FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelConfig], dict[str, Any]]]] = {
     "bert": (("bert.", "roberta.", ""), bert_params),  # BertForX under "bert.", RobertaForX under "roberta.",
                                                       # the bare model at the root
     "gpt2": (("transformer.", ""), gpt2_params),   # GPT2LMHeadModel under "transformer.", GPT2Model at the root
     "llama": (("model.", ""), llama_params),        # *ForCausalLM under "model.", the bare model at the root
     "modernbert": (("model.", ""), modernbert_params),  # ModernBertForX under "model.", the bare model at the root
+    # NomicBertForX under "nomic_bert.", GteForX under "gte.", the remote code's NewForX under "new."
+    "rotary_bert": (("nomic_bert.", "gte.", "new.", ""), rotary_bert_params),
     "distilbert": (("distilbert.", ""), distilbert_params),  # a model_type whose names are its own (params_reader)
     "mpnet": (("mpnet.", ""), mpnet_params),  # MPNetForX under "mpnet.", the bare model at the root
     "gemma3_text": (("model.", ""), gemma3_params),
@@ -351,7 +431,7 @@ FAMILY_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[TensorSource, ModelCon
 }
 # A tensor every checkpoint of the family holds, found to tell which prefix the checkpoint uses.
 MARKERS = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
-           "modernbert": "embeddings.tok_embeddings.weight",
+           "modernbert": "embeddings.tok_embeddings.weight", "rotary_bert": "embeddings.word_embeddings.weight",
            "distilbert": "embeddings.word_embeddings.weight", "mpnet": "embeddings.word_embeddings.weight",
            "gemma3_text": "embed_tokens.weight",
            "gemma3": "embed_tokens.weight", "gemma2": "embed_tokens.weight", "phi3": "embed_tokens.weight",

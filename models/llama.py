@@ -181,13 +181,15 @@ class GroupedQueryAttention(nnx.Module):
 
 
 class GatedFeedForward(nnx.Module):
-    """down(act(gate(x)) * up(x)), the product in float32; act is SiLU (Llama) or ModernBERT's GeGLU's GELU."""
+    """down(act(gate(x)) * up(x)), the product in float32; act is SiLU (Llama) or ModernBERT's GeGLU's GELU. The
+    down projection has a bias where `output_bias` says (GTE's alone has one), else where `bias` does."""
 
     def __init__(self, hidden: int, intermediate: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs,
-                 activation: str = "silu"):
+                 activation: str = "silu", output_bias: bool | None = None):
         self.gate = dense(hidden, intermediate, bias=bias, dtype=dtype, rngs=rngs)
         self.up = dense(hidden, intermediate, bias=bias, dtype=dtype, rngs=rngs)
-        self.down = dense(intermediate, hidden, bias=bias, dtype=dtype, rngs=rngs)
+        self.down = dense(intermediate, hidden, bias=bias if output_bias is None else output_bias, dtype=dtype,
+                          rngs=rngs)
         self.activation = activation
 
     def __call__(self, x: jax.Array) -> jax.Array:

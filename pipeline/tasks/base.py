@@ -32,8 +32,8 @@ class ModelKind:
 
 
 EMBEDDER = ModelKind(
-    ("bert", "modernbert", "t5"),
-    "--task={task} needs a model that embeds (an encoder: BERT family, ModernBERT or T5; or a decoder converted from a "
+    ("bert", "modernbert", "rotary_bert", "t5"),
+    "--task={task} needs a model that embeds (an encoder: BERT family, ModernBERT, NomicBERT/GTE or T5; or a decoder converted from a "
     "sentence-transformers directory with its pooling, such as Qwen3-Embedding) but --model {model} is a {family} "
     "language model, converted without a pooling; use --task=loglik with it, or an encoder such as --model minilm-l6",
     pooled=True,
