@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     parser = SubcommandParser(
         prog="docscore convert",
         description="Convert a Hugging Face model directory (config.json, tokenizer.json, *.safetensors; "
-                    "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT/MPNet, ModernBERT, T5/mT5 (t5, mt5: the encoder), "
+                    "BERT/RoBERTa/XLM-RoBERTa/CamemBERT/DistilBERT/MPNet, ModernBERT, NomicBERT/GTE (nomic_bert, gte, new), T5/mT5 (t5, mt5: the encoder), "
                     "GPT-2 or Llama/Mistral/Qwen2/Qwen3/"
                     "Phi-3 and Phi-4 (phi3)/Gemma 2 (gemma2)/Gemma 3 text (gemma3_text)/OLMo 2 (olmo2)/OLMo 3 (olmo3)/"
                     "Granite (granite)/SmolLM3 (smollm3) family; Gemma 3's multimodal models (gemma3) as their text "
