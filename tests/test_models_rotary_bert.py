@@ -243,7 +243,7 @@ GTE = {**NOMIC, "model_type": "gte"}
     ({**GTE, "logn_attention_scale": True}, "logn_attention_scale"),
     ({**GTE, "position_embedding_type": "absolute"}, "position_embedding_type"),
     ({**GTE, "layer_norm_type": "rms_norm"}, "layer_norm_type"),
-    ({**GTE, "rope_scaling": {"type": "ntk", "factor": 2.0}}, "type"),
+    ({**GTE, "rope_scaling": {"type": "ntk", "factor": 2.0}}, "rope_scaling.type .ntk"),
     ({**GTE, "model_type": "new", "hidden_act": "gelu", "type_vocab_size": 0, "layer_norm_eps": 1e-12}, "rope_theta"),
 ])
 def test_settings_docscore_does_not_compute_are_refused_by_key(hf, key):
