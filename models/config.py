@@ -91,7 +91,8 @@ MAX_SIZES = {"num_layers": 512, "hidden_size": 65_536, "num_heads": 1_024, "num_
              "relative_attention_buckets": 1_024, "relative_attention_max_distance": 1_048_576}
 
 
-# Rotary scalings the Llama decoder computes exactly as transformers does; others (dynamic, ...) are refused by name.
+# Rotary scalings docscore computes (Llama family, rotary BERT) exactly as transformers does; others (dynamic, ...)
+# are refused by name.
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 # YaRN's ramp bounds in rotations where a config leaves beta_fast / beta_slow out, null or 0 (transformers' `or 32`)
 YARN_BETA_FAST = 32.0
@@ -1029,7 +1030,7 @@ def _rope(hf: dict[str, Any], head_dim: Any = None, *, partial: bool = False) ->
     kind_key = _rope_type_key(params)
     kind = params.get(kind_key, "default")
     if kind not in ROPE_TYPES:
-        raise ModelLoadError(f"{field}.{kind_key} {_shown(kind)} is not supported; docscore's Llama decoder "
+        raise ModelLoadError(f"{field}.{kind_key} {_shown(kind)} is not supported; docscore "
                              f"computes rotary positions of rope_type {', '.join(map(repr, ROPE_TYPES))} only")
     rotary_dim = _rotary_dim(hf, params, field, head_dim) if partial else _whole_heads(hf, params, field)
     def positive(key: str, value: Any) -> float:

@@ -108,7 +108,7 @@ def test_rotary_tables_are_transformers_cos_and_sin_for_each_segment_alone(case,
 
 @pytest.mark.parametrize("hf, says", [
     ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
-     "rope_parameters.rope_type \"dynamic\" is not supported; docscore's Llama decoder computes rotary positions of "
+     "rope_parameters.rope_type \"dynamic\" is not supported; docscore computes rotary positions of "
      "rope_type 'default', 'linear', 'llama3', 'yarn', 'longrope' only"),
     ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, 'rope_scaling.type "dynamic" is not supported'),
     ({"rope_parameters": {**LONGROPE, "short_factor": [1.0] * 4}},
