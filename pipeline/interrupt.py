@@ -42,12 +42,14 @@ def how_ended() -> str:
 
 def exit_with_on_signal(code: int) -> None:
     """For the moments after a command has finished (its outcome printed, the interpreter shutting down): a
-    SIGINT or SIGTERM then ends the process with the command's own exit code, not 130/143 without a word."""
+    SIGINT or SIGTERM then leaves the command's own exit code, not 130/143 without a word. SIGTERM is ignored, as
+    the interpreter's shutdown puts a Python handler back to the default (killed: 143) and keeps an ignored signal
+    ignored; a scheduler's SIGKILL still ends a shutdown that hangs. Ctrl-C ends one with the command's code."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, lambda _signum, _frame: os._exit(code))
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader gone, a stream closed: nothing left to say
             stream.flush()
-    for signum in EXIT_CODES:
-        signal.signal(signum, lambda _signum, _frame: os._exit(code))
 
 
 def reader_gone() -> int:

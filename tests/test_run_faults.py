@@ -544,15 +544,23 @@ def test_ctrl_c_while_starting_up_is_exit_130_without_a_traceback(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
 
 
-def test_a_signal_after_the_command_finished_keeps_its_exit_code():
-    """SIGTERM in the last moments of a finished command (its outcome printed, the interpreter shutting down)
-    exits with the command's own code, not 143 without a word."""
+LATE_SIGNALS = {  # what the finished command meets, after its exit_with_on_signal(4)
+    "sigterm": "os.kill(os.getpid(), signal.SIGTERM)\nsys.exit(4)\n",
+    # the interpreter's shutdown puts Python handlers back to the default (killed: 143), after atexit
+    "sigterm-in-shutdown": ("class Late:\n    def __del__(self):\n        os.kill(os.getpid(), signal.SIGTERM)\n"
+                            "late = Late()\nsys.exit(4)\n"),
+    "sigint-in-a-slow-shutdown": "os.kill(os.getpid(), signal.SIGINT)\nsignal.pause()\n",
+}
+
+
+@pytest.mark.parametrize("late", sorted(LATE_SIGNALS))
+def test_a_signal_after_the_command_finished_keeps_its_exit_code(late):
+    """SIGTERM or SIGINT in the last moments of a finished command (its outcome printed, the interpreter shutting
+    down) exits with the command's own code, not 130/143 without a word."""
     script = ("import os, signal, sys\n"
               "from pipeline.interrupt import exit_with_on_signal\n"
               "print('done', flush=True)\n"
-              "exit_with_on_signal(4)\n"
-              "os.kill(os.getpid(), signal.SIGTERM)\n"
-              "signal.pause()\n")
+              "exit_with_on_signal(4)\n" + LATE_SIGNALS[late])
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (4, "done\n", "")
 
