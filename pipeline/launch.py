@@ -234,9 +234,10 @@ def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
     out = sinks.OutputSpec.for_run(eo.output, eo.run_id, eo.output_format, staging_root)
     why_not_wait = publish.submit_only(options)
     lease = None
-    try:
-        # from the lease on, an interrupt releases it (the handler reads `lease` and `out` when it runs)
-        with exit_on_interrupt(lambda: interrupted(options, eo, out, lease), lock=run_commit.COMMIT_LOCK):
+    # from the lease on, an interrupt releases it (the handler reads `lease` and `out` when it runs); the release
+    # after the run is inside too, so an interrupt while a gs:// lease is deleted says whether the run was published
+    with exit_on_interrupt(lambda: interrupted(options, eo, out, lease), lock=run_commit.COMMIT_LOCK):
+        try:
             if not why_not_wait and not eo.output.startswith(sinks.BQ_PREFIX):
                 try:
                     lease = run_lease.acquire(eo.output, eo.run_id, out.launch)
@@ -256,9 +257,9 @@ def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
                 if damaged:
                     print(f"docscore run: note: {damaged}; this launch replaces it", file=sys.stderr)
             return run_and_report(options, eo, plan, out, why_not_wait, phase_starts)
-    finally:
-        if lease is not None:
-            lease.release()
+        finally:
+            if lease is not None:
+                lease.release()
 
 
 # Beam's local temporary directories of this process's pipelines (Pipeline.local_tempdir), which interrupted() removes.

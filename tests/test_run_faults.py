@@ -544,6 +544,29 @@ def test_ctrl_c_while_starting_up_is_exit_130_without_a_traceback(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
 
 
+def test_a_signal_while_the_lease_is_released_says_the_run_was_published(tmp_path):
+    """The lease is released after the run is published (on gs://, a read and a delete): a SIGTERM then said
+    "interrupted before the job started; nothing was published" though readers saw the new run."""
+    shard = corpus(tmp_path / "in" / "docs.jsonl", "r", 2)
+    script = ("import os, signal, sys\n"
+              "from pipeline.io import run_lease\n"
+              "from pipeline.cli import entry\n"
+              "release = run_lease.Lease.release\n"
+              "def slow_release(lease):\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)  # as if a gs:// delete were on its way\n"
+              "    release(lease)\n"
+              "run_lease.Lease.release = slow_release\n"
+              "sys.argv = ['docscore'] + sys.argv[1:]\n"
+              "sys.exit(entry())\n")
+    done = subprocess.run([sys.executable, "-c", script, "run", "--input", str(shard),
+                           *common_flags(RUN_ID, tmp_path / "out"), *FLAGS],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert f"docscore run {RUN_ID}: interrupted; the run was published before the interrupt" in done.stderr, done.stderr
+    assert "nothing was published" not in done.stderr
+    assert (tmp_path / "out" / "runs" / f"run_id={RUN_ID}" / "summary.json").is_file()
+
+
 LATE_SIGNALS = {  # what the finished command meets, after its exit_with_on_signal(4)
     "sigterm": "os.kill(os.getpid(), signal.SIGTERM)\nsys.exit(4)\n",
     # the interpreter's shutdown puts Python handlers back to the default (killed: 143), after atexit
