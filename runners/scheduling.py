@@ -322,13 +322,16 @@ def check_limits(schedule: Schedule) -> None:
     parser = compare.build_parser()
     parser.exit_on_error = False
     try:
-        _, unknown = parser.parse_known_args(compare_argv(schedule))
+        args, unknown = parser.parse_known_args(compare_argv(schedule))
     except argparse.ArgumentError as e:
         raise ValueError(f"compare.limits: {e}") from None
     if unknown:
         names = [f.name for f in dataclasses.fields(compare.Limits)]
         raise ValueError(f"compare.limits: {unknown[0].split('=')[0].lstrip('-')} is not a limit of `docscore compare`; "
                          f"the limits are {', '.join(names)}")
+    problem = compare.limit_problem(compare.limits_given(args))
+    if problem:  # `docscore compare` would refuse it with exit 2 every night
+        raise ValueError(f"compare.limits: {problem}")
 
 
 def read_schedule_file(path: str | Path) -> dict[str, Any]:

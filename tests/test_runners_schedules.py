@@ -177,10 +177,15 @@ def test_a_job_name_or_template_dataflow_would_refuse_is_refused(tmp_path, field
 @pytest.mark.parametrize("limits, message", [
     ("    max_drift: 0.001", "compare.limits: max_drift is not a limit of `docscore compare`; the limits are max_mean_drift"),
     ("    max_mean_drift: lots", "compare.limits: argument --max_mean_drift: 'lots' is not a number"),
+    # values the parser takes and `docscore compare` then refuses with exit 2, so the gate would fail every night
+    ("    max_mean_drift: -1", "compare.limits: --max_mean_drift=-1.0: a limit must be a finite number >= 0"),
+    ("    max_mean_drift: 0.001\n    max_stage_slowdown: 0", "compare.limits: --max_stage_slowdown=0 could never pass"),
 ])
 def test_gate_limits_are_ones_docscore_compare_takes(tmp_path, limits, message):
     text = CANARY.replace("    max_mean_drift: 0.001", limits)
     assert message in refusal(tmp_path, text)
+    over = CANARY.replace("    max_label_flip_fraction: 0.01", "    max_label_flip_fraction: 5")
+    assert "compare.limits: --max_label_flip_fraction=5.0: a share is at most 1" in refusal(tmp_path, over)
     assert "compare.limits: write a mapping" in refusal(tmp_path, CANARY.split("  limits:")[0] + "  limits: [0.001]\n")
 
 

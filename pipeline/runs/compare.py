@@ -505,22 +505,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+def limit_problem(limits: Limits) -> str | None:
+    """Why these limits cannot gate anything (a limit no finite number >= 0, a slowdown of 0, a share over 1), or
+    None: what `docscore compare` refuses with exit 2, and a schedule's check before it deploys the gate."""
     bad = [f"--{name}={value}" for name, value in dataclasses.asdict(limits).items()
            if value is not None and not 0 <= value < math.inf]
     if bad:
-        print(f"docscore compare: {', '.join(bad)}: a limit must be a finite number >= 0", file=sys.stderr)
-        return EXIT_USAGE
+        return f"{', '.join(bad)}: a limit must be a finite number >= 0"
     if limits.max_stage_slowdown == 0:  # a ratio B/A: 0 fails every stage that took any time
-        print("docscore compare: --max_stage_slowdown=0 could never pass (it is B's p50 over A's per stage: 1.5 allows "
-              "50% slower, 1 no slower); pass a ratio > 0, or none to leave it unchecked", file=sys.stderr)
-        return EXIT_USAGE
+        return ("--max_stage_slowdown=0 could never pass (it is B's p50 over A's per stage: 1.5 allows 50% slower, 1 "
+                "no slower); pass a ratio > 0, or none to leave it unchecked")
     over = [f"--{name}={getattr(limits, name)}" for name in FRACTIONS if (getattr(limits, name) or 0) > 1]
     if over:
-        print(f"docscore compare: {', '.join(over)}: a share is at most 1, and a larger limit could never fail; "
-              "pass a share (0.05: 5%), or none to leave it unchecked", file=sys.stderr)
+        return (f"{', '.join(over)}: a share is at most 1, and a larger limit could never fail; pass a share (0.05: "
+                "5%), or none to leave it unchecked")
+    return None
+
+
+def limits_given(args: argparse.Namespace) -> Limits:
+    return Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    limits = limits_given(args)
+    problem = limit_problem(limits)
+    if problem:
+        print(f"docscore compare: {problem}", file=sys.stderr)
         return EXIT_USAGE
     options.quiet_beam_noise()  # among it gcsfs's traceback of a store out of retries: load_run names that store
     try:
