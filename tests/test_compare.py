@@ -421,7 +421,9 @@ def test_runs_that_cannot_be_paired_or_read_exit_2_not_1(tmp_path, capsys):
     # a committed table damaged after the commit, or an unwritable --json
     part = next((tmp_path / "scores" / "run_id=e").glob("*.parquet"))
     part.write_bytes(part.read_bytes()[:100])
-    assert compare([d, e]) == 2 and "cannot compare" in capsys.readouterr().err
+    err = compare([d, e]) == 2 and capsys.readouterr().err
+    assert f"run 'e' under {tmp_path}: a file its summary.json names cannot be read (" in err, err
+    assert "publish the run again (`docscore run` with --run_id e)" in err
     (tmp_path / "a_file").write_text("x")
     assert compare([d, d, "--json", str(tmp_path / "a_file" / "x.json")]) == 2
     assert "a_file does not exist or is not a folder" in capsys.readouterr().err
@@ -571,6 +573,19 @@ def test_a_damaged_summary_is_named_with_its_run_and_the_fix(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{tmp_path / 'runs' / 'run_id=b' / 'summary.json'} is damaged" in err, err
     assert "publish the run again (`docscore run` with --run_id b)" in err, err
+
+
+def test_a_committed_file_gone_since_the_run_is_named_with_its_run_and_the_fix(tmp_path, capsys):
+    """`rm OUT/scores/run_id=X/*.parquet`: compare said "cannot compare: FileNotFoundError: ...", naming neither the
+    run nor what to do; report's message says both."""
+    rows = score_rows("a", "embed", 4, embeddings=np.eye(4, 8))
+    a, b = write_run(str(tmp_path), "a", rows), write_run(str(tmp_path), "b", [dict(r, run_id="b") for r in rows])
+    part = next((tmp_path / "scores" / "run_id=b").glob("*.parquet"))
+    part.unlink()
+    assert compare([a, b]) == 2
+    err = capsys.readouterr().err
+    assert f"run 'b' under {tmp_path}: a file its summary.json names cannot be read (FileNotFoundError: " in err, err
+    assert part.name in err and "publish the run again (`docscore run` with --run_id b)" in err
 
 
 def test_a_mistyped_or_abbreviated_flag_is_refused_with_the_likely_one(tmp_path, capsys):

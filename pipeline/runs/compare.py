@@ -123,6 +123,13 @@ def bigquery_message(path: str, command: str) -> str:
             f"a local or gs:// --output): {instead}, or rerun with --output gs://BUCKET/PATH")
 
 
+def unreadable_file_message(output_dir: str, run_id: str, error: Exception) -> str:
+    """What `compare` and `report` say of a run a file of which, named by its summary.json, cannot be read."""
+    return (f"run {run_id!r} under {output_dir}: a file its summary.json names cannot be read "
+            f"({type(error).__name__}: {str(error)[:300]}): moved, deleted or damaged since the run was "
+            f"published; restore it, or publish the run again (`docscore run` with --run_id {run_id})")
+
+
 def load_run(ref: RunRef) -> LoadedRun:
     try:
         try:
@@ -140,10 +147,15 @@ def load_run(ref: RunRef) -> LoadedRun:
             raise CompareError(
                 f"run {ref.run_id!r} under {ref.output_dir or '.'} has no committed summary.json: it did not finish "
                 "publishing (or has not committed yet) and is ignored; compare runs that `docscore run` published")
-        errors = committed(ref, "errors", summary)
-        n_errors = sinks.read_parts(errors.fs, errors.files, ("run_id",), ERRORS_SCHEMA).num_rows
-        scores = committed(ref, "scores", summary)
-        return LoadedRun(ref, sinks.read_parts(scores.fs, scores.files, SCORE_COLUMNS, SCORES_SCHEMA), n_errors, summary, [])
+        errors, scores = committed(ref, "errors", summary), committed(ref, "scores", summary)
+        try:
+            n_errors = sinks.read_parts(errors.fs, errors.files, ("run_id",), ERRORS_SCHEMA).num_rows
+            table = sinks.read_parts(scores.fs, scores.files, SCORE_COLUMNS, SCORES_SCHEMA)
+        except (OSError, ValueError, pa.ArrowException) as e:  # a file the summary names, gone or damaged since
+            if sources.is_transient(e):
+                raise  # not the file's fault: named as the store below
+            raise CompareError(unreadable_file_message(ref.output_dir or ".", ref.run_id, e)) from None
+        return LoadedRun(ref, table, n_errors, summary, [])
     except Exception as e:  # the store cannot be reached (no network, DNS, refused): which run, and what to check
         if not sources.is_transient(e):
             raise

@@ -30,7 +30,7 @@ from pipeline.cli import SubcommandParser
 from pipeline.io import run_commit, run_lease, sinks, sources
 from pipeline.records import SCORES_SCHEMA
 from pipeline.runs import history
-from pipeline.runs.compare import bigquery_message
+from pipeline.runs.compare import bigquery_message, unreadable_file_message
 from pipeline.runs.history import summary_value
 from pipeline.telemetry import progress
 from pipeline.telemetry.timing import STAGES
@@ -142,9 +142,7 @@ def load_run(output_dir: str, run_id: str) -> RunData:
     except (OSError, ValueError, pa.ArrowException) as e:  # a file the summary names, gone or damaged since
         if sources.is_transient(e):
             raise  # not the file's fault: main names the store
-        raise ReportError(f"run {run_id!r} under {output_dir}: a file its summary.json names cannot be read "
-                          f"({type(e).__name__}: {str(e)[:300]}): moved, deleted or damaged since the run was "
-                          f"published; restore it, or publish the run again (`docscore run` with --run_id {run_id})") from None
+        raise ReportError(unreadable_file_message(output_dir, run_id, e)) from None
 
 
 def read_table(output_dir: str, table: str, run_id: str, columns: tuple[str, ...]) -> pa.Table | None:
