@@ -4,15 +4,17 @@ Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, C
 rotary BERT encoder: NomicBERT, GTE; T5 encoder: T5, mT5; GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3 and the text model
 of its multimodal release, OLMo 2, OLMo 3, Granite, SmolLM3),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
+Rotary settings (Rope) are read by models/rope.py, and the value checks both use are models/config_values.py's.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
+from models.config_values import LAYER_TYPES, positive_number, shown
 from models.errors import ModelLoadError
+from models.rope import PARTIAL_ROTARY_MODEL_TYPES, Rope, layer_type_ropes, read_rope, rope_type_key
 
 Family = Literal["bert", "modernbert", "rotary_bert", "t5", "gpt2", "llama"]
 ENCODER_FAMILIES = ("bert", "modernbert", "rotary_bert", "t5")  # bidirectional models whose outputs are embeddings
@@ -89,36 +91,7 @@ MAX_SIZES = {"num_layers": 512, "hidden_size": 65_536, "num_heads": 1_024, "num_
              "head_size": 65_536, "intermediate_size": 262_144,
              "vocab_size": 4_194_304, "max_positions": 1_048_576, "type_vocab_size": 1_024,
              "relative_attention_buckets": 1_024, "relative_attention_max_distance": 1_048_576}
-
-
-# Rotary scalings docscore computes (Llama family, rotary BERT) exactly as transformers does; others (dynamic, ...)
-# are refused by name.
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-# YaRN's ramp bounds in rotations where a config leaves beta_fast / beta_slow out, null or 0 (transformers' `or 32`)
-YARN_BETA_FAST = 32.0
-YARN_BETA_SLOW = 1.0
 LLAMA_ACTIVATIONS = ("silu", "swish")  # transformers maps both to SiLU
-# The attention types of config.json's layer_types docscore computes (Qwen2's, Qwen3's and ModernBERT's read alike)
-LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-@dataclasses.dataclass(frozen=True)
-class Rope:
-    """Rotary position settings of a Llama-family config (hashable: it is static model structure)."""
-
-    theta: float = 10_000.0
-    kind: str = "default"              # one of ROPE_TYPES
-    factor: float = 1.0                # linear, llama3 and yarn
-    low_freq_factor: float = 1.0       # llama3
-    high_freq_factor: float = 4.0      # llama3
-    original_max_positions: int = 0    # llama3, yarn, longrope: the context the model was pretrained on
-    attention_factor: float = 1.0      # yarn, longrope: multiplies cos and sin, as transformers' attention_scaling
-    beta_fast: float = YARN_BETA_FAST  # yarn: the ramp between extrapolated and interpolated frequencies, in rotations
-    beta_slow: float = YARN_BETA_SLOW  # yarn
-    truncate: bool = True              # yarn: the ramp's ends rounded outwards to whole dimensions
-    short_factor: tuple[float, ...] = ()  # longrope: each frequency's divisor in a segment within original_max_positions
-    long_factor: tuple[float, ...] = ()   # longrope: the same in a longer segment
-    rotary_dim: int = 0                # phi3's partial_rotary_factor: only a head's first rotary_dim turn; 0: all
 
 
 # A Dense module's activation_function (sentence-transformers: a torch module path) -> our name
@@ -274,7 +247,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     both_ways = family not in ENCODER_FAMILIES and "is_causal" in hf and not hf["is_causal"]
     if both_ways and (family != "llama" or model_type == "gemma3_text"):
         instead = " (set use_bidirectional_attention instead)" if model_type == "gemma3_text" else ""
-        raise ModelLoadError(f"{path}: is_causal {_shown(hf['is_causal'])}: transformers runs this {model_type} with "
+        raise ModelLoadError(f"{path}: is_causal {shown(hf['is_causal'])}: transformers runs this {model_type} with "
                              "bidirectional attention (every token sees the whole text), which docscore computes for "
                              f"the Llama family only{instead}; its embeddings and scores would differ from the model's")
     try:
@@ -288,7 +261,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
                              f"save the model's config with transformers' save_pretrained") from None
     check_bounds(config, path)
     if both_ways and config.sliding_window:
-        raise ModelLoadError(f"{path}: is_causal {_shown(hf['is_causal'])} with a sliding window of "
+        raise ModelLoadError(f"{path}: is_causal {shown(hf['is_causal'])} with a sliding window of "
                              f"{config.sliding_window} is not supported: docscore computes a both-ways {model_type} "
                              "without local attention only")
     if config.family == "llama" and config.num_heads % config.kv_heads:
@@ -320,32 +293,21 @@ def check_bounds(config: ModelConfig, path: str = "config.json") -> None:
             value += config.position_offset  # config.json's max_position_embeddings, as the message names it
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
             raise ModelLoadError(
-                f"{path}: {key} is {_shown(value)}; it must be a whole number from 1 to {limit:,} (docscore's bound "
+                f"{path}: {key} is {shown(value)}; it must be a whole number from 1 to {limit:,} (docscore's bound "
                 f"for {field}); set {key} to the model's real value (the one its weights were trained with), or "
                 "re-create the model directory with `docscore convert`")
     eps = config.layer_norm_eps
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         key = {"bert": "layer_norm_eps", "gpt2": "layer_norm_epsilon", "llama": "rms_norm_eps",
                "modernbert": "norm_eps", "rotary_bert": "layer_norm_eps", "t5": "layer_norm_epsilon"}[config.family]
-        raise ModelLoadError(f"{path}: {key} is {_shown(eps)}; it must be a number between 0 and 1 (e.g. 1e-12); "
+        raise ModelLoadError(f"{path}: {key} is {shown(eps)}; it must be a number between 0 and 1 (e.g. 1e-12); "
                              "set it to the model's real value, or re-create the model directory with `docscore convert`")
-
-
-def _shown(value: Any) -> str:
-    """The value as config.json writes it, cut to 40 characters (a list or object by its type)."""
-    if not isinstance(value, (int, float, str, bool, type(None))):
-        return f"a JSON {type(value).__name__}"
-    try:
-        text = json.dumps(value)
-    except ValueError:  # an integer too long to print (sys.set_int_max_str_digits)
-        return "a number too long to print"
-    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _activation(key: str, name: Any, known: dict[str, str] = ACTIVATIONS) -> str:
     """The activation config.json's `key` names (among `known`), or a refusal naming the key (what to change)."""
     if not isinstance(name, str) or name not in known:
-        raise ModelLoadError(f"{key} {_shown(name)} is not supported (supported: {sorted(known)})")
+        raise ModelLoadError(f"{key} {shown(name)} is not supported (supported: {sorted(known)})")
     return known[name]
 
 
@@ -363,7 +325,7 @@ def _bert(hf: dict[str, Any]) -> ModelConfig:
         # table's first rows are never read and a segment has that many fewer positions
         pad = hf.get("pad_token_id", 1)
         if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
-            raise ModelLoadError(f"pad_token_id is {_shown(pad)}; {hf['model_type']} numbers positions from "
+            raise ModelLoadError(f"pad_token_id is {shown(pad)}; {hf['model_type']} numbers positions from "
                                  "pad_token_id + 1, so it must be a whole number >= 0 (RoBERTa's is 1)")
         offset = pad + 1
         if type(positions) is int and positions <= offset:
@@ -421,22 +383,22 @@ def _t5(hf: dict[str, Any]) -> ModelConfig:
     "gated-ACT" or "ACT" (gated-gelu: gelu_new), over which config.json's own is_gated_act and dense_act_fn win.
     A decoder stack's config (is_decoder) is refused: docscore embeds with the encoder."""
     if hf.get("is_decoder"):
-        raise ModelLoadError(f"is_decoder {_shown(hf['is_decoder'])}: this config describes a {hf['model_type']} decoder "
+        raise ModelLoadError(f"is_decoder {shown(hf['is_decoder'])}: this config describes a {hf['model_type']} decoder "
                              "stack (causal, attending to an encoder's output), not an encoder; docscore embeds with "
                              "T5's encoder: convert T5EncoderModel, or the whole model, whose decoder is not read")
     hf = {**(MT5 if hf["model_type"] == "mt5" else T5), **hf}
     proj = hf["feed_forward_proj"]
     parts = proj.split("-") if isinstance(proj, str) else []
     if not parts or len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
-        raise ModelLoadError(f"feed_forward_proj {_shown(proj)} is not supported; transformers reads 'ACT' or "
+        raise ModelLoadError(f"feed_forward_proj {shown(proj)} is not supported; transformers reads 'ACT' or "
                              "'gated-ACT' (T5's 'relu', T5 v1.1's and mT5's 'gated-gelu')")
     gated = hf.get("is_gated_act", parts[0] == "gated")
     if not isinstance(gated, bool):
-        raise ModelLoadError(f"is_gated_act is {_shown(gated)}; it must be true or false (or left out: "
+        raise ModelLoadError(f"is_gated_act is {shown(gated)}; it must be true or false (or left out: "
                              "feed_forward_proj says)")
     activation = hf.get("dense_act_fn", "gelu_new" if proj == "gated-gelu" else parts[-1])
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        named = f"dense_act_fn {_shown(activation)}" if "dense_act_fn" in hf else f"feed_forward_proj {_shown(proj)}"
+        named = f"dense_act_fn {shown(activation)}" if "dense_act_fn" in hf else f"feed_forward_proj {shown(proj)}"
         raise ModelLoadError(f"{named} is not supported; docscore computes T5's MLP with the activations "
                              f"{sorted(ACTIVATIONS)}")
     buckets, distance = hf["relative_attention_num_buckets"], hf["relative_attention_max_distance"]
@@ -473,13 +435,13 @@ def _modernbert(hf: dict[str, Any]) -> ModelConfig:
     if sliding:
         span = hf.get("local_attention", 128)
         if isinstance(span, bool) or not isinstance(span, int) or span < 0:
-            raise ModelLoadError(f"local_attention is {_shown(span)}; it must be a whole number >= 0 (the span of a "
+            raise ModelLoadError(f"local_attention is {shown(span)}; it must be a whole number >= 0 (the span of a "
                                  "local layer's attention)")
         window = span // 2 + 1  # transformers keeps |i - j| <= local_attention // 2
     hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim")
     if head_dim is not None and type(hidden) is int and type(heads) is int and heads > 0 and head_dim != hidden // heads:
-        raise ModelLoadError(f"head_dim {_shown(head_dim)} is not supported; ModernBERT's attention heads are "
+        raise ModelLoadError(f"head_dim {shown(head_dim)} is not supported; ModernBERT's attention heads are "
                              f"hidden_size / num_attention_heads ({hidden // heads}) wide, and transformers would "
                              "rotate them by head_dim: remove head_dim")
     bias = hf.get("attention_bias", False)
@@ -504,7 +466,7 @@ def _local_layers(hf: dict[str, Any], key: str | None, default: int, *, global_f
         return _marked_sliding(hf)
     every = hf.get(key, default) if key else default
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ModelLoadError(f"{key} is {_shown(every)}; it must be a whole number >= 1 ({says})")
+        raise ModelLoadError(f"{key} is {shown(every)}; it must be a whole number >= 1 ({says})")
     shift = 0 if global_first else 1
     return tuple(i for i in range(_layer_count(hf)) if (i + shift) % every)
 
@@ -534,7 +496,7 @@ def _modernbert_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
     scaling = hf.get("rope_scaling") or {}
     for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
         if not isinstance(value, dict):
-            raise ModelLoadError(f"{key} is {_shown(value)}; expected a JSON object")
+            raise ModelLoadError(f"{key} is {shown(value)}; expected a JSON object")
     if params and not all(kind in LAYER_TYPES for kind in params):
         raise ModelLoadError(f"rope_parameters holds {sorted(map(str, params))[:4]}; ModernBERT's are per layer type "
                              f"({' and '.join(LAYER_TYPES)}), as transformers 5 saves them")
@@ -542,16 +504,16 @@ def _modernbert_ropes(hf: dict[str, Any]) -> dict[str, Rope]:
     for kind in LAYER_TYPES:
         own = params.get(kind) or {}
         if not isinstance(own, dict):
-            raise ModelLoadError(f"rope_parameters.{kind} is {_shown(own)}; expected a JSON object")
+            raise ModelLoadError(f"rope_parameters.{kind} is {shown(own)}; expected a JSON object")
         merged = {**own, **scaling}
         where = "rope_scaling" if scaling else f"rope_parameters.{kind}"
         rope_type = merged.get("rope_type", merged.get("type", "default"))
         if rope_type != "default":
-            raise ModelLoadError(f"{where}.rope_type {_shown(rope_type)} is not supported; docscore's ModernBERT "
+            raise ModelLoadError(f"{where}.rope_type {shown(rope_type)} is not supported; docscore's ModernBERT "
                                  "computes the default rotary positions only")
         theta_key = f"rope_parameters.{kind}.rope_theta" if "rope_theta" in merged else MODERNBERT_THETA_KEYS[kind]
         theta = merged.get("rope_theta", hf.get(MODERNBERT_THETA_KEYS[kind], MODERNBERT_ROPE_THETA[kind]))
-        ropes[kind] = Rope(theta=_positive(theta_key, theta))
+        ropes[kind] = Rope(theta=positive_number(theta_key, theta))
     return ropes
 
 
@@ -594,8 +556,8 @@ def _rotary_bert(hf: dict[str, Any]) -> ModelConfig:
     settings = {**(NOMIC_REMOTE_SETTINGS if model_type == "nomic_bert" else GTE_REMOTE_SETTINGS)}
     for key, only in settings.items():
         if key in hf and hf[key] != only and not (only is None and hf[key] is None):
-            raise ModelLoadError(f"{key} {_shown(hf[key])} is not supported: the {model_type} model transformers "
-                                 f"5.24 computes is the original's with {key} {_shown(only)}; docscore computes that one")
+            raise ModelLoadError(f"{key} {shown(hf[key])} is not supported: the {model_type} model transformers "
+                                 f"5.24 computes is the original's with {key} {shown(only)}; docscore computes that one")
     hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
     head_size = hf.get("head_dim")
     if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
@@ -609,7 +571,7 @@ def _rotary_bert(hf: dict[str, Any]) -> ModelConfig:
         num_heads=heads, head_size=head_size, intermediate_size=hf["intermediate_size"],
         max_positions=hf["max_position_embeddings"], layer_norm_eps=hf["layer_norm_eps"],
         activation=_activation("hidden_act", hf["hidden_act"], ROTARY_BERT_ACTIVATIONS),
-        type_vocab_size=_whole("type_vocab_size", hf["type_vocab_size"]), rope=_rope(hf, head_size),
+        type_vocab_size=_whole("type_vocab_size", hf["type_vocab_size"]), rope=read_rope(hf, head_size),
         qkv_bias=biased, output_bias=biased, mlp_output_bias=biased)
 
 
@@ -622,7 +584,7 @@ def _native_nomic_keys(hf: dict[str, Any]) -> dict[str, Any]:
             continue
         value = "silu" if theirs == "activation_function" and hf[theirs] == "swiglu" else hf[theirs]
         if ours in hf and hf[ours] != value:
-            raise ModelLoadError(f"{theirs} {_shown(hf[theirs])} and {ours} {_shown(hf[ours])} disagree; the "
+            raise ModelLoadError(f"{theirs} {shown(hf[theirs])} and {ours} {shown(hf[ours])} disagree; the "
                                  "original NomicBERT code reads the first, transformers the second")
         renamed[ours] = value
     return renamed
@@ -631,7 +593,7 @@ def _native_nomic_keys(hf: dict[str, Any]) -> dict[str, Any]:
 def _whole(key: str, value: Any) -> int:
     """A count config.json holds that may be 0 (no token types), or a refusal naming its key."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SIZES[key]:
-        raise ModelLoadError(f"{key} is {_shown(value)}; it must be a whole number from 0 to {MAX_SIZES[key]:,}")
+        raise ModelLoadError(f"{key} is {shown(value)}; it must be a whole number from 0 to {MAX_SIZES[key]:,}")
     return value
 
 
@@ -655,11 +617,6 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
 # where the model reads it, mlp_bias likewise; Qwen2 always has q/k/v biases and no others; Mistral and Phi-3 none
 ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2", "olmo3", "granite", "smollm3")
 MLP_BIAS_READ = ("llama", "granite", "smollm3")
-# The model types whose transformers attention rotates only a head's first int(head_dim * partial_rotary_factor)
-# dimensions and passes the rest through (Phi3's apply_rotary_pos_emb slices q and k by cos's width); every other
-# Llama-family attention rotates whole heads: transformers 5.24 fails there on a smaller factor with a scaled rope type
-# (cos narrower than q) and ignores it with the default one
-PARTIAL_ROTARY_MODEL_TYPES = ("phi3",)
 
 
 def _llama(hf: dict[str, Any]) -> ModelConfig:
@@ -681,7 +638,7 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
         num_heads=heads, intermediate_size=hf["intermediate_size"],
         max_positions=hf["max_position_embeddings"], layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
         activation="silu", num_kv_heads=heads if kv_heads is None else kv_heads, head_size=head_size,
-        rope=_rope(hf, head_size, partial=model_type in PARTIAL_ROTARY_MODEL_TYPES),
+        rope=read_rope(hf, head_size, partial=model_type in PARTIAL_ROTARY_MODEL_TYPES),
         qkv_bias=model_type == "qwen2" or attention_bias, output_bias=attention_bias,
         qk_norm=model_type == "qwen3",
         mlp_bias=mlp_bias, tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
@@ -703,13 +660,13 @@ def _phi3(hf: dict[str, Any]) -> ModelConfig:
     attention_bias says, rms_norm_eps 1e-5 when left out, sliding_window (null when left out) on every layer. Its
     rotary types are default and longrope (Phi-3's 128k releases, Phi-3.5, Phi-4-mini; yarn read as longrope, its
     original context the top-level original_max_position_embeddings, 4096 when left out); linear and llama3, which
-    _rope computes, are refused here as Phi3Config refuses them. partial_rotary_factor (Phi-4-mini's 0.75) turns a
-    head's first int(head_dim * factor) dimensions only (_rotary_dim)."""
+    read_rope computes, are refused here as Phi3Config refuses them. partial_rotary_factor (Phi-4-mini's 0.75) turns a
+    head's first int(head_dim * factor) dimensions only (models/rope.py _rotary_dim)."""
     hf = {"rms_norm_eps": PHI3_RMS_NORM_EPS, "original_max_position_embeddings": PHI3_ORIGINAL_MAX_POSITIONS, **hf}
-    field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"  # the settings _rope reads
+    field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"  # the settings read_rope reads
     params = hf.get(field)
-    if isinstance(params, dict) and params.get(_rope_type_key(params)) in PHI3_LONGROPE_NAMES:
-        hf = {**hf, field: {**params, _rope_type_key(params): "longrope"}}
+    if isinstance(params, dict) and params.get(rope_type_key(params)) in PHI3_LONGROPE_NAMES:
+        hf = {**hf, field: {**params, rope_type_key(params): "longrope"}}
     config = _llama(hf)
     if config.rope.kind not in ("default", "longrope"):
         raise ModelLoadError(f"rope_type {config.rope.kind!r} is not supported for phi3; transformers' Phi3Config "
@@ -755,12 +712,12 @@ def _olmo3(hf: dict[str, Any]) -> ModelConfig:
         "rope_theta" in own["sliding_attention"]
     theta = hf.get("rope_theta", OLMO3_ROPE_THETAS["full_attention"][1])
     if sliding and not sliding_theta and theta != OLMO3_ROPE_THETAS["sliding_attention"][1]:
-        raise ModelLoadError(f"rope_theta {_shown(theta)} is not supported for olmo3: transformers 5 rotates only "
+        raise ModelLoadError(f"rope_theta {shown(theta)} is not supported for olmo3: transformers 5 rotates only "
                              "the full_attention layers by it and the sliding_attention ones by Olmo3Config's 500,000 "
                              "(transformers 4.x rotated every layer by it); set rope_parameters.sliding_attention."
                              "rope_theta to the theta the model was trained with")
     blocks = _olmo2({key: value for key, value in hf.items() if not key.startswith("rope_")})
-    ropes = _layer_type_ropes(hf, OLMO3_ROPE_THETAS, "OLMo 3", blocks.head_size)
+    ropes = layer_type_ropes(hf, OLMO3_ROPE_THETAS, "OLMo 3", blocks.head_size)
     return dataclasses.replace(blocks, rope=ropes["full_attention"], local_rope=ropes["sliding_attention"],
                                sliding_window=window, sliding_layers=sliding)
 
@@ -780,7 +737,7 @@ def _granite(hf: dict[str, Any]) -> ModelConfig:
     head_dim ** -0.5), each attention and MLP output times residual_multiplier before it is added, the logits
     divided by logits_scaling. A key the file leaves out is GraniteConfig's (GRANITE; each multiplier 1.0)."""
     hf = {**GRANITE, **hf}
-    multipliers = {field: _positive(key, hf.get(key, 1.0)) for key, field in GRANITE_MULTIPLIERS.items()}
+    multipliers = {field: positive_number(key, hf.get(key, 1.0)) for key, field in GRANITE_MULTIPLIERS.items()}
     return dataclasses.replace(_llama(hf), **multipliers)
 
 
@@ -802,16 +759,16 @@ def _smollm3(hf: dict[str, Any]) -> ModelConfig:
     if rotates is None:
         every = hf["no_rope_layer_interval"]
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ModelLoadError(f"no_rope_layer_interval is {_shown(every)}; it must be a whole number >= 1 (every "
+            raise ModelLoadError(f"no_rope_layer_interval is {shown(every)}; it must be a whole number >= 1 (every "
                                  "that many layers, the last has no rotary positions)")
         rotates = [int((i + 1) % every != 0) for i in range(_layer_count(hf))]
     elif not isinstance(rotates, list) or len(rotates) != _layer_count(hf):
-        what = f"has {len(rotates)} entries" if isinstance(rotates, list) else f"is {_shown(rotates)}"
-        raise ModelLoadError(f"no_rope_layers {what} for num_hidden_layers {_shown(hf['num_hidden_layers'])}; it "
+        what = f"has {len(rotates)} entries" if isinstance(rotates, list) else f"is {shown(rotates)}"
+        raise ModelLoadError(f"no_rope_layers {what} for num_hidden_layers {shown(hf['num_hidden_layers'])}; it "
                              "lists one 0 (no rotary positions) or 1 (rotary positions) per layer")
     elif any(isinstance(mark, bool) or mark not in (0, 1) for mark in rotates):
         other = next(mark for mark in rotates if isinstance(mark, bool) or mark not in (0, 1))
-        raise ModelLoadError(f"no_rope_layers holds {_shown(other)}; each layer's entry must be 0 (no rotary "
+        raise ModelLoadError(f"no_rope_layers holds {shown(other)}; each layer's entry must be 0 (no rotary "
                              "positions) or 1 (rotary positions)")
     nope = tuple(i for i, mark in enumerate(rotates) if not mark)
     window, use_window = hf.get("sliding_window"), bool(hf.get("use_sliding_window", False))
@@ -859,7 +816,7 @@ def _gemma3(hf: dict[str, Any]) -> ModelConfig:
     blocks = _gemma_blocks(hf, GEMMA3, sliding)
     if sliding and bidirectional:
         blocks["sliding_window"] = blocks["sliding_window"] // 2 + 1  # Gemma3TextConfig: |i - j| < window // 2 + 1
-    ropes = _layer_type_ropes(hf, GEMMA3_ROPE_THETAS, "Gemma 3", blocks["head_size"])
+    ropes = layer_type_ropes(hf, GEMMA3_ROPE_THETAS, "Gemma 3", blocks["head_size"])
     return ModelConfig(**blocks, rope=ropes["full_attention"], local_rope=ropes["sliding_attention"], qk_norm=True,
                        bidirectional=bidirectional,
                        final_logit_cap=_soft_cap(hf, "final_logit_softcapping", GEMMA3["final_logit_softcapping"]))
@@ -875,20 +832,20 @@ GEMMA2 = {"vocab_size": 256_000, "hidden_size": 2304, "intermediate_size": 9216,
 
 def _gemma2(hf: dict[str, Any]) -> ModelConfig:
     """Gemma2ForCausalLM / Gemma2Model (model_type gemma2: gemma-2-2b, 9b, 27b): Llama's blocks with Gemma's changes
-    (_gemma_blocks), no q/k norms, one rotary setting for every layer (_rope, as Llama's), local layers (layer_types,
+    (_gemma_blocks), no q/k norms, one rotary setting for every layer (read_rope, as Llama's), local layers (layer_types,
     else every other one from layer 0, as Gemma2Config fills it) attending within sliding_window, the attention
     scores capped at attn_logit_softcapping and the logits at final_logit_softcapping (cap * tanh(x / cap); null: not
     capped). A size or cap the file leaves out is Gemma2Config's. use_bidirectional_attention is refused:
     transformers' Gemma 2 then builds a causal mask but tells its kernels is_causal false, so its eager and flash
     attention disagree."""
     if hf.get("use_bidirectional_attention"):
-        raise ModelLoadError(f"use_bidirectional_attention {_shown(hf['use_bidirectional_attention'])} is not "
+        raise ModelLoadError(f"use_bidirectional_attention {shown(hf['use_bidirectional_attention'])} is not "
                              "supported for gemma2: transformers' Gemma 2 masks causally in its eager attention and "
                              "attends both ways in its flash attention; set it to false or null")
     _gemma_activation(hf, GEMMA2)
     hf = {**{key: GEMMA2[key] for key in GEMMA_SIZES}, **hf}  # transformers fills a size left out, never a null one
     sliding = _local_layers(hf, None, 2, global_first=False)
-    return ModelConfig(**_gemma_blocks(hf, GEMMA2, sliding), rope=_rope(hf, hf["head_dim"]),
+    return ModelConfig(**_gemma_blocks(hf, GEMMA2, sliding), rope=read_rope(hf, hf["head_dim"]),
                        attention_logit_cap=_soft_cap(hf, "attn_logit_softcapping", GEMMA2["attn_logit_softcapping"]),
                        final_logit_cap=_soft_cap(hf, "final_logit_softcapping", GEMMA2["final_logit_softcapping"]))
 
@@ -909,7 +866,7 @@ def _gemma_blocks(hf: dict[str, Any], defaults: dict[str, Any], sliding: tuple[i
     the embedding unless tie_word_embeddings is false."""
     layers, hidden = hf["num_hidden_layers"], hf["hidden_size"]
     window = _local_window(hf, defaults["sliding_window"]) if sliding else 0
-    scalar = _positive("query_pre_attn_scalar", hf.get("query_pre_attn_scalar", defaults["query_pre_attn_scalar"]))
+    scalar = positive_number("query_pre_attn_scalar", hf.get("query_pre_attn_scalar", defaults["query_pre_attn_scalar"]))
     bias = bool(hf.get("attention_bias", False))
     return dict(
         family="llama", vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=layers,
@@ -928,7 +885,7 @@ def _local_window(hf: dict[str, Any], default: int | None) -> int:
     number >= 1, or a refusal naming it (transformers cannot build those layers' mask without one)."""
     window = hf.get("sliding_window", default)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ModelLoadError(f"sliding_window is {_shown(window)}; it must be a whole number >= 1 (layer_types has "
+        raise ModelLoadError(f"sliding_window is {shown(window)}; it must be a whole number >= 1 (layer_types has "
                              "sliding_attention layers)")
     return window
 
@@ -937,7 +894,7 @@ def _soft_cap(hf: dict[str, Any], key: str, default: float | None) -> float:
     """A soft cap as transformers reads it (`default` where the file leaves `key` out): null is none (0.0); else a
     positive, finite number, or a refusal naming the key (a cap of 0 makes every score NaN)."""
     value = hf.get(key, default)
-    return 0.0 if value is None else _positive(key, value, ", or null for none")
+    return 0.0 if value is None else positive_number(key, value, ", or null for none")
 
 
 def _gemma3_text_model(hf: dict[str, Any], path: str) -> ModelConfig:
@@ -955,11 +912,11 @@ def _gemma3_text_model(hf: dict[str, Any], path: str) -> ModelConfig:
                              "save_pretrained")
     inner = text.get("model_type", "gemma3_text")
     if inner != "gemma3_text":
-        raise ModelLoadError(f"{path}: text_config.model_type {_shown(inner)} is not supported; Gemma 3's multimodal "
+        raise ModelLoadError(f"{path}: text_config.model_type {shown(inner)} is not supported; Gemma 3's multimodal "
                              "model's text model is 'gemma3_text'")
     if text.get("use_bidirectional_attention"):
         raise ModelLoadError(f"{path}: text_config.use_bidirectional_attention "
-                             f"{_shown(text['use_bidirectional_attention'])} is not supported; docscore reads Gemma 3's "
+                             f"{shown(text['use_bidirectional_attention'])} is not supported; docscore reads Gemma 3's "
                              "multimodal model as the causal language model it is released as")
     tie = hf.get("tie_word_embeddings", GEMMA3["tie_word_embeddings"])
     where = f"{path}: text_config"
@@ -970,228 +927,6 @@ def _gemma3_text_model(hf: dict[str, Any], path: str) -> ModelConfig:
         message = str(err)
         raise ModelLoadError(message if message.startswith(where) else f"{where}: {message}") from None
     return dataclasses.replace(config, model_type="gemma3")
-
-
-def _layer_type_ropes(hf: dict[str, Any], thetas: dict[str, tuple[str | None, float]], model: str,
-                      head_dim: Any) -> dict[str, Rope]:
-    """Each layer type's Rope, as Gemma3TextConfig and Olmo3Config read them: rope_parameters[type] (transformers
-    5), over which a non-null rope_scaling (4.x) is laid for the global layers; a theta left out is read from the
-    key thetas[type] names (Gemma 3: rope_theta for the global layers, rope_local_base_freq for the local ones; None:
-    no key), else thetas[type]'s number. A yarn or longrope original_max_position_embeddings left out is
-    max_position_embeddings (a top-level one is not read), and yarn always truncates. `model` names the model in a
-    refusal."""
-    params = hf.get("rope_parameters")
-    if params is not None and (not isinstance(params, dict) or not all(kind in LAYER_TYPES for kind in params)):
-        raise ModelLoadError(f"rope_parameters is {_shown(params)}; {model}'s are per layer type "
-                             f"({' and '.join(LAYER_TYPES)}), as transformers 5 saves them")
-    params = params or {}
-    for kind in LAYER_TYPES:
-        if not isinstance(params.get(kind) or {}, dict):
-            raise ModelLoadError(f"rope_parameters.{kind} is {_shown(params[kind])}; expected a JSON object")
-    params = {kind: dict(params.get(kind) or {}) for kind in LAYER_TYPES}
-    field = {kind: "rope_parameters" for kind in LAYER_TYPES}
-    scaling = hf.get("rope_scaling")
-    if scaling is not None:
-        if not isinstance(scaling, dict):
-            raise ModelLoadError(f"rope_scaling is {_shown(scaling)}; expected a JSON object")
-        if scaling:  # as transformers: rope_scaling updates the global layers' settings, rope_parameters or not
-            params["full_attention"].update(scaling)
-            field["full_attention"] = "rope_scaling"  # named as the file holds it
-    ropes = {}
-    for kind in LAYER_TYPES:
-        key, default = thetas[kind]
-        own = {"rope_theta": hf.get(key, default) if key else default, **params[kind]}
-        # transformers reads yarn's truncate from rope_parameters itself, which holds the layer types here
-        own.pop("truncate", None)
-        try:
-            ropes[kind] = _rope({field[kind]: own, "max_position_embeddings": hf.get("max_position_embeddings")},
-                                head_dim)
-        except ModelLoadError as err:
-            raise ModelLoadError(f"{kind} layers: {err}") from None
-    return ropes
-
-
-def _rope(hf: dict[str, Any], head_dim: Any = None, *, partial: bool = False) -> Rope:
-    """Rope of `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x), read as transformers
-    5 reads them (a non-empty rope_scaling wins over rope_parameters; a top-level
-    original_max_position_embeddings wins over the one in the rope settings, which else defaults to
-    max_position_embeddings); yarn's and longrope's attention factor is computed here as transformers' init
-    functions compute it, and longrope's factor lists are checked against `head_dim` where it is known (against the
-    rotated dimensions where `partial`: phi3 rotates a head's first int(head_dim * partial_rotary_factor) only; else
-    any factor but 1 is refused). Refuses the scalings the decoder does not compute (dynamic, ...) naming the field
-    and value."""
-    field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
-    params = hf.get(field) or {}
-    if not isinstance(params, dict):
-        raise ModelLoadError(f"{field} is {_shown(params)}; expected a JSON object")
-    if params and all(isinstance(v, dict) for v in params.values()):
-        raise ModelLoadError(f"{field} holds per-layer-type settings ({sorted(params)}); only one rotary "
-                             "setting for all layers is supported")
-    kind_key = _rope_type_key(params)
-    kind = params.get(kind_key, "default")
-    if kind not in ROPE_TYPES:
-        raise ModelLoadError(f"{field}.{kind_key} {_shown(kind)} is not supported; docscore "
-                             f"computes rotary positions of rope_type {', '.join(map(repr, ROPE_TYPES))} only")
-    rotary_dim = _rotary_dim(hf, params, field, head_dim) if partial else _whole_heads(hf, params, field)
-    def positive(key: str, value: Any) -> float:
-        """A rope setting as a positive, finite number, or a refusal naming it (0, a negative or NaN value makes
-        every rotary frequency, and so every score, NaN)."""
-        return _positive(f"{key} of rope_type {kind!r}", value)
-
-    theta = positive("rope_theta", params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
-    if kind == "yarn" and theta == 1.0:
-        raise ModelLoadError("rope_theta of rope_type 'yarn' is 1; it must be a positive, finite number other than 1 "
-                             "(YaRN's correction range divides by ln(rope_theta))")
-    try:
-        if kind == "default":
-            return Rope(theta=theta, rotary_dim=rotary_dim)
-        if kind == "linear":
-            return Rope(theta=theta, kind=kind, factor=positive(f"{field}.factor", params["factor"]),
-                        rotary_dim=rotary_dim)
-        original = int(positive("original_max_position_embeddings", hf.get("original_max_position_embeddings")
-                                or params.get("original_max_position_embeddings", hf.get("max_position_embeddings"))))
-        if kind == "llama3":
-            return Rope(theta=theta, kind=kind, factor=positive(f"{field}.factor", params["factor"]),
-                        low_freq_factor=positive(f"{field}.low_freq_factor", params["low_freq_factor"]),
-                        high_freq_factor=positive(f"{field}.high_freq_factor", params["high_freq_factor"]),
-                        original_max_positions=original, rotary_dim=rotary_dim)
-        if kind == "yarn":
-            settings = _yarn(params, field, original, hf.get("max_position_embeddings"), positive)
-        else:
-            settings = _longrope(params, field, original, hf.get("max_position_embeddings"), head_dim, rotary_dim,
-                                 positive)
-        return Rope(theta=theta, kind=kind, original_max_positions=original, rotary_dim=rotary_dim, **settings)
-    except KeyError as missing:
-        raise ModelLoadError(f"{field} of rope_type {kind!r} lacks {missing}") from None
-
-
-def _whole_heads(hf: dict[str, Any], params: dict[str, Any], field: str) -> int:
-    """0 (every dimension of a head rotated) for a model whose attention rotates whole heads, or a refusal naming a
-    partial_rotary_factor other than 1 in the rope settings, else at the top level (null: unset, as transformers
-    reads it)."""
-    where = field if params.get("partial_rotary_factor") is not None else None
-    partial = params.get("partial_rotary_factor") if where else hf.get("partial_rotary_factor")
-    if partial is not None and partial != 1.0:
-        raise ModelLoadError(f"{f'{where}.' if where else ''}partial_rotary_factor {_shown(partial)} is not supported; "
-                             "docscore rotates every dimension of a head (1.0)")
-    return 0
-
-
-def _rotary_dim(hf: dict[str, Any], params: dict[str, Any], field: str, head_dim: Any) -> int:
-    """How many of a head's first dimensions Phi-3 rotates (0: all of them), read as Phi3Config reads
-    partial_rotary_factor: the rope settings' own (`field`, even null) over the top-level one, 1.0 when both are left
-    out; int(head_dim * factor) as transformers' rope init functions compute it. A factor that is no number in (0, 1]
-    (null too, which transformers fails on), or whose rotated dimensions are odd or fewer than 2, is refused naming
-    its key."""
-    own = "partial_rotary_factor" in params
-    key = f"{field}.partial_rotary_factor" if own else "partial_rotary_factor"
-    factor = params["partial_rotary_factor"] if own else hf.get("partial_rotary_factor", 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-        raise ModelLoadError(f"{key} is {_shown(factor)}; it must be a number in (0, 1]: the share of each head's "
-                             "dimensions rotary positions turn")
-    if type(head_dim) is not int or head_dim < 1:
-        return 0  # check_bounds refuses the head size itself
-    rotary_dim = int(head_dim * factor)
-    if rotary_dim % 2 or rotary_dim < 2:
-        raise ModelLoadError(f"{key} {_shown(factor)} rotates int(head_dim {head_dim} * {factor}) = {rotary_dim} "
-                             "dimensions of each head; rotary positions turn pairs of dimensions, so it must give an "
-                             "even number of at least 2")
-    return 0 if rotary_dim == head_dim else rotary_dim
-
-
-def _rope_type_key(params: dict[str, Any]) -> str:
-    """The key rope settings name their type by: rope_type, else transformers 4.x's type."""
-    return "rope_type" if "rope_type" in params or "type" not in params else "type"
-
-
-def _yarn(params: dict[str, Any], field: str, original: int, max_positions: Any,
-          positive: Callable[[str, Any], float]) -> dict[str, Any]:
-    """The Rope fields of a yarn setting as transformers' _compute_yarn_parameters reads them: factor (null:
-    max_position_embeddings / original), attention_factor, else its mscale ratio, else 0.1 ln(factor) + 1 (1 for a
-    factor <= 1), beta_fast and beta_slow (null or 0: 32 and 1), truncate (left out: true; null: false)."""
-    factor = params["factor"]
-    if factor is None:  # transformers' DeepSeek-V3 reading: the ratio of the context lengths
-        factor = _positive("max_position_embeddings", max_positions) / original
-    else:
-        factor = positive(f"{field}.factor", factor)
-    attention, mscale, mscale_all_dim = (params.get(key) for key in ("attention_factor", "mscale", "mscale_all_dim"))
-    if attention is not None:
-        attention = positive(f"{field}.attention_factor", attention)
-    elif mscale and mscale_all_dim:
-        attention = (_yarn_mscale(factor, positive(f"{field}.mscale", mscale))
-                     / _yarn_mscale(factor, positive(f"{field}.mscale_all_dim", mscale_all_dim)))
-    else:
-        attention = _yarn_mscale(factor)
-    truncate = params.get("truncate", True)
-    if truncate is not None and not isinstance(truncate, bool):
-        raise ModelLoadError(f"{field}.truncate is {_shown(truncate)}; it must be true or false")
-    return dict(factor=factor, attention_factor=attention, truncate=bool(truncate),
-                beta_fast=positive(f"{field}.beta_fast", params.get("beta_fast") or YARN_BETA_FAST),
-                beta_slow=positive(f"{field}.beta_slow", params.get("beta_slow") or YARN_BETA_SLOW))
-
-
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's attention scale for `factor` (transformers' get_mscale, in Python floats as it computes it)."""
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def _longrope(params: dict[str, Any], field: str, original: int, max_positions: Any, head_dim: Any, rotary_dim: int,
-              positive: Callable[[str, Any], float]) -> dict[str, Any]:
-    """The Rope fields of a longrope setting as transformers' _compute_longrope_parameters reads them: short_factor
-    and long_factor (one positive number per rotated pair of a head's dimensions: rotary_dim / 2 where only
-    rotary_dim are rotated), attention_factor, else
-    sqrt(1 + ln(factor) / ln(original)) for factor (left out or null: max_position_embeddings / original) above 1."""
-    lists = {key: _rope_factors(f"{field}.{key}", params[key], head_dim, rotary_dim)
-             for key in ("short_factor", "long_factor")}
-    factor = params.get("factor")
-    if factor is None:  # Phi-3's reading: the ratio of the context lengths
-        factor = _positive("max_position_embeddings", max_positions) / original
-    else:
-        factor = positive(f"{field}.factor", factor)
-    attention = params.get("attention_factor")
-    if attention is not None:
-        attention = positive(f"{field}.attention_factor", attention)
-    elif factor <= 1.0:
-        attention = 1.0
-    elif original < 2:  # ln(1) = 0: transformers divides by zero
-        raise ModelLoadError(f"original_max_position_embeddings is {original}; rope_type 'longrope' needs at least 2 "
-                             "to compute its attention factor (or set attention_factor)")
-    else:
-        attention = math.sqrt(1 + math.log(factor) / math.log(original))
-    return dict(attention_factor=attention, **lists)
-
-
-def _rope_factors(key: str, values: Any, head_dim: Any, rotary_dim: int) -> tuple[float, ...]:
-    """A longrope factor list as a tuple of positive, finite numbers, one per rotated pair of a head's dimensions:
-    rotary_dim / 2 (phi3's partial rotary, as Phi3Config checks them), else head_dim / 2 where head_dim is a whole
-    number (else check_bounds refuses it); or a refusal naming `key`."""
-    if not isinstance(values, list):
-        raise ModelLoadError(f"{key} is {_shown(values)}; expected a list of positive numbers, one per rotated pair "
-                             "of a head's dimensions")
-    if rotary_dim and len(values) != rotary_dim // 2:
-        raise ModelLoadError(f"{key} has {len(values)} entries; rope_type 'longrope' needs int(head_dim {head_dim} * "
-                             f"partial_rotary_factor) / 2 = {rotary_dim // 2}, one per rotated pair of a head's "
-                             "dimensions")
-    if not rotary_dim and type(head_dim) is int and head_dim > 0 and len(values) != head_dim // 2:
-        raise ModelLoadError(f"{key} has {len(values)} entries; rope_type 'longrope' needs head_dim / 2 = "
-                             f"{head_dim // 2}, one per rotated pair of a head's dimensions")
-    return tuple(_positive(f"{key}[{i}]", value) for i, value in enumerate(values))
-
-
-def _positive(key: str, value: Any, or_else: str = "") -> float:
-    """value as a positive, finite number, or a refusal naming `key` (a JSON true, a string that is no number, 0, a
-    negative, infinite or NaN value); `or_else` says what else the key may hold."""
-    number = None if isinstance(value, bool) else _as_float(value)
-    if number is None or not 0 < number < math.inf:
-        raise ModelLoadError(f"{key} is {_shown(value)}; it must be a positive, finite number{or_else}")
-    return number
-
-
-def _as_float(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 # transformers' config defaults where a config.json leaves the key out (MistralConfig, Qwen2Config, Qwen3Config;
@@ -1248,7 +983,7 @@ def _sliding_window(hf: dict[str, Any]) -> dict[str, Any]:
     if not sliding:
         return none
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ModelLoadError(f"sliding_window is {_shown(window)}; it must be a whole number >= 1 or null")
+        raise ModelLoadError(f"sliding_window is {shown(window)}; it must be a whole number >= 1 or null")
     return {"sliding_window": window, "sliding_layers": sliding}
 
 

@@ -8,119 +8,26 @@ MLP too; OLMo 2: only after them; Granite: their outputs scaled before they are 
 head tied to the embedding or its own (Gemma 2: its logits soft-capped; Granite: divided).
 
 Must not tokenize, score or pick a kernel: the attention name comes in through the constructor, and the
-kernel sees only the contract's q/k/v, segment ids and causal flag. Rotary positions restart in every packed
-segment (and longrope's factors follow each segment's own length), so a document packed into a row is computed
+kernel sees only the contract's q/k/v, segment ids and causal flag. Rotary positions (models/rope.py) restart in every
+packed segment (and longrope's factors follow each segment's own length), so a document packed into a row is computed
 exactly as alone in its own row.
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from kernels import attention
 from kernels.masking import soft_capped
-from models.config import ModelConfig, Rope
-from models.layers import (ACTIVATIONS, COMPUTE_DTYPES, embedding_dense, linear, positions_in_segments, run_blocks,
-                           segment_lengths)
+from models.config import ModelConfig
+from models.layers import ACTIVATIONS, COMPUTE_DTYPES, embedding_dense, linear, run_blocks
+from models.rope import Rope, apply_rotary, rotary_tables
 
 
 def dense(features_in: int, features_out: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
     """layers.linear with the bias a required choice (Llama's projections have none; Qwen2's q/k/v do)."""
     return linear(features_in, features_out, dtype, rngs, bias=bias)
-
-
-def rotary_width(rope: Rope, head_dim: int) -> int:
-    """How many of a head's first dimensions rotary positions turn: Phi-3's partial rotary_dim, else all of them."""
-    return rope.rotary_dim or head_dim
-
-
-def rope_frequencies(rope: Rope, head_dim: int, *, long: bool = False) -> np.ndarray:
-    """Inverse frequencies [rotary_width / 2] float32, computed as transformers' rope init functions do
-    (default, linear, llama3, yarn, longrope; over int(head_dim * partial_rotary_factor) dimensions where only those
-    turn), so the angles match theirs to the last bits that matter at 1e-4. longrope's are its short factors'
-    (transformers' inv_freq), or with `long` its long factors'."""
-    f32 = np.float32  # every step in float32 as torch does: one ulp of a frequency is 1e-4 rad at 4k positions
-    dim = rotary_width(rope, head_dim)  # transformers' init functions take dim = int(head_dim * partial_rotary_factor)
-    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(f32) / f32(dim)
-    # theta ** e rounded once to float32, which torch's vectorised powf gives in nearly every element
-    powers = np.power(float(rope.theta), exponents.astype(np.float64)).astype(f32)
-    if rope.kind == "longrope":  # each frequency divided by its own factor
-        factors = np.asarray(rope.long_factor if long else rope.short_factor, dtype=f32)
-        return (f32(1.0) / (factors * powers)).astype(np.float32)
-    inv_freq = f32(1.0) / powers
-    if rope.kind == "linear":
-        inv_freq = inv_freq / f32(rope.factor)
-    elif rope.kind == "llama3":  # long wavelengths divided by factor, short ones kept, the band between blended
-        old, factor = f32(rope.original_max_positions), f32(rope.factor)
-        low, high = f32(rope.low_freq_factor), f32(rope.high_freq_factor)
-        low_wavelen, high_wavelen = old / low, old / high
-        wavelen = (f32(1) / inv_freq) * f32(2 * math.pi)  # torch's scalar / tensor is reciprocal(tensor) * scalar
-        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = ((f32(1) / wavelen) * old - low) / (high - low)
-        blended = (f32(1) - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        inv_freq = np.where(medium, blended, scaled)
-    elif rope.kind == "yarn":
-        inv_freq = yarn_frequencies(rope, dim, powers)
-    return inv_freq.astype(np.float32)
-
-
-def yarn_frequencies(rope: Rope, dim: int, powers: np.ndarray) -> np.ndarray:
-    """YaRN's inverse frequencies over `dim` rotated dimensions from theta ** (2i / dim) (`powers`), as transformers'
-    _compute_yarn_parameters: the fast-rotating dimensions kept (extrapolated), the slow ones divided by factor
-    (interpolated), a linear ramp between the dimensions that turn beta_fast and beta_slow times in the original
-    context (its ends rounded outwards where truncate)."""
-    f32 = np.float32
-
-    def dimension(rotations: float) -> float:  # in Python floats, as transformers' find_correction_dim
-        return (dim * math.log(rope.original_max_positions / (rotations * 2 * math.pi))) / (
-            2 * math.log(rope.theta))
-
-    low, high = dimension(rope.beta_fast), dimension(rope.beta_slow)
-    if rope.truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001  # transformers' guard against a zero-width ramp
-    ramp = np.clip((np.arange(dim // 2, dtype=f32) - f32(low)) / f32(high - low), f32(0), f32(1))
-    extrapolated = f32(1) - ramp  # the share of each dimension kept as is
-    return (f32(1.0) / (f32(rope.factor) * powers)) * (f32(1) - extrapolated) + (f32(1.0) / powers) * extrapolated
-
-
-def rotary_tables(segment_ids: jax.Array, rope: Rope, head_dim: int) -> tuple[jax.Array, jax.Array]:
-    """(cos, sin) [B, L, 1, rotary_width] float32 at each token's position within its segment, both times the rope's
-    attention_factor (yarn, longrope) as transformers scales them. longrope's frequencies are chosen per segment: its
-    long factors where the segment is longer than original_max_positions, which is what transformers gives that
-    document encoded alone (it chooses once per call, by the batch's longest position), so a document's scores and
-    embedding never depend on what it is packed or batched with."""
-    positions = positions_in_segments(segment_ids).astype(jnp.float32)[:, :, None]
-    angles = positions * jnp.asarray(rope_frequencies(rope, head_dim))[None, None, :]
-    if rope.kind == "longrope":  # both tables at static shapes, then each token's by its segment's length
-        long = (segment_lengths(segment_ids) > rope.original_max_positions)[:, :, None]
-        angles = jnp.where(long, positions * jnp.asarray(rope_frequencies(rope, head_dim, long=True))[None, None, :],
-                           angles)
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
-    if rope.attention_factor != 1.0:
-        scale = jnp.float32(rope.attention_factor)
-        cos, sin = cos * scale, sin * scale
-    return cos, sin
-
-
-def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x * cos + rotate_half(x) * sin over the last axis (the halves layout of Hugging Face checkpoints), on its
-    first cos.shape[-1] dimensions only where the tables are narrower (Phi-3's partial rotary: the rest pass through
-    unchanged, as transformers' Phi3 apply_rotary_pos_emb slices them)."""
-    width = cos.shape[-1]
-    turned, passed = x[..., :width], x[..., width:]
-    half = width // 2
-    rotated = jnp.concatenate([-turned[..., half:], turned[..., :half]], axis=-1)
-    turned = turned * cos + rotated * sin
-    return turned if width == x.shape[-1] else jnp.concatenate([turned, passed.astype(turned.dtype)], axis=-1)
 
 
 class RMSNorm(nnx.Module):

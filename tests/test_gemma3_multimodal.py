@@ -210,7 +210,7 @@ GEMMA3_27B_TEXT = {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21
 
 def assert_reads_as(ours, theirs) -> None:
     """docscore's ModelConfig has the sizes, layers, windows and rotary settings of transformers' Gemma3TextConfig."""
-    from models.config import Rope
+    from models.rope import Rope
 
     full, local = theirs.rope_parameters["full_attention"], theirs.rope_parameters["sliding_attention"]
     assert_gemma_sizes_as(ours, theirs)

@@ -19,10 +19,10 @@ from safetensors.numpy import load_file, save_file
 
 import models
 from kernels import KernelUnsupportedError, resolve, table
-from models.config import HF_KEYS, MAX_SIZES, Rope, config_from_hf
+from models.config import HF_KEYS, MAX_SIZES, config_from_hf
 from models.hf_import import convert_hf_dir
+from models.rope import Rope, rope_frequencies
 from pipeline.convert import main as convert_main
-from models.llama import rope_frequencies
 from pipeline.options import ConfigError, parse_options
 from pipeline.validate import validate
 from tests.conftest import (SENTENCES, common_flags, padded, read_summary, read_table, run_docscore,

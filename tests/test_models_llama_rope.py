@@ -19,7 +19,7 @@ import pytest
 import models
 from models.config import config_from_hf
 from models.layers import segment_lengths
-from models.llama import rotary_tables
+from models.rope import rotary_tables
 from pipeline.convert import main as convert_main
 from tests.conftest import padded, transformers_logprobs
 from tests.test_models_llama import build_hf, documents, reference_logprobs
