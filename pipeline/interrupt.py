@@ -9,6 +9,7 @@ Imports nothing heavy: the `docscore` command installs it before it imports a su
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -40,16 +41,31 @@ def how_ended() -> str:
     return _ENDED_BY[0][1] if _ENDED_BY else "interrupted"
 
 
+_FINISHED: list[int] = []  # the exit code of a command that has finished (exit_with_on_signal)
+
+
 def exit_with_on_signal(code: int) -> None:
     """For the moments after a command has finished (its outcome printed, the interpreter shutting down): a
-    SIGINT or SIGTERM then leaves the command's own exit code, not 130/143 without a word. SIGTERM is ignored, as
-    the interpreter's shutdown puts a Python handler back to the default (killed: 143) and keeps an ignored signal
-    ignored; a scheduler's SIGKILL still ends a shutdown that hangs. Ctrl-C ends one with the command's code."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, lambda _signum, _frame: os._exit(code))
+    SIGINT or SIGTERM then ends the process at once with the command's own exit code, not 130/143 without a word,
+    also while the shutdown waits on a thread or a stuck flush. After the last atexit callback the interpreter puts
+    Python handlers back to the default (killed: 130/143), so from there on both are ignored (_ignore_late_signals)."""
+    _FINISHED.append(code)
+    for signum in EXIT_CODES:
+        signal.signal(signum, lambda _signum, _frame: os._exit(code))
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader gone, a stream closed: nothing left to say
             stream.flush()
+
+
+def _ignore_late_signals() -> None:
+    """The last atexit callback (registered when this module is imported, before the heavy ones): a finished
+    command's last moments ignore SIGINT and SIGTERM, which the interpreter would otherwise let kill it."""
+    if _FINISHED and threading.current_thread() is threading.main_thread():
+        for signum in EXIT_CODES:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+atexit.register(_ignore_late_signals)
 
 
 def reader_gone() -> int:

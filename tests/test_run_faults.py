@@ -573,6 +573,13 @@ LATE_SIGNALS = {  # what the finished command meets, after its exit_with_on_sign
     "sigterm-in-shutdown": ("class Late:\n    def __del__(self):\n        os.kill(os.getpid(), signal.SIGTERM)\n"
                             "late = Late()\nsys.exit(4)\n"),
     "sigint-in-a-slow-shutdown": "os.kill(os.getpid(), signal.SIGINT)\nsignal.pause()\n",
+    "sigint-in-shutdown": ("class Late:\n    def __del__(self):\n        os.kill(os.getpid(), signal.SIGINT)\n"
+                           "late = Late()\nsys.exit(4)\n"),
+    # a shutdown that waits on a thread (a worker pool not yet stopped) still ends at the signal, not with the thread
+    "sigterm-while-a-thread-is-awaited": ("import threading, time\n"
+                                          "def stuck():\n    time.sleep(0.5)\n    os.kill(os.getpid(), signal.SIGTERM)\n"
+                                          "    time.sleep(120)\n"
+                                          "threading.Thread(target=stuck).start()\nsys.exit(4)\n"),
 }
 
 
