@@ -1,5 +1,5 @@
 """docscore models: Flax NNX BERT-family encoder (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet), ModernBERT
-encoder, T5 encoder (T5, mT5), GPT-2 decoder and Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2,
+encoder, rotary BERT encoder (NomicBERT, GTE), T5 encoder (T5, mT5), GPT-2 decoder and Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2,
 Gemma 3, OLMo 2, OLMo 3, Granite, SmolLM3)
 with injected attention, their model directories (Orbax params), Hugging Face import, tokenizer windows,
 the device mesh (sharding.py) and float32 matmul precision.

@@ -553,11 +553,12 @@ def _rotary_bert(hf: dict[str, Any]) -> ModelConfig:
     scaling factor, GTE's logn attention scale, ...) is refused naming its key."""
     model_type = hf["model_type"]
     hf = {**ROTARY_BERT.get(model_type, {}), **_native_nomic_keys(hf)}
-    settings = {**(NOMIC_REMOTE_SETTINGS if model_type == "nomic_bert" else GTE_REMOTE_SETTINGS)}
+    settings = NOMIC_REMOTE_SETTINGS if model_type == "nomic_bert" else GTE_REMOTE_SETTINGS
+    native = "NomicBertModel" if model_type == "nomic_bert" else "GteModel"  # transformers has no model_type "new"
     for key, only in settings.items():
         if key in hf and hf[key] != only and not (only is None and hf[key] is None):
-            raise ModelLoadError(f"{key} {shown(hf[key])} is not supported: the {model_type} model transformers "
-                                 f"5.24 computes is the original's with {key} {shown(only)}; docscore computes that one")
+            raise ModelLoadError(f"{key} {shown(hf[key])} is not supported: the {native} transformers 5.24 computes "
+                                 f"is the original's with {key} {shown(only)}; docscore computes that one")
     hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
     head_size = hf.get("head_dim")
     if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
