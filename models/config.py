@@ -560,9 +560,7 @@ def _rotary_bert(hf: dict[str, Any]) -> ModelConfig:
             raise ModelLoadError(f"{key} {shown(hf[key])} is not supported: the {native} transformers 5.24 computes "
                                  f"is the original's with {key} {shown(only)}; docscore computes that one")
     hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
-    head_size = hf.get("head_dim")
-    if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
-        head_size = max(1, hidden // heads) if type(hidden) is int and type(heads) is int and heads > 0 else 1
+    head_size = _head_size(hf.get("head_dim"), hidden, heads)
     if "rope_theta" not in hf and not hf.get("rope_parameters"):  # model_type "new": NewConfig's default is its own
         raise ModelLoadError(f"model_type {model_type!r} (GTE's remote code) config lacks rope_theta; save the "
                              "model's config with its code's save_pretrained, which writes it")
@@ -574,6 +572,14 @@ def _rotary_bert(hf: dict[str, Any]) -> ModelConfig:
         activation=_activation("hidden_act", hf["hidden_act"], ROTARY_BERT_ACTIVATIONS),
         type_vocab_size=_whole("type_vocab_size", hf["type_vocab_size"]), rope=read_rope(hf, head_size),
         qkv_bias=biased, output_bias=biased, mlp_output_bias=biased)
+
+
+def _head_size(head_dim: Any, hidden: Any, heads: Any) -> Any:
+    """config.json's head_dim, else as transformers hidden_size // num_attention_heads (config_from_hf checks that it
+    divides; sizes that are no whole numbers give 1 here and are refused by check_bounds)."""
+    if head_dim is not None:
+        return head_dim
+    return max(1, hidden // heads) if type(hidden) is int and type(heads) is int and heads > 0 else 1
 
 
 def _native_nomic_keys(hf: dict[str, Any]) -> dict[str, Any]:
@@ -628,9 +634,7 @@ def _llama(hf: dict[str, Any]) -> ModelConfig:
     if activation not in LLAMA_ACTIVATIONS:
         raise ModelLoadError(f"hidden_act {activation!r} is not supported for {model_type}; the gated MLP "
                              f"of docscore's Llama decoder uses one of {list(LLAMA_ACTIVATIONS)}")
-    head_size = hf.get("head_dim", QWEN3_HEAD_DIM if model_type == "qwen3" else None)
-    if head_size is None:  # as transformers: hidden_size // num_attention_heads (config_from_hf checks it divides)
-        head_size = max(1, hidden // heads) if type(hidden) is int and type(heads) is int and heads > 0 else 1
+    head_size = _head_size(hf.get("head_dim", QWEN3_HEAD_DIM if model_type == "qwen3" else None), hidden, heads)
     kv_heads = hf.get("num_key_value_heads")
     attention_bias = model_type in ATTENTION_BIAS_READ and bool(hf.get("attention_bias", False))
     mlp_bias = model_type in MLP_BIAS_READ and bool(hf.get("mlp_bias", False))
