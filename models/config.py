@@ -2,7 +2,7 @@
 
 Holds the supported families (BERT-family encoder: BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet; ModernBERT encoder;
 rotary BERT encoder: NomicBERT, GTE; T5 encoder: T5, mT5; GPT-2 decoder; Llama-family decoder: Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3 and the text model
-of its multimodal release, OLMo 2, OLMo 3, Granite, SmolLM3),
+of its multimodal release, OLMo 2, OLMo 3, Granite, SmolLM3; and EuroBERT, a Llama-family encoder),
 their field mapping and the bounds every size must fall in; refuses anything else. Must not hold weights, tokenizers or kernel choices.
 Rotary settings (Rope) are read by models/rope.py, and the value checks both use are models/config_values.py's.
 """
@@ -18,6 +18,9 @@ from models.rope import PARTIAL_ROTARY_MODEL_TYPES, Rope, layer_type_ropes, read
 
 Family = Literal["bert", "modernbert", "rotary_bert", "t5", "gpt2", "llama"]
 ENCODER_FAMILIES = ("bert", "modernbert", "rotary_bert", "t5")  # bidirectional models whose outputs are embeddings
+# Llama-family model_types that are encoders (masked LMs): they always attend both ways, whatever is_causal says, and a
+# plain Hugging Face directory of one converts as an embedder with mean pooling, as an encoder family's does
+LLAMA_ENCODERS = ("eurobert",)
 # families whose MLP is models/llama.py GatedFeedForward, down(act(gate(x)) * up(x)): the memory estimate counts
 # three [tokens, intermediate] tensors for it where BERT's and GPT-2's hold one (pipeline/telemetry/memory.py); a T5's
 # is gated or not by checkpoint (ModelConfig.gated_feed_forward)
@@ -35,13 +38,13 @@ ACTIVATIONS = {
 # DistilBERT is BERT without token types under other names, MPNet is RoBERTa's positions without token types plus one
 # relative position bias table all its layers share; Mistral, Qwen2, Qwen3, Phi-3 (and Phi-4, model_type phi3:
 # Llama's block with fused weights, split at convert), Gemma 2, Gemma 3 (its text model), OLMo 2, OLMo 3, Granite and
-# SmolLM3 are Llama's architecture with a few config switches. NomicBERT and GTE (and GTE's remote-code model_type
+# SmolLM3 are Llama's architecture with a few config switches; EuroBERT is Llama's blocks as an encoder (LLAMA_ENCODERS). NomicBERT and GTE (and GTE's remote-code model_type
 # "new") are BERT's post-norm blocks with rotary positions and a gated MLP, differing in biases and activation. mT5 is T5's code under another model_type (MT5Config's defaults differ).
 FAMILIES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert", "distilbert": "bert",
             "mpnet": "bert", "gpt2": "gpt2",
             "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3_text": "llama",
             "gemma3": "llama", "gemma2": "llama", "phi3": "llama", "olmo2": "llama", "olmo3": "llama",
-            "granite": "llama", "smollm3": "llama", "modernbert": "modernbert",
+            "granite": "llama", "smollm3": "llama", "eurobert": "llama", "modernbert": "modernbert",
             "nomic_bert": "rotary_bert", "gte": "rotary_bert", "new": "rotary_bert",
             "t5": "t5", "mt5": "t5"}
 # model_types whose position ids start after the padding id (transformers' create_position_ids_from_input_ids)
@@ -149,7 +152,7 @@ class ModelConfig:
     residual_multiplier: float = 0.0               # llama: Granite's scale of a block's outputs before each add (0: none)
     logits_divisor: float = 0.0                    # llama: Granite's logits_scaling, which divides the logits (0: none)
     nope_layers: tuple[int, ...] = ()              # llama: SmolLM3's layers without rotary positions (NoPE)
-    bidirectional: bool = False                    # llama: every token attends both ways (EmbeddingGemma): an embedder
+    bidirectional: bool = False                    # llama: every token attends both ways (EmbeddingGemma, EuroBERT): an embedder
     # llama: Gemma 2's soft caps, cap * tanh(x / cap) (0: none): of the attention scores (attn_logit_softcapping, the
     # kernels' soft_cap) and of the LM head's logits (final_logit_softcapping), where transformers applies them
     attention_logit_cap: float = 0.0
@@ -229,7 +232,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
             f"'modernbert', encoder), NomicBERT and GTE (model_type 'nomic_bert', 'gte' or 'new', encoder), T5's encoder (model_type 't5' or 'mt5', its decoder not read), the GPT-2 family (model_type 'gpt2', "
             f"decoder) and the Llama family (model_type 'llama', 'mistral', 'qwen2', 'qwen3', 'phi3', 'gemma2', "
             f"'gemma3_text', 'gemma3' (Gemma 3's multimodal release read as its text model), 'olmo2', 'olmo3', "
-            f"'granite' or 'smollm3', decoder)")
+            f"'granite' or 'smollm3', decoder; 'eurobert', an encoder with Llama's blocks)")
     quantized = hf.get("quantization_config")
     if quantized:
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
@@ -240,11 +243,12 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     # transformers 5 builds a bidirectional mask for any decoder whose config says so (masking_utils), and
     # sentence-transformers embeds with it: a Llama-family decoder then attends both ways, as Gemma 3 does with its own
     # key; where docscore has not checked transformers' both-ways mask (GPT-2, sliding windows) it is refused
-    if family not in ENCODER_FAMILIES and "is_causal" in hf and hf["is_causal"] is None:
+    causal_key = family not in ENCODER_FAMILIES and model_type not in LLAMA_ENCODERS  # EuroBertModel never reads it
+    if causal_key and "is_causal" in hf and hf["is_causal"] is None:
         raise ModelLoadError(f"{path}: is_causal null: transformers attends both ways in a padded batch and causally "
                              "in an unpadded one (its sdpa path skips the mask), so the model has no one answer; set "
                              "is_causal true or false")
-    both_ways = family not in ENCODER_FAMILIES and "is_causal" in hf and not hf["is_causal"]
+    both_ways = causal_key and "is_causal" in hf and not hf["is_causal"]
     if both_ways and (family != "llama" or model_type == "gemma3_text"):
         instead = " (set use_bidirectional_attention instead)" if model_type == "gemma3_text" else ""
         raise ModelLoadError(f"{path}: is_causal {shown(hf['is_causal'])}: transformers runs this {model_type} with "
@@ -253,7 +257,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     try:
         config = {"bert": {"distilbert": _distilbert, "mpnet": _mpnet}.get(model_type, _bert), "gpt2": _gpt2,
                   "llama": {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3, "olmo2": _olmo2, "olmo3": _olmo3,
-                            "granite": _granite, "smollm3": _smollm3}.get(model_type, _llama),
+                            "granite": _granite, "smollm3": _smollm3, "eurobert": _eurobert}.get(model_type, _llama),
                   "modernbert": _modernbert, "rotary_bert": _rotary_bert, "t5": _t5}[family](hf)
         config = dataclasses.replace(config, model_type=model_type, bidirectional=config.bidirectional or both_ways)
     except KeyError as missing:
@@ -622,8 +626,8 @@ def _gpt2(hf: dict[str, Any]) -> ModelConfig:
 
 # The biases as transformers builds each model, whatever else its config says: attention_bias (q/k/v and o_proj)
 # where the model reads it, mlp_bias likewise; Qwen2 always has q/k/v biases and no others; Mistral and Phi-3 none
-ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2", "olmo3", "granite", "smollm3")
-MLP_BIAS_READ = ("llama", "granite", "smollm3")
+ATTENTION_BIAS_READ = ("llama", "qwen3", "olmo2", "olmo3", "granite", "smollm3", "eurobert")
+MLP_BIAS_READ = ("llama", "granite", "smollm3", "eurobert")
 
 
 def _llama(hf: dict[str, Any]) -> ModelConfig:
@@ -788,6 +792,24 @@ def _smollm3(hf: dict[str, Any]) -> ModelConfig:
         sliding = nope if use_window and window is not None else ()
     return dataclasses.replace(_llama(hf), nope_layers=nope, sliding_layers=sliding,
                                sliding_window=_local_window(hf, None) if sliding else 0)
+
+
+# EuroBertConfig's defaults where a config.json leaves the key out (transformers 5.24: a num_key_value_heads left out
+# or null is one per head, rope_parameters' theta LlamaConfig's 10,000, as _llama reads them; its pad_token_id 128001
+# is the tokenizer's business, not the model's)
+EUROBERT = {"vocab_size": 128_256, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+            "num_attention_heads": 12, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False}
+
+
+def _eurobert(hf: dict[str, Any]) -> ModelConfig:
+    """EuroBertModel / EuroBertForMaskedLM (model_type eurobert: EuroBERT-210m, 610m, 2.1B) as transformers 5 reads
+    EuroBertConfig: Llama's blocks (attention_bias and mlp_bias read as Llama's) and final norm, every token attending
+    both ways (EuroBertAttention is never causal, whatever is_causal says), positions counted from 0 in every text. An
+    encoder: it embeds (mean pooling unless its sentence-transformers Pooling says otherwise) and scores no tokens, so
+    its masked-LM head is never read (lm_head False). A key the file leaves out is EuroBertConfig's (EUROBERT)."""
+    config = _llama({**EUROBERT, **hf})
+    return dataclasses.replace(config, bidirectional=True, lm_head=False, tie_word_embeddings=False)
 
 
 # Gemma 3's rotary theta per layer type where rope_parameters[type] leaves it out: the key that holds it, its default

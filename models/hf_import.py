@@ -2,7 +2,7 @@
 *.safetensors) -> a docscore model directory, for the BERT (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet), ModernBERT,
 rotary BERT (NomicBERT, GTE), T5
 (T5, mT5: the encoder), GPT-2 and Llama (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3, the text model of Gemma 3's
-multimodal release, OLMo 2, OLMo 3, Granite, SmolLM3) families.
+multimodal release, OLMo 2, OLMo 3, Granite, SmolLM3; EuroBERT, an encoder) families.
 
 Holds the name mapping from Hugging Face tensors to our parameter tree (the command's flags: pipeline/convert.py).
 Reads safetensors only (never pickle); must not run models.
@@ -18,8 +18,8 @@ import numpy as np
 from safetensors import safe_open
 
 from models.architecture import check_param_shapes
-from models.config import (DENSE_ACTIVATIONS, ENCODER_FAMILIES, MAX_SIZES, Dense, ModelConfig, read_config,
-                           with_checkpoint_head)
+from models.config import (DENSE_ACTIVATIONS, ENCODER_FAMILIES, LLAMA_ENCODERS, MAX_SIZES, Dense, ModelConfig,
+                           read_config, with_checkpoint_head)
 from models.errors import ModelLoadError
 from models.checkpoint import stored_shapes
 from models.model_dir import CONFIG, METADATA, PARAMS, ModelMetadata, check_new_dir, unwritten_pooling, write_model_dir
@@ -889,18 +889,44 @@ def dropped_decoder(src: str) -> str | None:
             "generates and scores no tokens")
 
 
+def dropped_masked_lm_head(src: str) -> str | None:
+    """What convert says of a Llama-family encoder's checkpoint (EuroBertForMaskedLM's) holding a masked-LM head,
+    which it does not read; None for any other."""
+    config = json_object(os.path.join(src, "config.json"))
+    if config.get("model_type") not in LLAMA_ENCODERS:
+        return None
+    held = False
+    for name in checkpoint_files(src):
+        with safe_open(os.path.join(src, name), framework="flax") as f:
+            held = held or any(key.startswith("lm_head.") for key in f.keys())
+    if not held:
+        return None
+    names = ", ".join(a for a in config.get("architectures") or [] if isinstance(a, str)) or config["model_type"]
+    return (f"{names}'s masked-LM head (lm_head) was not converted: {config['model_type']} is an encoder, converted as "
+            "an embedder: --task embed, similarity and classify take it; loglik and choice refuse it")
+
+
 def embedder_only(dst: str, metadata: ModelMetadata) -> str | None:
     """What convert says of a decoder embedder it wrote without a language-model head (its checkpoint had no untied
-    lm_head.weight: with_checkpoint_head); None for any other model directory."""
+    lm_head.weight: with_checkpoint_head); None for any other model directory (an encoder's, EuroBERT's too: it never
+    has one)."""
     if not metadata.pooling or metadata.family in ENCODER_FAMILIES:
         return None
     path = os.path.join(dst, CONFIG)
     with open(path, encoding="utf-8") as f:
         config = read_config(path, f.read())
+    if config.model_type in LLAMA_ENCODERS:
+        return None
     if with_checkpoint_head(config, "lm_head/kernel" in stored_shapes(os.path.join(dst, PARAMS)), metadata.pooling).lm_head:
         return None
     return ("the checkpoint has no lm_head.weight (a decoder embedder saved as its base model), so the model converted "
             "as an embedder only: --task embed, similarity and classify take it; loglik and choice refuse it")
+
+
+def plain_pooling(config: ModelConfig) -> str | None:
+    """The pooling of a directory without a sentence-transformers Pooling: an encoder's mean (a Llama-family encoder's,
+    EuroBERT's, too), a decoder's none (a language model)."""
+    return "mean" if config.model_type in LLAMA_ENCODERS else unwritten_pooling(config.family)
 
 
 def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source: str | None = None,
@@ -931,8 +957,9 @@ def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source
         except (OSError, UnicodeDecodeError) as err:
             raise ModelLoadError(f"{path}: cannot be read as UTF-8 text ({type(err).__name__}: {err})") from None
     config = read_config(os.path.join(src, "config.json"), texts["config.json"])
-    # also refuses modules it cannot compute; a plain Hugging Face encoder is mean-pooled, a decoder embeds nothing
-    pooling = sentence_transformers_pooling(root) or unwritten_pooling(config.family)
+    # also refuses modules it cannot compute; a plain Hugging Face encoder (EuroBERT too) is mean-pooled, a decoder
+    # embeds nothing
+    pooling = sentence_transformers_pooling(root) or plain_pooling(config)
     if pooling is None and config.bidirectional:
         # attending both ways it scores no tokens, and without a pooling it embeds nothing: no task could run it
         key = "use_bidirectional_attention true" if config.model_type == "gemma3_text" else "is_causal false"

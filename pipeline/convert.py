@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from models.errors import ModelLoadError
-from models.hf_import import (convert_hf_dir, dropped_decoder, dropped_head, dropped_special_tokens, dropped_vision,
-                              embedder_only, transformer_folder)
+from models.hf_import import (convert_hf_dir, dropped_decoder, dropped_head, dropped_masked_lm_head,
+                              dropped_special_tokens, dropped_vision, embedder_only, transformer_folder)
 from models.model_dir import remove_unfinished
 from pipeline.cli import SubcommandParser
 from pipeline.interrupt import exit_on_interrupt
@@ -21,7 +21,8 @@ def main(argv: list[str]) -> int:
                     "GPT-2 or Llama/Mistral/Qwen2/Qwen3/"
                     "Phi-3 and Phi-4 (phi3)/Gemma 2 (gemma2)/Gemma 3 text (gemma3_text)/OLMo 2 (olmo2)/OLMo 3 (olmo3)/"
                     "Granite (granite)/SmolLM3 (smollm3) family; Gemma 3's multimodal models (gemma3) as their text "
-                    "model), or "
+                    "model; EuroBERT (eurobert), an encoder with Llama's blocks: a plain directory embeds with mean "
+                    "pooling, its masked-LM head not read), or "
                     "a sentence-transformers directory around one (its pooling, Dense modules and prompts kept), into "
                     "a docscore model directory (Orbax params).")
     parser.add_argument("--hf", required=True, help="Hugging Face model directory to read")
@@ -61,6 +62,7 @@ def main(argv: list[str]) -> int:
         "its sentence-transformers pooling leaves a prompt's tokens out (include_prompt false), which docscore does "
         "not compute, so `docscore run` refuses --document_prompt and --query_prompt with it")
     for note in (dropped_head(model_folder), dropped_vision(model_folder), dropped_decoder(model_folder),
+                 dropped_masked_lm_head(model_folder),
                  dropped_special_tokens(args.hf, args.out),
                  embedder_only(args.out, metadata), prompts_left_out):
         if note:

@@ -144,9 +144,10 @@ def check_task_and_windows(eo: EvalOptions, loaded) -> int:
     if not task.model.accepts(family, loaded.pooling):
         raise ConfigError(task.model.refuse(eo.task, eo.model, family))
     if task.per_token and not loaded.config.causal:
-        key = "use_bidirectional_attention" if loaded.config.model_type == "gemma3_text" else "is_causal false"
+        why = {"gemma3_text": "use_bidirectional_attention: an embedder",
+               "eurobert": "model_type eurobert: an encoder"}.get(loaded.config.model_type, "is_causal false: an embedder")
         raise ConfigError(f"--task={eo.task} scores each token from those before it, but --model {eo.model} attends "
-                          f"both ways ({key}: an embedder); use it with --task embed, similarity or classify")
+                          f"both ways ({why}); use it with --task embed, similarity or classify")
     prompted = next((role for role in ("document", "query") if getattr(eo, f"{role}_prompt", None)), None)
     if prompted and not loaded.include_prompt:
         raise ConfigError(f"--{prompted}_prompt: --model {eo.model}'s sentence-transformers pooling leaves a prompt's "
