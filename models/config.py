@@ -198,7 +198,8 @@ class ModelConfig:
 
     @property
     def is_encoder(self) -> bool:
-        return self.family in ENCODER_FAMILIES
+        """An encoder's outputs are embeddings: an encoder family's model, or a Llama-family one that is (EuroBERT)."""
+        return self.family in ENCODER_FAMILIES or self.model_type in LLAMA_ENCODERS
 
     @property
     def causal(self) -> bool:

@@ -18,11 +18,11 @@ import numpy as np
 from safetensors import safe_open
 
 from models.architecture import check_param_shapes
-from models.config import (DENSE_ACTIVATIONS, ENCODER_FAMILIES, LLAMA_ENCODERS, MAX_SIZES, Dense, ModelConfig,
+from models.config import (DENSE_ACTIVATIONS, LLAMA_ENCODERS, MAX_SIZES, Dense, ModelConfig,
                            read_config, with_checkpoint_head)
 from models.errors import ModelLoadError
 from models.checkpoint import stored_shapes
-from models.model_dir import CONFIG, METADATA, PARAMS, ModelMetadata, check_new_dir, unwritten_pooling, write_model_dir
+from models.model_dir import CONFIG, METADATA, PARAMS, ModelMetadata, check_new_dir, write_model_dir
 from models.tokenizer import MIN_SEQ_LEN, DocTokenizer
 
 # Tensors of task heads and buffers that carry no encoder/decoder weights.
@@ -910,12 +910,12 @@ def embedder_only(dst: str, metadata: ModelMetadata) -> str | None:
     """What convert says of a decoder embedder it wrote without a language-model head (its checkpoint had no untied
     lm_head.weight: with_checkpoint_head); None for any other model directory (an encoder's, EuroBERT's too: it never
     has one)."""
-    if not metadata.pooling or metadata.family in ENCODER_FAMILIES:
+    if not metadata.pooling:
         return None
     path = os.path.join(dst, CONFIG)
     with open(path, encoding="utf-8") as f:
         config = read_config(path, f.read())
-    if config.model_type in LLAMA_ENCODERS:
+    if config.is_encoder:
         return None
     if with_checkpoint_head(config, "lm_head/kernel" in stored_shapes(os.path.join(dst, PARAMS)), metadata.pooling).lm_head:
         return None
@@ -926,7 +926,7 @@ def embedder_only(dst: str, metadata: ModelMetadata) -> str | None:
 def plain_pooling(config: ModelConfig) -> str | None:
     """The pooling of a directory without a sentence-transformers Pooling: an encoder's mean (a Llama-family encoder's,
     EuroBERT's, too), a decoder's none (a language model)."""
-    return "mean" if config.model_type in LLAMA_ENCODERS else unwritten_pooling(config.family)
+    return "mean" if config.is_encoder else None
 
 
 def convert_hf_dir(src: str, dst: str, *, max_seq_len: int | None = None, source: str | None = None,

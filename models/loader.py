@@ -142,8 +142,8 @@ class LoadedModel:
 
     def _require(self, method: str) -> None:
         if method == "token_logprobs" and self.config.is_encoder:
-            raise ValueError(f"token_logprobs() needs a decoder model, but {self.model_id} ({self.config.family}) is an "
-                             "encoder; use embed_packed")
+            raise ValueError(f"token_logprobs() needs a decoder model, but {self.model_id} "
+                             f"({self.config.model_type or self.config.family}) is an encoder; use embed_packed")
         if method == "token_logprobs" and self.config.bidirectional:
             raise ValueError(f"token_logprobs() needs a causal decoder, but {self.model_id} attends both ways (an "
                              "embedder); use embed_packed")

@@ -121,7 +121,7 @@ def test_a_plain_eurobert_directory_converts_as_a_mean_pooled_encoder_equal_to_t
         np.testing.assert_allclose(packed_hidden[:sum(map(len, docs))], np.concatenate(expected), atol=2e-4, rtol=0)
         packed = loaded.embed_packed(row, packed_segments.astype(np.int32), len(docs))[0].astype(np.float64)
         assert np.sum(packed * want, axis=1).min() >= 0.99999, attention
-        with pytest.raises(ValueError, match="needs a causal decoder"):
+        with pytest.raises(ValueError, match=r"needs a decoder model, but .* \(eurobert\) is an encoder"):
             loaded.token_logprobs(ids, segments)
 
 
@@ -177,6 +177,6 @@ def test_eurobert_keys_left_out_are_eurobertconfigs_defaults():
         theirs.num_attention_heads, theirs.num_key_value_heads, theirs.head_dim, theirs.max_position_embeddings,
         theirs.rms_norm_eps, theirs.rope_parameters["rope_theta"])
     assert not theirs.tie_word_embeddings and EUROBERT["tie_word_embeddings"] is False
-    assert (ours.bidirectional, ours.lm_head, ours.is_encoder) == (True, False, False)
+    assert (ours.bidirectional, ours.lm_head, ours.is_encoder, ours.causal) == (True, False, True, False)
     for is_causal in (True, None, False):
         assert config_from_hf({"model_type": "eurobert", "is_causal": is_causal}) == ours
