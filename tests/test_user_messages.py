@@ -71,16 +71,16 @@ def test_a_run_on_worker_processes_prints_no_untrue_beam_warnings(docs, tmp_path
     assert "No semi_persistent_directory found" not in output and "WARNING" not in output
 
 
-def test_in_memory_workers_get_no_warning_that_they_do_nothing(docs, tmp_path):
+def test_in_memory_workers_get_no_warning_that_they_do_nothing(docs, tmp_path, caplog):
     """Beam warns that in_memory with direct_num_workers 2 lacks "the desired worker parallelism", but it runs
     each bundle on that many threads (the summary's batching.local_threads)."""
-    done = docscore("run", "--input", docs, *small(tmp_path / "out"), "--run_id", "threads",
-                    "--direct_num_workers", "2")
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    assert "direct_num_workers is not equal to 1" not in output and "WARNING" not in output
-    summary = json.loads((tmp_path / "out" / "runs" / "run_id=threads" / "summary.json").read_text())
-    assert summary["batching"]["local_threads"] == 2, summary["batching"]
+    from tests.conftest import read_summary, run_docscore
+
+    with caplog.at_level(logging.WARNING):
+        code = run_docscore("--input", docs, *small(tmp_path / "out"), "--run_id", "threads", "--direct_num_workers", "2")
+    assert code == 0
+    assert not [r for r in caplog.records if "direct_num_workers is not equal to 1" in r.getMessage()]
+    assert read_summary(tmp_path / "out", "threads")["batching"]["local_threads"] == 2
 
 
 def test_beams_resource_warning_is_dropped_once_options_are_parsed(docs, tmp_path, caplog):
