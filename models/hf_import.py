@@ -858,13 +858,27 @@ def dropped_head(src: str) -> str | None:
             "the trained head")
 
 
+def architecture_names(config: dict) -> str:
+    """config.json's architectures as convert's notes name the model (its model_type when it lists none)."""
+    return ", ".join(a for a in config.get("architectures") or [] if isinstance(a, str)) or config["model_type"]
+
+
+def holds_tensors(src: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether any checkpoint file of `src` holds a tensor whose name starts with one of `prefixes`."""
+    for name in checkpoint_files(src):
+        with safe_open(os.path.join(src, name), framework="flax") as f:
+            if any(key.startswith(prefixes) for key in f.keys()):
+                return True
+    return False
+
+
 def dropped_vision(src: str) -> str | None:
     """What convert says of a multimodal checkpoint (model_type gemma3), whose text model alone it converts; None for
     any other."""
     config = json_object(os.path.join(src, "config.json"))
     if config.get("model_type") not in MULTIMODAL_VISION_PREFIXES:
         return None
-    names = ", ".join(a for a in config.get("architectures") or [] if isinstance(a, str)) or config["model_type"]
+    names = architecture_names(config)
     return (f"{names} is a multimodal model: its text model was converted (scoring text as transformers does without "
             "pixel_values) and its vision encoder (vision_tower, multi_modal_projector) left out, so docscore reads text, "
             "not images")
@@ -877,13 +891,9 @@ def dropped_decoder(src: str) -> str | None:
     prefixes = SEQ2SEQ_DECODERS.get(config.get("model_type")) if isinstance(config.get("model_type"), str) else None
     if not prefixes:
         return None
-    held = False
-    for name in checkpoint_files(src):
-        with safe_open(os.path.join(src, name), framework="flax") as f:
-            held = held or any(key.startswith(prefixes) for key in f.keys())
-    if not held:
+    if not holds_tensors(src, prefixes):
         return None
-    names = ", ".join(a for a in config.get("architectures") or [] if isinstance(a, str)) or config["model_type"]
+    names = architecture_names(config)
     return (f"{names} is an encoder-decoder model: its encoder was converted (what sentence-transformers embeds with, "
             "T5EncoderModel) and its decoder (decoder.*, lm_head) left out, so docscore embeds text with it; it "
             "generates and scores no tokens")
@@ -895,13 +905,9 @@ def dropped_masked_lm_head(src: str) -> str | None:
     config = json_object(os.path.join(src, "config.json"))
     if config.get("model_type") not in LLAMA_ENCODERS:
         return None
-    held = False
-    for name in checkpoint_files(src):
-        with safe_open(os.path.join(src, name), framework="flax") as f:
-            held = held or any(key.startswith("lm_head.") for key in f.keys())
-    if not held:
+    if not holds_tensors(src, ("lm_head.",)):
         return None
-    names = ", ".join(a for a in config.get("architectures") or [] if isinstance(a, str)) or config["model_type"]
+    names = architecture_names(config)
     return (f"{names}'s masked-LM head (lm_head) was not converted: {config['model_type']} is an encoder, converted as "
             "an embedder: --task embed, similarity and classify take it; loglik and choice refuse it")
 
