@@ -3,7 +3,8 @@ shard (batch on "data", heads on "model"), never on inputs the partitioner gathe
 
 On 4 CPU devices in a subprocess (jax in this process already has one): splash_tpu and pallas_tpu in TPU
 interpret mode, pallas_gpu in Pallas's interpreter (mha(interpret=True)), and cudnn's adapter through jax's XLA
-path, each under a 2x2, a 4x1 and a 1x4 mesh (a ragged 129-token case under the 2x2 alone; Auto axes, as models/sharding.py builds it; and pallas_gpu
+path, each under a 2x2 mesh and the GPU ones also under a 4x1 and a 1x4 (a ragged 129-token case under the 2x2
+alone; Auto axes, as models/sharding.py builds it; and pallas_gpu
 once under jax.make_mesh's Explicit axes, entered with jax.set_mesh), inside jax.jit on inputs placed on the
 mesh. The subprocess has 5
 devices (XLA_FLAGS=--xla_force_host_platform_device_count=5) and its meshes take devices 1-4: TPU interpret mode's
@@ -223,16 +224,21 @@ def four_devices(script: str, job, timeout: int = 900) -> list[dict]:
 def kernel_cases() -> list[dict]:
     cases = []
     for kernel in ("splash_tpu", "pallas_tpu", "pallas_gpu", "cudnn"):
-        for data, model in ((2, 2), (4, 1), (1, 4)):
+        # Each TPU-interpreted case costs 5-9 s whatever its size, so those kernels get the 2x2 mesh (rows and heads
+        # split) and one bfloat16 case between them; how a mesh is split is kernels.mesh's, the same for every kernel,
+        # and the cheap kernels take the 4x1 and 1x4 meshes.
+        tpu = kernel in ("splash_tpu", "pallas_tpu")
+        for data, model in ((2, 2),) if tpu else ((2, 2), (4, 1), (1, 4)):
             # packed segments and padding, causal, grouped-query (4 query heads over 2 kv heads)
             cases.append({"kernel": kernel, "mesh": [data, model], "shape": [4, 7, 4, 2, 32], "causal": True,
                           "segments": True, "seed": 1})
-        # a ragged length (129: one block plus a tail), multi-query, no segment ids: on the mesh that splits both rows
-        # and heads (the other two split one of them, as above; interpreting 129 tokens is the slow part)
+        # a ragged length (129: one block plus a tail), multi-query (kv heads repeated for the model axis), no segment
+        # ids: on the mesh that splits both rows and heads
         cases.append({"kernel": kernel, "mesh": [2, 2], "shape": [4, 129, 4, 1, 32], "causal": False,
                       "segments": False, "seed": 2})
-        cases.append({"kernel": kernel, "mesh": [2, 2], "shape": [4, 7, 4, 4, 32],
-                      "causal": False, "segments": True, "seed": 3, "dtype": "bfloat16"})
+        if kernel != "pallas_tpu":
+            cases.append({"kernel": kernel, "mesh": [2, 2], "shape": [4, 7, 4, 4, 32],
+                          "causal": False, "segments": True, "seed": 3, "dtype": "bfloat16"})
     # Gemma 2's attention-logit soft cap reaches splash_tpu on every shard (a cap of 0.5 changes every output)
     cases.append({"kernel": "splash_tpu", "mesh": [2, 2], "shape": [4, 7, 4, 2, 32], "causal": True,
                   "segments": True, "seed": 5, "soft_cap": 0.5})
@@ -274,7 +280,7 @@ def test_without_shard_map_the_partitioner_gathers_the_tpu_kernels_inputs(kernel
     compile to a program that gathers q/k/v (XLA: "Involuntary full rematerialization")."""
     unwrapped = [r["unwrapped_collectives"] for r in kernel_reports
                  if r["case"]["kernel"] in ("pallas_tpu", "splash_tpu")]
-    assert len(unwrapped) == 11 and all(c["all-gather"] > 0 for c in unwrapped), unwrapped
+    assert len(unwrapped) == 6 and all(c["all-gather"] > 0 for c in unwrapped), unwrapped
 
 
 # argv: {"ids": [[...]], "seg": [[...]]}; prints one JSON report.

@@ -597,7 +597,8 @@ def test_a_long_document_through_the_flash_kernel_matches_native_and_transformer
     ids = np.concatenate([[1], rng.integers(3, flash.config.vocab_size, 4599)]).astype(np.int32)[None]
     segments = np.ones_like(ids)
     ours = flash.token_logprobs(ids, segments)
-    np.testing.assert_allclose(ours, native.token_logprobs(ids, segments), atol=2e-5, rtol=0)
+    # float32 softmax over up to 4,600 keys summed in blocks or at once: 3e-5 apart on an AVX2-only CPU
+    np.testing.assert_allclose(ours, native.token_logprobs(ids, segments), atol=5e-5, rtol=0)
     assert np.abs(ours - transformers_logprobs(src, ids, segments)).max() <= 1e-4
 
 
