@@ -39,6 +39,10 @@ def _run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedP
     return proc
 
 
+# The sample job with one 64-token window per document: these tests are about what the processes import, not scores
+ONE_SHORT_WINDOW = ["--max_seq_len", "64", "--max_chunks", "1"]
+
+
 def _sample_in(workdir: Path) -> dict:
     from pipeline import sample_data
 
@@ -84,7 +88,7 @@ def test_docscore_run_with_multi_process_workers_among_empty_namesakes(empty_nam
     workdir, info = empty_namesakes
     out = workdir / "out-docscore"
     _run([DOCSCORE, "run", "--config", info["config"], "--output", str(out),
-          "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"], workdir)
+          "--direct_running_mode", "multi_processing", "--direct_num_workers", "2", *ONE_SHORT_WINDOW], workdir)
     _assert_run_complete(out, info["documents"])
 
 
@@ -100,7 +104,7 @@ def test_a_users_own_models_kernels_and_runners_packages_are_never_imported(tmp_
     info = _sample_in(tmp_path)
     out = tmp_path / "out"
     _run([sys.executable, "-m", "pipeline", "run", "--config", info["config"], "--output", str(out),
-          "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"], tmp_path)
+          "--direct_running_mode", "multi_processing", "--direct_num_workers", "2", *ONE_SHORT_WINDOW], tmp_path)
     _assert_run_complete(out, info["documents"])
 
 

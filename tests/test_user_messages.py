@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, write_jsonl
+from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, run_docscore, write_jsonl
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
@@ -74,7 +74,7 @@ def test_a_run_on_worker_processes_prints_no_untrue_beam_warnings(docs, tmp_path
 def test_in_memory_workers_get_no_warning_that_they_do_nothing(docs, tmp_path, caplog):
     """Beam warns that in_memory with direct_num_workers 2 lacks "the desired worker parallelism", but it runs
     each bundle on that many threads (the summary's batching.local_threads)."""
-    from tests.conftest import read_summary, run_docscore
+    from tests.conftest import read_summary
 
     with caplog.at_level(logging.WARNING):
         code = run_docscore("--input", docs, *small(tmp_path / "out"), "--run_id", "threads", "--direct_num_workers", "2")
@@ -124,9 +124,8 @@ def test_compare_of_a_missing_run_says_it_does_not_exist(tmp_path):
 def test_compare_of_runs_with_no_document_in_common_exits_2(docs, tmp_path):
     other = write_jsonl(tmp_path / "other" / "docs.jsonl", [{"id": "x", "text": "another document entirely"}])
     out = tmp_path / "out"
-    for run_id, data in (("a", docs), ("b", other)):
-        done = docscore("run", "--input", data, *small(out), "--run_id", run_id)
-        assert done.returncode == 0, done.stderr
+    for run_id, data in (("a", docs), ("b", other)):  # the runs in this process: the test is compare's exit
+        assert run_docscore("--input", data, *small(out), "--run_id", run_id) == 0
     done = docscore("compare", out / "scores" / "run_id=a", out / "scores" / "run_id=b")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "within every limit" not in done.stdout
