@@ -80,9 +80,7 @@ def test_a_run_killed_at_each_file_step_of_its_publish_leaves_the_old_or_the_new
         notes.append(killed.stderr)
     # each launch took the dead launch's lease and removed what it left (staging, unnamed files) ...
     assert sum("left by a launch that did not finish" in err for err in notes) >= commit_step - 1
-    last = subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(shards["a"]),
-                           *common_flags(RUN_ID, out), *FLAGS], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert last.returncode == 0, last.stderr[-2000:]
+    assert run_docscore("--input", shards["a"], *common_flags(RUN_ID, out), *FLAGS) == 0  # a clean run, in this process
     launch, seen = visible(out)
     assert seen == ids["a"]
     summary = run_commit.committed_summary(str(out), RUN_ID)
@@ -439,8 +437,7 @@ def test_ctrl_c_or_sigterm_ends_the_run_with_a_message_and_no_traceback_and_the_
     removed, the previous run of the run_id still what readers see."""
     out = tmp_path / "out"
     first = corpus(tmp_path / "first" / "docs.jsonl", "p", 2)
-    assert subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(first), *common_flags(RUN_ID, out), *FLAGS],
-                          cwd=REPO, capture_output=True, text=True, timeout=600).returncode == 0
+    assert run_docscore("--input", first, *common_flags(RUN_ID, out), *FLAGS) == 0  # the previous run, in this process
     before = visible(out)
     # minutes of work, so the run is still going when it is interrupted however fast the machine
     long = write_jsonl(tmp_path / "long" / "docs.jsonl",
