@@ -264,7 +264,7 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json") -> ModelConfig
     except KeyError as missing:
         raise ModelLoadError(f"{path}: {model_type} config lacks the field {missing}; "
                              f"save the model's config with transformers' save_pretrained") from None
-    check_bounds(config, path)
+    check_bounds(config, path, _file_keys(hf))
     if both_ways and config.sliding_window:
         raise ModelLoadError(f"{path}: is_causal {shown(hf['is_causal'])} with a sliding window of "
                              f"{config.sliding_window} is not supported: docscore computes a both-ways {model_type} "
@@ -289,10 +289,21 @@ def hf_keys(config: ModelConfig) -> dict[str, str]:
     return HF_KEYS.get(config.model_type) or HF_KEYS[config.family]
 
 
-def check_bounds(config: ModelConfig, path: str = "config.json") -> None:
+def _file_keys(hf: dict[str, Any]) -> dict[str, str]:
+    """transformers' key -> the key this config.json holds it under, where they differ: the original remote-code
+    NomicBERT keys (n_inner for intermediate_size, ...), so that a message names what the user can find in the file."""
+    if hf.get("model_type") != "nomic_bert":
+        return {}
+    return {ours: theirs for theirs, ours in NOMIC_REMOTE_KEYS.items() if theirs in hf and ours not in hf}
+
+
+def check_bounds(config: ModelConfig, path: str = "config.json", file_keys: dict[str, str] | None = None) -> None:
     """Raise ModelLoadError naming the file and the key when a size is not a whole number in [1, its
-    MAX_SIZES bound], or layer_norm_eps is not a small positive number."""
+    MAX_SIZES bound], or layer_norm_eps is not a small positive number. `file_keys` renames a key as the file
+    holds it (_file_keys)."""
+    file_keys = file_keys or {}
     for field, key in hf_keys(config).items():
+        key = file_keys.get(key, key)
         value, limit = getattr(config, field), MAX_SIZES[field]
         if field == "max_positions" and config.position_offset and type(value) is int:
             value += config.position_offset  # config.json's max_position_embeddings, as the message names it
@@ -305,6 +316,7 @@ def check_bounds(config: ModelConfig, path: str = "config.json") -> None:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         key = {"bert": "layer_norm_eps", "gpt2": "layer_norm_epsilon", "llama": "rms_norm_eps",
                "modernbert": "norm_eps", "rotary_bert": "layer_norm_eps", "t5": "layer_norm_epsilon"}[config.family]
+        key = file_keys.get(key, key)
         raise ModelLoadError(f"{path}: {key} is {shown(eps)}; it must be a number between 0 and 1 (e.g. 1e-12); "
                              "set it to the model's real value, or re-create the model directory with `docscore convert`")
 

@@ -251,6 +251,16 @@ def test_settings_docscore_does_not_compute_are_refused_by_key(hf, key):
         config_from_hf(hf)
 
 
+@pytest.mark.parametrize("key, value", [("n_inner", 0), ("n_embd", 10**9), ("n_layer", -1), ("layer_norm_epsilon", 2)])
+def test_a_remote_nomic_configs_size_out_of_bounds_is_named_by_its_own_key(key, value):
+    """The original NomicBERT config.json says n_inner, not transformers' intermediate_size: the message names
+    the key the user finds in the file."""
+    remote = {"model_type": "nomic_bert", "vocab_size": 100, "n_embd": 32, "n_head": 4, "n_layer": 2, "n_inner": 40,
+              "n_positions": 512, "layer_norm_epsilon": 1e-5, "rotary_emb_base": 500}
+    with pytest.raises(models.ModelLoadError, match=f"config.json: {key} is {value}"):
+        config_from_hf({**remote, key: value})
+
+
 def test_config_reads_each_models_defaults_and_the_remote_nomic_keys():
     nomic, gte = config_from_hf(NOMIC), config_from_hf(GTE)
     assert (nomic.activation, nomic.type_vocab_size, nomic.qkv_bias, nomic.mlp_output_bias) == ("silu", 2, False, False)
