@@ -151,6 +151,17 @@ def common_flags(run_id: str, out: Path) -> list[str]:
             "--batch_size", str(TEST_BATCH), "--stride", str(TEST_STRIDE), "--max_error_fraction", "1"]
 
 
+def perturb_parameters(model, chosen) -> None:
+    """Add noise to the parameters of a random transformers model whose names `chosen` accepts: norms start at ones
+    and zeros and biases at zeros, and values of their own catch one read into the wrong place."""
+    import torch
+
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if chosen(name):
+                weight.add_(0.2 * torch.randn_like(weight))
+
+
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory) -> str:
     """A 2-layer GPT-2 (random weights and layer norms, seed 0) with a byte-level BPE tokenizer trained on Python's
@@ -176,10 +187,7 @@ def tiny_gpt2_dir(tmp_path_factory) -> str:
     config = transformers.GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_positions=64, n_embd=32,
                                      n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # layer norms start at ones and zeros: values of their own catch a norm read in the wrong place
-        for name, weight in model.named_parameters():
-            if ".ln_" in name or name.startswith("transformer.ln_"):
-                weight.add_(0.2 * torch.randn_like(weight))
+    perturb_parameters(model, lambda name: ".ln_" in name or name.startswith("transformer.ln_"))
     model.save_pretrained(str(hf_dir), safe_serialization=True)
     convert_hf_dir(str(hf_dir), str(out_dir))
     return str(out_dir)

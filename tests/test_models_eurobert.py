@@ -15,7 +15,7 @@ import models
 from models.config import EUROBERT, config_from_hf
 from models.model_dir import METADATA
 from pipeline.convert import main as convert_main
-from tests.conftest import SENTENCES, byte_level_bpe, common_flags, run_docscore, write_jsonl
+from tests.conftest import SENTENCES, byte_level_bpe, common_flags, perturb_parameters, run_docscore, write_jsonl
 from tests.test_models_roberta import ST_MODULES, embed_run
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -42,10 +42,7 @@ def build_eurobert(out: Path, model_class: str, **settings) -> Path:
         bos_token_id=0, eos_token_id=1, pad_token_id=1, mask_token_id=2,
         rope_parameters={"rope_type": "default", "rope_theta": 250_000.0}, **settings)
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():  # norms start at ones; scales of their own catch a norm read into the wrong place
-        for name, weight in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                weight.add_(0.2 * torch.randn_like(weight))
+    perturb_parameters(model, lambda name: "norm" in name.lower() or name.endswith("bias"))
     model.save_pretrained(out)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|begin_of_text|>",
                                          eos_token="<|end_of_text|>", pad_token="<|end_of_text|>",

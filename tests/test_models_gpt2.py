@@ -18,7 +18,7 @@ import pytest
 
 import models
 from models.hf_import import convert_hf_dir
-from tests.conftest import padded, transformers_logprobs
+from tests.conftest import padded, perturb_parameters, transformers_logprobs
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 pytest_plugins = ["gcs_support"]
@@ -46,10 +46,7 @@ def build_hf_gpt2(out: Path, *, scale_by_layer: bool = False) -> None:
                                      vocab_size=tokenizer.get_vocab_size(), bos_token_id=0, eos_token_id=0,
                                      scale_attn_by_inverse_layer_idx=scale_by_layer)
     model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # layer norms start at ones and zeros: values of their own catch a norm read in the wrong place
-        for name, weight in model.named_parameters():
-            if ".ln_" in name or name.startswith("transformer.ln_"):
-                weight.add_(0.2 * torch.randn_like(weight))
+    perturb_parameters(model, lambda name: ".ln_" in name or name.startswith("transformer.ln_"))
     model.save_pretrained(out)
     tokenizer.save(str(out / "tokenizer.json"))
 

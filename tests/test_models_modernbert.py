@@ -21,7 +21,7 @@ from models.config import config_from_hf
 from models.loader import model_kernel
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
-from tests.conftest import SENTENCES, byte_level_bpe, padded, read_summary
+from tests.conftest import SENTENCES, byte_level_bpe, padded, perturb_parameters, read_summary
 from tests.test_convert import CLS_POOLING
 from tests.test_models_roberta import embed_run, write_sentence_transformers_modules
 
@@ -68,10 +68,7 @@ def build_hf(out: Path, kind: str = "base", model_class: str = "ModernBertModel"
     config = transformers.ModernBertConfig(vocab_size=tokenizer.get_vocab_size(),
                                            **{**COMMON, **KINDS[kind], **overrides})
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():  # norms start at ones and biases at zeros: values of their own catch one read wrongly
-        for name, weight in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                weight.add_(0.2 * torch.randn_like(weight))
+    perturb_parameters(model, lambda name: "norm" in name.lower() or name.endswith("bias"))
     model.save_pretrained(out)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, cls_token="[CLS]", sep_token="[SEP]",
                                          pad_token="[PAD]", unk_token="[UNK]", mask_token="[MASK]").save_pretrained(out)

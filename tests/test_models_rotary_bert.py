@@ -19,7 +19,7 @@ import models
 from models.config import config_from_hf
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
-from tests.conftest import SENTENCES, byte_level_bpe, padded
+from tests.conftest import SENTENCES, byte_level_bpe, padded, perturb_parameters
 from tests.test_models_roberta import write_sentence_transformers_modules
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -49,10 +49,7 @@ def build_hf(out: Path, model_type: str) -> Path:
     torch.manual_seed(0)
     config = getattr(transformers, config_class)(vocab_size=tokenizer.get_vocab_size(), **{**COMMON, **overrides})
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():  # norms start at ones and biases at zeros: values of their own catch one read wrongly
-        for name, weight in model.named_parameters():
-            if "norm" in name.lower() or name.endswith("bias"):
-                weight.add_(0.2 * torch.randn_like(weight))
+    perturb_parameters(model, lambda name: "norm" in name.lower() or name.endswith("bias"))
     out.mkdir(parents=True)
     model.save_pretrained(out)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, cls_token="[CLS]", sep_token="[SEP]",
