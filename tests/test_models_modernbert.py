@@ -68,11 +68,19 @@ def build_hf(out: Path, kind: str = "base", model_class: str = "ModernBertModel"
     config = transformers.ModernBertConfig(vocab_size=tokenizer.get_vocab_size(),
                                            **{**COMMON, **KINDS[kind], **overrides})
     model = getattr(transformers, model_class)(config).eval()
+    return save_encoder(model, tokenizer, out, MAX_SEQ_LEN)
+
+
+def save_encoder(model, tokenizer, out: Path, max_seq_len: int) -> Path:
+    """A random encoder (norms and biases perturbed) saved as safetensors with its BERT-style special tokens and the
+    sentence-transformers modules around it (mean pooling, normalised); `out`."""
+    import transformers
+
     perturb_parameters(model, lambda name: "norm" in name.lower() or name.endswith("bias"))
     model.save_pretrained(out)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, cls_token="[CLS]", sep_token="[SEP]",
                                          pad_token="[PAD]", unk_token="[UNK]", mask_token="[MASK]").save_pretrained(out)
-    write_sentence_transformers_modules(out, dim=32, max_seq_len=MAX_SEQ_LEN)
+    write_sentence_transformers_modules(out, dim=32, max_seq_len=max_seq_len)
     return out
 
 

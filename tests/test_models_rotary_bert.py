@@ -19,8 +19,8 @@ import models
 from models.config import config_from_hf
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
-from tests.conftest import SENTENCES, byte_level_bpe, padded, perturb_parameters
-from tests.test_models_roberta import write_sentence_transformers_modules
+from tests.conftest import SENTENCES, byte_level_bpe, padded
+from tests.test_models_modernbert import save_encoder
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
@@ -49,13 +49,8 @@ def build_hf(out: Path, model_type: str) -> Path:
     torch.manual_seed(0)
     config = getattr(transformers, config_class)(vocab_size=tokenizer.get_vocab_size(), **{**COMMON, **overrides})
     model = getattr(transformers, model_class)(config).eval()
-    perturb_parameters(model, lambda name: "norm" in name.lower() or name.endswith("bias"))
     out.mkdir(parents=True)
-    model.save_pretrained(out)
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, cls_token="[CLS]", sep_token="[SEP]",
-                                         pad_token="[PAD]", unk_token="[UNK]", mask_token="[MASK]").save_pretrained(out)
-    write_sentence_transformers_modules(out, dim=32, max_seq_len=MAX_SEQ_LEN)
-    return out
+    return save_encoder(model, tokenizer, out, MAX_SEQ_LEN)
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
