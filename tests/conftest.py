@@ -152,8 +152,8 @@ def common_flags(run_id: str, out: Path) -> list[str]:
 
 
 def perturb_parameters(model, chosen) -> None:
-    """Add noise to the parameters of a random transformers model whose names `chosen` accepts: norms start at ones
-    and zeros and biases at zeros, and values of their own catch one read into the wrong place."""
+    """Add noise to the parameters of a random transformers model whose names `chosen` accepts: norm scales start at
+    ones, norm shifts and biases at zeros, and values of their own catch one read into the wrong place."""
     import torch
 
     with torch.no_grad():
