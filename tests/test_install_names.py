@@ -84,11 +84,12 @@ def test_a_python_started_among_empty_namesakes_imports_docscores_packages(empty
 
 
 @pytest.mark.integration
-def test_docscore_run_with_multi_process_workers_among_empty_namesakes(empty_namesakes):
+def test_the_docscore_command_runs_among_empty_namesakes(empty_namesakes):
+    """The console script among empty folders of its packages' names (worker processes, which an empty folder cannot
+    fool either, are tried among a user's own packages below)."""
     workdir, info = empty_namesakes
     out = workdir / "out-docscore"
-    _run([DOCSCORE, "run", "--config", info["config"], "--output", str(out),
-          "--direct_running_mode", "multi_processing", "--direct_num_workers", "2", *ONE_SHORT_WINDOW], workdir)
+    _run([DOCSCORE, "run", "--config", info["config"], "--output", str(out), *ONE_SHORT_WINDOW], workdir)
     _assert_run_complete(out, info["documents"])
 
 
