@@ -57,7 +57,7 @@ PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 test: $(VENV)/.test-installed browser
 	$(PYTEST) -q --durations=25 tests
 
-# The unit loop for someone changing one module (about 2 minutes on 2 cores; one file: pytest tests/test_X.py): no whole jobs, subprocesses, emulator,
+# The unit loop for someone changing one module (2-4 minutes on 2 cores, by CPU; one file: pytest tests/test_X.py): no whole jobs, subprocesses, emulator,
 # browser or parity checks (pytest.ini lists the markers; README.md, "Development").
 test-fast: $(VENV)/.test-installed
 	$(PYTEST) -q -m "not slow and not integration" tests
