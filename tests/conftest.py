@@ -34,8 +34,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # compile of a small test model takes half the time and compiling is most of what the model tests do. XLA's own HLO
 # passes and its matmul libraries are the same, so every parity bound holds unchanged; benchmarks/ measure with the
 # defaults, and so do the GPU tests (benchmarks/gpu_session.sh names the platform: JAX_PLATFORMS=cuda,cpu).
-if (os.environ.get("JAX_PLATFORMS") or "cpu") == "cpu" and "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+if (os.environ.get("JAX_PLATFORMS") or "cpu") == "cpu" and "--xla_backend_optimization_level" not in _XLA_FLAGS:
+    os.environ["XLA_FLAGS"] = f"{_XLA_FLAGS} --xla_backend_optimization_level=0".strip()
 # gcsfs reads this once, at import: without it, it stalls ~60 s probing bucket types on the emulator.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 

@@ -213,8 +213,8 @@ KERNELS_ON_FOUR_DEVICES = """
 
 def four_devices(script: str, job, timeout: int = 900) -> list[dict]:
     """The reports `script` prints for `job` on 5 CPU devices (its meshes take devices 1-4: the docstring says why)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=5")  # and the suite's (conftest)
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=5"  # the suite's too (conftest)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
     env.pop("DOCSCORE_DEVICE_MEMORY_BYTES", None)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script), json.dumps(job)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, run_docscore, write_jsonl
+from tests.conftest import TEST_BATCH, TEST_MAX_LEN, TEST_STRIDE, read_summary, run_docscore, write_jsonl
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
@@ -74,8 +74,6 @@ def test_a_run_on_worker_processes_prints_no_untrue_beam_warnings(docs, tmp_path
 def test_in_memory_workers_get_no_warning_that_they_do_nothing(docs, tmp_path, caplog):
     """Beam warns that in_memory with direct_num_workers 2 lacks "the desired worker parallelism", but it runs
     each bundle on that many threads (the summary's batching.local_threads)."""
-    from tests.conftest import read_summary
-
     with caplog.at_level(logging.WARNING):
         code = run_docscore("--input", docs, *small(tmp_path / "out"), "--run_id", "threads", "--direct_num_workers", "2")
     assert code == 0
