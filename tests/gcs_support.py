@@ -7,6 +7,7 @@ Use: `pytest_plugins = ["gcs_support"]` in a test module (tests/ is on sys.path)
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import http.client
@@ -169,6 +170,31 @@ def precondition_target(command: str, path: str, body: bytes) -> tuple[str, str,
     return (bucket, name, expected[0]) if name else None
 
 
+def exact_multipart(content_type: str, body: bytes) -> bytes:
+    """A multipart upload's body with its media part base64-encoded (Content-Transfer-Encoding), so the emulator
+    stores the very bytes sent. The emulator reads the body with Python's email parser, which takes a "\\r" ending
+    the media for part of the line break before the closing boundary and drops it (gcsfs breaks lines with "\\n"
+    alone): about one upload in 256 of binary data lost its last byte. The body unchanged if it is not
+    boundary-delimited parts."""
+    found = re.search(r'boundary="?([^";]+)"?', content_type)
+    if not content_type.startswith("multipart/related") or not found:
+        return body
+    dash = b"--" + found.group(1).encode()
+    if not body.startswith(dash):
+        return body
+    newline = b"\r\n" if body[len(dash):len(dash) + 2] == b"\r\n" else b"\n"  # the client's line break, as sent
+    parts = (newline + body).split(newline + dash)[1:]  # each part after its boundary line's break; then "--"
+    if len(parts) < 3 or not parts[-1].startswith(b"--") or any(newline * 2 not in part for part in parts[:-1]):
+        return body
+    rebuilt = []
+    for number, part in enumerate(parts[:-1], 1):
+        headers, content = part.removeprefix(newline).split(newline * 2, 1)
+        if number == len(parts) - 1:  # the media: the last part before the closing boundary
+            headers, content = headers + newline + b"Content-Transfer-Encoding: base64", base64.encodebytes(content)
+        rebuilt.append(dash + b"\r\n" + headers.replace(newline, b"\r\n") + b"\r\n\r\n" + content + b"\r\n")
+    return b"".join(rebuilt) + dash + b"--\r\n"
+
+
 def generation_of(upstream_port: int, bucket: str, name: str) -> str:
     """The object's current generation on the emulator, "0" when there is none."""
     connection = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
@@ -229,6 +255,8 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         if action == "503":
             self._send_json(503, "injected fault: backend unavailable")
             return
+        if self.command == "POST" and "uploadType=multipart" in self.path:
+            body = exact_multipart(self.headers.get("Content-Type", ""), body)
         target = precondition_target(self.command, self.path, body)
         if target is None:
             self._forward(body)

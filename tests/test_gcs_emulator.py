@@ -73,6 +73,27 @@ def test_gcsfs_survives_faults(faulty_gcs):
     assert stats.answered_503 > 0 and stats.dropped > 0, stats
 
 
+def test_binary_objects_keep_every_byte_whatever_their_last_byte(gcs, tmp_path):
+    """The emulator alone drops a "\\r" that ends an upload's data (the proxy sends it base64-encoded): a model
+    directory uploaded for a test lost a byte of one checkpoint file about once in ten uploads."""
+    from apache_beam.io.filesystems import FileSystems
+
+    fs = gcs.fs()
+    endings = [b"\r", b"\n", b"\r\n", b"\n\r", b"--==0==--", b"\x00", b"A"]
+    for i, ending in enumerate(endings):
+        data = bytes(range(256)) + ending
+        fs.pipe(f"{gcs.bucket}/piped/{i}", data)
+        (tmp_path / "dir").mkdir(exist_ok=True)
+        (tmp_path / "dir" / str(i)).write_bytes(data)
+        with FileSystems.create(gcs.url("beam", str(i))) as f:
+            f.write(data)
+        assert fs.cat(f"{gcs.bucket}/piped/{i}") == data, ending
+        assert fs.cat(f"{gcs.bucket}/beam/{i}") == data, ending
+    fs.put(str(tmp_path / "dir"), f"{gcs.bucket}/put", recursive=True)
+    assert {name.rsplit("/", 1)[1]: fs.cat(name) for name in fs.find(f"{gcs.bucket}/put")} == \
+        {str(i): bytes(range(256)) + ending for i, ending in enumerate(endings)}
+
+
 def test_beam_gcs_filesystem_uses_the_emulator(gcs):
     """apache_beam.io.gcp honours STORAGE_EMULATOR_HOST (through google-cloud-storage), so Beam's
     own gs:// writes, renames and matches reach the emulator; gcsfs sees the same objects."""

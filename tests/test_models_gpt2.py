@@ -18,6 +18,7 @@ import pytest
 
 import models
 from models.hf_import import convert_hf_dir
+from models.model_dir import fetch_remote
 from tests.conftest import padded, perturb_parameters, transformers_logprobs
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -134,6 +135,13 @@ def test_segments_longer_than_the_position_table_are_refused(model_dir):
 
 def test_load_from_gs_through_gcsfs(model_dir, gcs, tmp_path):
     gcs.fs().put(str(model_dir), f"{gcs.bucket}/tiny", recursive=True)
+    # the upload and the copy back each hold every file whole, so a loss names its side
+    sent = {str(p.relative_to(model_dir)): p.stat().st_size for p in model_dir.rglob("*") if p.is_file()}
+    stored = {name.split("/tiny/", 1)[1]: info["size"]
+              for name, info in gcs.fs().find(f"{gcs.bucket}/tiny", detail=True).items()}
+    assert stored == sent
+    copied = Path(fetch_remote(gcs.url("tiny"), str(tmp_path / "check")))
+    assert {str(p.relative_to(copied)): p.stat().st_size for p in copied.rglob("*") if p.is_file()} == sent
     local = models.load(str(model_dir), attention="native")
     remote = models.load(gcs.url("tiny"), attention="native", cache_dir=str(tmp_path))
     assert remote.fingerprint == local.fingerprint and remote.model_id == f"tiny@{local.fingerprint[:12]}"
