@@ -84,6 +84,17 @@ def launcher_objects_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+@contextlib.contextmanager
+def temporary_files_in(directory: str) -> Iterator[None]:
+    """Python's temporary files and folders are made in `directory` meanwhile (tempfile.tempdir)."""
+    before = tempfile.tempdir
+    tempfile.tempdir = directory
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+
+
 def shadow_gate_failure(summary: dict[str, Any]) -> str | None:
     """The message of a failed shadow gate, or None (no shadow kernel, within tolerance, or nothing shadowed)."""
     gate = summary.get("shadow")
@@ -332,7 +343,10 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
     build_pipeline(p, eo, plan, out, counter_dir, started)
     if why_not_wait:  # nothing to wait for here; the job publishes its own tables when it runs
         try:
-            p.run()
+            # Beam's Dataflow runner stages the job's dependencies from a folder it makes and never removes; made in
+            # the pipeline's own temporary folder, it goes when Beam removes that as run() returns
+            with temporary_files_in(p.local_tempdir):
+                p.run()
         except Exception as e:  # Beam builds, stages and submits the job here: its refusals are one line too
             print(f"docscore run {eo.run_id}: the job was not built or submitted ({job_error_text(e)}); nothing was "
                   "published", file=sys.stderr)

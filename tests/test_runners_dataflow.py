@@ -12,6 +12,9 @@ Two mechanisms (Beam 2.77):
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import apache_beam as beam
@@ -213,3 +216,20 @@ def test_a_template_launch_beam_cannot_build_ends_in_one_line(cloud_env, gcs, tm
     err = capsys.readouterr().err
     assert code == 1, err
     assert "docscore run unbuilt: the job was not built or submitted (" in err and "nothing was published" in err, err
+
+
+def test_docscore_run_builds_a_dataflow_job_and_leaves_no_temporary_files(cloud_env, gcs, gcs_corpus, tmp_path):
+    """The whole `docscore run` launch with --dry_run=True: validated, built and staged, nothing published; Beam's
+    folder for the job's dependencies (the pickled main session, the dependency list) is not left in TMPDIR."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cloud_env.setenv("DOCSCORE_TEMP_LOCATION", gcs.url("tmp"))
+    out = gcs.url("out")
+    result = subprocess.run([sys.executable, "-m", "pipeline", "run", "--preset", "dataflow-cpu", "--input", gcs_corpus,
+                             "--output", out, "--run_id", "dry", "--no_auth", "--dry_run=True"],
+                            cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--dry_run: the job was built and translated, not submitted" in result.stdout, result.stdout
+    assert not gcs.fs().exists(f"{gcs.bucket}/out/runs"), "a dry run published a run"
+    assert sorted(p.name for p in tmp.iterdir()) == []
