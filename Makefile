@@ -49,9 +49,10 @@ sample: $(VENV)/.runtime-installed
 run: sample
 	$(BIN)/docscore run --config data/sample/classify.yaml --output $(OUTPUT)
 
-# Two worker processes (pytest-xdist), each file's cases on one of them: the suite takes ~2/3 of the time of one
-# process on 2 cores (the cases wait on subprocesses, Beam and compiles). PYTEST_WORKERS=0 runs one process.
-PYTEST_WORKERS ?= 2
+# Three worker processes (pytest-xdist), each file's cases on one of them: on 2 cores two workers left the cores
+# ~10% idle (the cases wait on subprocesses, the GCS emulator and timers); a third fills them. PYTEST_WORKERS=0 runs
+# one process.
+PYTEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 test: $(VENV)/.test-installed browser
