@@ -84,13 +84,17 @@ def save_encoder(model, tokenizer, out: Path, max_seq_len: int) -> Path:
     return out
 
 
+def convert_built(build, kind: str, tmp_path_factory) -> tuple[str, Path, Path]:
+    """(kind, the Hugging Face dir `build(dir, kind)` wrote, its docscore model dir converted for rows of 320 tokens)."""
+    root = tmp_path_factory.mktemp(kind)
+    src = build(root / "hf", kind)
+    assert convert_main(["--hf", str(src), "--out", str(root / "docscore"), "--max_seq_len", "320"]) == 0
+    return kind, src, root / "docscore"
+
+
 @pytest.fixture(scope="module", params=list(KINDS))
 def converted(request, tmp_path_factory) -> tuple[str, Path, Path]:
-    """(kind, Hugging Face dir, docscore model dir converted for rows of 320 tokens)."""
-    root = tmp_path_factory.mktemp(request.param)
-    src = build_hf(root / "hf", request.param)
-    assert convert_main(["--hf", str(src), "--out", str(root / "docscore"), "--max_seq_len", "320"]) == 0
-    return request.param, src, root / "docscore"
+    return convert_built(build_hf, request.param, tmp_path_factory)
 
 
 def documents(vocab_size: int) -> list[np.ndarray]:

@@ -20,18 +20,15 @@ from models.config import config_from_hf
 from pipeline.convert import main as convert_main
 from pipeline.telemetry import memory
 from tests.conftest import SENTENCES, byte_level_bpe, padded
-from tests.test_models_modernbert import save_encoder
+from tests.test_models_modernbert import MAX_SEQ_LEN, SPECIALS, convert_built, documents, save_encoder
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
 
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-MAX_SEQ_LEN = 48
 COMMON = dict(hidden_size=32, intermediate_size=40, num_attention_heads=4, num_hidden_layers=2,
               max_position_embeddings=512, initializer_range=0.2, pad_token_id=0)
 # model_type: (config class, model class, overrides); rope_theta left out: each model's own default (1000, 160,000)
 KINDS = {"nomic_bert": ("NomicBertConfig", "NomicBertModel", {}),
          "gte": ("GteConfig", "GteModel", {"type_vocab_size": 2})}
-LENGTHS = [1, 4, 23, 61, 300]  # one token, short ones, one past the blockwise kernel's 256-query block
 NOMIC_PROMPTS = {"query": "search_query: ", "document": "search_document: "}
 
 
@@ -55,16 +52,8 @@ def build_hf(out: Path, model_type: str) -> Path:
 
 @pytest.fixture(scope="module", params=list(KINDS))
 def converted(request, tmp_path_factory) -> tuple[str, Path, Path]:
-    """(model_type, Hugging Face dir, docscore model dir converted for rows of 320 tokens)."""
-    root = tmp_path_factory.mktemp(request.param)
-    src = build_hf(root / "hf", request.param)
-    assert convert_main(["--hf", str(src), "--out", str(root / "docscore"), "--max_seq_len", "320"]) == 0
-    return request.param, src, root / "docscore"
-
-
-def documents(vocab_size: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(7)
-    return [np.concatenate([[2], rng.integers(5, vocab_size, max(n - 2, 0)), [3]])[:n].astype(np.int32) for n in LENGTHS]
+    """(model_type, Hugging Face dir, docscore model dir)."""
+    return convert_built(build_hf, request.param, tmp_path_factory)
 
 
 def transformers_hidden(src: Path, model_type: str, ids: np.ndarray, segments: np.ndarray) -> np.ndarray:
