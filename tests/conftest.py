@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,18 @@ def pytest_unconfigure(config):
     # the controller removes it once every worker has finished.
     if _OWN_JAX_CACHE:
         shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_in_basetemp(tmp_path_factory) -> Iterator[None]:
+    """Temporary files and folders of this test process and the processes it starts go under pytest's basetemp,
+    which pytest prunes, not into the system's for good: Beam's folders of jobs a test builds and never runs, the
+    Dataflow tests' staging, the processes a test kills."""
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", folder)
+        mp.setattr(tempfile, "tempdir", folder)
+        yield
 
 
 # Real English sentences of varied length (from Python's own help pages), short enough that a
