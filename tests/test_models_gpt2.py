@@ -18,7 +18,6 @@ import pytest
 
 import models
 from models.hf_import import convert_hf_dir
-from models.model_dir import fetch_remote
 from tests.conftest import padded, perturb_parameters, transformers_logprobs
 
 pytestmark = pytest.mark.integration  # README.md, "Development"
@@ -133,17 +132,19 @@ def test_segments_longer_than_the_position_table_are_refused(model_dir):
     assert loaded.token_logprobs(ids, two_segments).shape == (1, 100)
 
 
+def file_sizes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
 def test_load_from_gs_through_gcsfs(model_dir, gcs, tmp_path):
     gcs.fs().put(str(model_dir), f"{gcs.bucket}/tiny", recursive=True)
     # the upload and the copy back each hold every file whole, so a loss names its side
-    sent = {str(p.relative_to(model_dir)): p.stat().st_size for p in model_dir.rglob("*") if p.is_file()}
     stored = {name.split("/tiny/", 1)[1]: info["size"]
               for name, info in gcs.fs().find(f"{gcs.bucket}/tiny", detail=True).items()}
-    assert stored == sent
-    copied = Path(fetch_remote(gcs.url("tiny"), str(tmp_path / "check")))
-    assert {str(p.relative_to(copied)): p.stat().st_size for p in copied.rglob("*") if p.is_file()} == sent
+    assert stored == file_sizes(model_dir)
     local = models.load(str(model_dir), attention="native")
     remote = models.load(gcs.url("tiny"), attention="native", cache_dir=str(tmp_path))
+    assert file_sizes(Path(remote.path)) == stored
     assert remote.fingerprint == local.fingerprint and remote.model_id == f"tiny@{local.fingerprint[:12]}"
     assert remote.path.startswith(str(tmp_path))
     ids, segments = padded([d.windows[0] for d in local.tokenizer.encode_windows(TEXTS, max_len=96, stride=0)])
