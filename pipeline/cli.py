@@ -14,7 +14,8 @@ import os
 import re
 import sys
 
-from pipeline.interrupt import exit_on_interrupt, exit_with_on_signal, hold_standard_streams, reader_gone
+from pipeline.interrupt import (ends_without_shutdown, exit_on_interrupt, exit_with_on_signal, hold_standard_streams,
+                                reader_gone)
 
 OWN_PACKAGES = ("pipeline", "models", "kernels", "runners")
 # subcommand -> (module with main(argv) -> int, one-line help)
@@ -160,10 +161,13 @@ def entry() -> int:
     """The `docscore` command and `python -m pipeline`: main(), after which the process ends. Every object
     still alive then (jax, Beam and matplotlib modules, the model: millions) is frozen out of Python's garbage
     collector first, so the interpreter's shutdown does not rescan them all: about 1 s after a run
-    (benchmarks/README.md, "Start-up"). A caller that runs main() in-process keeps collecting as before."""
+    (benchmarks/README.md, "Start-up"). A caller that runs main() in-process keeps collecting as before. A command
+    that leaves threads inside native code (interrupt.end_without_shutdown) ends with os._exit instead."""
     hold_standard_streams()
     code = main()
     exit_with_on_signal(code)  # the command is done: a late signal must not turn its outcome into 130/143
+    if ends_without_shutdown():  # threads of a failed job may be inside native code: the shutdown would abort
+        os._exit(code)  # exit_with_on_signal has flushed stdout and stderr
     gc.freeze()
     return code
 

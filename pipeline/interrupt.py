@@ -42,6 +42,20 @@ def how_ended() -> str:
 
 
 _FINISHED: list[int] = []  # the exit code of a command that has finished (exit_with_on_signal)
+_THREADS_LEFT_BUSY = threading.Event()  # end_without_shutdown was called
+
+
+def end_without_shutdown() -> None:
+    """Have the command's process end with os._exit once it has said its outcome, past the interpreter's shutdown:
+    for a job that failed in this process, whose other Beam bundles may still be inside a model call on their
+    (daemon) threads. The shutdown stops such a thread as it comes back from XLA, and the C++ frames it unwinds
+    through abort the process (SIGABRT, "FATAL: exception not rethrown"): exit 134 in place of the command's own.
+    os._exit stops every thread at once, as an interrupt's ending does."""
+    _THREADS_LEFT_BUSY.set()
+
+
+def ends_without_shutdown() -> bool:
+    return _THREADS_LEFT_BUSY.is_set()
 
 
 def exit_with_on_signal(code: int) -> None:

@@ -25,7 +25,7 @@ from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 from models.memory_room import format_bytes
 from pipeline.graph import build_pipeline
-from pipeline.interrupt import exit_on_interrupt, how_ended
+from pipeline.interrupt import end_without_shutdown, exit_on_interrupt, how_ended
 from pipeline.io import run_commit, run_lease, sinks, sources
 from pipeline.options import ConfigError, EvalOptions, given_option_names, parse_options
 from pipeline.runs import publish
@@ -363,6 +363,8 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
             failed = f"the pipeline ended in state {result.state}"
     except Exception as e:
         failed = f"the pipeline failed ({job_error_text(e)})"
+    if failed:  # Beam leaves the job's other bundles running on its threads, maybe inside a model call
+        end_without_shutdown()
     committed = launch_committed(eo, out) if failed and not eo.output.startswith(sinks.BQ_PREFIX) else False
     if failed and committed is not False:  # it failed after its commit (the store lost while cleaning up), or may have
         print(f"docscore run {eo.run_id}: {failed}, "

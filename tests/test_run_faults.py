@@ -142,12 +142,17 @@ def test_a_rerun_that_fills_the_disk_exits_1_and_the_previous_run_stays_whole(tm
     # long ids make rows too big for the disk: ~8 MiB of doc_ids
     big = write_jsonl(tmp_path / "big" / "docs.jsonl",
                       [{"id": secrets.token_urlsafe(3000), "text": "short text"} for _ in range(2000)])
-    # on worker threads, as an accelerator host runs: their error reaches the launcher as a traceback's text
+    # on worker threads, as an accelerator host runs: their error reaches the launcher as a traceback's text; the
+    # other bundles go on in their threads, here one inside its model calls when the launcher ends (the shutdown would
+    # stop it there and abort the process: exit -6 once in a while)
     threads = ["--direct_running_mode", "multi_threading", "--direct_num_workers", "2"]
-    rerun = subprocess.run([sys.executable, "-m", "pipeline", "run", "--input", str(big), *common_flags(RUN_ID, out), *FLAGS,
-                            *threads],
-                           cwd=REPO, capture_output=True, text=True, timeout=600)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    rerun = subprocess.run([sys.executable, str(REPO / "tests" / "run_beside_a_model_call.py"), "run", "--input", str(big),
+                            *common_flags(RUN_ID, out), *FLAGS, *threads],
+                           cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(tmpdir)})
     assert rerun.returncode == 1, rerun.stderr[-2000:]
+    assert not list(tmpdir.iterdir()), "the failed run left temporary files"
     last = rerun.stderr.strip().splitlines()[-1]
     assert last.startswith(f"docscore run {RUN_ID}: the pipeline failed (RuntimeError: OSError: [Errno 28] No space left on device")
     assert "nothing was published" in last
