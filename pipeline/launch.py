@@ -194,16 +194,16 @@ def print_help() -> None:
 
 
 def process_start_time() -> float:
-    """When this process started, on time.time()'s clock, to the 10 ms of a clock tick: its age from Linux's
-    /proc/self/stat (start in ticks since boot) and the clock since boot. psutil's create_time adds that start
-    to the boot time /proc/stat gives in whole seconds, up to a second early; it stays the fallback elsewhere."""
+    """When this process started, on time.monotonic()'s clock (which a step of the system clock does not move: a
+    command's time is its own), to the 10 ms of a clock tick: its age from Linux's /proc/self/stat (start in ticks
+    since boot) and the clock since boot. Elsewhere from psutil's create_time, on the system clock to a second."""
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rpartition(")")[2].split()  # the fields after the command name, from field 3
         started = int(fields[22 - 3]) / os.sysconf("SC_CLK_TCK")
-        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+        return time.monotonic() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started)
     except (OSError, ValueError, IndexError, AttributeError):
-        return psutil.Process().create_time()
+        return time.monotonic() - (time.time() - psutil.Process().create_time())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print_help()
         return 0
-    phase_starts = {"start": process_start_time(), "validate": time.time()}  # summary.COMMAND_PHASES
+    phase_starts = {"start": process_start_time(), "validate": time.monotonic()}  # summary.COMMAND_PHASES
     with exit_on_interrupt(lambda: "docscore run: interrupted before the job started; nothing was published"):
         return launch(argv, phase_starts)
 
@@ -236,7 +236,7 @@ def launch(argv: list[str], phase_starts: dict[str, float]) -> int:
     except ConfigError as e:
         print(f"docscore run: {e}", file=sys.stderr)
         return 2
-    phase_starts["prepare"] = time.time()
+    phase_starts["prepare"] = time.monotonic()
     bundles = use_local_threads(options, plan.batch.local_threads, given_option_names(argv))
     plan = dataclasses.replace(plan, batch=dataclasses.replace(plan.batch, local_threads=bundles))  # what runs
     for notice in plan.notices:
@@ -355,10 +355,10 @@ def run_and_report(options, eo: EvalOptions, plan, out: sinks.OutputSpec, why_no
         return 0
     failed = None
     try:
-        phase_starts["job"] = time.time()
+        phase_starts["job"] = time.monotonic()
         with launcher_objects_frozen(), ending_a_job_that_lost_a_worker(eo.run_id):
             result, reporter = progress.run_with_progress(p, counter_dir, display=not eo.no_progress)
-        phase_starts["launcher"] = time.time()
+        phase_starts["launcher"] = time.monotonic()
         if result.state not in (None, "DONE"):
             failed = f"the pipeline ended in state {result.state}"
     except Exception as e:

@@ -200,7 +200,7 @@ def enrich_published_summary(spec: sinks.OutputSpec, metrics: dict[str, Any], ph
         raise run_commit.CommitError(f"run {spec.run_id}: this launch ({spec.launch}) has no committed summary under {spec.output}")
     enriched = add_metrics(summary, metrics)
     if phase_starts is not None:
-        enriched = with_command_wall(enriched, phase_starts, time.time())
+        enriched = with_command_wall(enriched, phase_starts, time.monotonic())
     if finish is not None:
         enriched = finish(enriched)
     if enriched is not summary:

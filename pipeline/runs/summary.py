@@ -218,7 +218,7 @@ COMMAND_PHASES = ("start", "validate", "prepare", "job", "launcher")
 def with_command_wall(summary: dict[str, Any], phase_starts: dict[str, float], now: float) -> dict[str, Any]:
     """The summary with command_wall_s, the whole `docscore run` command (start-up, model load, Beam set-up and
     the job) until its tables were published (wall_s is the pipeline's part), and command_phases_s, the seconds
-    of each of COMMAND_PHASES the launcher marked (phase_starts: when each began, time.time(); "start" is the
+    of each of COMMAND_PHASES the launcher marked (phase_starts: when each began, time.monotonic(); "start" is the
     process's start), so a slow start-up says where it went."""
     marked = [(phase, phase_starts[phase]) for phase in COMMAND_PHASES if phase in phase_starts]
     ends = [began for _, began in marked[1:]] + [now]
