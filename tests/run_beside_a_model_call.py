@@ -34,7 +34,7 @@ def bundle() -> None:
 def shutdown_begins() -> None:
     start.set()
     entered.wait(10)
-    time.sleep(0.2)  # well into the calls
+    time.sleep(0.2)  # the GIL left to the thread, so that the shutdown finds it inside a call, not waiting for the GIL
 
 
 if __name__ == "__main__":

@@ -143,8 +143,8 @@ def test_a_rerun_that_fills_the_disk_exits_1_and_the_previous_run_stays_whole(tm
     big = write_jsonl(tmp_path / "big" / "docs.jsonl",
                       [{"id": secrets.token_urlsafe(3000), "text": "short text"} for _ in range(2000)])
     # on worker threads, as an accelerator host runs: their error reaches the launcher as a traceback's text; the
-    # other bundles go on in their threads, here one inside its model calls when the launcher ends (the shutdown would
-    # stop it there and abort the process: exit -6 once in a while)
+    # other bundles go on in their threads, here one inside its model calls when the launcher ends (the interpreter's
+    # shutdown stops it there and aborts the process, exit -6, unless the launcher ends without it)
     threads = ["--direct_running_mode", "multi_threading", "--direct_num_workers", "2"]
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
