@@ -377,7 +377,10 @@ def layered_flags(argv: list[str]) -> list[str]:
     # the preset's cloud settings come from the environment unless the config file or the command line gives them
     preset = load_preset(preset_name, config_flags + list(argv)) if preset_name is not None else {}
     refuse_unknown_keys(f"--preset {preset_name}", preset)
-    return (replaced_list_entries(dict_to_flags(preset), config_flags + list(argv))
+    # a preset the config file names is the run's preset as --preset's is (the summary's config, the refusals'
+    # "set by --preset"): its name goes in front, where the command line has no --preset to override
+    named = ["--preset", preset_name] if first.preset is None and preset_name is not None else []
+    return (named + replaced_list_entries(dict_to_flags(preset), config_flags + list(argv))
             + replaced_list_entries(config_flags, list(argv)) + list(argv))
 
 

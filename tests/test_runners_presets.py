@@ -323,6 +323,20 @@ def test_from_preset_says_which_values_the_preset_set(no_cloud_env):
     assert from_preset(eo, "target_backend") == ""
 
 
+def test_a_preset_the_config_file_names_is_the_runs_preset(no_cloud_env, tmp_path):
+    """`preset:` in a --config file is --preset by its key: the run records it (the summary's config) and a refusal
+    blames it for the values it set; a --preset on the command line still wins over the file's."""
+    from pipeline.dataflow_checks import from_preset
+
+    config = tmp_path / "c.yaml"
+    config.write_text("preset: dataflow-tpu-v5e\nbatch_size: 8\n")
+    _, eo = parse_options(["--config", str(config), "--runner", "DirectRunner", "--input", "x.jsonl", "--output", "o"])
+    assert (eo.preset, eo.target_backend, eo.batch_size) == ("dataflow-tpu-v5e", "tpu", 8)
+    assert from_preset(eo, "target_backend") == " (set by --preset dataflow-tpu-v5e)"
+    _, eo = parse_options(["--config", str(config), "--preset", "local", "--input", "x.jsonl", "--output", "o"])
+    assert (eo.preset, eo.target_backend) == ("local", "auto")
+
+
 TPU_FLAGS = ["--preset", "dataflow-tpu-v5e"]
 
 
