@@ -53,6 +53,13 @@ def test_tolerances_and_totals():
     assert totals["output_max_abs_diff"] == 3e-5 and totals["worst_ratio_to_tolerance"] == pytest.approx(3.0)
     assert totals["output_mean_abs_diff"] == pytest.approx((1e-8 + 1e-6 + 1e-8) / 3)
     assert totals["score_max_abs_diff"] == 2e-3 and not totals["passed"]
+    assert totals["score_mean_abs_diff"] == pytest.approx((1e-7 + 2e-3 + 1e-7) / 3)
+    # a document neither kernel scored (a one-token loglik document) is compared by its outputs, not by its score
+    unscored = shadow.measure([np.array([-2.0])], [np.array([-2.0])], {"score": None}, {"score": None})
+    both = combine.extract_output(combine.add_input(right, unscored))
+    assert both["documents"] == 3 and both["score_mean_abs_diff"] == pytest.approx((2e-3 + 1e-7) / 2)
+    only_unscored = combine.extract_output(combine.add_input(combine.create_accumulator(), unscored))
+    assert only_unscored["score_max_abs_diff"] is None and only_unscored["score_mean_abs_diff"] is None
     empty = combine.extract_output(combine.create_accumulator())
     # nothing shadowed: the gate did not run, so it neither passed nor failed
     assert empty["documents"] == 0 and empty["passed"] is None and empty["output_mean_abs_diff"] is None

@@ -106,7 +106,7 @@ class ShadowTotals(beam.CombineFn):
 
     def create_accumulator(self):
         return {"documents": 0, "over": 0, "flips": 0, "nan": 0, "out_max": 0.0, "out_mean_sum": 0.0, "score_max": 0.0,
-                "score_sum": 0.0, "worst_ratio": 0.0}
+                "score_sum": 0.0, "scored": 0, "worst_ratio": 0.0}
 
     def add_input(self, acc, divergence: Divergence):
         tolerance = self._tolerance
@@ -121,13 +121,14 @@ class ShadowTotals(beam.CombineFn):
         if not np.isnan(divergence.score_abs):
             acc["score_max"] = max(acc["score_max"], divergence.score_abs)
             acc["score_sum"] += divergence.score_abs
+            acc["scored"] += 1
         acc["worst_ratio"] = max(acc["worst_ratio"], divergence.output_max_abs / (tolerance * divergence.output_scale))
         return acc
 
     def merge_accumulators(self, accumulators):
         merged = self.create_accumulator()
         for acc in accumulators:
-            for key in ("documents", "over", "flips", "nan", "out_mean_sum", "score_sum"):
+            for key in ("documents", "over", "flips", "nan", "out_mean_sum", "score_sum", "scored"):
                 merged[key] += acc[key]
             for key in ("out_max", "score_max", "worst_ratio"):
                 merged[key] = max(merged[key], acc[key])
@@ -142,8 +143,9 @@ class ShadowTotals(beam.CombineFn):
             "documents_nan": acc["nan"],
             "output_max_abs_diff": acc["out_max"] if n else None,  # no document compared: no difference measured
             "output_mean_abs_diff": acc["out_mean_sum"] / (n - acc["nan"]) if n > acc["nan"] else None,
-            "score_max_abs_diff": acc["score_max"] if n else None,
-            "score_mean_abs_diff": acc["score_sum"] / n if n else None,
+            # over the documents with a score from both kernels (a one-token loglik document has none)
+            "score_max_abs_diff": acc["score_max"] if acc["scored"] else None,
+            "score_mean_abs_diff": acc["score_sum"] / acc["scored"] if acc["scored"] else None,
             "worst_ratio_to_tolerance": acc["worst_ratio"] if n else None,
             # no shadowed document compared nothing: neither passed nor failed (the launcher says why)
             "passed": acc["over"] == 0 if n else None,
