@@ -225,3 +225,26 @@ def test_the_shadow_kernel_embeds_the_label_descriptions_itself():
     np.testing.assert_array_equal(model.shadow_label_embeddings, expected.label_embeddings)
     # the two kernels' label embeddings differ in their last bits, so the check above tells them apart
     assert not np.array_equal(model.label_embeddings, expected.label_embeddings)
+
+
+@pytest.mark.integration
+def test_a_shadow_kernel_giving_nan_on_classify_fails_the_gate_not_the_run(tmp_path, monkeypatch, capsys):
+    """The shadow kernel embeds the label descriptions too: when it gives NaN there, that is its divergence, which the
+    gate reports over the published outputs (exit 3), not a fault of --labels that ends the run with nothing
+    published (as it did: "--labels: the model embeds the description of 'a' as NaN")."""
+    def nan_attention(q, k, v, *, segment_ids=None, causal=False, scale=None):
+        return xla_attention(q, k, v, segment_ids=segment_ids, causal=causal, scale=scale) * np.nan
+
+    monkeypatch.setitem(table.IMPLEMENTATIONS, "nan", Implementation(
+        name="nan", backends=("cpu",), limits="test only", is_supported=lambda **_: (True, ""), call=nan_attention))
+    shard = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"s{i}", "text": t} for i, t in enumerate(SENTENCES[:4])])
+    out = tmp_path / "out"
+    assert run_docscore("--input", shard, *common_flags("nan", out), "--task", "classify", "--attention", "native",
+                        "--labels", "code=about programming;food=about cooking",
+                        "--shadow_attention", "nan", "--shadow_fraction", "1") == 3
+    assert "4 of them NaN from the shadow kernel alone" in capsys.readouterr().err
+    summary = read_summary(out, "nan")
+    assert summary["counts"]["scored"] == 4 and summary["counts"]["errors"] == 0
+    assert (summary["shadow"]["documents"], summary["shadow"]["documents_nan"]) == (4, 4)
+    scores, _ = read_table(out, "scores", "nan")
+    assert set(scores.label) <= {"code", "food"} and scores.score.notna().all()  # the primary's results, whole

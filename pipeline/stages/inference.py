@@ -246,9 +246,12 @@ class FlaxModelHandler(ModelHandler[list[TokenizedDoc], PredictionResult, Scorin
         prepared = task.prepare(self._labels, self._embed_with(loaded))
         model.load_compiles = loaded.compiles_by_this_thread() - compiles_before
         model.label_names, model.label_embeddings = prepared.label_names, prepared.label_embeddings
-        if model.shadow_loaded is not None:  # what the task prepares through the shadow kernel too: scores compare end to end
+        if model.shadow_loaded is not None and model.label_names:  # the labels through the shadow kernel too: scores
+            # compare end to end. As they come out, unchecked: a label the shadow kernel embeds as NaN is its divergence,
+            # which its documents' outputs and scores show and the gate judges, not a fault of --labels ending the run
             shadow_before = model.shadow_loaded.compiles_by_this_thread()
-            model.shadow_label_embeddings = task.prepare(self._labels, self._embed_with(model.shadow_loaded)).label_embeddings
+            embed = self._embed_with(model.shadow_loaded)
+            model.shadow_label_embeddings = embed([self._labels[name] for name in model.label_names])
             model.load_compiles += model.shadow_loaded.compiles_by_this_thread() - shadow_before
         return model
 
