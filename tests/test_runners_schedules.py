@@ -255,6 +255,27 @@ def test_a_gate_that_compares_a_run_with_itself_is_refused(tmp_path, baseline, c
     assert "baseline and candidate are both" in message and f"on a {kind} run" in message
 
 
+@pytest.mark.parametrize("spelling", ["scores/run_id=nightly-{{ ds_nodash }}/", "runs/run_id=nightly-{{ ds_nodash }}/summary.json",
+                                      "errors/run_id=nightly-{{ ds_nodash }}"])
+def test_a_gate_naming_one_run_two_ways_is_refused_and_any_spelling_of_the_launched_run_is_its_candidate(tmp_path,
+                                                                                                      spelling):
+    """`docscore compare` takes a run by any of its partitions or its summary.json, and refuses one compared with
+    itself however it is written: so does the schedule's check (it compared the strings)."""
+    baseline = "scores/run_id=nightly-{{ prev_data_interval_start_success | ds_nodash }}"
+    itself = CANARY.replace(baseline, spelling)
+    message = refusal(tmp_path, itself)
+    assert "baseline and candidate are both" in message and "one run, on a scheduled run" in message, message
+    # the launched run, written another way, is the gate's candidate
+    accepts(tmp_path, CANARY.replace("scores/run_id=nightly-{{ ds_nodash }}", spelling))
+
+
+def test_a_gate_path_that_names_no_run_is_refused(tmp_path):
+    text = CANARY.replace('"gs://YOUR_BUCKET/docscore-canary/scores/run_id=nightly-{{ prev_data_interval_start_success '
+                          '| ds_nodash }}"', "5")
+    assert "compare.baseline renders as '5', which `docscore compare` refuses: '5' is not a run partition" in refusal(
+        tmp_path, text)
+
+
 def test_printing_the_launch_body(capsys):
     assert main([str(ROOT / "runners" / "schedules" / "nightly-classify.yaml")]) == 0
     body = json.loads(capsys.readouterr().out)
