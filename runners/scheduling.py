@@ -302,12 +302,12 @@ def check_compare(schedule: Schedule) -> None:
     output, run_id = schedule.run.get("output"), schedule.run.get("run_id")
     if "config" not in schedule.run and isinstance(output, str) and isinstance(run_id, str):
         candidate, run = render([compare["candidate"], f"{output.rstrip('/')}/scores/run_id={run_id}"], scheduled)
-        if compared_run("candidate", candidate) != compared_run("run.output and run.run_id", run):
+        if compared_run("compare.candidate", candidate) != compared_run("run.output", run):
             raise ValueError(f"compare.candidate renders as {candidate}, which is not the run this schedule launches "
                              f"({run}); the gate would find no such run every night")
     for kind, context in (("scheduled", scheduled), ("manually triggered", manual)):
         baseline, candidate = render([compare["baseline"], compare["candidate"]], context)
-        if compared_run("baseline", baseline) == compared_run("candidate", candidate):
+        if compared_run("compare.baseline", baseline) == compared_run("compare.candidate", candidate):
             same = baseline if baseline == candidate else f"{baseline} and {candidate}, one run,"
             raise ValueError(f"compare: baseline and candidate are both {same} on a {kind} run, so the gate "
                              f"would compare a run with itself; name the baseline after the previous successful "
@@ -316,7 +316,7 @@ def check_compare(schedule: Schedule) -> None:
                              f"fires more than once a day")
 
 
-def compared_run(key: str, rendered: Any) -> tuple[str, str]:
+def compared_run(where: str, rendered: Any) -> tuple[str, str]:
     """The run a rendered compare path names as `docscore compare` reads it (any of its partitions, its summary.json
     or report.html): (output in one spelling, run_id), so two spellings of one run compare equal. A path that names
     no run is refused as the gate would refuse it, every night."""
@@ -326,7 +326,7 @@ def compared_run(key: str, rendered: Any) -> tuple[str, str]:
     try:
         ref = RunRef.parse(str(rendered))
     except CompareError as e:
-        raise ValueError(f"compare.{key} renders as {rendered!r}, which `docscore compare` refuses: {e}") from None
+        raise ValueError(f"{where} renders as {rendered!r}, which `docscore compare` refuses: {e}") from None
     return run_commit.one_spelling(ref.output_dir), ref.run_id
 
 
